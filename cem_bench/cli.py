@@ -1,0 +1,183 @@
+"""``cem-bench train | attack | search | report | bench | keys``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+from .config import ConfigError, TrialConfig, key_specs, load_yaml_config, parse_set
+
+EPILOG = "Configuration keys: `cem-bench keys` lists every key with its default and allowed values."
+
+
+def _config_from_args(args) -> TrialConfig:
+    flat = {}
+    if getattr(args, "config", None):
+        flat.update(load_yaml_config(args.config))
+    flat.update(parse_set(args.set))
+    return TrialConfig.from_flat(flat)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def _progress(record: dict, final: bool, **_) -> None:
+    if final:
+        return
+    keys = ("train_loss", "train_acc", "rob_loss", "test_acc", "test_acc_clean", "feature_spread", "epoch_s")
+    line = " ".join(f"{k}={_fmt(record[k])}" for k in keys if k in record)
+    print(f"epoch {record['epoch']:>3} {line}", flush=True)
+
+
+def cmd_train(args) -> int:
+    import torch
+
+    from .trial import build_config, run_trial, write_json
+    cfg = build_config(_config_from_args(args))  # validate before any work
+    out = args.out or os.path.join("results", "runs", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    print(f"cem-bench train: {cfg.cem.surrogate if cfg.cem.lambd > 0 else 'no CEM (lambda=0)'} on "
+          f"{cfg.data.dataset}, {cfg.train.epochs} epochs, output in {out}", flush=True)
+    state = {}
+
+    def report(record, final, state_fn=None):
+        _progress(record, final)
+        if final and state_fn is not None:
+            state["final"] = state_fn()
+
+    result = run_trial(cfg, report, out_dir=out)
+    torch.save({"config": cfg.to_flat(), "trainer": state.get("final")}, os.path.join(out, "checkpoint.pt"))
+    summary = {k: v for k, v in result.items() if k != "info"}
+    write_json(result, os.path.join(out, "metrics.json"))
+    from .trial import jsonable
+    print(json.dumps(jsonable(summary), indent=2))
+    print(f"metrics: {os.path.join(out, 'metrics.json')}\ngallery: {result['info']['gallery']}\n"
+          f"checkpoint: {os.path.join(out, 'checkpoint.pt')}")
+    return 0
+
+
+def cmd_attack(args) -> int:
+    import torch
+
+    from . import attacks, data, models
+    from .trainer import resolve_device
+    from .trial import write_json
+    ckpt_path = os.path.join(args.run_dir, "checkpoint.pt")
+    if not os.path.isfile(ckpt_path):
+        raise ConfigError(f"{ckpt_path} does not exist: RUN_DIR must be the --out folder of `cem-bench train`")
+    overrides = parse_set(args.set)
+    bad = [k for k in overrides if not (k.startswith("attack.") or k in ("train.device", "train.eval_batch_size"))]
+    if bad:
+        raise ConfigError(f"cem-bench attack only changes attack.* keys (and train.device); got {', '.join(bad)}")
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    cfg = TrialConfig.from_flat({**ckpt["config"], **overrides})
+    device = resolve_device(cfg.train.device)
+    splits = data.load(cfg.data, device)
+    client, _ = models.build(cfg.model, splits.num_classes, splits.image_shape)
+    client.load_state_dict(ckpt["trainer"]["client"])
+    client.to(device)
+    res = attacks.build(cfg).run(client, splits, cfg.defense.noise_std, device)
+    out = os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    from .attacks.decoder import save_gallery
+    save_gallery(res.originals, res.reconstructions, os.path.join(out, "recon.png"))
+    write_json({**res.metrics, "attack_s": res.seconds, "config": cfg.to_flat(), "history": res.history},
+               os.path.join(out, "attack.json"))
+    print(json.dumps({**res.metrics, "attack_s": res.seconds}, indent=2))
+    print(f"attack results: {out}")
+    return 0
+
+
+def cmd_keys(args) -> int:
+    for key, spec in key_specs().items():
+        print(f"{key:28s} default={spec.default!r:<22} {spec.describe()}\n{'':28s} {spec.help}")
+    return 0
+
+
+def cmd_search(args) -> int:
+    from .search import main as search_main
+    return search_main(args)
+
+
+def cmd_report(args) -> int:
+    from .report import build_report
+    path = build_report(args.results_dir, args.out)
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import main as bench_main
+    return bench_main(args)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cem-bench", description="Accuracy-vs-privacy frontier of CEM defenses "
+                                "for split learning.", epilog=EPILOG)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="train one run (CEM trainer + attack)", epilog=EPILOG)
+    t.add_argument("--config", help="YAML file of config keys (flat dotted or nested sections)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)")
+    t.add_argument("--out", help="output folder (default results/runs/<time>)")
+    t.set_defaults(func=cmd_train)
+
+    a = sub.add_parser("attack", help="re-run the attack on a saved run", epilog=EPILOG)
+    a.add_argument("run_dir", help="the --out folder of `cem-bench train`")
+    a.add_argument("--set", action="append", default=[], metavar="attack.KEY=VALUE")
+    a.set_defaults(func=cmd_attack)
+
+    s = sub.add_parser("search", help="Ray Tune + Optuna multi-objective search")
+    s.add_argument("space", help="search-space YAML (see search_spaces/)")
+    s.add_argument("--name", help="experiment name (default: the space's name)")
+    s.add_argument("--storage", help="storage folder or URI (DIR, s3://..., gs://...); default ./results")
+    s.add_argument("--address", help="connect to a running Ray cluster (auto or HOST:PORT); default: start Ray")
+    s.add_argument("--num-samples", type=int, help="override num_samples")
+    s.add_argument("--max-concurrent", type=int, help="override max_concurrent")
+    s.add_argument("--gpus-per-trial", type=float, help="override resources.gpu (fractional allowed)")
+    s.add_argument("--cpus-per-trial", type=float, help="override resources.cpu")
+    s.add_argument("--resume", action="store_true", help="continue an interrupted search (Tuner.restore)")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a fixed config key")
+    s.set_defaults(func=cmd_search)
+
+    r = sub.add_parser("report", help="Parquet tables, frontier plots and HTML report of a results folder")
+    r.add_argument("results_dir")
+    r.add_argument("--out", help="report folder (default RESULTS_DIR/report)")
+    r.set_defaults(func=cmd_report)
+
+    b = sub.add_parser("bench", help="performance harness")
+    b.add_argument("--device", default="cpu", help="cpu or cuda")
+    b.add_argument("--quick", action="store_true", help="smallest sizes (CI)")
+    b.add_argument("--json", help="also write the table as JSON here")
+    b.set_defaults(func=cmd_bench)
+
+    k = sub.add_parser("keys", help="list every configuration key with default, allowed values and help")
+    k.set_defaults(func=cmd_keys)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    from .data import DataError
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"cem-bench: configuration error:\n{e}", file=sys.stderr)
+        return 2
+    except DataError as e:
+        print(f"cem-bench: data error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cem-bench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

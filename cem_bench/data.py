@@ -1,0 +1,309 @@
+"""Datasets, splits and on-device batches.
+
+Every split lives on the training device as uint8 NCHW and is converted, augmented and normalised there
+in whole batches: no DataLoader worker processes and no PIL in the loop (the reference's CPU pipeline and
+its extra per-epoch data pass dominate its epoch time, cem_reference.md §8).
+
+* ``synthetic``: 10 classes of 32x32 RGB shapes generated in memory, deterministic from ``data.seed``.
+* ``cifar10`` / ``cifar100``: torchvision's files under ``data.root``; downloaded when missing and online.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .config import ConfigError, DataConfig
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.247, 0.243, 0.261)
+SYNTHETIC_MEAN = (0.5, 0.5, 0.5)
+SYNTHETIC_STD = (0.25, 0.25, 0.25)
+SYNTHETIC_TRAIN = 4096
+SYNTHETIC_TEST = 2560
+SYNTHETIC_CLASSES = ("disc", "square", "triangle", "cross", "ring", "h_stripes", "v_stripes", "checker",
+                     "diamond", "diagonal_bar")
+
+
+class DataError(RuntimeError):
+    """A dataset cannot be loaded; the message says where the files go and how to get them."""
+
+
+@dataclass
+class Split:
+    images: torch.Tensor  # uint8 (N, 3, H, W) on the device
+    labels: torch.Tensor  # int64 (N,) on the device
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def to(self, device) -> "Split":
+        return Split(self.images.to(device), self.labels.to(device))
+
+
+@dataclass
+class Splits:
+    train: Split         # the client's training images
+    test: Split          # accuracy is measured on the whole test split
+    attack_aux: Split    # the attacker's own images (decoder training)
+    attack_eval: Split   # images the attacker never saw (decoder evaluation)
+    num_classes: int
+    mean: torch.Tensor   # (1, 3, 1, 1) float32 on the device
+    std: torch.Tensor
+    name: str
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train.images.shape[1:])
+
+    def normalize(self, images_uint8: torch.Tensor) -> torch.Tensor:
+        return (images_uint8.float() / 255.0 - self.mean) / self.std
+
+
+# ---------------------------------------------------------------------------------------- loading
+def load(cfg: DataConfig, device: torch.device | str = "cpu") -> Splits:
+    """Load the dataset of ``cfg`` and lay out the four splits on ``device``."""
+    if cfg.dataset == "synthetic":
+        n_train = cfg.train_size or SYNTHETIC_TRAIN
+        n_test = cfg.test_size or SYNTHETIC_TEST
+        train = make_synthetic(n_train, seed=cfg.seed * 2 + 1)
+        test = make_synthetic(n_test, seed=cfg.seed * 2 + 2)
+        mean, std, num_classes = SYNTHETIC_MEAN, SYNTHETIC_STD, len(SYNTHETIC_CLASSES)
+    elif cfg.dataset in ("cifar10", "cifar100"):
+        train, test, num_classes = load_cifar(cfg.dataset, cfg.root)
+        g = torch.Generator().manual_seed(cfg.seed)
+        if cfg.train_size is not None and cfg.train_size < len(train):
+            idx = torch.randperm(len(train), generator=g)[: cfg.train_size]
+            train = Split(train.images[idx], train.labels[idx])
+        if cfg.test_size is not None and cfg.test_size < len(test):
+            idx = torch.randperm(len(test), generator=g)[: cfg.test_size]
+            test = Split(test.images[idx], test.labels[idx])
+        mean, std = CIFAR_MEAN, CIFAR_STD
+    else:  # pragma: no cover - validated by the config
+        raise ConfigError(f"data.dataset: unknown dataset {cfg.dataset!r}; known: synthetic, cifar10, cifar100")
+    aux, ev = attack_splits(train, test, cfg.attack_split)
+    device = torch.device(device)
+    return Splits(train=train.to(device), test=test.to(device), attack_aux=aux.to(device),
+                  attack_eval=ev.to(device), num_classes=num_classes,
+                  mean=torch.tensor(mean, device=device).view(1, 3, 1, 1),
+                  std=torch.tensor(std, device=device).view(1, 3, 1, 1), name=cfg.dataset)
+
+
+def attack_splits(train: Split, test: Split, protocol: str) -> tuple[Split, Split]:
+    """The attacker's training (aux) and evaluation images.
+
+    ``inference``: aux = test[:90%], eval = test[90%:] (disjoint, the attacker never saw the client's data);
+    ``training``: aux = the client's training images, eval = the whole test set (the paper's headline).
+    """
+    if protocol == "inference":
+        cut = int(round(0.9 * len(test)))
+        return Split(test.images[:cut], test.labels[:cut]), Split(test.images[cut:], test.labels[cut:])
+    if protocol == "training":
+        return train, test
+    raise ConfigError(f"data.attack_split: {protocol!r}; allowed: inference, training")
+
+
+# ---------------------------------------------------------------------------------------- CIFAR
+_CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+
+
+def load_cifar(name: str, root: str) -> tuple[Split, Split, int]:
+    """Read CIFAR-10/100 through torchvision; download when missing and online, else a clear error."""
+    import torchvision
+
+    root = os.path.expanduser(root)
+    klass = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+
+    class _Local(klass):  # md5 of the real archive is verified by torchvision at download time;
+        def _check_integrity(self) -> bool:  # here only presence is checked, so files copied in work
+            folder = os.path.join(self.root, self.base_folder)
+            return all(os.path.isfile(os.path.join(folder, f)) for f, _ in self.train_list + self.test_list)
+
+    folder = os.path.join(root, _CIFAR_FOLDERS[name])
+    if not os.path.isdir(folder):
+        try:
+            klass(root, train=True, download=True)
+        except Exception as e:  # offline, proxy, disk: say where the files go
+            raise DataError(
+                f"{name} is not in data.root={root!r} and could not be downloaded ({type(e).__name__}: {e}). "
+                f"Put the python version of the dataset there, so that {folder}/ exists (the folder inside "
+                f"https://www.cs.toronto.edu/~kriz/{'cifar-10-python' if name == 'cifar10' else 'cifar-100-python'}"
+                f".tar.gz), or run once online, or set data.root=DIR to where it already is."
+            ) from None
+    try:
+        tr, te = _Local(root, train=True, download=False), _Local(root, train=False, download=False)
+    except RuntimeError as e:
+        raise DataError(f"{name} files under {folder} are incomplete ({e}); expected "
+                        f"{', '.join(f for f, _ in klass.train_list + klass.test_list)}") from None
+
+    def to_split(ds) -> Split:
+        images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+        return Split(images, torch.as_tensor(ds.targets, dtype=torch.int64))
+
+    return to_split(tr), to_split(te), len(tr.classes)
+
+
+# ---------------------------------------------------------------------------------------- synthetic
+def make_synthetic(n: int, seed: int, size: int = 32) -> Split:
+    """``n`` images of the 10 shape classes, balanced, deterministic from ``seed``.
+
+    Each image: a smooth two-colour gradient background, one class-specific foreground shape with random
+    position (+-6 px), size, aspect, rotation (+-25 deg) and a colour kept apart from the background, and a
+    small distractor blob of another colour. Difficulty comes from variety, not from pixel noise (noise
+    caps what any attack can reconstruct). Rendered at 2x and box-filtered, so edges are antialiased.
+    """
+    g = torch.Generator().manual_seed(int(seed))
+    k = len(SYNTHETIC_CLASSES)
+    labels = torch.arange(n) % k
+    labels = labels[torch.randperm(n, generator=g)]
+    ss = 2 * size
+    r = lambda *shape: torch.rand(*shape, generator=g)  # noqa: E731
+
+    def grid(res: int):
+        c = (torch.arange(res, dtype=torch.float32) + 0.5) * (size / res)  # pixel units at 1x
+        yy, xx = torch.meshgrid(c, c, indexing="ij")
+        return yy.view(1, res, res), xx.view(1, res, res)
+
+    # background at 1x (it is smooth): a linear gradient between two colours in a random direction
+    yy, xx = grid(size)
+    c1, c2 = r(n, 3), r(n, 3)
+    theta = r(n) * 2 * math.pi
+    t = ((xx - size / 2) * torch.cos(theta).view(-1, 1, 1) + (yy - size / 2) * torch.sin(theta).view(-1, 1, 1))
+    t = (t / (size * 0.75) + 0.5).clamp(0, 1).unsqueeze(1)  # (n,1,H,W)
+    bg = c1.view(n, 3, 1, 1) * (1 - t) + c2.view(n, 3, 1, 1) * t
+    bg_mean = (c1 + c2) / 2
+
+    # foreground colour: far from the background mean (the close ones are replaced by the complement)
+    fg = r(n, 3)
+    close = (fg - bg_mean).norm(dim=1) < 0.45
+    fg = torch.where(close.unsqueeze(1), 1.0 - bg_mean + (r(n, 3) - 0.5) * 0.3, fg).clamp(0, 1)
+
+    # shapes rendered at 2x, box-filtered to 1x coverage (antialiased edges)
+    yy, xx = grid(ss)
+    cx = size / 2 + (r(n) * 12 - 6)
+    cy = size / 2 + (r(n) * 12 - 6)
+    rad = 5.0 + r(n) * 4.5
+    aspect = 0.75 + r(n) * 0.5
+    ang = (r(n) * 50 - 25) * math.pi / 180
+    dx, dy = xx - cx.view(-1, 1, 1), yy - cy.view(-1, 1, 1)
+    ca, sa = torch.cos(ang).view(-1, 1, 1), torch.sin(ang).view(-1, 1, 1)
+    u = (ca * dx + sa * dy) / (rad * aspect).view(-1, 1, 1)
+    v = (-sa * dx + ca * dy) / (rad / aspect).view(-1, 1, 1)
+    shape_cov = F.avg_pool2d(_class_masks(u, v, labels).unsqueeze(1).float(), 2)
+
+    # distractor: a small blob of a random colour somewhere else
+    bx, by = r(n) * (size - 8) + 4, r(n) * (size - 8) + 4
+    brad = 1.5 + r(n) * 1.5
+    blob = ((xx - bx.view(-1, 1, 1)) ** 2 + (yy - by.view(-1, 1, 1)) ** 2) < brad.view(-1, 1, 1) ** 2
+    blob_cov = F.avg_pool2d(blob.unsqueeze(1).float(), 2)
+    bcol = r(n, 3)
+
+    img = torch.lerp(bg, bcol.view(n, 3, 1, 1), blob_cov)
+    img = torch.lerp(img, fg.view(n, 3, 1, 1), shape_cov)
+    images = (img * 255).round().clamp(0, 255).to(torch.uint8)
+    return Split(images.contiguous(), labels.to(torch.int64))
+
+
+def _class_masks(u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Boolean masks (n, H, W) of each image's class shape in its unit coordinates (u, v).
+
+    Each class's rule is evaluated only on that class's images (generation, not a training step)."""
+    s3 = math.sqrt(3)
+
+    def rule(c, u, v):
+        au, av = u.abs(), v.abs()
+        box = (au < 1) & (av < 1)
+        if c == 0:
+            return u * u + v * v < 1                                         # disc
+        if c == 1:
+            return (au < 0.85) & (av < 0.85)                                 # square
+        if c == 2:
+            return (v < 0.5) & (s3 * u - v < 1) & (-s3 * u - v < 1)          # triangle (pointing up)
+        if c == 3:
+            return ((au < 0.3) & (av < 1)) | ((av < 0.3) & (au < 1))         # cross
+        if c == 4:
+            rr = u * u + v * v
+            return (rr < 1) & (rr > 0.3)                                     # ring
+        if c == 5:
+            return box & (torch.floor((v + 1) * 2.5) % 2 == 0)               # horizontal stripes
+        if c == 6:
+            return box & (torch.floor((u + 1) * 2.5) % 2 == 0)               # vertical stripes
+        if c == 7:
+            return box & ((torch.floor((u + 1) * 2) + torch.floor((v + 1) * 2)) % 2 == 0)  # checker patch
+        if c == 8:
+            return au + av < 1.1                                             # diamond
+        return ((u - v).abs() < 0.35) & ((u + v).abs() < 1.6)                # diagonal bar
+
+    mask = torch.zeros(u.shape, dtype=torch.bool)
+    for c in range(len(SYNTHETIC_CLASSES)):
+        idx = (labels == c).nonzero().squeeze(1)
+        if len(idx):
+            mask[idx] = rule(c, u[idx], v[idx])
+    return mask
+
+
+# ---------------------------------------------------------------------------------------- batches
+class BatchIterator:
+    """Shuffled, augmented, normalised batches of a device-resident split.
+
+    One ``randperm`` per epoch on the device; the short last batch is dropped (as the reference's loader
+    reset does) unless the split is smaller than one batch.
+    """
+
+    def __init__(self, split: Split, splits: Splits, batch_size: int, augment: str, generator: torch.Generator):
+        self.split, self.splits, self.batch_size, self.augment, self.gen = split, splits, batch_size, augment, generator
+
+    def __len__(self) -> int:
+        n = len(self.split)
+        return max(1, n // self.batch_size)
+
+    def __iter__(self):
+        n = len(self.split)
+        dev = self.split.images.device
+        perm = torch.randperm(n, generator=self.gen, device=self.gen.device).to(dev)
+        bs = min(self.batch_size, n)
+        for i in range(len(self)):
+            idx = perm[i * bs:(i + 1) * bs]
+            x = self.split.images[idx].float().div_(255.0)
+            if self.augment != "none":
+                x = augment_batch(x, self.augment, self.gen)
+            yield (x - self.splits.mean) / self.splits.std, self.split.labels[idx]
+
+
+def augment_batch(x: torch.Tensor, kind: str, gen: torch.Generator, pad: int = 4, max_deg: float = 15.0):
+    """Random pad-``pad`` crop, horizontal flip and (``crop_flip_rotate``) rotation in one affine resample.
+
+    ``x`` is float in [0, 1] (before normalisation, so out-of-image pixels are black as with torchvision's
+    zero fill). The crop offset is an integer number of pixels, nearest sampling keeps crop/flip exact.
+    """
+    n, _, h, w = x.shape
+    dev = x.device
+    rnd = lambda *s: torch.rand(*s, generator=gen, device=gen.device).to(dev)  # noqa: E731
+    tx = torch.floor(rnd(n) * (2 * pad + 1)) - pad  # integer pixel shifts in [-pad, pad]
+    ty = torch.floor(rnd(n) * (2 * pad + 1)) - pad
+    flip = torch.where(rnd(n) < 0.5, -1.0, 1.0)
+    if kind == "crop_flip_rotate":
+        a = (rnd(n) * 2 - 1) * max_deg * math.pi / 180
+    else:
+        a = torch.zeros(n, device=dev)
+    cos, sin = torch.cos(a), torch.sin(a)
+    # output pixel p samples input at R(p) * flip + shift (normalised coordinates, align_corners=False)
+    theta = torch.zeros(n, 2, 3, device=dev)
+    theta[:, 0, 0] = cos * flip
+    theta[:, 0, 1] = -sin * (h / w)
+    theta[:, 1, 0] = sin * flip * (w / h)
+    theta[:, 1, 1] = cos
+    theta[:, 0, 2] = 2 * tx / w
+    theta[:, 1, 2] = 2 * ty / h
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+
+
+def eval_batches(split: Split, splits: Splits, batch_size: int):
+    """Un-augmented normalised batches in order (evaluation and feature passes)."""
+    for i in range(0, len(split), batch_size):
+        yield splits.normalize(split.images[i:i + batch_size]), split.labels[i:i + batch_size]

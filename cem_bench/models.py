@@ -1,0 +1,108 @@
+"""The split VGG11-bn of the CEM paper (cem_reference.md §1).
+
+Client encoder f: the first ``cut_layer`` entries of VGG config 'A' (conv-BN-ReLU, max-pool), then a
+bottleneck conv to ``bottleneck_channels`` with no ReLU, then a sigmoid ("sgm"). Its output is the smashed
+data, 8x8x8 = 512 values per CIFAR image at the paper's setting. The SCA/LCA layer that the reference's
+default script adds is not part of cem-bench: "noise + CEM" is the defense under test.
+
+Server g: a conv back to the cut's width (no BN, no ReLU), the rest of VGG11-bn, and the classifier
+Dropout-Linear-ReLU-Dropout-Linear-ReLU-Linear. Client init is Xavier-uniform with zero biases (as the
+reference); the server keeps PyTorch's default init.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .config import ModelConfig
+
+VGG11 = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
+
+
+def _ch(c: int, width: float) -> int:
+    return max(1, int(round(c * width)))
+
+
+def _layers(entries, in_ch: int, width: float) -> tuple[list[nn.Module], int]:
+    layers: list[nn.Module] = []
+    for e in entries:
+        if e == "M":
+            layers.append(nn.MaxPool2d(2, 2))
+        else:
+            out = _ch(e, width)
+            layers += [nn.Conv2d(in_ch, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
+            in_ch = out
+    return layers, in_ch
+
+
+class ClientEncoder(nn.Module):
+    """f: image -> smashed data (clean, before noise)."""
+
+    def __init__(self, cfg: ModelConfig, in_channels: int = 3):
+        super().__init__()
+        layers, ch = _layers(VGG11[: cfg.cut_layer], in_channels, cfg.width)
+        self.cut_channels = ch
+        if cfg.bottleneck_channels > 0:
+            layers.append(nn.Conv2d(ch, cfg.bottleneck_channels, 3, padding=1))
+            ch = cfg.bottleneck_channels
+        if cfg.sigmoid:
+            layers.append(nn.Sigmoid())
+        self.features = nn.Sequential(*layers)
+        self.out_channels = ch
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+
+class Server(nn.Module):
+    """g: noisy smashed data -> logits (server convs and classifier)."""
+
+    def __init__(self, cfg: ModelConfig, num_classes: int, client: ClientEncoder):
+        super().__init__()
+        ch = client.out_channels
+        layers: list[nn.Module] = []
+        if cfg.bottleneck_channels > 0:
+            layers.append(nn.Conv2d(ch, client.cut_channels, 3, padding=1))  # "noRELU": no BN, no ReLU
+            ch = client.cut_channels
+        rest, ch = _layers(VGG11[cfg.cut_layer:], ch, cfg.width)
+        self.features = nn.Sequential(*layers, *rest)
+        hidden = _ch(512, cfg.width)
+        self.classifier = nn.Sequential(
+            nn.Dropout(0.5), nn.Linear(ch, hidden), nn.ReLU(inplace=True),
+            nn.Dropout(0.5), nn.Linear(hidden, hidden), nn.ReLU(inplace=True),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.features(z), 1))
+
+
+def build(cfg: ModelConfig, num_classes: int, image_shape=(3, 32, 32)) -> tuple[ClientEncoder, Server]:
+    client = ClientEncoder(cfg, image_shape[0])
+    n_pools = sum(1 for e in VGG11 if e == "M")
+    if image_shape[1] % (2 ** n_pools) or image_shape[2] % (2 ** n_pools):
+        raise ValueError(f"image size {image_shape[1:]} must be divisible by {2 ** n_pools} for VGG11")
+    if image_shape[1] != 2 ** n_pools or image_shape[2] != 2 ** n_pools:
+        raise ValueError(f"the VGG11 classifier expects {2 ** n_pools}x{2 ** n_pools} images, got {image_shape[1:]}")
+    return client, Server(cfg, num_classes, client)
+
+
+def feature_shape(client: ClientEncoder, image_shape=(3, 32, 32)) -> tuple[int, int, int]:
+    """(C, H, W) of the smashed data for one image."""
+    with torch.no_grad():
+        was = client.training
+        client.eval()
+        dev = next(client.parameters()).device
+        out = client(torch.zeros(1, *image_shape, device=dev))
+        client.train(was)
+    return tuple(out.shape[1:])
+
+
+def count_params(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())

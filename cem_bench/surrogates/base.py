@@ -1,0 +1,170 @@
+"""The surrogate interface, the registry, and the shared vectorised helpers.
+
+A surrogate estimates how spread out the client's features are within each class and returns a loss that
+the encoder minimises (SURROGATES.md, "Common contract"). Adding one is a single decorator::
+
+    @register("my_estimator")
+    class MyEstimator(Surrogate):
+        defaults = {"cem.loss_scale": 0.5}      # seed defaults that differ from the global ones
+        def forward(self, z, y) -> SurrogateOut: ...
+
+Every test in ``tests/test_surrogates.py`` is parametrised over ``names()``, so a new surrogate is
+checked without new test code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+
+from ..config import ConfigError, TrialConfig
+
+# Global fallbacks of the keys whose default is "the surrogate's own" (None in config.py).
+GLOBAL_DEFAULTS = {
+    "cem.grad_mode": "inject",
+    "cem.warmup_epochs": 1,
+    "cem.loss_scale": 1.0,
+    "cem.stats_on": "raw",
+    "cem.num_slots": 8,
+    "cem.num_iterations": 3,
+    "cem.num_heads": 4,
+}
+
+
+@dataclass
+class SurrogateOut:
+    loss: torch.Tensor                                   # 0-dim fp32
+    logs: dict[str, torch.Tensor] = field(default_factory=dict)  # detached, at least rob_loss and intra_mse
+
+
+class Surrogate(nn.Module):
+    """Base class: ``forward(z, y) -> SurrogateOut`` and optionally ``refit(features, labels)``."""
+
+    name: ClassVar[str] = ""
+    defaults: ClassVar[dict] = {}
+    stats_on_choices: ClassVar[tuple] = ("raw",)
+    needs_refit: ClassVar[bool] = False
+
+    def __init__(self, cfg: TrialConfig, feature_shape: tuple[int, int, int], num_classes: int):
+        super().__init__()
+        self.cfg = cfg.cem
+        self.noise_std = cfg.defense.noise_std
+        self.feature_shape = tuple(feature_shape)
+        self.dim = int(torch.tensor(feature_shape).prod())
+        self.num_classes = num_classes
+
+    @property
+    def hinge_level(self) -> float:
+        """t = log(tau * sigma^2 + gamma): variances below tau*sigma^2 are not penalised."""
+        import math
+        return math.log(self.cfg.var_threshold * self.noise_std ** 2 + self.cfg.var_eps)
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> SurrogateOut:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def refit(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        """Called at epoch ends with the clean training features (eval mode, no augmentation, no noise)."""
+
+    @property
+    def fitted(self) -> bool:
+        return True
+
+
+_REGISTRY: dict[str, type[Surrogate]] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        if name in _REGISTRY:
+            raise ValueError(f"surrogate {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[Surrogate]:
+    _load_all()
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown surrogate {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def _load_all() -> None:
+    from . import _catalog  # noqa: F401  (imports every surrogate module, which registers it)
+
+
+def resolve(cfg: TrialConfig) -> TrialConfig:
+    """Fill the keys left empty with the chosen surrogate's defaults, then the global ones."""
+    klass = get(cfg.cem.surrogate)
+    cem = cfg.cem
+    updates = {}
+    for key, fallback in GLOBAL_DEFAULTS.items():
+        name = key.split(".", 1)[1]
+        if getattr(cem, name) is None:
+            updates[name] = klass.defaults.get(key, fallback)
+    if cem.slot_temp is None:
+        updates["slot_temp"] = float(cem.hidden_dim) ** 0.25
+    stats_on = updates.get("stats_on", cem.stats_on)
+    if stats_on not in klass.stats_on_choices:
+        raise ConfigError(f"cem.stats_on: {stats_on!r} does not apply to surrogate {cfg.cem.surrogate!r}; "
+                          f"allowed: {', '.join(klass.stats_on_choices)}")
+    heads = updates.get("num_heads", cem.num_heads)
+    if cem.hidden_dim % heads:
+        raise ConfigError(f"cem.num_heads: {heads} must divide cem.hidden_dim ({cem.hidden_dim})")
+    return dataclasses.replace(cfg, cem=dataclasses.replace(cem, **updates))
+
+
+def build(cfg: TrialConfig, feature_shape, num_classes: int) -> Surrogate:
+    """The surrogate of ``cfg`` (which must be resolved) for features of ``feature_shape``."""
+    if cfg.cem.grad_mode is None:
+        raise ValueError("build() needs a resolved config: call surrogates.resolve(cfg) first")
+    return get(cfg.cem.surrogate)(cfg, feature_shape, num_classes)
+
+
+# ------------------------------------------------------------------------------ vectorised helpers
+def group_by_class(x: torch.Tensor, y: torch.Tensor, num_classes: int):
+    """Lay a batch out per class without a host sync.
+
+    Returns ``padded`` (G, B, D) with class c's members in rows [0, M_c) of ``padded[c]``, ``mask`` (G, B)
+    bool and ``counts`` (G,) float, G = ``num_classes``. The padded length is the batch size (the worst
+    case), which costs memory but needs no ``.item()``.
+    """
+    b = x.shape[0]
+    onehot = torch.nn.functional.one_hot(y, num_classes).to(x.dtype)        # (B, G)
+    pos = (onehot.cumsum(0) - 1).gather(1, y.view(-1, 1)).squeeze(1).long()  # rank within its class
+    padded = x.new_zeros(num_classes, b, *x.shape[1:])
+    padded = padded.index_put((y, pos), x)
+    mask = torch.zeros(num_classes, b, dtype=torch.bool, device=x.device).index_put((y, pos),
+                                                                                   torch.ones_like(y, dtype=torch.bool))
+    return padded, mask, onehot.sum(0)
+
+
+def intra_class_mse(x: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Mean over samples (of classes with >= 2 members) of the per-dimension mean squared distance to
+    the class mean. ``x`` is (B, D). Detached; no host sync."""
+    with torch.no_grad():
+        x = x.float()
+        onehot = torch.nn.functional.one_hot(y, num_classes).float()
+        counts = onehot.sum(0)
+        means = (onehot.t() @ x) / counts.clamp(min=1).unsqueeze(1)
+        sq = ((x - means[y]) ** 2).mean(1)
+        keep = (counts[y] >= 2).float()
+        return (sq * keep).sum() / keep.sum().clamp(min=1)
+
+
+def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    """Softmax over ``dim`` ignoring masked-out entries (an all-masked row gives zeros, not NaN)."""
+    logits = logits.masked_fill(~mask, float("-inf"))
+    m = logits.amax(dim=dim, keepdim=True).clamp(min=-1e30)
+    e = torch.exp(logits - m) * mask
+    return e / e.sum(dim=dim, keepdim=True).clamp(min=1e-30)

@@ -1,0 +1,237 @@
+"""``gmm``: the CEM paper's estimator (SURROGATES.md §1, cem_reference.md §3).
+
+What the paper's code really does is per-class hard k-means (K = 5) refitted at every epoch end, then per
+batch a hinge on a shrunk log-variance of each sample's nearest own-class cluster. Reproduced here with
+the reference's defects fixed:
+
+* pi and the prior variance are looked up by (class, cluster), not by sample position (§3b's bug);
+* empty clusters are re-seeded at the point farthest from its centroid, so the tables never misalign;
+* the refit uses the clean training split (eval mode, no augmentation), not an extra augmented draw;
+* k-means++ seeding samples with probability proportional to D^2 (the reference used D);
+* sigma = 0 works: the hinge sits at log(gamma).
+
+Everything runs on the training device, all classes at once: the refit on a (classes, members, D) padded
+tensor, the per-batch term with ``index_add_`` over (class, cluster) slots. The step has no host sync.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .base import Surrogate, SurrogateOut, intra_class_mse, register
+
+MAX_LLOYD_ITERS = 50
+MAX_EM_ITERS = 50
+EM_TOL = 1e-5
+MIN_VAR = 1e-6
+FAR = 1e30
+
+
+@register("gmm")
+class GMM(Surrogate):
+    defaults = {"cem.loss_scale": 1.0, "cem.warmup_epochs": 1, "cem.grad_mode": "inject"}
+    needs_refit = True
+
+    def __init__(self, cfg, feature_shape, num_classes):
+        super().__init__(cfg, feature_shape, num_classes)
+        g, k, d = num_classes, self.cfg.num_clusters, self.dim
+        self.k = k
+        self.seed = cfg.seed
+        self.register_buffer("centroids", torch.zeros(g, k, d))
+        self.register_buffer("var_iso", torch.zeros(g, k))     # mean over members and dimensions of (x-mu)^2
+        self.register_buffer("var_diag", torch.zeros(g, k, d) if self.cfg.entropy == "diag" else torch.zeros(0))
+        self.register_buffer("pi", torch.zeros(g, k))          # n_ck / N_c
+        self.register_buffer("cluster_n", torch.zeros(g, k))   # n_ck = pi_ck * N_c
+        self.register_buffer("valid", torch.zeros(g, k, dtype=torch.bool))
+        self.register_buffer("_fitted", torch.zeros((), dtype=torch.bool))
+        self._gen: torch.Generator | None = None
+        self.last_fit_iters = 0
+
+    @property
+    def fitted(self) -> bool:
+        return bool(self._fitted)
+
+    # ------------------------------------------------------------------------------------ per batch
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> SurrogateOut:
+        g, k = self.num_classes, self.k
+        x = z.flatten(1).float()
+        b_sz = x.shape[0]
+        # nearest centroid of the sample's own class (distances without gradient: mu is constant)
+        with torch.no_grad():
+            cents = self.centroids[y]                                      # (B, K, D)
+            dist = (x.unsqueeze(1) - cents).pow(2).sum(-1)                 # (B, K)
+            dist = dist.masked_fill(~self.valid[y], FAR)
+            slot = y * k + dist.argmin(1)                                  # (B,) flat (class, cluster)
+        mu = self.centroids.view(g * k, -1)[slot]
+        sq = (x - mu).pow(2)                                               # (B, D), differentiable in x
+        ones = x.new_ones(b_sz)
+        n = x.new_zeros(g * k).index_add_(0, slot, ones)
+        n_safe = n.clamp(min=1)
+        alpha = (self.cfg.shrink * n / self.cluster_n.view(-1).clamp(min=1e-12)).clamp(max=0.99)
+        t = self.hinge_level
+        if self.cfg.entropy == "isotropic":
+            b = x.new_zeros(g * k).index_add_(0, slot, sq.mean(1)) / n_safe
+            v_hat = alpha * b + (1 - alpha) * self.var_iso.view(-1)
+            term = F.relu(torch.log(v_hat + self.cfg.var_eps) - t)
+        else:  # diag: the same hinge per dimension, averaged over dimensions (closer to the log-det)
+            b = x.new_zeros(g * k, x.shape[1]).index_add_(0, slot, sq) / n_safe.unsqueeze(1)
+            v_hat = alpha.unsqueeze(1) * b + (1 - alpha.unsqueeze(1)) * self.var_diag.view(g * k, -1)
+            term = F.relu(torch.log(v_hat + self.cfg.var_eps) - t).mean(1)
+        term = self.pi.view(-1) * term * (n >= 1)
+        class_n = x.new_zeros(g).index_add_(0, y, ones)
+        counted = (class_n >= 2).to(x.dtype)                              # classes with M_c < 2 contribute nothing
+        loss = (term.view(g, k).sum(1) * counted).sum() / counted.sum().clamp(min=1)
+        logs = {"rob_loss": loss.detach(), "intra_mse": intra_class_mse(x, y, g)}
+        return SurrogateOut(loss, logs)
+
+    # ------------------------------------------------------------------------------------ epoch refit
+    @torch.no_grad()
+    def refit(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        """Per-class k-means (and optionally diagonal EM) on the clean training features."""
+        dev = self.centroids.device
+        x = features.flatten(1).float().to(dev)
+        labels = labels.to(dev)
+        g, k = self.num_classes, self.k
+        if self._gen is None:
+            self._gen = torch.Generator(device=dev).manual_seed(1000003 * (self.seed + 1))
+        padded, mask, counts = _pad_by_class(x, labels, g)
+        warm = self.centroids if self.fitted else None
+        cents, assign, iters = kmeans(padded, mask, k, self._gen, init=warm, init_valid=self.valid if warm is not None else None)
+        self.last_fit_iters = iters
+        onehot = F.one_hot(assign, k).to(x.dtype) * mask.unsqueeze(-1)   # (G, N, K)
+        n_ck = onehot.sum(1)                                              # (G, K)
+        cents = (onehot.transpose(1, 2) @ padded) / n_ck.clamp(min=1).unsqueeze(-1)
+        sq = (padded.unsqueeze(2) - cents.unsqueeze(1)).pow(2) if padded.numel() * k < 2 ** 28 else None
+        if sq is not None:
+            var_diag = (onehot.unsqueeze(-1) * sq).sum(1) / n_ck.clamp(min=1).unsqueeze(-1)
+        else:  # large D: per-dimension variance via E[x^2] - mu^2 (one-hot matmuls)
+            ex2 = (onehot.transpose(1, 2) @ padded.pow(2)) / n_ck.clamp(min=1).unsqueeze(-1)
+            var_diag = (ex2 - cents.pow(2)).clamp(min=0)
+        pi = n_ck / counts.clamp(min=1).unsqueeze(1)
+        if self.cfg.gmm_fit == "em":
+            cents, var_diag, pi, n_ck = diag_em(padded, mask, cents, var_diag, pi, n_ck > 0)
+        valid = n_ck > 0
+        self.centroids.copy_(cents)
+        self.var_iso.copy_(var_diag.mean(-1) * valid)
+        if self.cfg.entropy == "diag":
+            self.var_diag.copy_(var_diag * valid.unsqueeze(-1))
+        self.pi.copy_(pi * valid)
+        self.cluster_n.copy_(pi * counts.unsqueeze(1) * valid)
+        self.valid.copy_(valid)
+        self._fitted.fill_(True)
+
+
+def _pad_by_class(x: torch.Tensor, labels: torch.Tensor, g: int):
+    """(G, N_max, D) features per class, (G, N_max) mask and (G,) counts. Syncs once (refit only)."""
+    counts = torch.bincount(labels, minlength=g)[:g]
+    n_max = max(1, int(counts.max()))
+    order = torch.argsort(labels, stable=True)
+    sorted_labels = labels[order]
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(len(labels), device=x.device) - starts[sorted_labels]
+    padded = x.new_zeros(g, n_max, x.shape[1])
+    padded[sorted_labels, pos] = x[order]
+    mask = torch.zeros(g, n_max, dtype=torch.bool, device=x.device)
+    mask[sorted_labels, pos] = True
+    return padded, mask, counts.to(x.dtype)
+
+
+def _sqdist(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Squared distances (G, N, K) between points (G, N, D) and centroids (G, K, D)."""
+    d = x.pow(2).sum(-1, keepdim=True) - 2 * x @ c.transpose(1, 2) + c.pow(2).sum(-1).unsqueeze(1)
+    return d.clamp(min=0)
+
+
+def kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+    """k-means++ seeding for every class at once: each new seed drawn with probability ~ D^2."""
+    g, n, d = x.shape
+    rows = torch.arange(g, device=x.device)
+    w = mask.to(x.dtype)
+    w[:, 0] += (mask.sum(1) == 0).to(x.dtype)  # an empty class still draws (a zero point), harmlessly
+    first = torch.multinomial(w, 1, generator=gen).squeeze(1)
+    cents = [x[rows, first]]
+    d2 = (x - cents[0].unsqueeze(1)).pow(2).sum(-1)
+    for _ in range(1, k):
+        p = d2 * mask
+        none_left = p.sum(1) <= 0           # fewer distinct points than clusters: any member will do
+        p = torch.where(none_left.unsqueeze(1), w, p)
+        idx = torch.multinomial(p, 1, generator=gen).squeeze(1)
+        c = x[rows, idx]
+        cents.append(c)
+        d2 = torch.minimum(d2, (x - c.unsqueeze(1)).pow(2).sum(-1))
+    return torch.stack(cents, 1)
+
+
+def kmeans(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator, init: torch.Tensor | None = None,
+           init_valid: torch.Tensor | None = None, max_iters: int = MAX_LLOYD_ITERS):
+    """Lloyd's algorithm on every class at once. Stops when no assignment changes (<= ``max_iters``).
+
+    Returns centroids (G, K, D), assignments (G, N) and the number of iterations run. Empty clusters of a
+    class with at least K members are re-seeded at the member farthest from its centroid.
+    """
+    g, n, _ = x.shape
+    if init is None:
+        cents = kmeans_pp(x, mask, k, gen)
+    else:
+        cents = init.clone()
+        if init_valid is not None and not bool(init_valid.all()):
+            fresh = kmeans_pp(x, mask, k, gen)
+            cents = torch.where(init_valid.unsqueeze(-1), cents, fresh)
+    class_n = mask.sum(1)
+    prev = None
+    it = 0
+    for it in range(1, max_iters + 1):
+        dist = _sqdist(x, cents)
+        assign = dist.argmin(-1)
+        if prev is not None and not bool(((assign != prev) & mask).any()):
+            break
+        onehot = F.one_hot(assign, k).to(x.dtype) * mask.unsqueeze(-1)
+        n_ck = onehot.sum(1)
+        new = (onehot.transpose(1, 2) @ x) / n_ck.clamp(min=1).unsqueeze(-1)
+        cents = torch.where(n_ck.unsqueeze(-1) > 0, new, cents)
+        empty = (n_ck == 0) & (class_n >= k).unsqueeze(1)
+        if bool(empty.any()):
+            mind = dist.gather(-1, assign.unsqueeze(-1)).squeeze(-1).masked_fill(~mask, -1)
+            for c, j in empty.nonzero().tolist():  # rare; refit only
+                far = int(mind[c].argmax())
+                cents[c, j] = x[c, far]
+                mind[c, far] = -1
+            prev = None  # the re-seed changes the next assignment; do not stop on it
+            continue
+        prev = assign
+    assign = _sqdist(x, cents).argmin(-1)
+    return cents, assign, it
+
+
+def diag_em(x, mask, mu, var, pi, valid, max_iters: int = MAX_EM_ITERS, tol: float = EM_TOL):
+    """Diagonal-covariance Gaussian mixture per class by EM, started from the k-means result."""
+    m = mask.to(x.dtype)
+    counts = m.sum(1).clamp(min=1)
+    var = var.clamp(min=MIN_VAR)
+    prev_ll = None
+    n_k = pi * counts.unsqueeze(1)
+    for _ in range(max_iters):
+        inv = 1.0 / var                                                   # (G, K, D)
+        # log N(x; mu_k, diag var_k) via matmuls: sum_d x^2/v - 2 x (mu/v) + mu^2/v
+        quad = (x.pow(2) @ inv.transpose(1, 2)) - 2 * (x @ (mu * inv).transpose(1, 2)) \
+            + (mu.pow(2) * inv).sum(-1).unsqueeze(1)
+        logdet = torch.log(var).sum(-1).unsqueeze(1)
+        logp = -0.5 * (quad + logdet + x.shape[-1] * math.log(2 * math.pi))
+        logp = logp + torch.log(pi.clamp(min=1e-12)).unsqueeze(1)
+        logp = logp.masked_fill(~valid.unsqueeze(1), float("-inf"))
+        lse = torch.logsumexp(logp, -1, keepdim=True)
+        r = torch.exp(logp - lse) * m.unsqueeze(-1)                        # (G, N, K)
+        ll = float((lse.squeeze(-1) * m).sum() / m.sum().clamp(min=1))
+        n_k = r.sum(1)
+        pi = n_k / counts.unsqueeze(1)
+        mu = (r.transpose(1, 2) @ x) / n_k.clamp(min=1e-12).unsqueeze(-1)
+        ex2 = (r.transpose(1, 2) @ x.pow(2)) / n_k.clamp(min=1e-12).unsqueeze(-1)
+        var = (ex2 - mu.pow(2)).clamp(min=MIN_VAR)
+        valid = valid & (n_k > 1e-6)
+        if prev_ll is not None and abs(ll - prev_ll) < tol * max(1.0, abs(prev_ll)):
+            break
+        prev_ll = ll
+    return mu, var, pi, n_k * valid

@@ -1,0 +1,134 @@
+"""``serial_enhanced``: serial attention -> mixture (SURROGATES.md §5, seed 001 "CEM-Enhanced").
+
+The entropy is measured on attention-enhanced features (X_enh = Attention(X); L = L_GMM(X_enh)). Per class c,
+the members are the tokens (one token per sample), h = ``cem.hidden_dim``:
+
+1. u_j = W_in LN(x_j), W_in: D -> h (LN without affine: an affine before W_in would be redundant).
+2. Multi-scale gating (seed scale factors 0.5 / 2.0 / 1.0): F_s = MLP_s(u) (h -> h/2 -> h),
+   F_l = MLP_l(u) (h -> 2h -> h), G = sigmoid(MLP_g([F_s, F_l, u])) (3h -> h -> h), u <- u * G. GELU
+   activations throughout (the seed's choice for its FFN).
+3. SlotAttention over the class's members (a padded (class, member) batch with a mask), K = ``num_slots``,
+   ``num_iterations`` rounds, annealed logits k.q / (sqrt(h) * temp(t)), temp(t) = max(0.1, 1 - 0.2 t),
+   and slot competition S_k <- S_k * sigmoid(MLP_c(S_k)). ``cem.slot_temp`` does not apply.
+4. Each member's u_j queries its class's slots with ``num_heads`` heads: y1 = LN(u + MHA(u, S));
+   y2 = LN(y1 + FFN(y1)), FFN h -> 4h -> h with GELU and dropout ``cem.dropout``; y = LN(u + y2).
+5. Hard clustering on y: member j goes to the slot of its class with the smallest
+   d = ||y - S_k||^2 - 0.1 (1 - cos(y, S_k)). Per (class, slot) cell with n >= 1 members: sigma^2 =
+   population variance per dimension of y in the cell + 1e-4 (a one-member cell has sigma^2 = 1e-4 and
+   contributes ~1e-4, not NaN as an unbiased variance would); I = mean_d relu(log(sigma^2 + 1e-8) - log 1e-4);
+   L_c = sum_k pi_k I_ck with pi_k = n_ck / M_c; L = sum_c w_c L_c, w_c = M_c / sum M over the classes with
+   M_c >= 2 (the others contribute nothing, also to the weights).
+
+The hinge level 1e-4 is the seed's fixed constant, not t = log(tau sigma^2 + gamma): §5 writes it so. The
+statistics are those of the enhanced features y (as §5 prescribes), so ``cem.stats_on`` has no effect;
+``"raw"`` is accepted only because it is the global default. All classes at once: ``group_by_class`` for
+the slot attention, ``index_add_`` over flat (class, slot) cells for the statistics; no host sync.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register
+from .layers import SlotAttention
+
+VAR_FLOOR = 1e-4        # seed 001: sigma^2 = Var + 1e-4, hinge at log(1e-4)
+LOG_EPS = 1e-8          # seed 001: log(sigma^2 + 1e-8)
+COS_WEIGHT = 0.1        # seed 001: d = ||y - S||^2 - 0.1 * (1 - cos)
+
+
+def anneal(t: int) -> float:
+    """Seed 001's slot-attention temperature at iteration t: max(0.1, 1 - 0.2 t)."""
+    return max(0.1, 1.0 - 0.2 * t)
+
+
+def _mlp(d_in: int, hidden: int, d_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, d_out))
+
+
+@register("serial_enhanced")
+class SerialEnhanced(Surrogate):
+    # seed 001: lambda 16, dropout 0.1 are also the global defaults; "direct loss fusion" = fused.
+    # Seed 001 names no warm-up: keep the paper's (no CEM in epoch 1).
+    defaults = {"cem.loss_scale": 1.0, "cem.warmup_epochs": 1, "cem.grad_mode": "fused",
+                "cem.num_slots": 12, "cem.num_iterations": 4, "cem.num_heads": 8}
+
+    def __init__(self, cfg, feature_shape, num_classes):
+        super().__init__(cfg, feature_shape, num_classes)
+        c = self.cfg
+        h = self.h = c.hidden_dim
+        self.k = c.num_slots
+        self.w_in = nn.Linear(self.dim, h)                              # D -> h, the only D-wide layer
+        self.mlp_small = _mlp(h, max(1, h // 2), h)
+        self.mlp_large = _mlp(h, 2 * h, h)
+        self.mlp_gate = _mlp(3 * h, h, h)
+        self.slot_attn = SlotAttention(h, self.k, c.num_iterations, temperature=1.0, temp_schedule=anneal,
+                                       competition=True)
+        self.cross = nn.MultiheadAttention(h, c.num_heads, batch_first=True)
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(h), nn.LayerNorm(h), nn.LayerNorm(h)
+        self.ffn = nn.Sequential(nn.Linear(h, 4 * h), nn.GELU(), nn.Dropout(c.dropout), nn.Linear(4 * h, h),
+                                 nn.Dropout(c.dropout))
+
+    # ---------------------------------------------------------------------------- the stages (per sample)
+    def gated_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-2: gated tokens u (B, h) and the gate G (B, h) of flat features x (B, D)."""
+        u = self.w_in(F.layer_norm(x, x.shape[-1:]))
+        gate = torch.sigmoid(self.mlp_gate(torch.cat([self.mlp_small(u), self.mlp_large(u), u], -1)))
+        return u * gate, gate
+
+    def enhance(self, u: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Step 4: enhanced features y (B, h) of tokens u (B, h) attending to their slots (B, K, h)."""
+        attended, _ = self.cross(u.unsqueeze(1), slots, slots, need_weights=False)
+        y1 = self.norm1(u + attended.squeeze(1))
+        y2 = self.norm2(y1 + self.ffn(y1))
+        return self.norm3(u + y2)
+
+    @staticmethod
+    def distance(y: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Step 5's d (..., K) between y (..., h) and slots (..., K, h), as written in seed 001.
+
+        The cosine term is *subtracted*: a slot pointing away from y looks slightly closer. The seed calls
+        it a combined metric (probably meant +); §5 keeps the formula as written."""
+        yy = y.unsqueeze(-2)
+        euclid = (yy - slots).pow(2).sum(-1)
+        cos = F.cosine_similarity(yy, slots, dim=-1, eps=LOG_EPS)
+        return euclid - COS_WEIGHT * (1 - cos)
+
+    # ---------------------------------------------------------------------------- the step
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> SurrogateOut:
+        g, k = self.num_classes, self.k
+        x = z.flatten(1).float()
+        b = x.shape[0]
+        u, gate = self.gated_tokens(x)
+        padded, mask, counts = group_by_class(u, y, g)                 # (G, B, h), (G, B), (G,)
+        class_slots, _ = self.slot_attn(padded, mask)                  # (G, K, h): slots per class
+        slots = class_slots[y]                                         # (B, K, h): each sample's class slots
+        feat = self.enhance(u, slots)                                  # (B, h)
+        assign = self.distance(feat, slots).detach().argmin(1)         # hard clustering, no gradient
+        cell = y * k + assign                                          # flat (class, slot)
+        n = feat.new_zeros(g * k).index_add_(0, cell, feat.new_ones(b))
+        mean = feat.new_zeros(g * k, self.h).index_add_(0, cell, feat) / n.clamp(min=1).unsqueeze(1)
+        dev2 = (feat - mean[cell]).pow(2)                              # two-pass variance: exact, differentiable
+        var = feat.new_zeros(g * k, self.h).index_add_(0, cell, dev2) / n.clamp(min=1).unsqueeze(1) + VAR_FLOOR
+        info = F.relu(torch.log(var + LOG_EPS) - math.log(VAR_FLOOR)).mean(1)   # (G*K,)
+        pi = n.view(g, k) / counts.clamp(min=1).unsqueeze(1)           # cluster mass; 0 for empty cells
+        class_loss = (pi * info.view(g, k)).sum(1)                     # (G,)
+        counted = (counts >= 2).to(feat.dtype)                         # classes with M_c < 2 contribute nothing
+        w = counts * counted / (counts * counted).sum().clamp(min=1)
+        loss = (w * class_loss).sum()
+        with torch.no_grad():
+            n_counted = counted.sum().clamp(min=1)
+            occupied = (n > 0).to(feat.dtype).view(g, k)
+            logs = {
+                "rob_loss": loss.detach(),
+                "intra_mse": intra_class_mse(x, y, g),
+                "enh_intra_mse": intra_class_mse(feat, y, g),          # spread of y in h-space
+                "gate_mean": gate.mean(),                              # multi-scale gate G
+                "cluster_var": (w * (pi * (var - VAR_FLOOR).mean(1).view(g, k)).sum(1)).sum(),
+                "active_slots": (occupied.sum(1) * counted).sum() / n_counted,
+            }
+        return SurrogateOut(loss, logs)

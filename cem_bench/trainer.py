@@ -1,0 +1,339 @@
+"""The CEM training loop (cem_reference.md §3c-§4, SURROGATES.md).
+
+One epoch: shuffled on-device batches with augmentation; the client encodes them (clean z, after the
+sigmoid); from the first CEM epoch on, the surrogate's loss L is computed on the clean features; Gaussian
+noise of std ``defense.noise_std`` is added *after* the CEM loss, and the server classifies the noisy
+features. Gradient modes:
+
+* ``inject`` (the paper's): L is back-propagated alone and the encoder gradient kept; the cross-entropy
+  is back-propagated; the encoder gradient is increased by lambda*s(eta)*g_CEM with s(eta) = 0.001/eta when
+  the current lr eta >= 4.1e-4, else 1.
+* ``fused``: CE + lambda*L in one backward.
+
+The surrogate's own parameters (the attention surrogates have some) are trained by their own Adam with
+the CEM loss's gradient. Logs accumulate as device tensors and are read once per epoch: no host sync in a
+step. Deliberate differences from the reference: epoch 1 trains at the real lr (the reference's WarmUpLR
+misuse made it 0); lambda = 0 builds no surrogate and runs no clustering; the checkpoint kept is the last
+one (no model selection on the test set).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import data as data_mod
+from .config import TrialConfig
+from .surrogates import Surrogate, intra_class_mse
+
+INJECT_LR_KNEE = 4.1e-4  # the reference's s(eta) switches to 1 below this lr
+
+
+class TrialDiverged(RuntimeError):
+    """The classification loss became non-finite."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"train.device={name!r} but CUDA is not available; use train.device=cpu or auto")
+    return torch.device(name)
+
+
+def amp_dtype(cfg: TrialConfig, device: torch.device):
+    """bf16 autocast on CUDA (``train.amp`` auto/on), none on CPU unless ``on``."""
+    if cfg.train.amp == "off" or (cfg.train.amp == "auto" and device.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
+def lr_at(cfg: TrialConfig, epoch: int) -> float:
+    """Learning rate of 1-based ``epoch``: x gamma for each milestone fraction already passed.
+
+    Epoch e is decayed by the milestones f with (e - 1) / epochs >= f, so at 240 epochs the drops come at
+    epochs 61/121/181/211 (the reference: 60/120/180/210) and short runs keep their first epochs at full lr.
+    """
+    done = (epoch - 1) / cfg.train.epochs
+    k = sum(1 for f in cfg.train.milestones if done >= f - 1e-9)
+    return cfg.train.lr * cfg.train.gamma ** k
+
+
+def inject_scale(lr: float) -> float:
+    """s(eta) of the paper's gradient injection."""
+    return 0.001 / lr if lr >= INJECT_LR_KNEE else 1.0
+
+
+@dataclass
+class TrainState:
+    client: nn.Module
+    server: nn.Module
+    surrogate: Surrogate | None
+    history: list[dict] = field(default_factory=list)
+    epoch: int = 0
+
+
+class Trainer:
+    """Holds models, optimizers and the surrogate; ``fit()`` runs the epochs, ``step()`` one batch."""
+
+    def __init__(self, cfg: TrialConfig, splits: data_mod.Splits, client: nn.Module, server: nn.Module,
+                 surrogate: Surrogate | None, device: torch.device):
+        self.cfg, self.splits, self.device = cfg, splits, device
+        self.client, self.server, self.surrogate = client.to(device), server.to(device), surrogate
+        self.amp = amp_dtype(cfg, device)
+        cuda = device.type == "cuda"
+        if cuda:
+            torch.backends.cudnn.benchmark = True
+            self.client.to(memory_format=torch.channels_last)
+            self.server.to(memory_format=torch.channels_last)
+        opt_kw = dict(lr=cfg.train.lr, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay)
+        if cuda:
+            opt_kw["fused"] = True
+        self.client_opt = torch.optim.SGD(self.client.parameters(), **opt_kw)
+        self.server_opt = torch.optim.SGD(self.server.parameters(), **opt_kw)
+        self.surrogate_opt = None
+        if surrogate is not None:
+            surrogate.to(device)
+            params = [p for p in surrogate.parameters() if p.requires_grad]
+            if params:
+                self.surrogate_opt = torch.optim.Adam(params, lr=cfg.cem.surrogate_lr,
+                                                      **({"fused": True} if cuda else {}))
+        self.client_params = [p for p in self.client.parameters() if p.requires_grad]
+        self.surrogate_params = list(self.surrogate_opt.param_groups[0]["params"]) if self.surrogate_opt else []
+        self.gen = torch.Generator(device=device).manual_seed(cfg.seed)
+        self.lambd = cfg.cem.lambd
+        self.loss_scale = cfg.cem.loss_scale if cfg.cem.loss_scale is not None else 1.0
+        self._client_fwd = self.client
+        self._server_fwd = self.server
+        if cfg.train.compile:
+            self._client_fwd = torch.compile(self.client)
+            self._server_fwd = torch.compile(self.server)
+        self.epoch = 0
+        self.history: list[dict] = []
+
+    # ------------------------------------------------------------------------------------ one step
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp)
+
+    def _noise(self, z: torch.Tensor) -> torch.Tensor:
+        sigma = self.cfg.defense.noise_std
+        if sigma == 0:
+            return z
+        return z + sigma * torch.randn(z.shape, generator=self.gen, device=z.device, dtype=z.dtype)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
+        """One training step on a normalised batch; adds its logs to the device tensors in ``acc``."""
+        if self.device.type == "cuda":
+            x = x.contiguous(memory_format=torch.channels_last)
+        self.client_opt.zero_grad(set_to_none=True)
+        self.server_opt.zero_grad(set_to_none=True)
+        with self._autocast():
+            z = self._client_fwd(x)
+        rob = None
+        if cem_on:
+            with torch.autocast(self.device.type, enabled=False):  # surrogate statistics in fp32
+                out = self.surrogate(z.float(), y)
+            finite = torch.isfinite(out.loss)
+            rob = torch.where(finite, out.loss, torch.zeros_like(out.loss)) * self.loss_scale
+            acc["rob_nonfinite"] += (~finite).float()
+            acc["rob_loss"] += rob.detach()
+            for k, v in out.logs.items():
+                if k != "rob_loss":
+                    acc.setdefault("surr_" + k, torch.zeros((), device=self.device))
+                    acc["surr_" + k] += v.detach().float()
+            if self.surrogate_opt is not None:
+                self.surrogate_opt.zero_grad(set_to_none=True)
+        with self._autocast():
+            logits = self._server_fwd(self._noise(z))
+            ce = F.cross_entropy(logits.float(), y)
+        if rob is None:
+            ce.backward()
+        elif self.cfg.cem.grad_mode == "fused":
+            (ce + self.lambd * rob).backward()
+        else:  # inject: two backward passes, the CEM gradient added to the encoder's with lambda*s(lr)
+            g_cem = torch.autograd.grad(rob, self.client_params + self.surrogate_params, retain_graph=True,
+                                        allow_unused=True)
+            ce.backward()
+            scale = self.lambd * inject_scale(lr)
+            for p, g in zip(self.client_params, g_cem[: len(self.client_params)]):
+                if g is not None:
+                    p.grad.add_(g, alpha=scale)
+            for p, g in zip(self.surrogate_params, g_cem[len(self.client_params):]):
+                p.grad = g
+        self.client_opt.step()
+        self.server_opt.step()
+        if rob is not None and self.surrogate_opt is not None:
+            self.surrogate_opt.step()
+        with torch.no_grad():
+            acc["ce_sum"] += ce.detach() * y.shape[0]
+            acc["correct"] += (logits.argmax(1) == y).sum()
+            acc["seen"] += y.shape[0]
+            acc["ce_nonfinite"] += (~torch.isfinite(ce)).float()
+
+    # ------------------------------------------------------------------------------------ epochs
+    def cem_active(self, epoch: int) -> bool:
+        return self.surrogate is not None and self.lambd > 0 and epoch > (self.cfg.cem.warmup_epochs or 0)
+
+    def train_epoch(self, epoch: int) -> dict:
+        t0 = time.perf_counter()
+        lr = lr_at(self.cfg, epoch)
+        for opt in (self.client_opt, self.server_opt):
+            for group in opt.param_groups:
+                group["lr"] = lr
+        cem_on = self.cem_active(epoch)
+        if cem_on and self.surrogate.needs_refit and not self.surrogate.fitted:
+            self.refit_surrogate()
+        self.client.train()
+        self.server.train()
+        if self.surrogate is not None:
+            self.surrogate.train()
+        zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
+        acc = {k: zero() for k in ("ce_sum", "correct", "seen", "ce_nonfinite", "rob_loss", "rob_nonfinite")}
+        it = data_mod.BatchIterator(self.splits.train, self.splits, self.cfg.train.batch_size,
+                                    self.cfg.train.augment, self.gen)
+        steps = 0
+        for x, y in it:
+            self.step(x, y, cem_on, lr, acc)
+            steps += 1
+        # end of epoch: one host sync to read the logs
+        vals = {k: float(v) for k, v in acc.items()}
+        if vals["ce_nonfinite"] > 0:
+            raise TrialDiverged(f"the classification loss became non-finite in epoch {epoch} "
+                                f"({int(vals['ce_nonfinite'])} of {steps} steps); lower train.lr or cem.lambd")
+        if self.surrogate is not None and self.surrogate.needs_refit and (cem_on or self.cem_active(epoch + 1)):
+            self.refit_surrogate()
+        rec = {
+            "epoch": epoch, "lr": lr, "cem_active": cem_on,
+            "train_loss": vals["ce_sum"] / max(vals["seen"], 1),
+            "train_acc": vals["correct"] / max(vals["seen"], 1),
+            "rob_loss": vals["rob_loss"] / steps if cem_on else 0.0,
+            "rob_nonfinite": int(vals["rob_nonfinite"]),
+        }
+        for k, v in vals.items():
+            if k.startswith("surr_"):
+                rec[k] = v / steps
+        rec["train_s"] = time.perf_counter() - t0
+        return rec
+
+    @torch.no_grad()
+    def encode(self, split: data_mod.Split) -> torch.Tensor:
+        """Clean features of a split (eval mode, no augmentation, no noise), fp32."""
+        self.client.eval()
+        out = []
+        for x, _ in data_mod.eval_batches(split, self.splits, self.cfg.train.eval_batch_size):
+            if self.device.type == "cuda":
+                x = x.contiguous(memory_format=torch.channels_last)
+            with self._autocast():
+                out.append(self._client_fwd(x).float())
+        return torch.cat(out)
+
+    def refit_surrogate(self) -> None:
+        feats = self.encode(self.splits.train)
+        self.surrogate.refit(feats, self.splits.train.labels)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Noisy test accuracy (as the paper reports), clean test accuracy and the feature spread."""
+        self.client.eval()
+        self.server.eval()
+        correct_noisy = torch.zeros((), device=self.device)
+        correct_clean = torch.zeros((), device=self.device)
+        feats = []
+        gen_state = self.gen.get_state()  # evaluation noise must not shift the training noise stream
+        for x, y in data_mod.eval_batches(self.splits.test, self.splits, self.cfg.train.eval_batch_size):
+            if self.device.type == "cuda":
+                x = x.contiguous(memory_format=torch.channels_last)
+            with self._autocast():
+                z = self._client_fwd(x)
+                correct_clean += (self._server_fwd(z).argmax(1) == y).sum()
+                correct_noisy += (self._server_fwd(self._noise(z)).argmax(1) == y).sum()
+            feats.append(z.float().flatten(1))
+        self.gen.set_state(gen_state)
+        n = len(self.splits.test)
+        spread = intra_class_mse(torch.cat(feats), self.splits.test.labels, self.splits.num_classes)
+        return {"test_acc": float(correct_noisy) / n, "test_acc_clean": float(correct_clean) / n,
+                "feature_spread": float(spread)}
+
+    def fit(self, on_epoch: Callable[[dict], None] | None = None, start_epoch: int = 1) -> list[dict]:
+        """Train from ``start_epoch`` to ``train.epochs``; ``on_epoch(record)`` after each epoch."""
+        for epoch in range(start_epoch, self.cfg.train.epochs + 1):
+            t0 = time.perf_counter()
+            rec = self.train_epoch(epoch)
+            rec.update(self.evaluate())
+            rec["epoch_s"] = time.perf_counter() - t0
+            self.epoch = epoch
+            self.history.append(rec)
+            if on_epoch is not None:
+                on_epoch(rec)
+        return self.history
+
+    # ------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self.epoch, "history": self.history,
+            "client": self.client.state_dict(), "server": self.server.state_dict(),
+            "surrogate": self.surrogate.state_dict() if self.surrogate is not None else None,
+            "client_opt": self.client_opt.state_dict(), "server_opt": self.server_opt.state_dict(),
+            "surrogate_opt": self.surrogate_opt.state_dict() if self.surrogate_opt is not None else None,
+            "gen": self.gen.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.history = state["epoch"], list(state["history"])
+        self.client.load_state_dict(state["client"])
+        self.server.load_state_dict(state["server"])
+        if self.surrogate is not None and state.get("surrogate") is not None:
+            self.surrogate.load_state_dict(state["surrogate"])
+        self.client_opt.load_state_dict(state["client_opt"])
+        self.server_opt.load_state_dict(state["server_opt"])
+        if self.surrogate_opt is not None and state.get("surrogate_opt") is not None:
+            self.surrogate_opt.load_state_dict(state["surrogate_opt"])
+        self.gen.set_state(state["gen"].cpu() if self.device.type != "cuda" else state["gen"])
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def flops_per_image(client: nn.Module, server: nn.Module, image_shape=(3, 32, 32)) -> float:
+    """Forward multiply-accumulates x 2 of one image through client and server (convs and linears)."""
+    total = 0.0
+    hooks = []
+
+    def conv_hook(m, inp, out):
+        nonlocal total
+        k = m.kernel_size[0] * m.kernel_size[1] * (m.in_channels // m.groups)
+        total += 2.0 * out.numel() / out.shape[0] * k
+
+    def lin_hook(m, inp, out):
+        nonlocal total
+        total += 2.0 * m.in_features * m.out_features
+
+    for mod in list(client.modules()) + list(server.modules()):
+        if isinstance(mod, nn.Conv2d):
+            hooks.append(mod.register_forward_hook(conv_hook))
+        elif isinstance(mod, nn.Linear):
+            hooks.append(mod.register_forward_hook(lin_hook))
+    dev = next(client.parameters()).device
+    was = client.training, server.training
+    client.eval(), server.eval()
+    with torch.no_grad():
+        server(client(torch.zeros(1, *image_shape, device=dev)))
+    client.train(was[0]), server.train(was[1])
+    for h in hooks:
+        h.remove()
+    return total
+

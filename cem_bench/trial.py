@@ -1,0 +1,151 @@
+"""One trial end to end: config -> data/models -> CEM training -> model-inversion attack -> result.
+
+``run_trial`` is what ``cem-bench train`` and every Ray Tune trial call. It imports no Ray: progress goes
+through the ``report(record, final, state_fn=None)`` callback, which the Ray trainable turns into
+``tune.report`` (with a checkpoint built from ``state_fn()``) and the CLI into progress lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from typing import Any, Callable
+
+import torch
+
+from . import __version__
+from . import attacks, data, models, surrogates
+from .config import TrialConfig
+from .trainer import Trainer, resolve_device, seed_everything
+
+OBJECTIVE_KEYS = ("test_acc", "test_acc_clean", "feature_spread", "attack_mse", "attack_psnr", "attack_ssim")
+RESULT_KEYS = OBJECTIVE_KEYS + ("train_s", "attack_s", "wall_s", "epochs_done", "final_train_loss",
+                                "final_train_acc", "rob_nonfinite")
+
+Report = Callable[..., None]
+
+
+def git_sha() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
+                              timeout=5).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def build_config(config: TrialConfig | dict) -> TrialConfig:
+    cfg = config if isinstance(config, TrialConfig) else TrialConfig.from_flat(config)
+    return surrogates.resolve(cfg)
+
+
+def build(cfg: TrialConfig, device: torch.device, splits: data.Splits | None = None):
+    """Data, models, surrogate and trainer of a resolved config (no training yet)."""
+    seed_everything(cfg.seed)
+    splits = splits if splits is not None else data.load(cfg.data, device)
+    client, server = models.build(cfg.model, splits.num_classes, splits.image_shape)
+    surrogate = None
+    if cfg.cem.lambd > 0:
+        fshape = models.feature_shape(client, splits.image_shape)
+        surrogate = surrogates.build(cfg, fshape, splits.num_classes)
+    return splits, Trainer(cfg, splits, client, server, surrogate, device)
+
+
+def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_dir: str | None = None,
+              resume_state: dict | None = None) -> dict[str, Any]:
+    """Train with CEM, attack the trained encoder, and return metrics, costs and info.
+
+    ``report(record, final, state_fn=...)`` is called after every epoch (``final=False``) and once at the
+    end with the result (``final=True``). Every record carries every key of ``OBJECTIVE_KEYS`` (attack
+    metrics are NaN until the attack has run). ``resume_state`` (a ``state_fn()`` value) continues a run
+    from its last finished epoch. With ``out_dir`` the gallery ``recon.png`` is written there.
+    """
+    t_wall = time.perf_counter()
+    cfg = build_config(config)
+    device = resolve_device(cfg.train.device)
+    splits, trainer = build(cfg, device)
+    start = 1
+    if resume_state is not None:
+        trainer.load_state_dict(resume_state)
+        start = trainer.epoch + 1
+    nan = float("nan")
+    prior_train_s = sum(r["epoch_s"] for r in trainer.history)
+
+    def on_epoch(rec: dict) -> None:
+        if report is not None:
+            record = {**rec, "attack_mse": nan, "attack_psnr": nan, "attack_ssim": nan}
+            report(record, False, state_fn=trainer.state_dict)
+
+    t_train = time.perf_counter()
+    trainer.fit(on_epoch, start_epoch=start)
+    train_s = prior_train_s + (time.perf_counter() - t_train)
+
+    attack = attacks.build(cfg)
+    res = attack.run(trainer.client, splits, cfg.defense.noise_std, device)
+    last = trainer.history[-1] if trainer.history else {}
+    result: dict[str, Any] = {
+        "test_acc": last.get("test_acc", nan),
+        "test_acc_clean": last.get("test_acc_clean", nan),
+        "feature_spread": last.get("feature_spread", nan),
+        **res.metrics,
+        "train_s": train_s,
+        "attack_s": res.seconds,
+        "wall_s": time.perf_counter() - t_wall,
+        "epochs_done": trainer.epoch,
+        "final_train_loss": last.get("train_loss", nan),
+        "final_train_acc": last.get("train_acc", nan),
+        "rob_nonfinite": sum(r.get("rob_nonfinite", 0) for r in trainer.history),
+        "epoch": trainer.epoch,
+    }
+    gallery = None
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        from .attacks.decoder import save_gallery
+        gallery = os.path.join(out_dir, "recon.png")
+        save_gallery(res.originals, res.reconstructions, gallery)
+    result["info"] = {
+        "config": cfg.to_flat(),
+        "device": device_name(device),
+        "torch_version": torch.__version__,
+        "package_version": __version__,
+        "git_sha": git_sha(),
+        "client_params": models.count_params(trainer.client),
+        "server_params": models.count_params(trainer.server),
+        "surrogate_params": models.count_params(trainer.surrogate) if trainer.surrogate is not None else 0,
+        "gallery": gallery,
+        "history": trainer.history,
+        "attack_history": res.history,
+    }
+    if report is not None:
+        report(result, True, state_fn=trainer.state_dict)
+    return result
+
+
+def jsonable(obj: Any) -> Any:
+    """Result dicts as strict JSON (NaN/inf as null)."""
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, torch.Tensor):
+        return jsonable(obj.tolist())
+    return obj
+
+
+def write_json(obj: Any, path: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(jsonable(obj), fh, indent=2)
+    os.replace(tmp, path)

@@ -1,0 +1,163 @@
+"""The decoder attack: decoder shapes and size, the attacker's data protocol, features once, learning,
+the encoder left untouched, seeding and the gallery PNG. Tiny sizes: the whole file runs in seconds on CPU."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from cem_bench import data, models
+from cem_bench.attacks import AttackResult, build, names
+from cem_bench.attacks.decoder import DecoderAttack, InversionDecoder, save_gallery
+from cem_bench.config import ModelConfig, TrialConfig
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny CPU convolutions: a second intra-op thread only adds contention on a shared 2-core box."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_cfg(**flat) -> TrialConfig:
+    base = {"data.train_size": 64, "data.test_size": 200, "model.width": 0.125, "attack.epochs": 0,
+            "attack.blocks": 0, "attack.channels": 4, "attack.batch_size": 32, "train.eval_batch_size": 64}
+    base.update(flat)
+    return TrialConfig.from_flat(base)
+
+
+def encoder_for(cfg: TrialConfig, splits) -> models.ClientEncoder:
+    torch.manual_seed(0)
+    enc, _ = models.build(cfg.model, splits.num_classes, splits.image_shape)
+    return enc
+
+
+# ------------------------------------------------------------------------------ decoder
+@pytest.mark.parametrize("cut", [2, 3, 4])
+@pytest.mark.parametrize("bottleneck", [8, 0])
+def test_decoder_output_shape(cut, bottleneck):
+    enc = models.ClientEncoder(ModelConfig(width=0.125, cut_layer=cut, bottleneck_channels=bottleneck))
+    fshape = models.feature_shape(enc)
+    if bottleneck:
+        assert fshape[0] == 8
+    dec = InversionDecoder.for_features(fshape, (3, 32, 32), blocks=1, channels=8)
+    assert dec.in_channels == fshape[0] and dec.feature_size == fshape[1:]
+    with torch.no_grad():
+        out = dec(enc(torch.rand(2, 3, 32, 32)))
+    assert out.shape == (2, 3, 32, 32)
+    assert 0.0 <= float(out.min()) and float(out.max()) <= 1.0
+
+
+def test_decoder_for_128_channel_features():
+    enc = models.ClientEncoder(ModelConfig(width=1.0, cut_layer=4, bottleneck_channels=0))
+    fshape = models.feature_shape(enc)
+    assert fshape == (128, 8, 8)
+    dec = InversionDecoder.for_features(fshape, blocks=0, channels=8)
+    with torch.no_grad():
+        assert dec(torch.rand(2, *fshape)).shape == (2, 3, 32, 32)
+
+
+def test_paper_decoder_parameter_count():
+    # res_normN8C64 on 8x8x8 features, 32x32 images: 711,539 parameters (cem_reference.md §5a)
+    assert models.count_params(InversionDecoder(8, 8, 32, blocks=8, channels=64)) == 711_539
+
+
+def test_decoder_rejects_non_power_of_two_ratio():
+    with pytest.raises(ValueError, match="power-of-two"):
+        InversionDecoder(8, 12, 32)
+    with pytest.raises(ValueError, match="power-of-two"):
+        InversionDecoder(8, 64, 32)
+
+
+# ------------------------------------------------------------------------------ attack
+def test_registered():
+    assert "decoder" in names()
+    assert isinstance(build(tiny_cfg()), DecoderAttack)
+
+
+def test_inference_protocol_aux_and_eval_are_disjoint():
+    cfg = TrialConfig.from_flat({"data.test_size": 200, "data.train_size": 64, "data.attack_split": "inference"})
+    splits = data.load(cfg.data, "cpu")
+    assert len(splits.attack_aux) == 180 and len(splits.attack_eval) == 20
+
+    def digests(images):
+        return {hashlib.sha1(img.contiguous().numpy().tobytes()).hexdigest() for img in images}
+
+    aux, ev = digests(splits.attack_aux.images), digests(splits.attack_eval.images)
+    assert len(ev) == 20  # no duplicate images either
+    assert not aux & ev
+
+
+def test_features_once_encoder_untouched_and_seeded():
+    cfg = tiny_cfg(**{"attack.epochs": 2})
+    splits = data.load(cfg.data, "cpu")
+    enc = encoder_for(cfg, splits)
+    enc.train()
+    before = {k: v.clone() for k, v in enc.state_dict().items()}
+    calls = []
+    handle = enc.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    rng = torch.get_rng_state()
+    try:
+        res = build(cfg).run(enc, splits, 0.05, "cpu")
+    finally:
+        handle.remove()
+    # aux 180 images -> 3 batches of <= 64, eval 20 -> 1: four forwards for 2 epochs, not 4 x epochs
+    assert calls == [64, 64, 52, 20]
+    assert enc.training and all(m.training for m in enc.modules())
+    assert all(p.requires_grad for p in enc.parameters())
+    after = enc.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # BN running stats included
+    assert torch.equal(torch.get_rng_state(), rng)  # the global RNG was not consumed
+
+    assert isinstance(res, AttackResult)
+    assert set(res.metrics) == {"attack_mse", "attack_psnr", "attack_ssim"}
+    assert [h["epoch"] for h in res.history] == [1, 2]
+    assert all(h["train_mse"] > 0 for h in res.history)
+    assert res.originals.shape == res.reconstructions.shape == (16, 3, 32, 32)
+    assert res.originals.device.type == "cpu"
+    assert torch.allclose(res.originals, splits.attack_eval.images[:16].float() / 255)
+    assert 0.0 <= float(res.reconstructions.min()) and float(res.reconstructions.max()) <= 1.0
+    assert res.seconds > 0
+
+    enc.eval()
+    again = build(cfg).run(enc, splits, 0.05, "cpu")
+    assert again.metrics == res.metrics  # same attack seed, same result
+    assert not enc.training
+
+
+def test_untrained_decoder_is_valid():
+    cfg = tiny_cfg()
+    splits = data.load(cfg.data, "cpu")
+    res = build(cfg).run(encoder_for(cfg, splits), splits, 0.0, "cpu")
+    assert res.history == []
+    assert 0 < res.metrics["attack_mse"] < 1 and -1 <= res.metrics["attack_ssim"] <= 1
+
+
+def test_short_attack_beats_untrained_decoder():
+    # the paper's cut (8x8x8 smashed data), no noise, 512 synthetic images: 461 aux, 51 eval
+    cfg = tiny_cfg(**{"data.test_size": 512, "attack.blocks": 1, "attack.channels": 16, "attack.batch_size": 16,
+                      "train.eval_batch_size": 256})
+    splits = data.load(cfg.data, "cpu")
+    enc = encoder_for(cfg, splits)
+    untrained = build(cfg).run(enc, splits, 0.0, "cpu").metrics["attack_mse"]
+    trained = build(cfg.replace(**{"attack.epochs": 2})).run(enc, splits, 0.0, "cpu")
+    assert trained.history[-1]["train_mse"] < trained.history[0]["train_mse"]
+    assert trained.metrics["attack_mse"] < 0.9 * untrained
+
+
+# ------------------------------------------------------------------------------ gallery
+def test_save_gallery_png(tmp_path):
+    from PIL import Image
+
+    x = torch.rand(4, 3, 32, 32)
+    path = save_gallery(x, x.flip(0), tmp_path / "sub" / "recon.png")
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        # x2 nearest, padding 2: 4 * (64 + 2) + 2 wide, 2 * (64 + 2) + 2 high
+        assert im.size == (266, 134)
+    with pytest.raises(ValueError):
+        save_gallery(x, x[:2], tmp_path / "bad.png")

@@ -1,0 +1,318 @@
+"""report.py from small Parquet fixtures written here: files, HTML sections, escaping, the front."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.image import imsave
+
+from cem_bench.report import build_report, load_results, summary_sentence
+
+SURROGATES = ["gmm", "gated_attention", "slot_cross"]
+ERROR_TEXT = "ValueError: shape <1, 2> & 'mask' failed"
+THREE_OBJECTIVES = [
+    {"metric": "test_acc", "mode": "max", "ref": 0.1},
+    {"metric": "attack_ssim", "mode": "min", "ref": 1.0},
+    {"metric": "attack_mse", "mode": "max", "ref": 0.0},
+]
+
+
+# ---------------------------------------------------------------- fixture writer
+def write_results(
+    root: Path,
+    n: int = 14,
+    surrogates: list[str] = SURROGATES,
+    baseline: int = 2,
+    errors: int = 1,
+    nan_ok: bool = True,
+    objectives: list[dict] | None = None,
+    search_space: bool = True,
+    epochs: bool = True,
+    recon: bool = True,
+    timestamps: bool = False,
+    vary_params: bool = True,
+    seed: int = 0,
+) -> Path:
+    """A results folder with ``n`` ok CEM trials, ``baseline`` λ=0 trials and ``errors`` errored ones.
+
+    ``vary_params=False`` keeps every parameter but λ constant (fewer figures: faster tests).
+    """
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    rows, epoch_rows = [], []
+    t0 = pd.Timestamp("2024-05-01T12:00:00Z")
+    total = n + baseline + errors
+    for i in range(total):
+        kind = "cem" if i < n else ("base" if i < n + baseline else "error")
+        s = surrogates[i % len(surrogates)]
+        lambd = 0.0 if kind == "base" else float(np.exp(rng.uniform(0, np.log(64))))
+        strength = np.log1p(lambd) / np.log(65)
+        acc = 0.92 - 0.08 * strength + rng.normal(0, 0.01)
+        ssim = 0.85 - 0.55 * strength + rng.normal(0, 0.03)
+        mse = 0.01 + 0.05 * strength + rng.normal(0, 0.003)
+        tid = f"t{i:03d}"
+        trial_dir = f"exp/{tid}_{s}"
+        row = {
+            "experiment": "fixture_exp",
+            "trial_id": tid,
+            "status": "ok",
+            "error": None,
+            "trial_dir": trial_dir if i % 5 else str((root / trial_dir).resolve()),  # some absolute
+            "config.cem.surrogate": s,
+            "config.cem.lambd": lambd,
+            "config.defense.noise_std": float(rng.choice([0.01, 0.025, 0.05])) if vary_params else 0.025,
+            "config.cem.num_slots": (float(rng.integers(2, 9)) if vary_params else 4.0) if s == "slot_cross" else None,
+            "config.cem.snr_thresh": (float(rng.uniform(0.05, 1)) if vary_params else 0.5) if s != "gmm" else None,
+            "config.train.epochs": 3,
+            "test_acc": acc,
+            "test_acc_clean": acc + 0.01,
+            "feature_spread": 1.0 - strength,
+            "attack_mse": mse,
+            "attack_psnr": -10 * np.log10(mse),
+            "attack_ssim": ssim,
+            "train_s": 10.0 + i,
+            "attack_s": 3.0,
+            "wall_s": 13.0 + i,
+            "pareto_rank": 99,  # stale on purpose: the report recomputes it
+            "git_sha": "abc1234",
+            "package_version": "0.1.0",
+            "torch_version": "2.14.1",
+            "device": "cpu",
+            "finished_at": (t0 + pd.Timedelta(minutes=int(rng.integers(0, 600)))).isoformat(),
+        }
+        if kind == "error":
+            row.update({"status": "error", "error": ERROR_TEXT})
+            for m in ["test_acc", "test_acc_clean", "feature_spread", "attack_mse", "attack_psnr", "attack_ssim",
+                      "train_s", "attack_s", "wall_s"]:  # fmt: skip
+                row[m] = np.nan
+        elif nan_ok and i == 1:
+            row["attack_ssim"] = np.nan  # an ok trial with a missing metric
+        rows.append(row)
+        if kind != "error":
+            if epochs:
+                for e in range(1, 4):
+                    epoch_rows.append({"trial_id": tid, "epoch": e, "test_acc": acc * e / 3,
+                                       "test_acc_clean": acc * e / 3, "feature_spread": 2.0 - e * strength / 3,
+                                       "train_loss": 1.0 / e, "rob_loss": 0.5 / e, "epoch_s": 3.0})  # fmt: skip
+            if recon:
+                (root / trial_dir).mkdir(parents=True, exist_ok=True)
+                imsave(root / trial_dir / "recon.png", rng.random((8, 16, 3)))
+    trials = pd.DataFrame(rows)
+    if timestamps:
+        trials["finished_at"] = pd.to_datetime(trials["finished_at"])
+    trials.to_parquet(root / "trials.parquet")
+    if epochs:
+        pd.DataFrame(epoch_rows).to_parquet(root / "epochs.parquet")
+    if search_space:
+        spec = {"name": "fixture_search", "objectives": objectives or THREE_OBJECTIVES[:2]}
+        (root / "search_space.json").write_text(json.dumps(spec))
+    return root
+
+
+def brute_front_ids(trials: pd.DataFrame, objectives: list[dict]) -> set[str]:
+    ok = trials[trials["status"] == "ok"].dropna(subset=[o["metric"] for o in objectives])
+    pts = [(r["trial_id"], [r[o["metric"]] * (1 if o["mode"] == "min" else -1) for o in objectives])
+           for _, r in ok.iterrows()]  # fmt: skip
+    front = set()
+    for tid, a in pts:
+        dominated = any(all(x <= y for x, y in zip(b, a)) and any(x < y for x, y in zip(b, a)) for _, b in pts)
+        if not dominated:
+            front.add(tid)
+    return front
+
+
+def check_common(index: Path) -> str:
+    """Checks every report must pass; returns the HTML."""
+    out = index.parent
+    assert index.name == "index.html" and index.is_file()
+    text = index.read_text(encoding="utf-8")
+    for section in ['id="frontier"', 'id="hypervolume"', 'id="parameters"', 'id="training"', 'id="galleries"',
+                    'id="front-table"', 'id="surrogate-fronts"', 'id="errors"', 'id="run"']:  # fmt: skip
+        assert section in text, section
+    srcs = pd.Series(text.split('src="')[1:]).str.split('"').str[0].tolist()
+    assert srcs, "no images"
+    for src in srcs:
+        assert not src.startswith(("http", "/")), src  # relative links only
+        assert (out / src).is_file(), src
+    assert srcs[0].startswith("frontier_")
+    # frontier plot first, before the summary and before any table
+    assert text.index(f'src="{srcs[0]}"') < text.index('class="summary"') < text.index("<table")
+    assert "http://" not in text and "https://" not in text
+    assert (out / "hypervolume.png").is_file() and (out / "frontier.csv").is_file()
+    for png in out.glob("*.png"):
+        assert png.stat().st_size > 1000
+    return text
+
+
+def front_csv_ids(out: Path) -> set[str]:
+    csv = pd.read_csv(out / "frontier.csv", dtype={"trial_id": str})
+    return set(csv["trial_id"])
+
+
+# ---------------------------------------------------------------- tests
+def test_full_report(tmp_path):
+    root = write_results(tmp_path / "res")
+    index = build_report(root)
+    assert index == root / "report" / "index.html"
+    text = check_common(index)
+    out = index.parent
+    assert "<title>cem-bench report: fixture_search</title>" in text
+
+    # every privacy metric gets a frontier plot; ssim (the objective) first
+    for m in ["attack_ssim", "attack_mse", "attack_psnr"]:
+        assert (out / f"frontier_{m}.png").is_file()
+    assert text.index("frontier_attack_ssim.png") < text.index("frontier_attack_mse.png")
+    # parameters with >= 2 values; epochs is constant -> no figure
+    for p in ["cem.lambd", "defense.noise_std", "cem.num_slots", "cem.snr_thresh"]:
+        assert f'src="params_{p}.png"' in text and (out / f"params_{p}.png").is_file()
+    assert not (out / "params_train.epochs.png").exists()
+    assert 'src="training_curves.png"' in text
+
+    # the front is recomputed (stale pareto_rank ignored) and frontier.csv holds exactly it
+    trials = pd.read_parquet(root / "trials.parquet")
+    expected = brute_front_ids(trials, THREE_OBJECTIVES[:2])
+    assert front_csv_ids(out) == expected
+    assert "t001" not in expected  # NaN attack_ssim never reaches the front
+
+    # galleries: every front trial plus the best baseline, captioned
+    res = load_results(root)
+    base = res.ok[res.ok["_baseline"]].sort_values("test_acc").iloc[-1]["trial_id"]
+    for tid in expected | {base}:
+        assert (out / "galleries" / f"{tid}.png").is_file()
+        assert f'src="galleries/{tid}.png"' in text
+    assert "λ=0 baseline" in text
+
+    # the error is escaped, never raw
+    assert "ValueError: shape &lt;1, 2&gt; &amp; &#x27;mask&#x27; failed" in text
+    assert "<1, 2>" not in text
+    assert "Errored trials (1)" in text
+    # formatted numbers, not float dumps
+    assert "0.9200000" not in text and "nan" not in text.lower().replace("nanosec", "")
+    assert "abc1234" in text and "2.14.1" in text
+
+    # summary names a surrogate and the baseline comparison
+    summary = summary_sentence(res)
+    assert "within 1 point of the best λ=0 baseline" in summary
+    assert any(s in summary for s in SURROGATES)
+
+
+def test_custom_out_dir_as_str(tmp_path):
+    root = write_results(tmp_path / "res", n=5, baseline=1, errors=0, vary_params=False)
+    out = tmp_path / "elsewhere" / "rep"
+    (out / "galleries").mkdir(parents=True)  # an earlier report is overwritten in place
+    index = build_report(str(root), str(out))
+    assert index == out / "index.html"
+    check_common(index)
+    assert not (root / "report").exists()
+
+
+def test_single_trial(tmp_path):
+    root = write_results(tmp_path / "res", n=1, surrogates=["gmm"], baseline=0, errors=0, timestamps=True)
+    index = build_report(root)
+    text = check_common(index)
+    assert front_csv_ids(index.parent) == {"t000"}
+    assert "No main parameter" in text
+    assert "No λ=0 baseline ran" in summary_sentence(load_results(root))
+
+
+def test_one_surrogate_no_baseline(tmp_path):
+    root = write_results(tmp_path / "res", n=8, surrogates=["slot_cross"], baseline=0, errors=0, epochs=False)
+    pd.DataFrame(columns=["trial_id", "epoch", "test_acc"]).to_parquet(root / "epochs.parquet")  # empty table
+    index = build_report(root)
+    text = check_common(index)
+    assert "epochs.parquet missing or empty" in text
+    trials = pd.read_parquet(root / "trials.parquet")
+    assert front_csv_ids(index.parent) == brute_front_ids(trials, THREE_OBJECTIVES[:2])
+    assert "λ=0 baseline (" not in text  # no baseline table
+    assert "<h3>slot_cross" in text
+
+
+def test_three_objectives(tmp_path):
+    root = write_results(tmp_path / "res", objectives=THREE_OBJECTIVES, vary_params=False, seed=3)
+    trials = pd.read_parquet(root / "trials.parquet")
+    # a trial off the 2-objective front with the best attack_mse joins the 3-objective front
+    off = sorted(set(trials.loc[trials["status"] == "ok", "trial_id"]) - brute_front_ids(trials, THREE_OBJECTIVES[:2]))
+    trials.loc[trials["trial_id"] == off[-1], "attack_mse"] = 0.5
+    trials.to_parquet(root / "trials.parquet")
+    index = build_report(root)
+    text = check_common(index)
+    out = index.parent
+    ids = front_csv_ids(out)
+    assert ids == brute_front_ids(trials, THREE_OBJECTIVES)
+    assert ids != brute_front_ids(trials, THREE_OBJECTIVES[:2])  # the third objective matters here
+    assert (out / "frontier_attack_ssim.png").is_file() and (out / "frontier_attack_mse.png").is_file()
+    assert "attack_mse (max, ref 0)" in text
+
+
+def test_missing_optional_inputs(tmp_path):
+    root = write_results(tmp_path / "res", search_space=False, epochs=False, recon=False, vary_params=False)
+    index = build_report(root)
+    text = check_common(index)
+    assert not (index.parent / "training_curves.png").exists()
+    assert "epochs.parquet missing" in text
+    assert "recon.png missing" in text
+    assert not (index.parent / "galleries").exists()
+    # default objectives and experiment name from the table
+    assert "cem-bench report: fixture_exp" in text
+    trials = pd.read_parquet(root / "trials.parquet")
+    assert front_csv_ids(index.parent) == brute_front_ids(trials, THREE_OBJECTIVES[:2])
+
+
+def test_all_trials_errored(tmp_path):
+    root = write_results(tmp_path / "res", n=0, baseline=0, errors=3)
+    index = build_report(root)
+    text = check_common(index)
+    assert front_csv_ids(index.parent) == set()
+    assert "Errored trials (3)" in text
+
+
+def _fake_results_module(monkeypatch, write_tables):
+    mod = types.ModuleType("cem_bench.results")
+    mod.write_tables = write_tables
+    monkeypatch.setitem(sys.modules, "cem_bench.results", mod)
+    import cem_bench
+
+    monkeypatch.setattr(cem_bench, "results", mod, raising=False)
+
+
+def test_missing_trials_table_is_built_or_explained(tmp_path, monkeypatch):
+    fixture = write_results(tmp_path / "fixture", n=3, baseline=1, errors=0, vary_params=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    def failing(results_dir):
+        raise RuntimeError("no Ray experiment here")
+
+    _fake_results_module(monkeypatch, failing)
+    with pytest.raises(FileNotFoundError, match=r"trials\.parquet.*write_tables"):
+        build_report(empty)
+
+    def writing(results_dir):
+        (Path(results_dir) / "trials.parquet").write_bytes((fixture / "trials.parquet").read_bytes())
+
+    _fake_results_module(monkeypatch, writing)
+    check_common(build_report(empty))
+
+
+def test_completion_order_follows_finished_at(tmp_path):
+    root = write_results(tmp_path / "res", n=6, baseline=0, errors=1, timestamps=True)
+    res = load_results(root)
+    ordered = res.trials.sort_values("_order")
+    assert ordered["_finished"].is_monotonic_increasing
+    assert sorted(res.trials["_order"]) == list(range(len(res.trials)))
+
+
+def test_summary_when_no_cem_trial_matches_the_baseline(tmp_path):
+    root = write_results(tmp_path / "res", n=6, baseline=1, errors=0)
+    trials = pd.read_parquet(root / "trials.parquet")
+    trials.loc[trials["config.cem.lambd"] == 0, "test_acc"] = 0.999
+    trials.to_parquet(root / "trials.parquet")
+    summary = summary_sentence(load_results(root))
+    assert summary.startswith("No CEM trial reaches test_acc within 1 point of the best λ=0 baseline (0.999")
+    assert "the closest is trial" in summary

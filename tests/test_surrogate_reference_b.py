@@ -1,0 +1,239 @@
+"""``attention_centroid`` (SURROGATES.md §4) and ``serial_enhanced`` (§5) against slow per-class loops.
+
+Each reference below is the obvious reading of its section: a Python loop over classes (and samples),
+reusing the surrogate's own submodules and weights in eval mode (no dropout) with explicit initial-slot
+noise, so the vectorised step must give the same loss. (Eval mode alone would start all K slots at the same
+mean, keep them identical and put every sample in one cluster, leaving the per-cluster code untested.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cem_bench import surrogates
+from cem_bench.config import TrialConfig
+
+NUM_CLASSES = 5
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These ops are tiny: one intra-op thread avoids thread hand-offs on a shared CPU (much faster)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make(name: str, feature_shape=(8, 4, 4), **flat):
+    torch.manual_seed(0)
+    cfg = TrialConfig.from_flat({"cem.surrogate": name, "cem.hidden_dim": 16, **flat})
+    return surrogates.build(surrogates.resolve(cfg), feature_shape, NUM_CLASSES)
+
+
+def batch(b=24, feature_shape=(8, 4, 4), seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.rand(b, *feature_shape, generator=gen)
+    y = torch.randint(0, NUM_CLASSES - 1, (b,), generator=gen)
+    y[-1] = NUM_CLASSES - 1                  # a class with a single member: it must contribute nothing
+    return z, y
+
+
+def slot_noise(sur, rows: int, seed=4, scale=3.0) -> torch.Tensor:
+    """Initial-slot noise for ``rows`` sets: per sample for attention_centroid, per class for serial_enhanced.
+    Wide (``scale``) so that the slots differ enough to split classes into several clusters."""
+    gen = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(rows, sur.cfg.num_slots, sur.cfg.hidden_dim, generator=gen)
+
+
+def use_noise(sur, noise: torch.Tensor):
+    """Make the vectorised step draw its initial slots from ``noise`` (row i for set i)."""
+    orig = type(sur.slot_attn).forward.__get__(sur.slot_attn)
+    sur.slot_attn.forward = lambda inputs, mask=None, noise_=None: orig(
+        inputs, mask, noise=noise[: inputs.shape[0]] if noise_ is None else noise_)
+    return sur
+
+
+def noise_rows(name, z) -> int:
+    return z.shape[0] if name == "attention_centroid" else NUM_CLASSES
+
+
+# ------------------------------------------------------------------------------------ references
+def reference_attention_centroid(sur, z, y, noise) -> torch.Tensor:
+    h, rho2 = sur.cfg.hidden_dim, sur.cfg.reg_strength ** 2
+    slots, embeds = [], []
+    for j in range(z.shape[0]):                                    # one sample at a time
+        tokens = sur.proj(z[j].float().reshape(z.shape[1], -1).t()).unsqueeze(0)   # (1, H*W, h)
+        s, _ = sur.slot_attn(tokens, None, noise[j : j + 1])
+        attended, _ = sur.cross(tokens, s, s)
+        slots.append(s[0])
+        embeds.append((tokens + attended)[0].mean(0))
+    losses = []
+    for c in y.unique().tolist():
+        members = [j for j in range(len(y)) if y[j] == c]
+        if len(members) < 2:
+            continue
+        centroids = torch.stack([slots[j] for j in members]).mean(0)           # (K, h)
+        clusters: dict[int, list] = {}
+        for j in members:
+            d = ((embeds[j] - centroids) ** 2).sum(-1) / h
+            k = int(d.argmin())
+            clusters.setdefault(k, []).append(d[k])
+        loss_c = 0.0
+        for dists in clusters.values():
+            var = torch.stack(dists).mean()
+            loss_c = loss_c + len(dists) / len(members) * torch.log(var + rho2)
+        losses.append(loss_c)
+    return torch.stack(losses).mean()
+
+
+def reference_serial_enhanced(sur, z, y, noise) -> torch.Tensor:
+    x = z.flatten(1).float()
+    per_class, sizes = [], []
+    for c in y.unique().tolist():
+        members = [j for j in range(len(y)) if y[j] == c]
+        if len(members) < 2:
+            continue
+        u = []
+        for j in members:
+            uj = sur.w_in(F.layer_norm(x[j], x[j].shape))
+            gate = torch.sigmoid(sur.mlp_gate(torch.cat([sur.mlp_small(uj), sur.mlp_large(uj), uj])))
+            u.append(uj * gate)
+        u = torch.stack(u)                                                   # (M_c, h)
+        slots, _ = sur.slot_attn(u.unsqueeze(0), None, noise[c : c + 1])   # only this class's members
+        slots = slots[0]                                                     # (K, h)
+        clusters: dict[int, list] = {}
+        for i in range(len(members)):
+            attended, _ = sur.cross(u[i].view(1, 1, -1), slots.unsqueeze(0), slots.unsqueeze(0))
+            y1 = sur.norm1(u[i] + attended.view(-1))
+            y2 = sur.norm2(y1 + sur.ffn(y1))
+            feat = sur.norm3(u[i] + y2)
+            dists = [((feat - s) ** 2).sum() - 0.1 * (1 - F.cosine_similarity(feat, s, dim=0)) for s in slots]
+            k = int(torch.stack(dists).argmin())
+            clusters.setdefault(k, []).append(feat)
+        loss_c = 0.0
+        for feats in clusters.values():
+            var = torch.stack(feats).var(0, unbiased=False) + 1e-4
+            info = F.relu(torch.log(var + 1e-8) - math.log(1e-4)).mean()
+            loss_c = loss_c + len(feats) / len(members) * info
+        per_class.append(loss_c)
+        sizes.append(len(members))
+    weights = torch.tensor(sizes, dtype=torch.float32) / sum(sizes)
+    return (weights * torch.stack(per_class)).sum()
+
+
+REFERENCES = {"attention_centroid": reference_attention_centroid, "serial_enhanced": reference_serial_enhanced}
+
+
+# ------------------------------------------------------------------------------------ tests
+def check_against_reference(name, sur, z, y):
+    noise = slot_noise(sur, noise_rows(name, z))
+    use_noise(sur.eval(), noise)
+    with torch.no_grad():
+        out = sur(z, y)
+        want = REFERENCES[name](sur, z, y, noise)
+    assert out.loss.dtype == torch.float32 and out.loss.dim() == 0
+    assert torch.isfinite(out.loss)
+    assert out.logs["active_slots"] > 1.2          # several clusters per class: the per-cluster code runs
+    assert torch.allclose(out.loss, want, rtol=1e-4, atol=1e-6), (out.loss.item(), want.item())
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_matches_per_class_loop(name):
+    z, y = batch()
+    check_against_reference(name, make(name), z, y)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_matches_per_class_loop_after_training_steps(name):
+    """The same after a few sign-gradient steps, so that the slots and gates are not at their initial values."""
+    sur = make(name)
+    z, y = batch(seed=2)
+    for _ in range(3):
+        sur.zero_grad()
+        sur(z, y).loss.backward()
+        with torch.no_grad():
+            for p in sur.parameters():
+                if p.grad is not None:
+                    p -= 1e-2 * p.grad.sign()
+    check_against_reference(name, sur, z, y)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_invariant_to_batch_permutation(name):
+    sur = make(name).eval()
+    z, y = batch()
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(3))
+    noise = slot_noise(sur, noise_rows(name, z))
+    with torch.no_grad():
+        a = use_noise(sur, noise)(z, y).loss
+        # per-sample noise travels with its sample; per-class noise stays with its class
+        b = use_noise(sur, noise[perm] if name == "attention_centroid" else noise)(z[perm], y[perm]).loss
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a.item(), b.item())
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_singleton_classes_contribute_nothing(name):
+    sur = make(name).eval()
+    z, y = batch()
+    with torch.no_grad():
+        full = sur(z, y).loss
+        without = sur(z[:-1], y[:-1]).loss                  # drop the one-member class
+    assert torch.allclose(full, without, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():                                   # no class with two members: nothing to measure
+        lone = sur(z[:NUM_CLASSES], torch.arange(NUM_CLASSES)).loss
+    assert lone.item() == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_gradient_reaches_features_and_parameters(name):
+    sur = make(name).train()
+    z, y = batch()
+    z.requires_grad_(True)
+    out = sur(z, y)
+    out.loss.backward()
+    assert z.grad is not None and torch.isfinite(z.grad).all() and z.grad.abs().sum() > 0
+    assert sur.slot_attn.to_k.weight.grad is not None and sur.slot_attn.to_k.weight.grad.abs().sum() > 0
+    assert {"rob_loss", "intra_mse", "active_slots"} <= set(out.logs)
+    assert all(not v.requires_grad and torch.isfinite(v) for v in out.logs.values())
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+@pytest.mark.parametrize("shape", [(8, 8, 8), (128, 8, 8)])
+def test_finite_for_identical_features_and_large_shapes(name, shape):
+    sur = make(name, feature_shape=shape)
+    y = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3])
+    for z in (torch.full((8, *shape), 0.5), torch.rand(8, *shape)):
+        for mode in (True, False):
+            sur.train(mode)
+            assert torch.isfinite(sur(z, y).loss)
+
+
+def test_seed_defaults():
+    a = surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid"})).cem
+    assert (a.num_slots, a.num_iterations, a.num_heads, a.grad_mode, a.loss_scale) == (8, 3, 8, "fused", 1.0)
+    s = surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": "serial_enhanced"})).cem
+    assert (s.num_slots, s.num_iterations, s.num_heads, s.grad_mode, s.loss_scale) == (12, 4, 8, "fused", 1.0)
+    explicit = surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": "serial_enhanced", "cem.num_slots": 3}))
+    assert explicit.cem.num_slots == 3
+
+
+def test_serial_enhanced_distance_subtracts_the_cosine_term():
+    """d = ||y - S||^2 - 0.1 (1 - cos(y, S)) as written in seed 001: at equal Euclidean distance the slot
+    pointing *away* from y is the closer one."""
+    dist = surrogates.get("serial_enhanced").distance
+    y = torch.tensor([[1.0, 0.0]])
+    slots = torch.tensor([[[2.0, 0.0], [1.0, 1.0]]])          # both at squared distance 1 from y
+    d = dist(y, slots)[0]
+    assert torch.allclose(d, torch.tensor([1.0, 1.0 - 0.1 * (1 - 2 ** -0.5)]))
+    assert int(d.argmin()) == 1
+    gen = torch.Generator().manual_seed(5)
+    yr, sr = torch.randn(6, 4, generator=gen), torch.randn(6, 3, 4, generator=gen)
+    want = torch.stack([torch.stack([((yr[i] - sr[i, k]) ** 2).sum()
+                                     - 0.1 * (1 - F.cosine_similarity(yr[i], sr[i, k], dim=0)) for k in range(3)])
+                        for i in range(6)])
+    assert torch.allclose(dist(yr, sr), want, atol=1e-6)

@@ -1,0 +1,255 @@
+"""Generic checks run on every registered surrogate (SURROGATES.md, "Common contract"), plus the shared layers.
+
+Each test is parametrised over ``surrogates.names()``, so a newly registered surrogate gets them without
+new test code. Everything is tiny (hidden_dim 16, batch 24) to stay fast on a shared CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cem_bench.config import ModelConfig, TrialConfig
+from cem_bench.models import ClientEncoder
+from cem_bench.surrogates import build, get, names, resolve
+from cem_bench.surrogates.layers import GatedCrossAttention, SlotAttention, VarianceGates
+
+NAMES = names()
+SHAPES = [(8, 8, 8), (128, 8, 8)]
+NUM_CLASSES = 4
+BATCH = 24
+
+
+def tiny_cfg(name: str, **extra) -> TrialConfig:
+    flat = {"cem.surrogate": name, "cem.hidden_dim": 16, "cem.num_heads": 2, "defense.noise_std": 0.1, **extra}
+    return resolve(TrialConfig.from_flat(flat))
+
+
+def make(name: str, shape=(8, 8, 8), refit_on: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+         **extra):
+    """A tiny surrogate; gmm-like ones are refitted (on ``refit_on`` or random features) first."""
+    torch.manual_seed(0)
+    surr = build(tiny_cfg(name, **extra), shape, NUM_CLASSES)
+    if surr.needs_refit:
+        if refit_on is None:
+            g = torch.Generator().manual_seed(1)
+            refit_on = torch.rand(64, *shape, generator=g)
+            labels = torch.arange(64) % NUM_CLASSES
+        surr.refit(refit_on.detach(), labels)
+    return surr
+
+
+def batch(shape, n=BATCH, num_classes=NUM_CLASSES, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.rand(n, *shape, generator=g)
+    y = torch.arange(n) % num_classes
+    return z, y
+
+
+def run(surr, z, y, seed=3):
+    torch.manual_seed(seed)   # surrogates that draw noise (slot init, dropout) see the same draws
+    return surr(z, y)
+
+
+# ------------------------------------------------------------------------------------ contract
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", NAMES)
+def test_finite_loss_and_gradients(name, shape):
+    surr = make(name, shape)
+    z, y = batch(shape)
+    z.requires_grad_(True)
+    out = run(surr, z, y)
+    assert out.loss.dim() == 0 and out.loss.dtype == torch.float32
+    assert torch.isfinite(out.loss)
+    assert {"rob_loss", "intra_mse"} <= set(out.logs)
+    for key, v in out.logs.items():
+        assert isinstance(v, torch.Tensor) and not v.requires_grad, key
+        assert torch.isfinite(v).all(), key
+    out.loss.backward()
+    assert torch.isfinite(z.grad).all()
+    assert z.grad.abs().sum() > 0
+    for pname, p in surr.named_parameters():
+        if p.grad is not None:
+            assert torch.isfinite(p.grad).all(), pname
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradient_reaches_encoder(name):
+    torch.manual_seed(0)
+    enc = ClientEncoder(ModelConfig(width=0.125))
+    imgs = torch.rand(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    y = torch.arange(BATCH) % NUM_CLASSES
+    with torch.no_grad():
+        feats = enc(imgs)
+    assert feats.shape[1:] == (8, 8, 8)
+    surr = make(name, tuple(feats.shape[1:]), refit_on=feats, labels=y)
+    out = run(surr, enc(imgs), y)
+    out.loss.backward()
+    w = enc.features[0].weight.grad
+    assert w is not None and torch.isfinite(w).all() and w.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_own_parameters_are_trained(name):
+    surr = make(name)
+    params = dict(surr.named_parameters())
+    if not params:
+        pytest.skip(f"{name} has no learnable parameters")
+    z, y = batch((8, 8, 8))
+    before = {k: p.detach().clone() for k, p in params.items()}
+    opt = torch.optim.Adam(surr.parameters(), lr=1e-2)
+    run(surr, z, y).loss.backward()
+    missing = [k for k, p in params.items() if p.grad is None]
+    assert not missing, f"parameters outside the loss graph: {missing}"
+    opt.step()
+    changed = [k for k, p in params.items() if not torch.equal(p.detach(), before[k])]
+    assert changed
+    for k, p in params.items():
+        if p.grad.abs().sum() > 0:
+            assert k in changed, k
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_singleton_class_contributes_nothing(name):
+    shape = (8, 8, 8)
+    z, y = batch(shape, n=BATCH - 1, num_classes=NUM_CLASSES - 1)   # classes 0..2, each with >= 2 members
+    lone = torch.rand(1, *shape, generator=torch.Generator().manual_seed(7))
+    z = torch.cat([z, lone]).requires_grad_(True)
+    y = torch.cat([y, torch.tensor([NUM_CLASSES - 1])])
+    surr = make(name, shape)
+    out = run(surr, z, y)
+    out.loss.backward()
+    assert torch.equal(z.grad[-1], torch.zeros_like(z.grad[-1]))
+    assert z.grad[:-1].abs().sum() > 0
+    moved = z.detach().clone()
+    moved[-1] = 1 - moved[-1]
+    again = run(surr, moved, y)
+    torch.testing.assert_close(again.loss, out.loss, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_of_singletons_gives_zero_loss(name):
+    # A singleton's within-class variance is 0 whatever its features, so the gradient check above cannot see
+    # a singleton that is wrongly counted with a constant term; a batch of singletons only can.
+    shape = (8, 8, 8)
+    z, y = batch(shape, n=NUM_CLASSES)
+    z.requires_grad_(True)
+    surr = make(name, shape)
+    out = run(surr, z, y)
+    assert out.loss == 0
+    out.loss.backward()
+    assert torch.isfinite(z.grad).all() and not z.grad.any()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_identical_features_give_finite_loss(name):
+    shape = (8, 8, 8)
+    z = torch.full((BATCH, *shape), 0.5)
+    y = torch.arange(BATCH) % NUM_CLASSES
+    surr = make(name, shape, refit_on=z, labels=y)
+    z.requires_grad_(True)
+    out = run(surr, z, y)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    assert torch.isfinite(z.grad).all()
+    for pname, p in surr.named_parameters():
+        if p.grad is not None:
+            assert torch.isfinite(p.grad).all(), pname
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_host_sync(name, monkeypatch):
+    surr = make(name)                                   # gmm's refit may sync: it runs before the patch
+    z, y = batch((8, 8, 8))
+    z.requires_grad_(True)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("host sync in the surrogate step")
+
+    for attr in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, attr, boom)
+    out = run(surr, z, y)
+    out.loss.backward()
+    monkeypatch.undo()
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resolve_fills_defaults(name):
+    cfg = resolve(TrialConfig.from_flat({"cem.surrogate": name})).cem
+    klass = get(name)
+    for key, value in klass.defaults.items():
+        assert getattr(cfg, key.split(".", 1)[1]) == value, key
+    assert cfg.stats_on in klass.stats_on_choices
+
+
+def test_seed_defaults():
+    ga = resolve(TrialConfig.from_flat({"cem.surrogate": "gated_attention"})).cem if "gated_attention" in NAMES else None
+    if ga is not None:
+        assert (ga.loss_scale, ga.warmup_epochs, ga.grad_mode, ga.stats_on) == (0.1, 5, "inject", "raw")
+    if "slot_cross" in NAMES:
+        sc = resolve(TrialConfig.from_flat({"cem.surrogate": "slot_cross"})).cem
+        assert (sc.loss_scale, sc.warmup_epochs, sc.grad_mode, sc.stats_on) == (0.25, 3, "inject", "raw")
+        assert (sc.num_slots, sc.num_iterations, sc.num_heads) == (8, 3, 4)
+        assert sc.slot_temp == pytest.approx(128 ** 0.25)
+
+
+# ------------------------------------------------------------------------------------ shared layers
+def test_slot_attention_ignores_masked_tokens_and_survives_empty_sets():
+    torch.manual_seed(0)
+    sa = SlotAttention(16, num_slots=3, num_iterations=2, temperature=2.0,
+                       temp_schedule=lambda t: max(0.1, 1 - 0.2 * t), competition=True)
+    tokens = torch.randn(1, 5, 16)
+    noise = torch.randn(1, 3, 16)
+    slots, attn = sa(tokens, noise=noise)
+    padded = torch.cat([tokens, 100 * torch.randn(1, 4, 16)], 1)
+    mask = torch.tensor([[True] * 5 + [False] * 4])
+    slots_p, attn_p = sa(padded, mask, noise=noise)
+    torch.testing.assert_close(slots_p, slots, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(attn_p[:, :5], attn, rtol=1e-5, atol=1e-6)
+    assert torch.equal(attn_p[:, 5:], torch.zeros_like(attn_p[:, 5:]))
+    torch.testing.assert_close(attn.sum(-1), torch.ones(1, 5), rtol=1e-5, atol=1e-6)
+    # an all-masked set: finite outputs and gradients
+    x = torch.randn(2, 4, 16, requires_grad=True)
+    empty = torch.tensor([[True, True, False, False], [False] * 4])
+    s, a = sa(x, empty)
+    assert torch.isfinite(s).all() and torch.isfinite(a).all()
+    s.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert torch.equal(x.grad[1], torch.zeros_like(x.grad[1]))
+
+
+def test_slot_attention_eval_uses_the_mean():
+    sa = SlotAttention(8, num_slots=4, num_iterations=1).eval()
+    init = sa.initial_slots(2)
+    assert torch.equal(init, sa.slots_mu.expand(2, 4, 8))
+    sa.train()
+    assert not torch.equal(sa.initial_slots(2), init)
+
+
+def test_gated_cross_attention_starts_almost_closed():
+    torch.manual_seed(0)
+    ca = GatedCrossAttention(16, num_heads=4)
+    tok, ctx = torch.randn(2, 5, 16), torch.randn(2, 3, 16)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    out = ca(tok, ctx, mask)
+    assert out.shape == tok.shape
+    assert torch.equal(out[1, 2:], torch.zeros(3, 16))
+    assert torch.isclose(torch.tanh(ca.alpha_xattn), torch.tensor(math.tanh(0.1)))
+    with torch.no_grad():
+        ca.alpha_xattn.zero_()
+        ca.alpha_ffn.zero_()
+    torch.testing.assert_close(ca(tok, ctx), tok)
+
+
+def test_variance_gates_hinge():
+    vg = VarianceGates(6, 4, hinge_level=math.log(0.125 * 0.01 + 0.01), var_eps=0.01, snr_thresh=0.3,
+                       snr_sharp=10.0, softplus_beta=1.0, margin=0.1)
+    mean = torch.full((3, 6), 0.5)
+    var = torch.tensor([0.0, 1e-3, 0.1]).unsqueeze(1).expand(3, 6)
+    out = vg(mean, var)
+    assert out.term.shape == (3,) and torch.isfinite(out.term).all()
+    assert (out.penalty[0] < out.penalty[1]).all() and (out.penalty[1] < out.penalty[2]).all()
+    assert ((out.dim_gate > 0) & (out.dim_gate < 1)).all()
