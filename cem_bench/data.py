@@ -170,25 +170,22 @@ def make_synthetic(n: int, seed: int, size: int = 32) -> Split:
 
     # background at 1x (it is smooth): a linear gradient between two colours in a random direction
     yy, xx = grid(size)
-    c1, c2 = r(n, 3), r(n, 3)
+    c1, c2 = r(n, 3) * 0.5, r(n, 3) * 0.5     # darker half of the colour cube
     theta = r(n) * 2 * math.pi
     t = ((xx - size / 2) * torch.cos(theta).view(-1, 1, 1) + (yy - size / 2) * torch.sin(theta).view(-1, 1, 1))
     t = (t / (size * 0.75) + 0.5).clamp(0, 1).unsqueeze(1)  # (n,1,H,W)
     bg = c1.view(n, 3, 1, 1) * (1 - t) + c2.view(n, 3, 1, 1) * t
-    bg_mean = (c1 + c2) / 2
 
-    # foreground colour: far from the background mean (the close ones are replaced by the complement)
-    fg = r(n, 3)
-    close = (fg - bg_mean).norm(dim=1) < 0.45
-    fg = torch.where(close.unsqueeze(1), 1.0 - bg_mean + (r(n, 3) - 0.5) * 0.3, fg).clamp(0, 1)
+    # foreground colour: any hue, but brighter than the background in every channel (kept apart from it)
+    fg = 0.55 + 0.45 * r(n, 3)
 
     # shapes rendered at 2x, box-filtered to 1x coverage (antialiased edges)
     yy, xx = grid(ss)
     cx = size / 2 + (r(n) * 12 - 6)
     cy = size / 2 + (r(n) * 12 - 6)
-    rad = 5.0 + r(n) * 4.5
-    aspect = 0.75 + r(n) * 0.5
-    ang = (r(n) * 50 - 25) * math.pi / 180
+    rad = 6.0 + r(n) * 3.5
+    aspect = 0.85 + r(n) * 0.3
+    ang = (r(n) * 30 - 15) * math.pi / 180
     dx, dy = xx - cx.view(-1, 1, 1), yy - cy.view(-1, 1, 1)
     ca, sa = torch.cos(ang).view(-1, 1, 1), torch.sin(ang).view(-1, 1, 1)
     u = (ca * dx + sa * dy) / (rad * aspect).view(-1, 1, 1)
@@ -197,7 +194,7 @@ def make_synthetic(n: int, seed: int, size: int = 32) -> Split:
 
     # distractor: a small blob of a random colour somewhere else
     bx, by = r(n) * (size - 8) + 4, r(n) * (size - 8) + 4
-    brad = 1.5 + r(n) * 1.5
+    brad = 1.0 + r(n) * 1.0
     blob = ((xx - bx.view(-1, 1, 1)) ** 2 + (yy - by.view(-1, 1, 1)) ** 2) < brad.view(-1, 1, 1) ** 2
     blob_cov = F.avg_pool2d(blob.unsqueeze(1).float(), 2)
     bcol = r(n, 3)
@@ -229,11 +226,11 @@ def _class_masks(u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor) -> torc
             rr = u * u + v * v
             return (rr < 1) & (rr > 0.3)                                     # ring
         if c == 5:
-            return box & (torch.floor((v + 1) * 2.5) % 2 == 0)               # horizontal stripes
+            return box & (torch.floor((v + 1) * 1.5) % 2 == 0)               # horizontal stripes
         if c == 6:
-            return box & (torch.floor((u + 1) * 2.5) % 2 == 0)               # vertical stripes
+            return box & (torch.floor((u + 1) * 1.5) % 2 == 0)               # vertical stripes
         if c == 7:
-            return box & ((torch.floor((u + 1) * 2) + torch.floor((v + 1) * 2)) % 2 == 0)  # checker patch
+            return box & ((torch.floor((u + 1) * 1.5) + torch.floor((v + 1) * 1.5)) % 2 == 0)  # checker patch
         if c == 8:
             return au + av < 1.1                                             # diamond
         return ((u - v).abs() < 0.35) & ((u + v).abs() < 1.6)                # diagonal bar

@@ -1,0 +1,383 @@
+"""Read a Ray Tune experiment folder written by ``cem-bench search``; write ``trials.parquet`` and
+``epochs.parquet`` (no Ray import).
+
+A trial is a sub-folder of the experiment that holds Ray's ``params.json`` / ``result.json`` or our
+``trial_result.json`` (written by the trainable: status, error, metrics, node, ``info.config``,
+``info.history``). Every trial folder gives one row of ``trials.parquet``, errored trials included:
+
+* ``trial_result.json`` present: its status (``ok``/``error``), error, metrics, config and provenance;
+* absent (the trial never finished: it crashed for good, or the search was stopped): status ``error``
+  with Ray's ``error.txt`` (its last failure) or "no final result"; config from ``params.json``.
+
+``epochs.parquet`` has one row per (trial, epoch): from ``info.history`` where the trial finished, else
+from the epoch records in Ray's ``result.json`` lines (the last record of an epoch wins).
+
+Both tables are written to a temporary file and renamed into place (``os.replace``), so a crash never
+leaves a half-written table. Local folders and ``file://`` paths are supported directly; ``s3://``/
+``gs://`` experiment URIs are read and written through ``pyarrow.fs`` (a single PUT per table, which
+object stores make atomic); ``cem-bench report`` itself needs a local copy (``aws s3 sync``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .frontier import pareto_ranks
+
+RESULT_FILE = "trial_result.json"      # ours (see search.py); Ray owns result.json
+RAY_RESULT_FILE = "result.json"
+RAY_PARAMS_FILE = "params.json"
+RAY_ERROR_FILE = "error.txt"
+SPACE_FILE = "search_space.json"
+TRIALS_FILE = "trials.parquet"
+EPOCHS_FILE = "epochs.parquet"
+
+DEFAULT_OBJECTIVES = [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}]
+METRIC_COLUMNS = ["test_acc", "test_acc_clean", "feature_spread", "attack_mse", "attack_psnr", "attack_ssim",
+                  "train_s", "attack_s", "wall_s", "epochs_done", "final_train_loss", "final_train_acc",
+                  "rob_nonfinite", "resumed_from_epoch"]
+PROVENANCE = ["git_sha", "package_version", "torch_version", "device", "node_id", "hostname", "started_at",
+              "finished_at"]
+EPOCH_COLUMNS = ["experiment", "trial_id", "epoch", "train_loss", "train_acc", "rob_loss", "test_acc",
+                 "test_acc_clean", "feature_spread", "epoch_s"]
+# keys of Ray's result lines that are bookkeeping, not epoch metrics
+_RAY_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date",
+             "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip", "config", "time_since_restore",
+             "iterations_since_restore", "status", "node_id", "resumed_from_epoch", "attack_mse",
+             "attack_psnr", "attack_ssim", "experiment_tag", "should_checkpoint"}
+_TRIAL_ID = re.compile(r"^[A-Za-z0-9]+(?:_[A-Za-z]+)*_([0-9a-f]{8}|[0-9a-f]{5}_\d{5})_\d+_")
+
+
+# ----------------------------------------------------------------------------------- filesystem
+class _Dir:
+    """A local folder or a pyarrow-fs URI, with just what this module needs."""
+
+    def __init__(self, path: str | os.PathLike):
+        path = str(path)
+        self.uri = "://" in path and not path.startswith("file://")
+        if self.uri:
+            import pyarrow.fs as pafs
+            self.fs, self.root = pafs.FileSystem.from_uri(path.rstrip("/"))
+            self.display = path.rstrip("/")
+        else:
+            self.root = os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+            self.display = self.root
+
+    def join(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts]) if self.uri else os.path.join(self.root, *parts)
+
+    def is_dir(self) -> bool:
+        if not self.uri:
+            return os.path.isdir(self.root)
+        import pyarrow.fs as pafs
+        return self.fs.get_file_info(self.root).type == pafs.FileType.Directory
+
+    def subdirs(self) -> list[str]:
+        if not self.uri:
+            return sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+        import pyarrow.fs as pafs
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=False))
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+    def exists(self, *parts: str) -> bool:
+        if not self.uri:
+            return os.path.exists(self.join(*parts))
+        import pyarrow.fs as pafs
+        return self.fs.get_file_info(self.join(*parts)).type != pafs.FileType.NotFound
+
+    def read_text(self, *parts: str) -> str | None:
+        try:
+            if not self.uri:
+                with open(self.join(*parts), encoding="utf-8", errors="replace") as fh:
+                    return fh.read()
+            with self.fs.open_input_stream(self.join(*parts)) as fh:
+                return fh.read().decode("utf-8", errors="replace")
+        except (FileNotFoundError, OSError):
+            return None
+
+    def mtime(self, *parts: str) -> float | None:
+        if not self.uri:
+            try:
+                return os.path.getmtime(self.join(*parts))
+            except OSError:
+                return None
+        info = self.fs.get_file_info(self.join(*parts))
+        return info.mtime.timestamp() if info.mtime is not None else None
+
+    def write_parquet(self, df: pd.DataFrame, name: str) -> str:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        final = self.join(name)
+        if self.uri:
+            with self.fs.open_output_stream(final) as out:
+                pq.write_table(table, out)
+            return self.display + "/" + name
+        tmp = f"{final}.tmp{os.getpid()}"
+        try:
+            pq.write_table(table, tmp)
+            os.replace(tmp, final)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return final
+
+
+def _load_json(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _json_lines(text: str | None) -> list[dict]:
+    out = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _num(v: Any) -> float:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    return math.nan
+
+
+# ----------------------------------------------------------------------------------- reading
+def load_objectives(exp: _Dir) -> tuple[list[dict], str | None]:
+    spec = _load_json(exp.read_text(SPACE_FILE))
+    if isinstance(spec, dict) and spec.get("objectives"):
+        return [{"metric": o["metric"], "mode": o.get("mode", "max")} for o in spec["objectives"]], spec.get("name")
+    return [dict(o) for o in DEFAULT_OBJECTIVES], None
+
+
+def ray_trials(exp: _Dir) -> list[dict] | None:
+    """The trials of Ray's newest ``experiment_state-*.json`` (``trial_id``, ``status``, ``dir``, ``config``),
+    or None when there is no readable state file."""
+    names = []
+    if not exp.uri:
+        names = [e.name for e in os.scandir(exp.root) if e.is_file() and e.name.startswith("experiment_state-")
+                 and e.name.endswith(".json")]
+    else:
+        import pyarrow.fs as pafs
+        infos = exp.fs.get_file_info(pafs.FileSelector(exp.root, recursive=False))
+        names = [i.base_name for i in infos if i.base_name.startswith("experiment_state-")
+                 and i.base_name.endswith(".json")]
+    for name in sorted(names, key=lambda n: (exp.mtime(n) or 0, n), reverse=True):
+        state = _load_json(exp.read_text(name))
+        if not isinstance(state, dict) or "trial_data" not in state:
+            continue
+        out = []
+        for entry in state["trial_data"]:
+            try:
+                t = entry[0] if isinstance(entry, (list, tuple)) else entry
+                t = json.loads(t) if isinstance(t, str) else t
+                out.append({"trial_id": str(t["trial_id"]), "status": t.get("status"),
+                            "dir": t.get("relative_logdir"), "config": t.get("config") or {}})
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+        return out
+    return None
+
+
+def _is_trial_dir(exp: _Dir, name: str) -> bool:
+    if name.startswith(".") or name in ("report",):
+        return False
+    return any(exp.exists(name, f) for f in (RESULT_FILE, RAY_PARAMS_FILE, RAY_RESULT_FILE))
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+
+
+def _last_error(text: str | None) -> str | None:
+    """The last failure recorded in Ray's error.txt ("Failure # N (occurred at ...)" blocks)."""
+    if not text or not text.strip():
+        return None
+    blocks = re.split(r"(?m)^Failure # \d+ \(occurred at [^)]*\)\s*$", text)
+    last = next((b.strip() for b in reversed(blocks) if b.strip()), text.strip())
+    lines = [ln for ln in last.splitlines() if ln.strip()]
+    # the exception line is the most telling; keep a bounded tail of the traceback
+    tail = "\n".join(lines[-12:])
+    return tail[-4000:]
+
+
+def read_trial(exp: _Dir, name: str, experiment: str) -> tuple[dict, list[dict]]:
+    """One row of trials.parquet and the trial's epoch rows."""
+    ours = _load_json(exp.read_text(name, RESULT_FILE))
+    ours = ours if isinstance(ours, dict) else None
+    lines = _json_lines(exp.read_text(name, RAY_RESULT_FILE))
+    params = _load_json(exp.read_text(name, RAY_PARAMS_FILE))
+    m = _TRIAL_ID.search(name)
+    trial_id = (ours or {}).get("trial_id") or next((r["trial_id"] for r in lines if r.get("trial_id")), None) \
+        or (m.group(1) if m else name)
+
+    row: dict[str, Any] = {"experiment": experiment, "trial_id": str(trial_id), "trial_dir": name}
+    if ours is not None:
+        info = ours.get("info") or {}
+        row["status"] = "ok" if ours.get("status", "ok") == "ok" else "error"
+        row["error"] = ours.get("error")
+        config = info.get("config") or (params if isinstance(params, dict) else {})
+        for k, v in ours.items():
+            if k in ("info", "status", "error", "trial_id", "trial_dir", "experiment", "epoch"):
+                continue
+            if isinstance(v, (int, float, str, bool)) or v is None:
+                row[k] = v
+        for k in ("git_sha", "package_version", "torch_version", "device"):
+            row[k] = info.get(k)
+        history = info.get("history") or []
+    else:
+        row["status"] = "error"
+        row["error"] = _last_error(exp.read_text(name, RAY_ERROR_FILE)) or \
+            "no final result: the trial did not finish (stopped, or it failed for good without a recorded error)"
+        config = params if isinstance(params, dict) else {}
+        last = lines[-1] if lines else {}
+        row["node_id"] = last.get("node_id")
+        row["hostname"] = last.get("hostname")
+        history = _history_from_lines(lines)
+        row["epochs_done"] = max((h["epoch"] for h in history), default=0)
+        row["finished_at"] = _iso(exp.mtime(name, RAY_ERROR_FILE) or exp.mtime(name, RAY_RESULT_FILE))
+    for k, v in (config or {}).items():
+        row[f"config.{k}"] = v
+
+    epochs = []
+    seen: dict[int, int] = {}
+    for rec in history:
+        if not isinstance(rec, dict) or "epoch" not in rec:
+            continue
+        erow = {"experiment": experiment, "trial_id": str(trial_id)}
+        for k, v in rec.items():
+            if isinstance(v, (int, float, str, bool)) or v is None:
+                erow[k] = v
+        ep = int(rec["epoch"])
+        erow["epoch"] = ep
+        if ep in seen:  # keep the last record of an epoch
+            epochs[seen[ep]] = erow
+        else:
+            seen[ep] = len(epochs)
+            epochs.append(erow)
+    return row, epochs
+
+
+def _history_from_lines(lines: list[dict]) -> list[dict]:
+    out: dict[int, dict] = {}
+    for rec in lines:
+        if "epoch" not in rec or rec.get("status") not in (None, "running"):
+            continue
+        try:
+            ep = int(rec["epoch"])
+        except (TypeError, ValueError):
+            continue
+        out[ep] = {k: v for k, v in rec.items() if k not in _RAY_KEYS}
+    return [out[k] for k in sorted(out)]
+
+
+def _arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns pyarrow cannot type (e.g. a mix of strings and numbers) become JSON strings."""
+    import pyarrow as pa
+    df = df.copy()
+    for col in df.columns:
+        if df[col].dtype != object:
+            continue
+        try:
+            pa.array(df[col].tolist(), from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+            df[col] = [None if (v is None or (isinstance(v, float) and math.isnan(v))) else
+                       (v if isinstance(v, str) else json.dumps(v)) for v in df[col]]
+    return df
+
+
+def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The trials and epochs DataFrames of an experiment folder (nothing written)."""
+    exp = _Dir(experiment_dir)
+    if not exp.is_dir():
+        raise FileNotFoundError(f"{exp.display} is not a folder (expected a `cem-bench search` experiment)")
+    objectives, name = load_objectives(exp)
+    experiment = name or os.path.basename(exp.root.rstrip("/"))
+    rows, epoch_rows = [], []
+    state = ray_trials(exp)
+    dirs = [d for d in exp.subdirs() if _is_trial_dir(exp, d)]
+    if state is not None:
+        # Ray's experiment state is authoritative: a folder it does not list was started by a driver that
+        # was killed before its next snapshot, and a resumed search ran that sample again under a new id.
+        listed = {t["dir"] for t in state if t["dir"]}
+        dirs = [d for d in dirs if d in listed]
+    for d in dirs:
+        row, eps = read_trial(exp, d, experiment)
+        rows.append(row)
+        epoch_rows.extend(eps)
+    for t in state or []:
+        if t["dir"] in dirs:
+            continue
+        # created by Tune but never started (no folder): still a row, as an error
+        row = {"experiment": experiment, "trial_id": t["trial_id"], "trial_dir": t["dir"], "status": "error",
+               "error": f"not run: the search stopped while the trial was {str(t['status']).lower()}"}
+        row.update({f"config.{k}": v for k, v in t["config"].items()})
+        rows.append(row)
+
+    trials = pd.DataFrame(rows)
+    base = ["experiment", "trial_id", "status", "error", "trial_dir"]
+    for c in base + METRIC_COLUMNS + PROVENANCE + [o["metric"] for o in objectives]:
+        if c not in trials:
+            trials[c] = np.nan if c in METRIC_COLUMNS else None
+    for c in METRIC_COLUMNS + [o["metric"] for o in objectives]:
+        trials[c] = pd.to_numeric(trials[c], errors="coerce").astype(float)
+    ranks = np.full(len(trials), -1, dtype=np.int64)
+    if len(trials):
+        ok = (trials["status"] == "ok").to_numpy()
+        values = np.column_stack([trials[o["metric"]].to_numpy(dtype=float) for o in objectives])
+        if ok.any():
+            ranks[ok] = pareto_ranks(values[ok], [o["mode"] for o in objectives])
+    trials["pareto_rank"] = ranks
+    config_cols = sorted(c for c in trials.columns if c.startswith("config."))
+    first = base + ["pareto_rank"] + METRIC_COLUMNS
+    rest = [c for c in trials.columns if c not in first and c not in config_cols and c not in PROVENANCE]
+    trials = trials[first + sorted(rest) + PROVENANCE + config_cols]
+    if len(trials):
+        trials = trials.sort_values(["finished_at", "trial_id"], na_position="last", kind="stable")
+    trials = trials.reset_index(drop=True)
+
+    epochs = pd.DataFrame(epoch_rows)
+    for c in EPOCH_COLUMNS:
+        if c not in epochs:
+            epochs[c] = np.nan if c not in ("experiment", "trial_id") else None
+    epochs = epochs[EPOCH_COLUMNS + sorted(c for c in epochs.columns if c not in EPOCH_COLUMNS)]
+    if len(epochs):
+        epochs["epoch"] = epochs["epoch"].astype(np.int64)
+        epochs = epochs.sort_values(["trial_id", "epoch"], kind="stable").reset_index(drop=True)
+    return _arrow_safe(trials), _arrow_safe(epochs)
+
+
+def write_tables(experiment_dir: str | os.PathLike) -> tuple[Path | str, Path | str]:
+    """Write ``trials.parquet`` and ``epochs.parquet`` into the experiment folder (atomically); return
+    their paths (``Path`` for local folders, the URI string for remote ones)."""
+    trials, epochs = build_tables(experiment_dir)
+    exp = _Dir(experiment_dir)
+    t = exp.write_parquet(trials, TRIALS_FILE)
+    e = exp.write_parquet(epochs, EPOCHS_FILE)
+    if exp.uri:
+        return t, e
+    return Path(t), Path(e)

@@ -1,0 +1,387 @@
+"""Search spaces: the shipped YAML files validate, every mistake is reported at once, and the Optuna
+define-by-run function produces valid, correctly conditioned configs. No Ray is started here."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import re
+import warnings
+
+import optuna
+import pytest
+
+from cem_bench import surrogates
+from cem_bench.config import ConfigError, TrialConfig
+from cem_bench.spaces import (METRICS, SAMPLERS, Objective, Param, SearchSpec, SpaceError, define_by_run,
+                              load_space, make_sampler, parse_space, trial_config)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPACE_FILES = sorted(f for f in glob.glob(os.path.join(ROOT, "search_spaces", "*.yaml"))
+                     if os.path.basename(f) != "demo_train.yaml")
+
+
+def minimal(**changes) -> dict:
+    doc = {
+        "name": "t",
+        "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.1},
+                       {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
+        "sampler": {"name": "random", "seed": 0},
+        "num_samples": 4,
+        "fixed": {"train.device": "cpu"},
+        "params": {"cem.lambd": {"loguniform": [1, 64]}},
+    }
+    doc.update(changes)
+    return doc
+
+
+def errors_of(doc, **kw) -> list[str]:
+    with pytest.raises(SpaceError) as info:
+        parse_space(doc, **kw)
+    assert isinstance(info.value, ConfigError)
+    assert str(info.value).splitlines() == info.value.errors
+    return info.value.errors
+
+
+def sample(spec: SearchSpec, n: int, sampler=None, tell: bool = False) -> list[dict]:
+    """``n`` define-by-run asks on an in-memory study; returns the sampled params of each."""
+    study = optuna.create_study(directions=["maximize" if m == "max" else "minimize" for m in spec.modes],
+                                sampler=sampler or optuna.samplers.RandomSampler(seed=0))
+    space = define_by_run(spec)
+    out = []
+    for i in range(n):
+        trial = study.ask()
+        consts = space(trial)
+        assert consts == spec.fixed
+        out.append(dict(trial.params))
+        if tell:
+            study.tell(trial, [((i * 7919) % 13) / 13.0 for _ in spec.objectives])
+    return out
+
+
+# ------------------------------------------------------------------------------------- shipped files
+def test_expected_files_exist():
+    names = {os.path.basename(f) for f in SPACE_FILES}
+    for want in ("demo.yaml", "cifar10_fast.yaml", "cifar10_paper.yaml", "gmm.yaml", "gated_attention.yaml",
+                 "slot_cross.yaml", "attention_centroid.yaml", "serial_enhanced.yaml"):
+        assert want in names
+
+
+@pytest.mark.parametrize("path", SPACE_FILES, ids=os.path.basename)
+def test_shipped_space_validates(path):
+    spec = load_space(path)
+    assert spec.path == path
+    assert 2 <= len(spec.objectives) <= 3
+    assert spec.objectives[0] == Objective("test_acc", "max", 0.1)
+    assert spec.objectives[1] == Objective("attack_ssim", "min", 1.0)
+    d = json.loads(json.dumps(spec.to_dict()))
+    assert d["name"] == spec.name and d["objectives"][0] == {"metric": "test_acc", "mode": "max", "ref": 0.1}
+    # a sampled config of every shipped space builds and resolves
+    for params in sample(spec, 12):
+        cfg = TrialConfig.from_flat(trial_config(spec, params))
+        surrogates.resolve(cfg)
+
+
+@pytest.mark.parametrize("path", SPACE_FILES, ids=os.path.basename)
+def test_every_key_has_a_comment(path):
+    """Each fixed and searched key says why its value or range is what it is (on its line or in the
+    comment block just above it)."""
+    lines = open(path).read().splitlines()
+    section = None
+    for i, line in enumerate(lines):
+        if re.match(r"^\w", line):
+            section = line.split(":")[0]
+            continue
+        m = re.match(r"^\s+([\w.]+):", line)
+        if section not in ("fixed", "params") or not m:
+            continue
+        # on its own line, or a comment block above it shared with the keys in between (none of which
+        # has a comment of its own)
+        j, ok = i, "#" in line
+        while not ok and j > 0 and lines[j - 1].strip() and not re.match(r"^\w", lines[j - 1]):
+            j -= 1
+            if lines[j].lstrip().startswith("#"):
+                ok = True
+            elif "#" in lines[j]:
+                break
+        assert ok, f"{os.path.basename(path)}:{i + 1}: {m.group(1)} has no comment"
+
+
+def test_demo_is_small_and_covers_baseline_and_three_surrogates():
+    spec = load_space(os.path.join(ROOT, "search_spaces", "demo.yaml"))
+    assert spec.name == "demo" and spec.num_samples >= 8 and spec.max_concurrent == 2
+    assert spec.resources == {"cpu": 1.0, "gpu": 0.0}
+    assert spec.fixed["data.dataset"] == "synthetic" and spec.fixed["train.device"] == "cpu"
+    assert spec.sampler.get("seed") is not None
+    # the seeded sampler's start-up draws (independent of results) hold the baseline and 3+ surrogates
+    startup = spec.sampler.get("n_startup_trials", 10)
+    rows = sample(spec, min(startup, spec.num_samples), sampler=make_sampler(spec))
+    assert any(r["cem.lambd"] == 0 for r in rows)
+    assert len({r["cem.surrogate"] for r in rows if r["cem.lambd"] > 0}) >= 3
+
+
+def test_paper_space_matches_the_paper():
+    spec = load_space(os.path.join(ROOT, "search_spaces", "cifar10_paper.yaml"))
+    by = {p.key: p for p in spec.params}
+    assert spec.fixed["train.epochs"] == 240 and spec.fixed["attack.epochs"] == 50
+    assert spec.fixed["data.attack_split"] == "training"
+    assert set(by["defense.noise_std"].choices) == {0.01, 0.025, 0.05, 0.1, 0.15}
+    assert set(by["cem.lambd"].choices) == {0, 8, 16}
+
+
+# ----------------------------------------------------------------------------------- all errors at once
+def test_many_mistakes_reported_together():
+    doc = {
+        "name": "bad/name",
+        "objective": 1,                                              # typo of a top-level field
+        "objectives": [{"metric": "accuracy", "mode": "maximize", "ref": "high"}],
+        "sampler": {"name": "bayes"},
+        "num_samples": 0,
+        "max_concurrent": 0,
+        "resources": {"cpu": 0, "gpu": -1, "tpu": 1},
+        "fixed": {"cem.lamda": 3, "train.epochs": "many", "cem.surrogate": "gmm"},
+        "params": {
+            "cem.lambd": {"loguniform": [64, 1]},
+            "cem.shrink": {"loguniform": [0, 10]},
+            "cem.num_slots": {"int": [2.5, 8], "when": {"cem.surogate": ["slot_cross"]}},
+            "cem.surrogate": {"choice": ["gmm", "slotcross"]},
+            "defense.noise_std": {"uniform": [-1, 0.1]},
+            "cem.margin": {"uniform": [0, 1], "choice": [0, 1]},
+            "cem.snr_thresh": {"uniform": [0.1, 0.5], "when": {"cem.lambd": [100]}},
+            "cem.hidden_dim": {"uniform": [8, 64]},
+            "cem.not_a_key": {"choice": [1]},
+        },
+    }
+    errors = errors_of(doc)
+    text = "\n".join(errors)
+    expected = [
+        "objective: unknown field (did you mean objectives?)",
+        "name: 'bad/name' is not a safe folder name",
+        "objectives: 1 objective(s) given; a frontier search needs 2 or 3",
+        "objectives[0].metric: unknown metric 'accuracy'",
+        "objectives[0].mode: 'maximize'",
+        "objectives[0].ref: 'high' is not a finite number",
+        "sampler.name: unknown sampler 'bayes'; known: gp, nsga2, nsga3, random, tpe",
+        "num_samples: 0 must be an integer >= 1",
+        "max_concurrent: 0 must be an integer >= 1",
+        "resources.cpu: 0 must be > 0",
+        "resources.gpu: -1 must be >= 0",
+        "resources.tpu: unknown resource",
+        "fixed.cem.lamda: unknown config key 'cem.lamda' (did you mean cem.lambd",
+        "fixed.train.epochs: train.epochs: 'many' is not an integer",
+        "params.cem.lambd.loguniform: empty range [64, 1]",
+        "params.cem.shrink.loguniform: a log scale needs low > 0",
+        "params.cem.num_slots.int: bounds must be integers",
+        "params.cem.surrogate: is both fixed and searched",
+        "params.cem.surrogate.choice: unknown surrogate 'slotcross'",
+        "params.defense.noise_std.uniform: bound -1 is outside defense.noise_std's allowed values",
+        "params.cem.margin: needs exactly one of uniform, loguniform, int, choice; got uniform, choice",
+        "params.cem.hidden_dim: cem.hidden_dim is an integer key: use int",
+        "params.cem.not_a_key: unknown config key 'cem.not_a_key'",
+        "params.cem.num_slots.when.cem.surogate: refers to unknown parameter 'cem.surogate'",
+    ]
+    for frag in expected:
+        assert frag in text, f"missing {frag!r} in:\n{text}"
+    assert len(errors) >= len(expected)
+
+
+def test_when_value_must_be_possible_and_refer_to_a_param():
+    doc = minimal(params={
+        "cem.surrogate": {"choice": ["gmm", "slot_cross"]},
+        "cem.lambd": {"loguniform": [1, 64]},
+        "cem.num_slots": {"int": [2, 8], "when": {"cem.surrogate": ["gated_attention"]}},
+        "cem.snr_thresh": {"uniform": [0.1, 0.5], "when": {"cem.lambd": [100]}},
+        "cem.margin": {"uniform": [0, 1], "when": {"train.device": ["cpu"]}},
+    })
+    text = "\n".join(errors_of(doc))
+    assert "params.cem.num_slots.when.cem.surrogate: 'gated_attention' is not a possible value" in text
+    assert "params.cem.snr_thresh.when.cem.lambd: 100 is not a possible value of cem.lambd (its range [1, 64])" in text
+    assert "params.cem.margin.when.train.device: refers to unknown parameter 'train.device' (it is fixed" in text
+
+
+@pytest.mark.parametrize("objectives, fragment", [
+    ([{"metric": "test_acc", "mode": "max"}], "need" + "s 2 or 3"),
+    ([{"metric": m, "mode": "min"} for m in ("attack_mse", "attack_psnr", "attack_ssim", "test_acc")], "2 or 3"),
+    ([{"metric": "test_acc", "mode": "max"}, {"metric": "test_acc", "mode": "min"}], "listed twice"),
+    ([{"metric": "test_acc", "mode": "max", "weight": 1}, {"metric": "attack_ssim", "mode": "min"}],
+     "objectives[0].weight: unknown field"),
+])
+def test_objective_errors(objectives, fragment):
+    assert fragment in "\n".join(errors_of(minimal(objectives=objectives)))
+
+
+def test_objective_ref_optional_and_three_objectives():
+    objs = [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min", "ref": 1},
+            {"metric": "attack_mse", "mode": "max", "ref": 0}]
+    spec = parse_space(minimal(objectives=objs))
+    assert spec.metric_names == ["test_acc", "attack_ssim", "attack_mse"]
+    assert spec.modes == ["max", "min", "max"]
+    assert spec.objectives[0].ref is None and spec.objectives[2].ref == 0.0
+    assert set(spec.metric_names) <= set(METRICS)
+
+
+def test_cycle_and_required_fields():
+    doc = minimal(params={"cem.surrogate": {"choice": ["gmm", "slot_cross"], "when": {"cem.lambd": [0]}},
+                          "cem.lambd": {"choice": [0, 8], "when": {"cem.surrogate": ["gmm"]}}})
+    assert any("cycle" in e for e in errors_of(doc))
+    errs = errors_of({"name": "x"})
+    for k in ("objectives", "num_samples", "params"):
+        assert f"{k}: missing (required)" in errs
+
+
+def test_sampler_options_checked():
+    text = "\n".join(errors_of(minimal(sampler={"name": "tpe", "seed": "zero", "population_size": 10})))
+    assert "sampler.seed: 'zero' must be an integer or empty" in text
+    assert "sampler.population_size: unknown option of sampler 'tpe'" in text
+
+
+def test_cross_key_checks():
+    # heads must divide hidden_dim; stats_on must suit every surrogate it can meet
+    doc = minimal(params={"cem.surrogate": {"choice": ["gmm", "slot_cross"]},
+                          "cem.num_heads": {"choice": [3, 4], "when": {"cem.surrogate": ["slot_cross"]}},
+                          "cem.stats_on": {"choice": ["raw", "enhanced"]}})
+    text = "\n".join(errors_of(doc))
+    assert "cem.num_heads: 3 must divide cem.hidden_dim (128)" in text
+    assert "'enhanced' does not apply to surrogate 'gmm'" in text
+    # conditioned on the surrogate that has it, the same stats_on is fine
+    doc["params"]["cem.stats_on"]["when"] = {"cem.surrogate": ["slot_cross"]}
+    doc["params"]["cem.num_heads"]["choice"] = [2, 4]
+    parse_space(doc)
+    # the fixed config as a whole goes through TrialConfig.from_flat
+    text = "\n".join(errors_of(minimal(fixed={"train.device": "tpu"})))
+    assert "fixed: train.device: 'tpu'" in text
+
+
+def test_surrogate_specific_key_for_other_surrogate_is_allowed():
+    doc = minimal(fixed={"cem.surrogate": "gmm", "cem.num_slots": 4},
+                  params={"cem.snr_thresh": {"uniform": [0.1, 0.9]}})
+    parse_space(doc)
+
+
+def test_yaml_number_strings_and_order():
+    # YAML 1.1 reads 1e-3 as a string; a `when` may name a parameter defined later in the file
+    doc = minimal(params={"cem.num_slots": {"int": [2, 8], "when": {"cem.surrogate": ["slot_cross"]}},
+                          "cem.surrogate_lr": {"loguniform": ["1e-4", "1e-2"]},
+                          "cem.surrogate": {"choice": ["gmm", "slot_cross"]},
+                          "cem.num_iterations": {"int": [1, 4], "log": True},
+                          "cem.margin": {"uniform": [0, 1], "step": 0.25}})
+    spec = parse_space(doc)
+    keys = [p.key for p in spec.params]
+    assert keys.index("cem.surrogate") < keys.index("cem.num_slots")
+    lr = next(p for p in spec.params if p.key == "cem.surrogate_lr")
+    assert (lr.low, lr.high, lr.log) == (1e-4, 1e-2, True)
+    it = next(p for p in spec.params if p.key == "cem.num_iterations")
+    assert it.kind == "int" and it.log and (it.low, it.high) == (1, 4)
+    for params in sample(spec, 10):
+        assert params["cem.margin"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+# ----------------------------------------------------------------------------------- define-by-run
+def _holds(p: Param, params: dict) -> bool:
+    return all(ref in params and params[ref] in allowed for ref, allowed in p.when.items())
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "cifar10_fast.yaml"])
+def test_define_by_run_conditions(name):
+    spec = load_space(os.path.join(ROOT, "search_spaces", name))
+    assert any(p.when for p in spec.params)
+    seen_on = set()
+    for params in sample(spec, 30):
+        for p in spec.params:
+            assert (p.key in params) == _holds(p, params), (p.key, params)
+            if p.when and p.key in params:
+                seen_on.add(p.key)
+        cfg = TrialConfig.from_flat(trial_config(spec, params))
+        surrogates.resolve(cfg)
+        for k, v in spec.fixed.items():
+            assert cfg.to_flat()[k] == v
+    assert seen_on == {p.key for p in spec.params if p.when}
+
+
+def test_trial_config_merges_and_coerces():
+    spec = load_space(os.path.join(ROOT, "search_spaces", "demo.yaml"))
+    flat = trial_config(spec, {"cem.lambd": 4, "cem.surrogate": "gmm", "cem.num_clusters": 3})
+    assert flat["cem.lambd"] == 4.0 and isinstance(flat["cem.lambd"], float)
+    assert flat["data.dataset"] == "synthetic" and flat["cem.num_clusters"] == 3
+    nested = trial_config(spec, {"cem": {"lambd": 8, "surrogate": "slot_cross"}})
+    assert nested["cem.lambd"] == 8.0 and nested["cem.surrogate"] == "slot_cross"
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_each_sampler_constructs_and_samples(sampler):
+    doc = minimal(sampler={"name": sampler, "seed": 1}, num_samples=8,
+                  params={"cem.surrogate": {"choice": ["gmm", "slot_cross"]},
+                          "cem.lambd": {"choice": [0, 8, 16]},
+                          "cem.num_slots": {"int": [2, 8], "when": {"cem.surrogate": ["slot_cross"]}}})
+    spec = parse_space(doc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = make_sampler(spec)
+        assert isinstance(s, optuna.samplers.BaseSampler)
+        rows = sample(spec, 4, sampler=s, tell=True)
+    assert all(("cem.num_slots" in r) == (r["cem.surrogate"] == "slot_cross") for r in rows)
+
+
+def test_tpe_is_multivariate_and_grouped_for_conditional_spaces():
+    spec = load_space(os.path.join(ROOT, "search_spaces", "demo.yaml"))
+    s = make_sampler(spec)
+    assert isinstance(s, optuna.samplers.TPESampler)
+    assert s._multivariate and s._group
+    # past the start-up trials TPE keeps the same distribution per name across trials
+    rows = sample(spec, 9, sampler=s, tell=True)
+    assert len(rows) == 9
+
+
+# ------------------------------------------------------------------------------------------ overrides
+def test_overrides():
+    path = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    spec = load_space(path, {"name": "demo_quick", "num_samples": "3", "max_concurrent": 1,
+                             "resources.gpu": 0.5, "resources.cpu": None, "sampler.seed": 7,
+                             "fixed": {"train.epochs": 1, "cem.surrogate": "slot_cross"}})
+    assert spec.name == "demo_quick" and spec.num_samples == 3 and spec.max_concurrent == 1
+    assert spec.resources == {"cpu": 1.0, "gpu": 0.5} and spec.sampler["seed"] == 7
+    assert spec.fixed["train.epochs"] == 1 and spec.fixed["cem.surrogate"] == "slot_cross"
+    keys = {p.key: p for p in spec.params}
+    # the pinned key leaves the search; conditions on it are resolved against the fixed value
+    assert "cem.surrogate" not in keys and "cem.num_clusters" not in keys
+    assert keys["cem.num_slots"].when == {} and keys["cem.snr_thresh"].when == {}
+    for params in sample(spec, 5):
+        assert "cem.num_slots" in params and "cem.snr_thresh" in params
+
+
+def test_bad_overrides_are_space_errors():
+    path = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    errs = "\n".join(space_error_lines(path, {"name": "a b", "num_samples": 0, "bogus": 1,
+                                             "fixed": {"train.epochs": -1}}))
+    assert "name: 'a b' is not a safe folder name" in errs
+    assert "num_samples: 0" in errs and "overrides.bogus: unknown override" in errs
+    assert "fixed.train.epochs: train.epochs: -1 is out of range" in errs
+
+
+def space_error_lines(path, overrides):
+    with pytest.raises(SpaceError) as info:
+        load_space(path, overrides)
+    return info.value.errors
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(SpaceError, match="does not exist"):
+        load_space(str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpaceError, match="not valid YAML"):
+        load_space(str(bad))
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(SpaceError, match="must be a mapping"):
+        load_space(str(bad))
+
+
+def test_parse_does_not_mutate_input():
+    doc = minimal()
+    before = copy.deepcopy(doc)
+    parse_space(doc, overrides={"fixed": {"train.epochs": 2}})
+    assert doc == before
