@@ -172,13 +172,16 @@ class TrialConfig:
                 updates.setdefault(sec, {})[name] = value
             else:
                 top[key] = value
-        if errors:
-            raise ConfigError("\n".join(errors))
         kwargs = dict(top)
         for sec, vals in updates.items():
             kwargs[sec] = dataclasses.replace(getattr(base, sec), **vals)
         cfg = dataclasses.replace(base, **kwargs)
-        cfg.validate()
+        try:  # cross-field checks on the valid part, so that every problem is reported at once
+            cfg.validate()
+        except ConfigError as e:
+            errors.append(str(e))
+        if errors:
+            raise ConfigError("\n".join(errors))
         return cfg
 
     def to_flat(self) -> dict[str, Any]:

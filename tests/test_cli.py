@@ -1,0 +1,71 @@
+import json
+import math
+import os
+
+import pytest
+
+from cem_bench.cli import main
+from cem_bench.trial import OBJECTIVE_KEYS, run_trial
+
+from conftest import TINY
+
+
+def _sets(flat):
+    out = []
+    for k, v in flat.items():
+        out += ["--set", f"{k}={v}"]
+    return out
+
+
+def test_train_then_attack_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *_sets(TINY), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "epoch   1" in printed and "epoch   2" in printed and str(out) in printed
+    metrics = json.loads((out / "metrics.json").read_text())
+    for k in OBJECTIVE_KEYS + ("train_s", "attack_s", "wall_s"):
+        assert metrics[k] is not None and math.isfinite(metrics[k]), k
+    assert metrics["info"]["config"]["cem.grad_mode"] == "inject"  # resolved config is recorded
+    assert (out / "checkpoint.pt").is_file() and (out / "recon.png").is_file()
+
+    assert main(["attack", str(out), "--set", "attack.epochs=2"]) == 0
+    runs = [d for d in os.listdir(out) if d.startswith("attack-")]
+    assert len(runs) == 1
+    again = json.loads((out / runs[0] / "attack.json").read_text())
+    assert again["config"]["attack.epochs"] == 2 and math.isfinite(again["attack_ssim"])
+    assert main(["attack", str(out), "--set", "cem.lambd=3"]) == 2
+
+
+def test_run_trial_reports_every_objective_key_each_epoch():
+    records = []
+    result = run_trial(TINY, lambda rec, final, **kw: records.append((rec, final)))
+    assert [f for _, f in records] == [False, False, True]
+    for rec, final in records:
+        assert set(OBJECTIVE_KEYS) <= set(rec)
+        if not final:
+            assert math.isnan(rec["attack_ssim"])
+    for k in ("test_acc", "test_acc_clean", "feature_spread", "attack_mse", "attack_psnr", "attack_ssim",
+              "train_s", "attack_s", "wall_s"):
+        assert k in result
+    info = result["info"]
+    assert {"config", "device", "torch_version", "package_version", "git_sha", "history"} <= set(info)
+
+
+def test_run_trial_resumes_from_a_saved_state():
+    states = []
+    run_trial({**TINY, "train.epochs": 1}, lambda rec, final, state_fn=None: states.append(state_fn()) if final else None)
+    recs = []
+    res = run_trial({**TINY, "train.epochs": 2}, lambda rec, final, **kw: recs.append(rec), resume_state=states[-1])
+    assert [r["epoch"] for r in recs[:-1]] == [2] and res["epochs_done"] == 2
+    assert [h["epoch"] for h in res["info"]["history"]] == [1, 2]
+
+
+def test_missing_run_dir_is_a_clear_error(tmp_path, capsys):
+    assert main(["attack", str(tmp_path)]) == 2
+    assert "checkpoint.pt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [["--set", "data.dataset=imagenet"], ["--set", "train.epochs=0"]])
+def test_bad_values_fail_before_work(bad, tmp_path):
+    assert main(["train", *bad, "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()

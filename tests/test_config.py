@@ -1,0 +1,61 @@
+import pytest
+
+from cem_bench.cli import main
+from cem_bench.config import ConfigError, TrialConfig, key_specs, load_yaml_config
+
+
+def test_defaults_follow_the_paper():
+    c = TrialConfig()
+    assert (c.cem.lambd, c.cem.var_threshold, c.defense.noise_std, c.train.lr, c.train.epochs) == (16, 0.125, 0.025, 0.05, 240)
+    assert c.model.cut_layer == 4 and c.model.bottleneck_channels == 8 and c.model.sigmoid
+    assert c.attack.blocks == 8 and c.attack.channels == 64 and c.attack.epochs == 50
+
+
+def test_flat_round_trip():
+    c = TrialConfig.from_flat({"cem.lambd": "8", "train.milestones": "[0.5, 0.75]", "model.sigmoid": "false",
+                               "cem.num_slots": 4})
+    assert c.cem.lambd == 8.0 and c.train.milestones == [0.5, 0.75] and c.model.sigmoid is False
+    assert TrialConfig.from_flat(c.to_flat()) == c
+    assert set(c.to_flat()) == set(key_specs())
+
+
+@pytest.mark.parametrize("flat, fragments", [
+    ({"cem.lamda": 8}, ["unknown config key 'cem.lamda'", "did you mean cem.lambd"]),
+    ({"cem.lambd": "lots"}, ["cem.lambd", "not a number", "float"]),
+    ({"cem.lambd": -1}, ["cem.lambd", "out of range"]),
+    ({"train.epochs": 2.5}, ["train.epochs", "not an integer"]),
+    ({"data.dataset": "mnist"}, ["data.dataset", "synthetic, cifar10, cifar100"]),
+    ({"cem.surrogate": "slotcross"}, ["unknown surrogate 'slotcross'", "gmm", "slot_cross"]),
+    ({"cem.grad_mode": "both"}, ["cem.grad_mode", "inject, fused"]),
+    ({"train.milestones": "[0.9, 0.1]"}, ["train.milestones", "increasing"]),
+    ({"model.sigmoid": "maybe"}, ["model.sigmoid", "not a boolean"]),
+    ({"bogus": 1}, ["unknown config key 'bogus'"]),
+])
+def test_errors_name_the_key_and_the_allowed_values(flat, fragments):
+    with pytest.raises(ConfigError) as e:
+        TrialConfig.from_flat(flat)
+    for f in fragments:
+        assert f in str(e.value)
+
+
+def test_all_errors_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        TrialConfig.from_flat({"cem.lambd": -1, "train.epochs": "x", "nope.key": 1})
+    msg = str(e.value)
+    assert "cem.lambd" in msg and "train.epochs" in msg and "nope.key" in msg
+
+
+def test_yaml_nested_and_flat(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("cem:\n  lambd: 4\ntrain.epochs: 3\nseed: 7\n")
+    flat = load_yaml_config(str(p))
+    c = TrialConfig.from_flat(flat)
+    assert c.cem.lambd == 4 and c.train.epochs == 3 and c.seed == 7
+
+
+def test_cli_config_error_exit_2_without_traceback(capsys):
+    assert main(["train", "--set", "cem.lambd=-3", "--set", "cem.surrogate=nope"]) == 2
+    err = capsys.readouterr().err
+    assert "cem.lambd" in err and "unknown surrogate 'nope'" in err and "Traceback" not in err
+    assert main(["train", "--set", "novalue"]) == 2
+    assert main(["train", "--config", "/does/not/exist.yaml"]) == 2

@@ -1,0 +1,135 @@
+import hashlib
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from cem_bench import data
+from cem_bench.config import TrialConfig
+
+
+def _hashes(images):
+    return {hashlib.sha1(im.numpy().tobytes()).hexdigest() for im in images}
+
+
+def test_synthetic_is_deterministic_balanced_and_seed_dependent():
+    a, b = data.make_synthetic(200, seed=3), data.make_synthetic(200, seed=3)
+    assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+    assert a.images.dtype == torch.uint8 and a.images.shape == (200, 3, 32, 32)
+    assert torch.bincount(a.labels, minlength=10).tolist() == [20] * 10
+    c = data.make_synthetic(200, seed=4)
+    assert not torch.equal(a.images, c.images)
+
+
+def test_synthetic_classes_differ_in_shape_not_only_colour():
+    s = data.make_synthetic(400, seed=0)
+    # every class renders some foreground, and class-mean images differ between classes
+    means = torch.stack([s.images[s.labels == c].float().mean(0) for c in range(10)])
+    dists = torch.cdist(means.flatten(1), means.flatten(1))
+    assert dists[~torch.eye(10, dtype=torch.bool)].min() > 1.0
+
+
+@pytest.mark.parametrize("protocol", ["inference", "training"])
+def test_attack_splits(protocol):
+    cfg = TrialConfig.from_flat({"data.train_size": 64, "data.test_size": 100, "data.attack_split": protocol})
+    s = data.load(cfg.data)
+    if protocol == "inference":
+        assert len(s.attack_aux) == 90 and len(s.attack_eval) == 10
+        assert not (_hashes(s.attack_aux.images) & _hashes(s.attack_eval.images))
+    else:
+        assert torch.equal(s.attack_aux.images, s.train.images) and torch.equal(s.attack_eval.images, s.test.images)
+    assert len(s.test) == 100 and s.num_classes == 10 and s.image_shape == (3, 32, 32)
+
+
+def test_augmentation_keeps_shape_and_is_seeded():
+    s = data.make_synthetic(16, seed=0)
+    x = s.images.float() / 255
+    outs = [data.augment_batch(x, "crop_flip_rotate", torch.Generator().manual_seed(5)) for _ in range(2)]
+    assert outs[0].shape == x.shape and torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0], x)
+
+
+def test_crop_flip_is_an_exact_shift_or_mirror():
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
+    gen = torch.Generator().manual_seed(0)
+    out = data.augment_batch(x, "crop_flip", gen, pad=2)
+    for i in range(2):
+        found = False
+        for flip in (False, True):
+            src = x[i].flip(-1) if flip else x[i]
+            padded = torch.nn.functional.pad(src, (2, 2, 2, 2))
+            for dy in range(5):
+                for dx in range(5):
+                    if torch.equal(padded[:, dy:dy + 8, dx:dx + 8], out[i]):
+                        found = True
+        assert found, "crop_flip must equal a pad-2 crop of the (possibly mirrored) image"
+
+
+def test_batch_iterator_covers_the_split_without_repeats():
+    cfg = TrialConfig.from_flat({"data.train_size": 100, "data.test_size": 20})
+    s = data.load(cfg.data)
+    it = data.BatchIterator(s.train, s, 32, "none", torch.Generator().manual_seed(0))
+    batches = list(it)
+    assert len(batches) == 3  # the short last batch is dropped
+    xs = torch.cat([b[0] for b in batches])
+    assert xs.shape == (96, 3, 32, 32)
+    assert len(_hashes((xs * 1000).round().to(torch.int64))) == 96
+
+
+def _write_cifar(root, n_train_per_batch=6, n_test=8, cifar100=False):
+    rng = np.random.default_rng(0)
+    if cifar100:
+        folder = os.path.join(root, "cifar-100-python")
+        os.makedirs(folder)
+        for name, n in (("train", 5 * n_train_per_batch), ("test", n_test)):
+            with open(os.path.join(folder, name), "wb") as f:
+                pickle.dump({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                             "fine_labels": rng.integers(0, 100, n).tolist()}, f)
+        with open(os.path.join(folder, "meta"), "wb") as f:
+            pickle.dump({"fine_label_names": [f"c{i}" for i in range(100)]}, f)
+        return
+    folder = os.path.join(root, "cifar-10-batches-py")
+    os.makedirs(folder)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        n = n_test if name == "test_batch" else n_train_per_batch
+        with open(os.path.join(folder, name), "wb") as f:
+            pickle.dump({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         "labels": rng.integers(0, 10, n).tolist()}, f)
+    with open(os.path.join(folder, "batches.meta"), "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+
+
+def test_cifar10_loader_reads_files_in_the_cifar_format(tmp_path):
+    _write_cifar(str(tmp_path))
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path), "data.test_size": None})
+    s = data.load(cfg.data)
+    assert len(s.train) == 30 and len(s.test) == 8 and s.num_classes == 10
+    assert s.train.images.dtype == torch.uint8 and s.train.images.shape[1:] == (3, 32, 32)
+    # the first image is the first row of data_batch_1, reshaped CHW as CIFAR stores it
+    with open(tmp_path / "cifar-10-batches-py" / "data_batch_1", "rb") as f:
+        first = pickle.load(f)["data"][0].reshape(3, 32, 32)
+    assert np.array_equal(s.train.images[0].numpy(), first)
+    assert s.mean.flatten().tolist() == pytest.approx(list(data.CIFAR_MEAN))
+
+
+def test_cifar100_loader(tmp_path):
+    _write_cifar(str(tmp_path), cifar100=True)
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar100", "data.root": str(tmp_path), "data.train_size": 10})
+    s = data.load(cfg.data)
+    assert s.num_classes == 100 and len(s.train) == 10 and len(s.test) == 8
+
+
+def test_cifar_missing_offline_says_where_the_files_go(tmp_path, monkeypatch):
+    import torchvision
+
+    def offline(self):
+        raise OSError("network is unreachable")
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", offline)
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path)})
+    with pytest.raises(data.DataError) as e:
+        data.load(cfg.data)
+    msg = str(e.value)
+    assert str(tmp_path) in msg and "cifar-10-batches-py" in msg and "data.root" in msg

@@ -1,0 +1,147 @@
+import math
+
+import pytest
+import torch
+
+from cem_bench import surrogates
+from cem_bench.config import ModelConfig, TrialConfig
+from cem_bench.models import build as build_models
+from cem_bench.surrogates.gmm import kmeans, kmeans_pp
+
+
+def make(fit="kmeans", entropy="isotropic", shape=(2, 4, 4), classes=4, sigma=0.1, k=3):
+    cfg = surrogates.resolve(TrialConfig.from_flat({
+        "cem.gmm_fit": fit, "cem.entropy": entropy, "defense.noise_std": sigma, "cem.num_clusters": k}))
+    return surrogates.build(cfg, shape, classes)
+
+
+def blobs(classes=4, k=3, per=40, dim=32, spread=0.05, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.rand(classes, k, dim, generator=g)
+    xs, ys, which = [], [], []
+    for c in range(classes):
+        for j in range(k):
+            xs.append(centres[c, j] + spread * torch.randn(per, dim, generator=g))
+            ys += [c] * per
+            which += [j] * per
+    return torch.cat(xs), torch.tensor(ys), torch.tensor(which), centres
+
+
+def loop_reference(s, z, y):
+    """Plain per-class, per-cluster loop of SURROGATES.md §1 on the surrogate's fitted tables."""
+    x = z.flatten(1).float()
+    t = math.log(s.cfg.var_threshold * s.noise_std ** 2 + s.cfg.var_eps)
+    total, counted = 0.0, 0
+    for c in range(s.num_classes):
+        idx = (y == c).nonzero().flatten().tolist()
+        if len(idx) < 2:
+            continue
+        counted += 1
+        assign = {}
+        for i in idx:
+            best, best_d = None, None
+            for k in range(s.k):
+                if not bool(s.valid[c, k]):
+                    continue
+                d = float(((x[i] - s.centroids[c, k]) ** 2).sum())
+                if best_d is None or d < best_d:
+                    best, best_d = k, d
+            assign.setdefault(best, []).append(i)
+        for k, members in assign.items():
+            n = len(members)
+            sq = torch.stack([(x[i] - s.centroids[c, k]) ** 2 for i in members])  # (n, D)
+            alpha = min(0.99, s.cfg.shrink * n / float(s.pi[c, k] * s.cluster_n[c].sum() / s.pi[c].sum()))
+            if s.cfg.entropy == "isotropic":
+                v_hat = alpha * sq.mean() + (1 - alpha) * s.var_iso[c, k]
+                term = torch.relu(torch.log(v_hat + s.cfg.var_eps) - t)
+            else:
+                v_hat = alpha * sq.mean(0) + (1 - alpha) * s.var_diag[c, k]
+                term = torch.relu(torch.log(v_hat + s.cfg.var_eps) - t).mean()
+            total = total + s.pi[c, k] * term
+    return total / max(counted, 1)
+
+
+@pytest.mark.parametrize("fit", ["kmeans", "em"])
+@pytest.mark.parametrize("entropy", ["isotropic", "diag"])
+def test_vectorised_equals_loop(fit, entropy):
+    x, y, _, _ = blobs(dim=32, spread=0.2)
+    s = make(fit, entropy)
+    s.refit(x.view(-1, 2, 4, 4), y)
+    g = torch.Generator().manual_seed(1)
+    zb = torch.rand(30, 2, 4, 4, generator=g)
+    yb = torch.randint(0, 4, (30,), generator=g)
+    yb[0] = 3
+    yb[1:] = torch.where(yb[1:] == 3, torch.zeros_like(yb[1:]), yb[1:])  # class 3 is a singleton
+    out = s(zb, yb)
+    ref = loop_reference(s, zb, yb)
+    assert float(out.loss) == pytest.approx(float(ref), rel=1e-4, abs=1e-7)
+    assert float(out.loss) > 0
+
+
+def test_refit_finds_well_separated_blobs():
+    x, y, which, centres = blobs(spread=0.01)
+    s = make(k=3)
+    s.refit(x.view(-1, 2, 4, 4), y)
+    for c in range(4):
+        for j in range(3):
+            d = ((s.centroids[c] - centres[c, j]) ** 2).sum(-1)
+            assert float(d.min()) < 1e-3  # every true centre has a fitted centroid on it
+    assert torch.allclose(s.pi, torch.full((4, 3), 1 / 3), atol=1e-6)
+    assert torch.allclose(s.var_iso, torch.full((4, 3), 0.01 ** 2), rtol=0.3)
+
+
+def test_kmeans_matches_sklearn_from_the_same_seeds():
+    sk = pytest.importorskip("sklearn.cluster")
+    x, y, _, _ = blobs(classes=1, k=4, spread=0.15, dim=8, seed=3)
+    mask = torch.ones(1, len(x), dtype=torch.bool)
+    seeds = kmeans_pp(x.unsqueeze(0), mask, 4, torch.Generator().manual_seed(0))
+    cents, assign, _ = kmeans(x.unsqueeze(0), mask, 4, None, init=seeds)
+    ours = float(((x - cents[0][assign[0]]) ** 2).sum())
+    ref = sk.KMeans(4, init=seeds[0].double().numpy(), n_init=1, max_iter=50, tol=0,
+                    algorithm="lloyd").fit(x.double().numpy())
+    assert ours == pytest.approx(ref.inertia_, rel=1e-4)
+    assert torch.allclose(cents[0].double(), torch.from_numpy(ref.cluster_centers_), atol=1e-4)
+
+
+def test_em_refines_towards_blob_variances():
+    x, y, _, _ = blobs(spread=0.03)
+    s = make(fit="em", entropy="diag")
+    s.refit(x.view(-1, 2, 4, 4), y)
+    assert torch.allclose(s.var_diag.mean(-1), torch.full((4, 3), 0.03 ** 2), rtol=0.3)
+    assert torch.allclose(s.pi.sum(1), torch.ones(4), atol=1e-5)
+
+
+def test_refit_warm_start_and_small_classes():
+    x, y, _, _ = blobs()
+    y[:3] = 3
+    y[y == 3] = 0
+    y[0] = 3  # class 3 has a single member: fewer points than clusters
+    s = make()
+    s.refit(x.view(-1, 2, 4, 4), y)
+    assert int(s.valid[3].sum()) == 1 and float(s.pi[3].sum()) == pytest.approx(1.0)
+    before = s.centroids.clone()
+    s.refit(x.view(-1, 2, 4, 4), y)  # warm start: converged centroids stay put
+    assert torch.allclose(before, s.centroids, atol=1e-5)
+
+
+def test_gradient_reaches_the_encoder_and_only_the_encoder():
+    client, server = build_models(ModelConfig(width=0.125), 4)
+    s = make(shape=(8, 8, 8))
+    x = torch.randn(24, 3, 32, 32)
+    y = torch.arange(24) % 4
+    with torch.no_grad():
+        s.refit(client(x), y)
+    client.train()
+    out = s(client(x), y)
+    out.loss.backward()
+    grads = [p.grad for p in client.parameters()]
+    assert all(g is not None for g in grads) and sum(float(g.abs().sum()) for g in grads) > 0
+    assert all(p.grad is None for p in server.parameters())
+
+
+def test_sigma_zero_hinges_at_log_gamma():
+    s = make(sigma=0.0)
+    x, y, _, _ = blobs(dim=32)
+    s.refit(x.view(-1, 2, 4, 4), y)
+    assert s.hinge_level == pytest.approx(math.log(0.01))
+    assert torch.isfinite(s(x[:20].view(-1, 2, 4, 4), y[:20]).loss)

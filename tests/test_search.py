@@ -1,0 +1,390 @@
+"""Ray Tune + Optuna search end to end (cem_bench.search), on tiny CPU trials.
+
+The module shares Ray where it can: one two-node cluster (two `ray start --block` processes in their own
+process groups, stopped by group id at the end) serves the cluster and the driver-kill tests, and one
+in-process `ray.init(address="local", num_cpus=4, num_gpus=1)` session serves the packing, divergence and
+worker-death tests. The local end-to-end test lets the CLI start and stop Ray itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from cem_bench import cli, search
+
+TINY = {"data.train_size": 256, "data.test_size": 100, "model.width": 0.0625, "train.epochs": 2,
+        "train.batch_size": 64, "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8,
+        "attack.batch_size": 64, "train.device": "cpu"}
+RAY_BIN = str(Path(sys.executable).with_name("ray")) if Path(sys.executable).with_name("ray").exists() \
+    else (shutil.which("ray") or "ray")
+
+
+def write_space(folder: Path, name: str, *, num_samples: int = 2, max_concurrent: int = 2, params=None,
+                fixed=None, sampler=None, max_failures: int = 1, cpu: float = 1, gpu: float = 0) -> str:
+    doc = {
+        "name": name,
+        "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.0},
+                       {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
+        "sampler": sampler or {"name": "random", "seed": 0},
+        "num_samples": num_samples,
+        "max_concurrent": max_concurrent,
+        "max_failures": max_failures,
+        "resources": {"cpu": cpu, "gpu": gpu},
+        "fixed": {**TINY, **(fixed or {})},
+        "params": params or {"cem.lambd": {"loguniform": [1, 32]}},
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+def subprocess_env() -> dict:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    # the test cluster runs without token authentication (all its processes agree on this explicitly)
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return env
+
+
+def cli_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cem_bench.cli", "search", *args]
+
+
+def tree_snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns, p.is_dir())
+            for p in folder.rglob("*")}
+
+
+def finite(v) -> bool:
+    return isinstance(v, float) and math.isfinite(v)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_ray_env():
+    # ray.init() of a new local cluster sets RAY_AUTH_MODE=token in this process; put it back afterwards
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE",)}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+# ------------------------------------------------------------------------------ no Ray needed
+def test_trial_resources_without_gpu_runs_on_cpu():
+    res, note = search.trial_resources({"cpu": 2, "gpu": 0.25}, 0.0)
+    assert res == {"cpu": 2.0, "gpu": 0.0} and "CPU" in note
+    res, note = search.trial_resources({"cpu": 1, "gpu": 0.25}, 1.0)
+    assert res == {"cpu": 1.0, "gpu": 0.25} and note is None
+    res, note = search.trial_resources({"cpu": 1, "gpu": 1}, None)  # cluster: GPU nodes come on demand
+    assert res == {"cpu": 1.0, "gpu": 1.0} and note is None
+
+
+def test_cli_broken_space_exits_2_before_ray(tmp_path, monkeypatch, capsys):
+    def boom(*a, **k):
+        raise AssertionError("run_search must not be reached with a broken space")
+    monkeypatch.setattr(search, "run_search", boom)
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "broken",
+        "objectives": [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_sim", "mode": "min"}],
+        "num_samples": 2,
+        "fixed": {"train.epochz": 2},
+        "params": {"cem.lambd": {"loguniform": [64, 1]}},
+    }))
+    storage = tmp_path / "res"
+    rc = cli.main(["search", str(path), "--storage", str(storage)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "attack_sim" in err and "train.epochz" in err and "empty range" in err, err
+    assert not storage.exists()
+
+
+def test_cli_refuses_existing_experiment(tmp_path, capsys):
+    space = write_space(tmp_path, "exists")
+    exp = tmp_path / "res" / "exists"
+    exp.mkdir(parents=True)
+    (exp / "keep.txt").write_text("earlier results")
+    before = tree_snapshot(exp)
+    rc = cli.main(["search", space, "--storage", str(tmp_path / "res")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "--resume" in err and "--name" in err, err
+    assert tree_snapshot(exp) == before
+    assert (exp / "keep.txt").read_text() == "earlier results"
+    # --resume of a folder that holds no experiment is refused too, without touching it
+    rc = cli.main(["search", space, "--storage", str(tmp_path / "res"), "--resume"])
+    assert rc == 2 and tree_snapshot(exp) == before
+    if "ray" in sys.modules:
+        import ray
+        assert not ray.is_initialized()
+
+
+# ------------------------------------------------------------------ local mode via the CLI
+def test_cli_local_search_end_to_end(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    space = write_space(tmp_path, "e2e", num_samples=2, max_concurrent=2)
+    storage = tmp_path / "res"
+    rc = cli.main(["search", space, "--storage", str(storage)])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    exp = storage / "e2e"
+    assert f"experiment: {exp}" in out and "summary: 2 trial(s) ok, 0 error(s)" in out
+    trials = pd.read_parquet(exp / "trials.parquet")
+    assert len(trials) == 2 and trials["trial_id"].is_unique
+    assert (trials["status"] == "ok").all()
+    for col in ("test_acc", "attack_ssim"):
+        assert trials[col].map(finite).all(), trials[col]
+    assert set(trials["pareto_rank"]) <= {0, 1} and (trials["pareto_rank"] == 0).any()
+    assert trials["config.cem.lambd"].between(1, 32).all()
+    assert trials["node_id"].notna().all() and trials["finished_at"].notna().all()
+    epochs = pd.read_parquet(exp / "epochs.parquet")
+    assert sorted(epochs.groupby("trial_id")["epoch"].apply(list).tolist()) == [[1, 2], [1, 2]]
+    for d in trials["trial_dir"]:
+        assert (exp / d / "recon.png").is_file() and (exp / d / search.RESULT_FILE).is_file()
+    spec = json.loads((exp / "search_space.json").read_text())
+    assert spec["name"] == "e2e" and [o["metric"] for o in spec["objectives"]] == ["test_acc", "attack_ssim"]
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name="e2e", storage=JournalStorage(JournalFileBackend(str(exp / "optuna_journal.log"))))
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 2 and all(len(t.values) == 2 for t in done)
+    assert {t.user_attrs["ray_trial_id"] for t in done} == set(trials["trial_id"])
+    assert (exp / "report" / "index.html").is_file()
+
+
+# --------------------------------------------------------------------- two-node Ray cluster
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive_nodes(address: str, env: dict) -> int:
+    try:
+        out = subprocess.run([RAY_BIN, "status", f"--address={address}"], env=env, capture_output=True, text=True,
+                             timeout=30).stdout
+    except subprocess.TimeoutExpired:
+        return 0
+    active = out.split("Active:", 1)[-1].split("Pending:", 1)[0] if "Active:" in out else ""
+    return sum(1 for line in active.splitlines() if "node_" in line)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """A head (1 CPU) and a worker node (1 CPU) on this machine, each a `ray start --block` process in
+    its own process group; stopped by process-group id (SIGTERM, then SIGKILL)."""
+    env = subprocess_env()
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    logs = tmp_path_factory.mktemp("cluster-logs")
+    procs = []
+
+    def start(args, log):
+        fh = open(logs / log, "wb")
+        p = subprocess.Popen([RAY_BIN, "start", *args, "--block"], env=env, stdout=fh, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        procs.append((p, fh))
+        return p
+
+    try:
+        start(["--head", f"--port={port}", "--num-cpus=1", "--disable-usage-stats", "--include-dashboard=false"],
+              "head.log")
+        deadline = time.time() + 60
+        while _alive_nodes(address, env) < 1:
+            assert time.time() < deadline, (logs / "head.log").read_text()[-3000:]
+            time.sleep(1)
+        start([f"--address={address}", "--num-cpus=1"], "worker.log")
+        while _alive_nodes(address, env) < 2:
+            assert time.time() < deadline, (logs / "worker.log").read_text()[-3000:]
+            time.sleep(1)
+        yield address
+    finally:
+        for p, _ in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p, fh in reversed(procs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            try:  # `ray start --block` can hang after SIGTERM: end the whole group it started
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+            fh.close()
+
+
+def test_search_on_two_node_cluster(tmp_path, ray_cluster):
+    space = write_space(tmp_path, "cluster2", num_samples=2, max_concurrent=2)
+    storage = tmp_path / "res"
+    proc = subprocess.run(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster),
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    trials = pd.read_parquet(storage / "cluster2" / "trials.parquet")
+    assert len(trials) == 2 and (trials["status"] == "ok").all()
+    assert trials["node_id"].nunique() == 2, trials[["trial_id", "node_id"]]
+    assert trials["attack_ssim"].map(finite).all()
+
+
+def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
+    n = 4
+    space = write_space(tmp_path, "killed", num_samples=n, max_concurrent=2)
+    storage = tmp_path / "res"
+    exp = storage / "killed"
+    log = open(tmp_path / "driver1.log", "wb")
+    driver = subprocess.Popen(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster),
+                              env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while not (list(exp.glob(f"*/{search.RESULT_FILE}")) and list(exp.glob("experiment_state-*.json"))):
+            assert driver.poll() is None, (tmp_path / "driver1.log").read_text()[-3000:]
+            assert time.time() < deadline, (tmp_path / "driver1.log").read_text()[-3000:]
+            time.sleep(0.25)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            os.kill(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+        log.close()
+    finished_before = len(list(exp.glob(f"*/{search.RESULT_FILE}")))
+    assert finished_before < n, "the driver was killed too late to test anything"
+
+    proc = subprocess.run(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster, "--resume"),
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    trials = pd.read_parquet(exp / "trials.parquet")
+    assert len(trials) == n, trials[["trial_id", "status", "error"]]
+    assert trials["trial_id"].is_unique
+    assert (trials["status"] == "ok").all(), trials[["trial_id", "status", "error"]]
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name="killed",
+                              storage=JournalStorage(JournalFileBackend(str(exp / "optuna_journal.log"))))
+    ids = [t.user_attrs["ray_trial_id"] for t in study.trials]
+    assert sorted(ids) == sorted(trials["trial_id"])
+
+
+# ------------------------------------------------------------------ in-process Ray session
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def test_fractional_gpu_packing(tmp_path, local_ray):
+    from ray import tune
+
+    def _sleeper(config):  # local, so that Ray pickles it by value
+        import time
+
+        import ray
+        from ray import tune
+        start = time.time()
+        time.sleep(5.0)
+        tune.report({"start": start, "end": time.time(), "gpu_ids": ",".join(map(str, ray.get_gpu_ids()))})
+
+    res, note = search.trial_resources({"cpu": 1, "gpu": 0.25}, local_ray.cluster_resources().get("GPU"))
+    assert res == {"cpu": 1.0, "gpu": 0.25} and note is None
+    tuner = tune.Tuner(search.with_resources(_sleeper, res), param_space={"i": tune.grid_search([0, 1, 2, 3])},
+                       tune_config=tune.TuneConfig(max_concurrent_trials=4),
+                       run_config=tune.RunConfig(name="packing", storage_path=str(tmp_path), verbose=0))
+    grid = tuner.fit()
+    assert not grid.errors
+    spans = [(r.metrics["start"], r.metrics["end"]) for r in grid]
+    assert len(spans) == 4
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
+    live = peak = 0
+    for _, d in events:
+        live += d
+        peak = max(peak, live)
+    assert peak == 4, spans
+    assert {r.metrics["gpu_ids"] for r in grid} == {"0"}  # all four share the one (logical) GPU
+
+
+def _seed_with_both(spec_path: str, values: set) -> int:
+    """A random-sampler seed whose first two suggestions for train.lr are the two different values."""
+    import optuna
+    from cem_bench.spaces import define_by_run, load_space, make_sampler
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for seed in range(50):
+        spec = load_space(spec_path, {"sampler.seed": seed})
+        study = optuna.create_study(directions=["maximize", "minimize"], sampler=make_sampler(spec))
+        got = set()
+        for _ in range(2):
+            t = study.ask()
+            define_by_run(spec)(t)
+            got.add(t.params["train.lr"])
+        if got == values:
+            return seed
+    raise AssertionError("no seed gives both learning rates")
+
+
+def test_diverged_trial_is_an_error_row(tmp_path, local_ray):
+    from cem_bench.spaces import load_space
+    params = {"train.lr": {"choice": [0.05, 1000000.0]}}
+    path = write_space(tmp_path, "diverge", num_samples=2, max_concurrent=2, params=params)
+    seed = _seed_with_both(path, {0.05, 1000000.0})
+    spec = load_space(path, {"sampler.seed": seed})
+    exp = Path(search.run_search(spec, storage=str(tmp_path / "res")))
+    from cem_bench.results import write_tables
+    trials_path, _ = write_tables(exp)
+    trials = pd.read_parquet(trials_path).set_index("config.train.lr")
+    assert len(trials) == 2
+    bad, good = trials.loc[1000000.0], trials.loc[0.05]
+    assert bad["status"] == "error" and "non-finite" in bad["error"], bad["error"]
+    assert math.isnan(bad["test_acc"]) and math.isnan(bad["attack_ssim"]) and bad["pareto_rank"] == -1
+    assert good["status"] == "ok" and finite(good["attack_ssim"]) and good["pareto_rank"] == 0
+    assert not list(exp.glob("*/error.txt"))  # a diverged trial is a result, not a Ray failure: no retry
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name="diverge",
+                              storage=JournalStorage(JournalFileBackend(str(exp / "optuna_journal.log"))))
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
+
+
+def test_dead_worker_is_retried_from_checkpoint(tmp_path, local_ray, monkeypatch):
+    from cem_bench.spaces import load_space
+    monkeypatch.setenv(search.DIE_ENV, "1")
+    path = write_space(tmp_path, "die", num_samples=1, max_concurrent=1, max_failures=1)
+    exp = Path(search.run_search(load_space(path), storage=str(tmp_path / "res")))
+    from cem_bench.results import write_tables
+    trials_path, epochs_path = write_tables(exp)
+    trials = pd.read_parquet(trials_path)
+    assert len(trials) == 1
+    row = trials.iloc[0]
+    assert row["status"] == "ok", row["error"]
+    assert row["resumed_from_epoch"] == 1  # the second attempt started at epoch 2
+    tdir = exp / row["trial_dir"]
+    assert (tdir / search.DIE_MARKER).is_file() and (tdir / "error.txt").is_file()
+    epochs = pd.read_parquet(epochs_path)
+    assert epochs["epoch"].tolist() == [1, 2]
+    # Ray's own per-report log agrees: each epoch was reported once over both attempts
+    lines = [json.loads(x) for x in (tdir / "result.json").read_text().splitlines() if x.strip()]
+    assert sorted(r["epoch"] for r in lines if r.get("status") == "running") == [1, 2]
