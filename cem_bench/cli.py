@@ -77,7 +77,8 @@ def cmd_attack(args) -> int:
     if bad:
         raise ConfigError(f"cem-bench attack only changes attack.* keys (and train.device); got {', '.join(bad)}")
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    cfg = TrialConfig.from_flat({**ckpt["config"], **overrides})
+    from .trial import build_config
+    cfg = build_config({**ckpt["config"], **overrides})
     device = resolve_device(cfg.train.device)
     splits = data.load(cfg.data, device)
     client, _ = models.build(cfg.model, splits.num_classes, splits.image_shape)

@@ -19,7 +19,7 @@ import torch
 
 from . import __version__
 from . import attacks, data, models, surrogates
-from .config import TrialConfig
+from .config import TrialConfig, resolve_attack
 from .trainer import Trainer, resolve_device, seed_everything
 
 OBJECTIVE_KEYS = ("test_acc", "test_acc_clean", "feature_spread", "attack_mse", "attack_psnr", "attack_ssim")
@@ -46,7 +46,7 @@ def device_name(device: torch.device) -> str:
 
 def build_config(config: TrialConfig | dict) -> TrialConfig:
     cfg = config if isinstance(config, TrialConfig) else TrialConfig.from_flat(config)
-    return surrogates.resolve(cfg)
+    return resolve_attack(surrogates.resolve(cfg))
 
 
 def build(cfg: TrialConfig, device: torch.device, splits: data.Splits | None = None):

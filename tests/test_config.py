@@ -8,7 +8,10 @@ def test_defaults_follow_the_paper():
     c = TrialConfig()
     assert (c.cem.lambd, c.cem.var_threshold, c.defense.noise_std, c.train.lr, c.train.epochs) == (16, 0.125, 0.025, 0.05, 240)
     assert c.model.cut_layer == 4 and c.model.bottleneck_channels == 8 and c.model.sigmoid
-    assert c.attack.blocks == 8 and c.attack.channels == 64 and c.attack.epochs == 50
+    from cem_bench.config import resolve_attack
+    a = resolve_attack(c.replace(**{"data.dataset": "cifar10"})).attack
+    assert a.blocks == 8 and a.channels == 64 and a.epochs == 50
+    assert resolve_attack(c).attack.epochs == 10  # synthetic: a CPU-sized attack
 
 
 def test_flat_round_trip():

@@ -274,7 +274,7 @@ def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
                           env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     trials = pd.read_parquet(exp / "trials.parquet")
-    assert len(trials) == n, trials[["trial_id", "status", "error"]]
+    assert len(trials) == n, (trials[["trial_id", "status", "error"]], proc.stdout[-6000:])
     assert trials["trial_id"].is_unique
     assert (trials["status"] == "ok").all(), trials[["trial_id", "status", "error"]]
     import optuna

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from ..config import ConfigError, TrialConfig
+from ..config import ConfigError, TrialConfig, resolve_attack
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Attack:
     name: ClassVar[str] = ""
 
     def __init__(self, cfg: TrialConfig):
-        self.cfg = cfg
+        self.cfg = resolve_attack(cfg)  # empty attack keys take the dataset's defaults
 
     def run(self, encoder: torch.nn.Module, splits, noise_std: float, device) -> AttackResult:  # pragma: no cover
         raise NotImplementedError
