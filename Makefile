@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The demo search writes results/demo; a previous demo is kept as results/demo-<time>, never overwritten.
 demo: $(STAMP)
-	$(BIN)/cem-bench train --config search_spaces/demo_train.yaml --out results/demo-train
+	@if [ -d results/demo ]; then mv results/demo results/demo-$$(date +%Y%m%d-%H%M%S); fi
+	$(BIN)/cem-bench search search_spaces/demo.yaml --storage results --name demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -183,7 +183,9 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
         infos = exp.fs.get_file_info(pafs.FileSelector(exp.root, recursive=False))
         names = [i.base_name for i in infos if i.base_name.startswith("experiment_state-")
                  and i.base_name.endswith(".json")]
-    for name in sorted(names, key=lambda n: (exp.mtime(n) or 0, n), reverse=True):
+    # newest by name, as Ray does (the name carries the driver's start time; mtimes change when a resumed
+    # driver syncs its copy of an older state file back)
+    for name in sorted(names, reverse=True):
         state = _load_json(exp.read_text(name))
         if not isinstance(state, dict) or "trial_data" not in state:
             continue

@@ -221,9 +221,10 @@ def ray_cluster(tmp_path_factory):
                 os.killpg(p.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        deadline = time.time() + 5
         for p, fh in reversed(procs):
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 pass
             try:  # `ray start --block` can hang after SIGTERM: end the whole group it started
@@ -300,18 +301,27 @@ def local_ray():
 def test_fractional_gpu_packing(tmp_path, local_ray):
     from ray import tune
 
-    def _sleeper(config):  # local, so that Ray pickles it by value
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+
+    def _packed(config):  # local, so that Ray pickles it by value
+        import os
         import time
 
         import ray
         from ray import tune
         start = time.time()
-        time.sleep(5.0)
+        open(os.path.join(config["barrier"], str(config["i"])), "w").close()
+        # wait (at most 60 s) until all four trials run; with fewer slots the 4th starts only after this ends
+        while len(os.listdir(config["barrier"])) < 4 and time.time() - start < 60:
+            time.sleep(0.1)
+        time.sleep(0.5)
         tune.report({"start": start, "end": time.time(), "gpu_ids": ",".join(map(str, ray.get_gpu_ids()))})
 
     res, note = search.trial_resources({"cpu": 1, "gpu": 0.25}, local_ray.cluster_resources().get("GPU"))
     assert res == {"cpu": 1.0, "gpu": 0.25} and note is None
-    tuner = tune.Tuner(search.with_resources(_sleeper, res), param_space={"i": tune.grid_search([0, 1, 2, 3])},
+    tuner = tune.Tuner(search.with_resources(_packed, res),
+                       param_space={"i": tune.grid_search([0, 1, 2, 3]), "barrier": str(barrier)},
                        tune_config=tune.TuneConfig(max_concurrent_trials=4),
                        run_config=tune.RunConfig(name="packing", storage_path=str(tmp_path), verbose=0))
     grid = tuner.fit()

@@ -1,0 +1,111 @@
+"""``cem-bench bench`` in its quickest form: the real data-path, training-step and refit code paths at tiny
+sizes. Checks the structure of the result and of the printed table, never the speeds."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from cem_bench import bench, surrogates
+
+HEADER_KEYS = ("device", "cpu_count", "torch_threads", "torch_version", "date", "git_commit", "mode", "repeats",
+               "warmup", "load_avg_start", "load_avg_end", "bench_s")
+ROW_KEYS = ("name", "value", "unit", "baseline", "ratio", "target", "met", "note", "error")
+
+
+@pytest.fixture(scope="module")
+def result():
+    pytest.importorskip("sklearn")
+    return bench.run_bench(device="cpu", quick=True, tiny=True, only=["data", "step", "refit"], progress=False)
+
+
+def test_header(result):
+    h = result["header"]
+    for k in HEADER_KEYS:
+        assert k in h, k
+    assert h["device"].startswith("cpu")
+    assert h["repeats"] >= 3 and h["warmup"] >= 1
+    assert h["torch_version"]
+
+
+def test_rows(result):
+    rows = result["rows"]
+    errors = [r for r in rows if r["error"]]
+    assert not errors, errors
+    for r in rows:
+        for k in ROW_KEYS:
+            assert k in r, (r["name"], k)
+    names = [r["name"] for r in rows]
+    # data path, the lambda = 0 step and one step per registered surrogate, the refit
+    assert sum(n.startswith("data path") for n in names) == 1
+    steps = [r for r in rows if r["name"].startswith("train step: ")]
+    assert [r["name"] for r in steps] == ["train step: lambda=0"] + [f"train step: {s}" for s in surrogates.names()]
+    assert sum(n.startswith("gmm refit") for n in names) == 1
+    for r in rows:
+        assert isinstance(r["value"], float) and math.isfinite(r["value"]) and r["value"] > 0, r
+        assert r["samples"] is not None and len(r["samples"]) >= 3
+        if r["target"] is not None:
+            assert r["target"]["op"] in ("ge", "le") and r["target"]["value"] > 0
+            assert r["ratio"] > 0 and isinstance(r["met"], bool)
+            assert r["met"] == (r["ratio"] >= r["target"]["value"] if r["target"]["op"] == "ge"
+                                else r["ratio"] <= r["target"]["value"])
+    gmm = next(r for r in steps if r["name"] == "train step: gmm")
+    assert gmm["target"] == {"op": "le", "value": 1.15}
+    base = steps[0]
+    assert base["target"] is None and base["met"] is None
+    for r in steps[1:]:
+        assert r["baseline"] == base["value"]
+        assert abs(r["ratio"] - r["value"] / base["value"]) < 1e-9
+    data = next(r for r in rows if r["name"].startswith("data path"))
+    assert data["unit"] == "img/s" and data["target"] == {"op": "ge", "value": 5.0}
+    refit = next(r for r in rows if r["name"].startswith("gmm refit"))
+    assert refit["target"] == {"op": "ge", "value": 3.0}
+
+
+def test_table(result):
+    text = bench.format_table(result)
+    lines = text.splitlines()
+    assert lines[0] == "cem-bench bench"
+    for label in ("device:", "CPU count:", "torch:", "date:", "git commit:", "timing:"):
+        assert any(line.startswith(label) for line in lines), label
+    head = next(i for i, line in enumerate(lines) if line.startswith("row "))
+    for col in ("value", "baseline", "ratio", "target", "met"):
+        assert col in lines[head]
+    assert set(lines[head + 1].replace(" ", "")) == {"-"}
+    body = lines[head + 2: head + 2 + len(result["rows"])]
+    for row, line in zip(result["rows"], body):
+        assert line.startswith(row["name"])
+        assert line.rstrip().endswith(("yes", "NO", "-"))
+    assert "notes:" in lines
+
+
+def test_error_row_and_json(result, tmp_path, monkeypatch):
+    # a failing group becomes an error row and the rest of the table is still printed
+    def boom(device, sizes):
+        raise RuntimeError("no Ray here")
+
+    monkeypatch.setattr(bench, "bench_ray", boom)
+    res = bench.run_bench(device="cpu", tiny=True, only=["ray"], progress=False)
+    assert len(res["rows"]) == 1 and res["rows"][0]["error"].startswith("RuntimeError: no Ray here")
+    assert res["rows"][0]["met"] is None
+    merged = {"header": result["header"], "rows": result["rows"] + res["rows"]}
+    text = bench.format_table(merged)
+    assert "ERROR" in text and "no Ray here" in text
+
+    # main(): --json writes the same structure (strict JSON), and the table goes to stdout
+    monkeypatch.setattr(bench, "run_bench", lambda **kw: merged)
+    out = tmp_path / "sub" / "bench.json"
+    assert bench.main(SimpleNamespace(device="cpu", quick=True, json=str(out))) == 0
+    saved = json.loads(out.read_text())
+    assert set(saved) == {"header", "rows"} and len(saved["rows"]) == len(merged["rows"])
+    assert not list(out.parent.glob("*.tmp*"))
+
+
+def test_bad_arguments(capsys):
+    with pytest.raises(ValueError, match="unknown bench rows"):
+        bench.run_bench(only=["nope"])
+    assert bench.main(SimpleNamespace(device="tpu", quick=True, json=None)) == 2
+    assert "allowed: cpu, cuda" in capsys.readouterr().err

@@ -1,0 +1,158 @@
+"""cem_bench.results on hand-made Ray experiment folders (no Ray)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pandas as pd
+import pytest
+
+from cem_bench import results
+
+CONFIG = {"seed": 0, "cem.lambd": 8.0, "cem.surrogate": "gmm", "train.epochs": 2, "train.milestones": [0.5]}
+
+
+def hist(n, acc=0.5):
+    return [{"epoch": e, "lr": 0.05, "cem_active": e > 1, "train_loss": 2.0 - 0.1 * e, "train_acc": 0.2 * e,
+             "rob_loss": 0.1 * e, "rob_nonfinite": 0, "train_s": 0.3, "test_acc": acc, "test_acc_clean": acc,
+             "feature_spread": 0.01, "epoch_s": 0.4} for e in range(1, n + 1)]
+
+
+def ours(trial_id, status="ok", acc=0.8, ssim=0.3, error=None, lambd=8.0, epochs=2):
+    nan = None  # strict JSON, as trial.write_json writes NaN
+    return {
+        "test_acc": acc if status == "ok" else nan, "test_acc_clean": acc if status == "ok" else nan,
+        "feature_spread": 0.01, "attack_mse": 0.05 if status == "ok" else nan, "attack_psnr": 13.0 if status == "ok" else nan,
+        "attack_ssim": ssim if status == "ok" else nan, "train_s": 1.0, "attack_s": 0.5, "wall_s": 2.0,
+        "epochs_done": epochs, "epoch": epochs, "status": status, "error": error, "node_id": f"node-{trial_id}",
+        "hostname": "host", "trial_id": trial_id, "trial_dir": f"cem_trial_{trial_id}_1_x", "started_at":
+        "2026-01-01T00:00:00+00:00", "finished_at": f"2026-01-01T00:0{len(trial_id) % 10}:00+00:00",
+        "resumed_from_epoch": 0,
+        "info": {"config": {**CONFIG, "cem.lambd": lambd}, "device": "cpu (x86_64, 2 cores)", "torch_version": "2.14.1",
+                 "package_version": "0.1.0", "git_sha": "abc", "history": hist(epochs, acc or 0.1)},
+    }
+
+
+def make_trial(exp, trial_id, idx, result=None, lines=(), error_txt=None, params=None):
+    d = exp / f"cem_trial_{trial_id}_{idx}_cem_lambd=8_2026-01-01_00-00-00"
+    d.mkdir()
+    (d / "params.json").write_text(json.dumps(params if params is not None else {"cem.lambd": 8.0, "train.epochs": 2}))
+    (d / "result.json").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    if result is not None:
+        (d / results.RESULT_FILE).write_text(json.dumps(result))
+    if error_txt is not None:
+        (d / "error.txt").write_text(error_txt)
+    return d.name
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    exp = tmp_path / "handmade"
+    exp.mkdir()
+    (exp / "search_space.json").write_text(json.dumps({
+        "name": "handmade",
+        "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.1},
+                       {"metric": "attack_ssim", "mode": "min", "ref": 1.0}]}))
+    (exp / "report").mkdir()          # not a trial
+    (exp / "stray").mkdir()           # empty folder: not a trial
+    (exp / "tuner.pkl").write_bytes(b"x")
+    make_trial(exp, "aaaa0001", 1, ours("aaaa0001", acc=0.8, ssim=0.3))
+    make_trial(exp, "aaaa0002", 2, ours("aaaa0002", acc=0.7, ssim=0.2))
+    make_trial(exp, "aaaa0003", 3, ours("aaaa0003", acc=0.6, ssim=0.4))
+    make_trial(exp, "aaaa0004", 4, ours("aaaa0004", status="error", epochs=1,
+                                        error="TrialDiverged: the classification loss became non-finite"))
+    running = {"status": "running", "trial_id": "aaaa0005", "attack_ssim": float("nan"), "node_id": "n5",
+               "hostname": "h5", "training_iteration": 1}
+    make_trial(exp, "aaaa0005", 5, None,
+               lines=[{**running, **hist(1)[0], "train_loss": 9.0}, {**running, **hist(1)[0]},  # epoch 1 twice (retry)
+                      {**running, **hist(2)[1]}],
+               error_txt="Failure # 1 (occurred at 2026-01-01_00-00-00)\nRayActorError: first\n"
+                         "Failure # 2 (occurred at 2026-01-01_00-01-00)\nTraceback ...\nRuntimeError: CUDA out of memory\n",
+               params={"cem.lambd": 2.0, "train.epochs": 4})
+    return exp
+
+
+def test_write_tables_one_row_per_trial(experiment):
+    trials_path, epochs_path = results.write_tables(experiment)
+    assert trials_path == experiment / "trials.parquet" and epochs_path == experiment / "epochs.parquet"
+    leftovers = [p.name for p in experiment.iterdir() if ".tmp" in p.name]
+    assert not leftovers
+    t = pd.read_parquet(trials_path).set_index("trial_id")
+    assert sorted(t.index) == ["aaaa0001", "aaaa0002", "aaaa0003", "aaaa0004", "aaaa0005"]
+    for col in ("experiment", "status", "error", "trial_dir", "pareto_rank", "test_acc", "test_acc_clean",
+                "feature_spread", "attack_mse", "attack_psnr", "attack_ssim", "train_s", "attack_s", "wall_s",
+                "git_sha", "package_version", "torch_version", "device", "node_id", "finished_at",
+                "config.cem.lambd", "config.cem.surrogate", "config.train.milestones"):
+        assert col in t.columns, col
+    assert (t["experiment"] == "handmade").all()
+    assert t.loc["aaaa0001", "status"] == "ok" and t.loc["aaaa0001", "pareto_rank"] == 0
+    assert t.loc["aaaa0002", "pareto_rank"] == 0 and t.loc["aaaa0003", "pareto_rank"] == 1
+    # the diverged trial: an error row with its reason, NaN objectives, rank -1
+    assert t.loc["aaaa0004", "status"] == "error" and "non-finite" in t.loc["aaaa0004", "error"]
+    assert math.isnan(t.loc["aaaa0004", "test_acc"]) and t.loc["aaaa0004", "pareto_rank"] == -1
+    # the trial that never finished: error row with Ray's last failure, config from params.json
+    assert t.loc["aaaa0005", "status"] == "error"
+    assert "CUDA out of memory" in t.loc["aaaa0005", "error"] and "first" not in t.loc["aaaa0005", "error"]
+    assert t.loc["aaaa0005", "config.cem.lambd"] == 2.0 and t.loc["aaaa0005", "pareto_rank"] == -1
+    assert t.loc["aaaa0005", "epochs_done"] == 2 and t.loc["aaaa0005", "node_id"] == "n5"
+    assert t.loc["aaaa0001", "config.cem.surrogate"] == "gmm" and list(t.loc["aaaa0001", "config.train.milestones"]) == [0.5]
+    assert t.loc["aaaa0001", "trial_dir"].startswith("cem_trial_aaaa0001_1_")
+    assert t.loc["aaaa0001", "git_sha"] == "abc" and t.loc["aaaa0001", "torch_version"] == "2.14.1"
+
+    e = pd.read_parquet(epochs_path)
+    assert list(e.columns[:3]) == ["experiment", "trial_id", "epoch"]
+    for col in ("train_loss", "train_acc", "rob_loss", "test_acc", "test_acc_clean", "feature_spread", "epoch_s"):
+        assert col in e.columns
+    per = e.groupby("trial_id")["epoch"].apply(list).to_dict()
+    assert per == {"aaaa0001": [1, 2], "aaaa0002": [1, 2], "aaaa0003": [1, 2], "aaaa0004": [1], "aaaa0005": [1, 2]}
+    # the retried epoch 1 of aaaa0005 keeps its last record
+    assert e[(e.trial_id == "aaaa0005") & (e.epoch == 1)]["train_loss"].item() == pytest.approx(1.9)
+
+
+def test_write_is_atomic(experiment, monkeypatch):
+    results.write_tables(experiment)
+    before = (experiment / "trials.parquet").read_bytes()
+    import pyarrow.parquet as pq
+
+    def broken(table, where, *a, **k):
+        with open(where, "wb") as fh:
+            fh.write(b"half a table")
+        raise OSError("disk full")
+    monkeypatch.setattr(pq, "write_table", broken)
+    with pytest.raises(OSError):
+        results.write_tables(experiment)
+    assert (experiment / "trials.parquet").read_bytes() == before
+    assert not [p.name for p in experiment.iterdir() if ".tmp" in p.name]
+
+
+def test_experiment_state_is_authoritative(experiment):
+    """A folder the newest experiment state does not list (started by a killed driver after its last
+    snapshot) is left out; a listed trial without a folder (never started) is an error row."""
+    def entry(tid, status, d, config):
+        return [json.dumps({"trial_id": tid, "status": status, "relative_logdir": d, "config": config}), "{}"]
+    dirs = {p.name.split("_")[2]: p.name for p in experiment.iterdir() if p.name.startswith("cem_trial_")}
+    old = {"trial_data": [entry("aaaa0001", "RUNNING", dirs["aaaa0001"], {})]}
+    new = {"trial_data": [entry(t, "TERMINATED", dirs[t], {}) for t in ("aaaa0001", "aaaa0002", "aaaa0004")]
+           + [entry("bbbb0009", "PENDING", None, {"cem.lambd": 3.0})]}
+    (experiment / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps(new | {"runner_data": {}}))
+    (experiment / "experiment_state-2025-12-31_00-00-00.json").write_text(json.dumps(old))
+    os.utime(experiment / "experiment_state-2025-12-31_00-00-00.json")  # newer mtime, older name: name wins
+    t = pd.read_parquet(results.write_tables(experiment)[0]).set_index("trial_id")
+    assert sorted(t.index) == ["aaaa0001", "aaaa0002", "aaaa0004", "bbbb0009"]
+    assert t.loc["bbbb0009", "status"] == "error" and "pending" in t.loc["bbbb0009", "error"]
+    assert t.loc["bbbb0009", "config.cem.lambd"] == 3.0
+
+
+def test_report_reads_the_tables(experiment):
+    from cem_bench.report import load_results
+    results.write_tables(experiment)
+    res = load_results(experiment)
+    assert len(res.trials) == 5 and len(res.ok) == 3
+    assert sorted(res.front["trial_id"]) == ["aaaa0001", "aaaa0002"]
+
+
+def test_missing_folder_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        results.write_tables(tmp_path / "nope")
