@@ -54,6 +54,7 @@ TARGET_STEP = ("le", 1.3)
 TARGET_STEP_GMM = ("le", 1.15)
 TARGET_REFIT = ("ge", 3.0)
 TARGET_RAY = ("le", 1.15)  # trial wall under Tune / direct wall, i.e. overhead <= 15 %
+BUSY_LOAD = 0.75  # 1-min load average per CPU above which the header warns
 
 
 @dataclass(frozen=True)
@@ -622,6 +623,11 @@ def format_table(result: dict) -> str:
         lines.append(f"{'load average:':15s}{' '.join(f'{v:.2f}' for v in la)} at start"
                      + (f", {' '.join(f'{v:.2f}' for v in lb)} at end" if lb else "")
                      + f" (1/5/15 min; {h.get('cpu_count')} CPUs)")
+    busy = [v for v in (la or [])[:1] + (lb or [])[:1] if v > BUSY_LOAD * (h.get("cpu_count") or 1)]
+    if busy:
+        lines.append(f"{'WARNING:':15s}the machine was busy (1-min load {max(busy):.2f} on {h.get('cpu_count')} "
+                     f"CPUs): other processes share the cores, so the figures are slower and noisier than on "
+                     f"an idle machine; rerun when the load is low")
     if h.get("bench_s") is not None:
         lines.append(f"{'bench time:':15s}{h['bench_s']:.1f} s")
     lines.append("")

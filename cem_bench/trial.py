@@ -57,7 +57,11 @@ def build(cfg: TrialConfig, device: torch.device, splits: data.Splits | None = N
     surrogate = None
     if cfg.cem.lambd > 0:
         fshape = models.feature_shape(client, splits.image_shape)
-        surrogate = surrogates.build(cfg, fshape, splits.num_classes)
+        # the surrogate's init draws from its own stream, so that a CEM run and its lambda = 0 baseline see
+        # the same model init, data order and dropout masks: they differ by the CEM loss only
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(cfg.seed + 7919)
+            surrogate = surrogates.build(cfg, fshape, splits.num_classes)
     return splits, Trainer(cfg, splits, client, server, surrogate, device)
 
 
