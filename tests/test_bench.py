@@ -78,7 +78,7 @@ def test_table(result):
     body = lines[head + 2: head + 2 + len(result["rows"])]
     for row, line in zip(result["rows"], body):
         assert line.startswith(row["name"])
-        assert line.rstrip().endswith(("yes", "NO", "-"))
+        assert line.rstrip().endswith(("yes", "NO", "-", "n/a"))
     assert "notes:" in lines
 
 
