@@ -14,15 +14,6 @@ from cem_bench.attacks.decoder import DecoderAttack, InversionDecoder, save_gall
 from cem_bench.config import ModelConfig, TrialConfig
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny CPU convolutions: a second intra-op thread only adds contention on a shared 2-core box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_cfg(**flat) -> TrialConfig:
     base = {"data.train_size": 64, "data.test_size": 200, "model.width": 0.125, "attack.epochs": 0,
             "attack.blocks": 0, "attack.channels": 4, "attack.batch_size": 32, "train.eval_batch_size": 64}

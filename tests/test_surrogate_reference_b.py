@@ -20,15 +20,6 @@ from cem_bench.config import TrialConfig
 NUM_CLASSES = 5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These ops are tiny: one intra-op thread avoids thread hand-offs on a shared CPU (much faster)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def make(name: str, feature_shape=(8, 4, 4), **flat):
     torch.manual_seed(0)
     cfg = TrialConfig.from_flat({"cem.surrogate": name, "cem.hidden_dim": 16, **flat})

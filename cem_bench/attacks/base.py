@@ -7,7 +7,8 @@ from typing import ClassVar
 
 import torch
 
-from ..config import ConfigError, TrialConfig, resolve_attack
+from ..config import TrialConfig, resolve_attack
+from ..registry import Registry
 
 
 @dataclass
@@ -31,30 +32,9 @@ class Attack:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, type[Attack]] = {}
-
-
-def register(name: str):
-    def deco(cls):
-        if name in _REGISTRY:
-            raise ValueError(f"attack {name!r} is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-    return deco
-
-
-def _load_all() -> None:
-    from . import decoder  # noqa: F401
-
-
-def names() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
+_REGISTRY: Registry[Attack] = Registry("attack", "cem_bench.attacks.decoder")
+register, names = _REGISTRY.register, _REGISTRY.names
 
 
 def build(cfg: TrialConfig) -> Attack:
-    _load_all()
-    if cfg.attack.kind not in _REGISTRY:
-        raise ConfigError(f"attack.kind: unknown attack {cfg.attack.kind!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[cfg.attack.kind](cfg)
+    return _REGISTRY.get(cfg.attack.kind)(cfg)

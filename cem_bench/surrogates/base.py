@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ConfigError, TrialConfig
+from ..registry import Registry
 
 # Global fallbacks of the keys whose default is "the surrogate's own" (None in config.py).
 GLOBAL_DEFAULTS = {
@@ -74,33 +75,8 @@ class Surrogate(nn.Module):
         return True
 
 
-_REGISTRY: dict[str, type[Surrogate]] = {}
-
-
-def register(name: str):
-    def deco(cls):
-        if name in _REGISTRY:
-            raise ValueError(f"surrogate {name!r} is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-    return deco
-
-
-def names() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
-
-
-def get(name: str) -> type[Surrogate]:
-    _load_all()
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown surrogate {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
-
-
-def _load_all() -> None:
-    from . import _catalog  # noqa: F401  (imports every surrogate module, which registers it)
+_REGISTRY: Registry[Surrogate] = Registry("surrogate", "cem_bench.surrogates._catalog")
+register, names, get = _REGISTRY.register, _REGISTRY.names, _REGISTRY.get
 
 
 def resolve(cfg: TrialConfig) -> TrialConfig:
