@@ -65,6 +65,7 @@ class Sizes:
 
     label: str
     repeats: int             # timed repeats per figure (the median is reported)
+    step_repeats: int        # timed steps per training-step configuration (the noisiest, cheapest figure)
     warmup: int              # untimed repeats first
     width: float             # VGG width of the step/refit/attack rows (1.0 = the paper)
     batch_size: int          # training batch (128 = the paper)
@@ -89,17 +90,19 @@ DEMO_TRIAL = {"data.dataset": "synthetic", "data.train_size": 4096, "data.test_s
 
 def sizes_for(device: torch.device, quick: bool, tiny: bool) -> Sizes:
     if tiny:
-        return Sizes("tiny (test only: numbers not comparable)", repeats=3, warmup=1, width=0.125, batch_size=64,
-                     data_images=512, step_images=256, refit_images=256, attack_test=160, attack_blocks=1,
-                     attack_channels=8, ray_trial=dict(TINY_TRIAL, **{"train.epochs": 1}), ray_trials=1)
+        return Sizes("tiny (test only: numbers not comparable)", repeats=3, step_repeats=3, warmup=1, width=0.125,
+                     batch_size=64, data_images=512, step_images=256, refit_images=256, attack_test=160,
+                     attack_blocks=1, attack_channels=8, ray_trial=dict(TINY_TRIAL, **{"train.epochs": 1}),
+                     ray_trials=1)
     cuda = device.type == "cuda"
     if quick:
-        return Sizes("quick", repeats=3, warmup=1, width=1.0, batch_size=128,
+        return Sizes("quick", repeats=3, step_repeats=5, warmup=1, width=1.0, batch_size=128,
                      data_images=8192 if cuda else 2048, step_images=1024, refit_images=16384 if cuda else 1024,
                      attack_test=2560 if cuda else 285, attack_blocks=8, attack_channels=64,
                      ray_trial=dict(TINY_TRIAL), ray_trials=3)
-    return Sizes("full", repeats=7 if cuda else 5, warmup=2 if cuda else 1, width=1.0, batch_size=128,
-                 data_images=50000 if cuda else 8192, step_images=1024, refit_images=50000 if cuda else 4096,
+    return Sizes("full", repeats=7 if cuda else 5, step_repeats=10 if cuda else 7, warmup=2 if cuda else 1,
+                 width=1.0, batch_size=128, data_images=50000 if cuda else 8192, step_images=1024,
+                 refit_images=50000 if cuda else 4096,
                  attack_test=10000 if cuda else 1138, attack_blocks=8, attack_channels=64,
                  ray_trial=dict(DEMO_TRIAL), ray_trials=3)
 
@@ -299,7 +302,7 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
                 run["trainer"].step(x, y, run["cem_on"], run["lr"], run["acc"])
         return fn
 
-    for r in range(sizes.warmup + sizes.repeats):
+    for r in range(sizes.warmup + sizes.step_repeats):
         for name, run in list(runs.items()):
             try:
                 t = _timed(one(run), device) / steps_per_repeat
@@ -590,6 +593,7 @@ def header(device: torch.device, sizes: Sizes) -> dict:
         "git_commit": git_sha(),
         "mode": sizes.label,
         "repeats": sizes.repeats,
+        "step_repeats": sizes.step_repeats,
         "warmup": sizes.warmup,
         "load_avg_start": [round(v, 2) for v in load],
         # OpenMP settings change CPU timings a lot on a shared machine (docs/performance.md)
@@ -675,7 +679,8 @@ def format_table(result: dict) -> str:
     lines.append(f"{'environment:':15s}" + (" ".join(f"{k}={v}" for k, v in env.items()) or "(no OMP_*/MKL_* set)"))
     if h.get("cuda_version"):
         lines.append(f"{'CUDA:':15s}{h['cuda_version']}")
-    lines.append(f"{'timing:':15s}median of {h.get('repeats')} repeats after {h.get('warmup')} warm-up "
+    lines.append(f"{'timing:':15s}median of {h.get('repeats')} repeats ({h.get('step_repeats')} for the train "
+                 f"steps) after {h.get('warmup')} warm-up "
                  f"(time.perf_counter{', cuda.synchronize' if h.get('cuda_version') else ''})")
     la, lb = h.get("load_avg_start"), h.get("load_avg_end")
     if la:

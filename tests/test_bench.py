@@ -12,7 +12,7 @@ import pytest
 from cem_bench import bench, surrogates
 
 HEADER_KEYS = ("device", "cpu_count", "torch_threads", "torch_version", "date", "git_commit", "mode", "repeats",
-               "warmup", "load_avg_start", "load_avg_end", "bench_s")
+               "step_repeats", "warmup", "load_avg_start", "load_avg_end", "bench_s", "env")
 ROW_KEYS = ("name", "value", "unit", "baseline", "ratio", "target", "met", "note", "error")
 
 
@@ -27,7 +27,7 @@ def test_header(result):
     for k in HEADER_KEYS:
         assert k in h, k
     assert h["device"].startswith("cpu")
-    assert h["repeats"] >= 3 and h["warmup"] >= 1
+    assert h["repeats"] >= 3 and h["step_repeats"] >= 3 and h["warmup"] >= 1
     assert h["torch_version"]
 
 
