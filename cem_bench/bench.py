@@ -76,16 +76,32 @@ class Sizes:
     attack_blocks: int
     attack_channels: int
     ray_trial: dict          # the trial config (flat keys) of the Ray row
+    ray_kind: str            # "tiny" or "demo-size": the Ray target is only checked on a demo-size trial
     ray_trials: int          # direct runs and Tune trials (each)
 
 
 TINY_TRIAL = {"data.train_size": 256, "data.test_size": 100, "model.width": 0.125, "train.epochs": 2,
               "train.batch_size": 64, "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8,
               "attack.batch_size": 64}
-# search_spaces/demo.yaml's fixed keys with its lambda/surrogate draws pinned to the paper's estimator
-DEMO_TRIAL = {"data.dataset": "synthetic", "data.train_size": 4096, "data.test_size": 2048, "model.width": 0.25,
-              "train.epochs": 4, "cem.warmup_epochs": 1, "attack.epochs": 3, "attack.blocks": 2,
-              "attack.channels": 32, "cem.surrogate": "gmm", "cem.lambd": 16.0}
+# A demo-size trial: search_spaces/demo.yaml's fixed keys (read at run time, so the bench follows the demo)
+# with its lambda/surrogate draw pinned to the paper's estimator. The copy below is used where the file is
+# not there (an installed package without the repository).
+DEMO_SPACE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "search_spaces",
+                          "demo.yaml")
+DEMO_PINNED = {"cem.surrogate": "gmm", "cem.lambd": 16.0}
+DEMO_FALLBACK = {"data.dataset": "synthetic", "data.train_size": 4096, "data.test_size": 1280, "model.width": 0.125,
+                 "train.epochs": 8, "train.milestones": [0.75], "cem.warmup_epochs": 1, "attack.epochs": 4,
+                 "attack.blocks": 2, "attack.channels": 32}
+
+
+def demo_trial() -> dict:
+    try:
+        from .spaces import load_space
+        fixed = dict(load_space(DEMO_SPACE).fixed)
+    except Exception:  # noqa: BLE001 - no repository checkout, or a space being edited
+        fixed = dict(DEMO_FALLBACK)
+    fixed.pop("train.device", None)
+    return {**fixed, **DEMO_PINNED}
 
 
 def sizes_for(device: torch.device, quick: bool, tiny: bool) -> Sizes:
@@ -93,18 +109,18 @@ def sizes_for(device: torch.device, quick: bool, tiny: bool) -> Sizes:
         return Sizes("tiny (test only: numbers not comparable)", repeats=3, step_repeats=3, warmup=1, width=0.125,
                      batch_size=64, data_images=512, step_images=256, refit_images=256, attack_test=160,
                      attack_blocks=1, attack_channels=8, ray_trial=dict(TINY_TRIAL, **{"train.epochs": 1}),
-                     ray_trials=1)
+                     ray_kind="tiny", ray_trials=1)
     cuda = device.type == "cuda"
     if quick:
         return Sizes("quick", repeats=3, step_repeats=5, warmup=1, width=1.0, batch_size=128,
                      data_images=8192 if cuda else 2048, step_images=1024, refit_images=16384 if cuda else 1024,
                      attack_test=2560 if cuda else 285, attack_blocks=8, attack_channels=64,
-                     ray_trial=dict(TINY_TRIAL), ray_trials=3)
+                     ray_trial=dict(TINY_TRIAL), ray_kind="tiny", ray_trials=3)
     return Sizes("full", repeats=7 if cuda else 5, step_repeats=10 if cuda else 7, warmup=2 if cuda else 1,
                  width=1.0, batch_size=128, data_images=50000 if cuda else 8192, step_images=1024,
                  refit_images=50000 if cuda else 4096,
                  attack_test=10000 if cuda else 1138, attack_blocks=8, attack_channels=64,
-                 ray_trial=dict(DEMO_TRIAL), ray_trials=3)
+                 ray_trial=demo_trial(), ray_kind="demo-size", ray_trials=3)
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -551,7 +567,7 @@ def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
             ray.shutdown()
     per_trial, d = statistics.median(tune_s), statistics.median(direct)
     w = statistics.median(inner) if inner else float("nan")
-    kind = "tiny" if sizes.ray_trial.get("model.width", 1) < 0.25 else "demo-size"
+    kind = sizes.ray_kind
     note = (f"{kind} trial ({_describe_trial(flat)}); {n} x (direct run_trial, then a one-trial search on the "
             f"same Ray session), {cpus} CPU(s) per trial, workers at nice {worker_nice} (Ray's default 15 "
             f"only matters against other busy processes); overhead {per_trial - d:+.2f} s/trial = "
