@@ -5,8 +5,8 @@ sigmoid); from the first CEM epoch on, the surrogate's loss L is computed on the
 noise of std ``defense.noise_std`` is added *after* the CEM loss, and the server classifies the noisy
 features. Gradient modes:
 
-* ``inject`` (the paper's): L is back-propagated alone and the encoder gradient kept; the cross-entropy
-  is back-propagated; the encoder gradient is increased by lambda*s(eta)*g_CEM with s(eta) = 0.001/eta when
+* ``inject`` (the paper's): the encoder gradient is g_CE + lambda*s(eta)*g_CEM (computed in one backward pass
+  of CE + lambda*s*L, which equals the paper's two passes) with s(eta) = 0.001/eta when
   the current lr eta >= 4.1e-4, else 1.
 * ``fused``: CE + lambda*L in one backward.
 
@@ -158,16 +158,15 @@ class Trainer:
             ce.backward()
         elif self.cfg.cem.grad_mode == "fused":
             (ce + self.lambd * rob).backward()
-        else:  # inject: two backward passes, the CEM gradient added to the encoder's with lambda*s(lr)
-            g_cem = torch.autograd.grad(rob, self.client_params + self.surrogate_params, retain_graph=True,
-                                        allow_unused=True)
-            ce.backward()
+        else:  # inject: encoder grad = g_CE + lambda*s(lr)*g_CEM. The CEM loss depends only on the encoder
+            # and the surrogate, so one backward of CE + scale*rob gives exactly that (the paper's code runs two
+            # backward passes through the encoder for the same sum); the surrogate's own gradient is g_CEM,
+            # recovered by dividing by the scale.
             scale = self.lambd * inject_scale(lr)
-            for p, g in zip(self.client_params, g_cem[: len(self.client_params)]):
-                if g is not None:
-                    p.grad.add_(g, alpha=scale)
-            for p, g in zip(self.surrogate_params, g_cem[len(self.client_params):]):
-                p.grad = g
+            (ce + scale * rob).backward()
+            for p in self.surrogate_params:
+                if p.grad is not None:
+                    p.grad.div_(scale)
         self.client_opt.step()
         self.server_opt.step()
         if rob is not None and self.surrogate_opt is not None:
