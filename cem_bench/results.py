@@ -34,6 +34,7 @@ from .frontier import pareto_ranks
 
 RESULT_FILE = "trial_result.json"      # ours (see search.py); Ray owns result.json
 RAY_RESULT_FILE = "result.json"
+RESUME_STATE_FILE = "cem_resume_state.bin"  # the search's bundle of its last complete checkpoint (search.py)
 RAY_PARAMS_FILE = "params.json"
 RAY_ERROR_FILE = "error.txt"
 SPACE_FILE = "search_space.json"
@@ -100,6 +101,16 @@ class _Dir:
                     return fh.read()
             with self.fs.open_input_stream(self.join(*parts)) as fh:
                 return fh.read().decode("utf-8", errors="replace")
+        except (FileNotFoundError, OSError):
+            return None
+
+    def read_bytes(self, *parts: str) -> bytes | None:
+        try:
+            if not self.uri:
+                with open(self.join(*parts), "rb") as fh:
+                    return fh.read()
+            with self.fs.open_input_stream(self.join(*parts)) as fh:
+                return fh.read()
         except (FileNotFoundError, OSError):
             return None
 
@@ -184,9 +195,17 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
         names = [i.base_name for i in infos if i.base_name.startswith("experiment_state-")
                  and i.base_name.endswith(".json")]
     # newest by name, as Ray does (the name carries the driver's start time; mtimes change when a resumed
-    # driver syncs its copy of an older state file back)
-    for name in sorted(names, reverse=True):
-        state = _load_json(exp.read_text(name))
+    # driver syncs its copy of an older state file back). The search's own bundle of the last complete
+    # checkpoint (search.RESUME_STATE_FILE) wins over Ray's copy of the same name, which a driver killed
+    # while copying can have left truncated or one checkpoint behind.
+    texts: dict[str, str | None] = {}
+    bundled = _bundled_experiment_state(exp)
+    for name in sorted(set(names) | set(bundled), reverse=True):
+        texts[name] = bundled.get(name)
+        if texts[name] is None:
+            texts[name] = exp.read_text(name)
+    for name in sorted(texts, reverse=True):
+        state = _load_json(texts[name])
         if not isinstance(state, dict) or "trial_data" not in state:
             continue
         out = []
@@ -200,6 +219,20 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
                 continue
         return out
     return None
+
+
+def _bundled_experiment_state(exp: _Dir) -> dict[str, str]:
+    """``{experiment_state-S.json: text}`` from the search's bundle of its last complete checkpoint."""
+    import pickle
+    data = exp.read_bytes(RESUME_STATE_FILE)
+    if not data:
+        return {}
+    try:
+        files = pickle.loads(data)["files"]
+        return {n: b.decode("utf-8", errors="replace") for n, b in files.items()
+                if n.startswith("experiment_state-") and n.endswith(".json")}
+    except Exception:  # noqa: BLE001 - written atomically; unreadable means edited: use Ray's files
+        return {}
 
 
 def _is_trial_dir(exp: _Dir, name: str) -> bool:

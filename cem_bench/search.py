@@ -32,6 +32,19 @@ How failures are handled:
   restores the trials and the searcher (Optuna study included) from the experiment state; unfinished
   trials resume from their checkpoints and only the missing samples are suggested.
 
+Why the experiment state needs a guard: Ray writes its experiment checkpoint (``experiment_state-S.json``,
+``searcher-state-S.pkl``, ``search_gen_state-S.json``) into the driver's staging folder and then *copies*
+the folder to the storage in a background thread, file by file and in place. A driver killed during that
+copy leaves a truncated file, or files of two different checkpoints, in the experiment folder; Ray's own
+restore then fails ("EOFError: Ran out of input"), falls back to "Restarting experiment" and hangs. So the
+search algorithm used here (``SnapshotSearchGenerator``) writes, right after Ray has written a checkpoint
+into the staging folder and before the copy starts, the same files bundled into one file,
+``cem_resume_state.bin``, atomically (temp file + rename; one PUT on s3/gs). It is always at least as new
+as anything the copy can have written, and always consistent. ``--resume`` first puts the bundle's files
+back in place (``repair_experiment_state``; files it replaces are moved to ``superseded_state/``, never
+deleted), then lets Ray restore. The bundle's name ends in neither ``.json`` nor ``.pkl`` because Ray's
+restore copies those from the storage into the staging folder and would upload a stale copy back.
+
 The Optuna journal: ``OptunaSearch`` keeps its study in memory (so the study is pickled with the searcher
 state and restored consistently with the trials). The searcher used here (``JournalOptunaSearch``) copies
 every finished trial into a ``JournalStorage`` study in ``optuna_journal.log`` from the driver, right after
@@ -60,6 +73,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from .config import ConfigError
+from .results import RESUME_STATE_FILE  # noqa: F401 - the bundle of the last complete checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +85,15 @@ DIE_ENV = "CEM_BENCH_TEST_DIE_AT_EPOCH"
 DIE_MARKER = ".test_died"
 TRAINABLE_NAME = "cem_trial"  # Tuner.restore needs the same trainable name
 
-# Where the searcher mirrors its study: set by run_search for the current driver (after a restore the
-# searcher's own pickled target may point at an old location).
+SUPERSEDED_DIR = "superseded_state"
+# Ray's experiment-level state files: name prefix -> how Ray reads them
+RAY_STATE_KINDS = {"experiment_state-": "json", "searcher-state-": "pickle", "search_gen_state-": "pickle",
+                   "callback-states-": "pickle"}
+
+# Where the searcher mirrors its study and where the generator bundles the experiment state: set by
+# run_search for the current driver (after a restore the pickled objects may point at an old location).
 _JOURNAL_TARGET: dict[str, tuple[str, str | None]] = {}
+_SNAPSHOT_TARGET: dict[str, str] = {}
 
 
 class SearchError(ConfigError):
@@ -390,14 +410,158 @@ def _build_searcher_class():
     return JournalOptunaSearch
 
 
+def _build_generator_class():
+    from ray.tune.search import SearchGenerator
+
+    class SnapshotSearchGenerator(SearchGenerator):
+        """Ray's SearchGenerator that bundles each experiment checkpoint into ``cem_resume_state.bin``
+        (see the module docstring)."""
+
+        def __init__(self, searcher, experiment: str):
+            super().__init__(searcher)
+            self._cem_experiment = experiment
+
+        def save_to_dir(self, dirpath: str, session_str: str):
+            super().save_to_dir(dirpath, session_str)
+            target = _SNAPSHOT_TARGET.get(getattr(self, "_cem_experiment", ""))
+            if target:
+                try:
+                    write_resume_snapshot(dirpath, session_str, target)
+                except Exception as e:  # noqa: BLE001 - Ray's own files are still written
+                    logger.warning("cem-bench: could not write %s: %r", target, e)
+
+    SnapshotSearchGenerator.__module__ = __name__
+    SnapshotSearchGenerator.__qualname__ = "SnapshotSearchGenerator"
+    return SnapshotSearchGenerator
+
+
+_LAZY_CLASSES = {"JournalOptunaSearch": _build_searcher_class, "SnapshotSearchGenerator": _build_generator_class}
+
+
 def __getattr__(name: str):
-    # The searcher class subclasses a Ray class, so it is built on first use (this module imports Ray
-    # lazily); pickle finds it here when Tuner.restore unpickles the searcher.
-    if name == "JournalOptunaSearch":
-        cls = _build_searcher_class()
+    # These classes subclass Ray classes, so they are built on first use (this module imports Ray
+    # lazily); pickle finds them here when Tuner.restore unpickles the search algorithm.
+    if name in _LAZY_CLASSES:
+        cls = _LAZY_CLASSES[name]()
         globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ------------------------------------------------------------------------- experiment-state guard
+def _state_kind(name: str) -> str | None:
+    for prefix in RAY_STATE_KINDS:
+        if name.startswith(prefix) and not name.startswith("."):
+            return prefix
+    return None
+
+
+def write_resume_snapshot(staging_dir: str, session_str: str, target: str) -> dict[str, bytes]:
+    """Bundle the experiment checkpoint of ``session_str`` that Ray has just written into
+    ``staging_dir`` into one file at ``target``, atomically. Returns the bundled files."""
+    import pickle
+    files: dict[str, bytes] = {}
+    for entry in os.scandir(staging_dir):
+        if entry.is_file() and _state_kind(entry.name) and entry.name.rsplit(".", 1)[0].endswith(session_str):
+            with open(entry.path, "rb") as fh:
+                files[entry.name] = fh.read()
+    if not any(n.startswith("experiment_state-") for n in files):
+        raise FileNotFoundError(f"no experiment_state-{session_str}.json in {staging_dir}")
+    write_bytes(target, pickle.dumps({"format": 1, "session": session_str, "written_at": _now_iso(),
+                                      "files": files}, protocol=4))
+    return files
+
+
+def _state_error(name: str, data: bytes) -> str | None:
+    """Why Ray could not read this state file (None when it can): truncated or empty files."""
+    import pickle
+    if not data:
+        return "empty file"
+    try:
+        if RAY_STATE_KINDS[_state_kind(name)] == "json":
+            json.loads(data.decode())
+        else:
+            import ray.cloudpickle as cloudpickle
+            cloudpickle.loads(data)
+    except (EOFError, pickle.UnpicklingError, UnicodeDecodeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _read(fs, path: str) -> bytes:
+    with fs.open_input_stream(path) as fh:
+        return fh.read()
+
+
+def _move_aside(fs, root: str, name: str, stamp: str) -> str:
+    dest_dir = f"{root}/{SUPERSEDED_DIR}/{stamp}"
+    fs.create_dir(dest_dir, recursive=True)
+    fs.move(f"{root}/{name}", f"{dest_dir}/{name}")
+    return f"{SUPERSEDED_DIR}/{stamp}/{name}"
+
+
+def repair_experiment_state(exp_path: str) -> list[str]:
+    """Make the experiment's Ray state files consistent and readable before ``Tuner.restore``.
+
+    With a bundle (``cem_resume_state.bin``): its files are authoritative; a state file of the same
+    name with other contents, or of a newer session, is moved to ``superseded_state/STAMP/`` and the
+    bundle's files are written in place. Without one (an experiment killed before its first
+    checkpoint, or written by an older cem-bench): an unreadable newest state file is moved aside so
+    that Ray reads the previous session's. Raises ``SearchError`` when nothing restorable is left.
+    Returns what was done, one line per file."""
+    import pickle
+
+    import pyarrow.fs as pafs
+    fs, root = _fs(exp_path)
+    root = root.rstrip("/")
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=False))
+    names = sorted(i.base_name for i in infos if i.type == pafs.FileType.File and _state_kind(i.base_name))
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    done: list[str] = []
+
+    snapshot = None
+    if exists(join(exp_path, RESUME_STATE_FILE)):
+        try:
+            snapshot = pickle.loads(_read(fs, f"{root}/{RESUME_STATE_FILE}"))
+            assert snapshot.get("format") == 1 and snapshot["files"]
+        except Exception as e:  # noqa: BLE001 - written atomically, so this means someone edited it
+            done.append(f"{RESUME_STATE_FILE} is unreadable ({type(e).__name__}); checking Ray's files alone")
+            snapshot = None
+
+    if snapshot is not None:
+        files: dict[str, bytes] = snapshot["files"]
+        session = snapshot["session"]
+        for name in names:
+            kind = _state_kind(name)
+            file_session = name[len(kind):].rsplit(".", 1)[0]
+            if name in files:
+                if _read(fs, f"{root}/{name}") == files[name]:
+                    continue
+                why = "differs from the last complete checkpoint"
+            elif file_session >= session:
+                why = "is newer than the last complete checkpoint"
+            else:
+                continue  # an older session's file: Ray reads the newest, which the bundle provides
+            done.append(f"{name} {why}: moved to {_move_aside(fs, root, name, stamp)}")
+        present = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root, recursive=False))}
+        for name, data in files.items():
+            if name not in present:
+                write_bytes(join(exp_path, name), data)
+                done.append(f"{name} restored from {RESUME_STATE_FILE} ({session})")
+        return done
+
+    for kind in RAY_STATE_KINDS:
+        for name in sorted((n for n in names if n.startswith(kind)), reverse=True):
+            why = _state_error(name, _read(fs, f"{root}/{name}"))
+            if why is None:
+                break
+            done.append(f"{name} is unreadable ({why}): moved to {_move_aside(fs, root, name, stamp)}")
+    left = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root, recursive=False))}
+    if not any(n.startswith("experiment_state-") for n in left):
+        raise SearchError(f"--resume: {exp_path} holds no readable experiment state (the driver was killed "
+                          f"before Ray wrote a complete one; {'; '.join(done) or 'none was written'}); start "
+                          f"the search again under a new --name")
+    return done
 
 
 def journal_target(experiment_path: str, name: str) -> tuple[str, str | None]:
@@ -410,9 +574,15 @@ def journal_target(experiment_path: str, name: str) -> tuple[str, str | None]:
 
 def make_searcher(spec, experiment_path: str):
     from .spaces import define_by_run, make_sampler
+    from ray.tune.search import ConcurrencyLimiter
     cls = __getattr__("JournalOptunaSearch")
-    return cls(space=define_by_run(spec), metric=spec.metric_names, mode=spec.modes, sampler=make_sampler(spec),
-               study_name=spec.name, journal=journal_target(experiment_path, spec.name))
+    searcher = cls(space=define_by_run(spec), metric=spec.metric_names, mode=spec.modes,
+                   sampler=make_sampler(spec), study_name=spec.name,
+                   journal=journal_target(experiment_path, spec.name))
+    # the generator is built here (not by Tune) so that it can bundle the experiment state; Tune applies
+    # max_concurrent_trials only to a bare Searcher, so the limiter is added here too
+    limited = ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)
+    return __getattr__("SnapshotSearchGenerator")(limited, spec.name)
 
 
 # ------------------------------------------------------------------------------------------- search
@@ -470,6 +640,7 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
         die_at = int(die_env) if die_env else None
         trainable = with_resources(make_trainable(exp_path, spec, resources, die_at), resources)
         _JOURNAL_TARGET[spec.name] = journal_target(exp_path, spec.name)
+        _SNAPSHOT_TARGET[spec.name] = join(exp_path, RESUME_STATE_FILE)
 
         t1 = time.perf_counter()
         if resume:
@@ -477,6 +648,8 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
                 raise SearchError(f"--resume: Ray cannot restore {exp_path}")
             if exists(join(exp_path, SPACE_FILE)):
                 _warn_if_changed(spec, join(exp_path, SPACE_FILE))
+            for line in repair_experiment_state(exp_path):
+                print(f"--resume: {line}", flush=True)
             print(f"resuming {exp_path}", flush=True)
             tuner = tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
         else:
@@ -487,7 +660,7 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
                 tune_config=tune.TuneConfig(
                     search_alg=make_searcher(spec, exp_path),
                     num_samples=spec.num_samples,
-                    max_concurrent_trials=spec.max_concurrent,
+                    max_concurrent_trials=None,  # the ConcurrencyLimiter inside the search algorithm
                     reuse_actors=False,
                 ),
                 run_config=tune.RunConfig(
@@ -510,6 +683,7 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
         stats["trials_ok"], stats["trials_error"] = ok, err
     finally:
         _JOURNAL_TARGET.pop(spec.name, None)
+        _SNAPSHOT_TARGET.pop(spec.name, None)
         if started_ray:
             ray.shutdown()
     return exp_path

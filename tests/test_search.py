@@ -270,10 +270,22 @@ def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
         log.close()
     finished_before = len(list(exp.glob(f"*/{search.RESULT_FILE}")))
     assert finished_before < n, "the driver was killed too late to test anything"
+    # A driver killed while Ray copies its checkpoint to the storage leaves truncated state files (this
+    # is how CI once hung: EOFError in Ray's restore, then "Restarting experiment" forever). Make it so.
+    assert (exp / search.RESUME_STATE_FILE).exists()
+    for pattern in ("searcher-state-*.pkl", "experiment_state-*.json"):
+        newest = max(exp.glob(pattern))
+        newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])
 
-    proc = subprocess.run(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster, "--resume"),
-                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    try:
+        proc = subprocess.run(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster, "--resume"),
+                              env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail(f"--resume did not finish in 300 s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-8000:]}")
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "restored from cem_resume_state.bin" in proc.stdout, proc.stdout[-3000:]
     trials = pd.read_parquet(exp / "trials.parquet")
     assert len(trials) == n, (trials[["trial_id", "status", "error"]], proc.stdout[-6000:])
     assert trials["trial_id"].is_unique

@@ -1,0 +1,109 @@
+"""The guard around Ray's experiment state: a driver killed while Ray copies its checkpoint to the storage
+leaves truncated or mixed files; ``--resume`` must put the last complete checkpoint back (search.py)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import ray.cloudpickle as cloudpickle
+
+from cem_bench import results, search
+
+S1, S2, S3 = "2026-01-01_00-00-01", "2026-01-01_00-00-02", "2026-01-01_00-00-03"
+
+
+def write_checkpoint(folder: Path, session: str, trials: list[str]) -> dict[str, bytes]:
+    """The three files Ray writes for one experiment checkpoint (same formats as Ray's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"trial_data": [[json.dumps({"trial_id": t, "status": "TERMINATED", "relative_logdir": f"cem_trial_{t}_1_",
+                                         "config": {}}), "{}"] for t in trials],
+             "runner_data": {}, "stats": {}}
+    files = {f"experiment_state-{session}.json": json.dumps(state).encode(),
+             f"searcher-state-{session}.pkl": cloudpickle.dumps({"trials": trials}),
+             f"search_gen_state-{session}.json": cloudpickle.dumps({"counter": len(trials)})}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def test_snapshot_replaces_truncated_and_newer_files(tmp_path):
+    exp = tmp_path / "exp"
+    old = write_checkpoint(exp, S1, ["a"])
+    staging = tmp_path / "staging"
+    files = write_checkpoint(staging, S2, ["a", "b"])
+    (staging / f"experiment_state-{S1}.json").write_text("older session: not bundled")
+    bundled = search.write_resume_snapshot(str(staging), S2, str(exp / search.RESUME_STATE_FILE))
+    assert set(bundled) == set(files)
+
+    # the copy of checkpoint S2 was cut: one file truncated, one missing, one complete; plus a stray newer one
+    name_es, name_ss, name_gs = (f"experiment_state-{S2}.json", f"searcher-state-{S2}.pkl",
+                                 f"search_gen_state-{S2}.json")
+    (exp / name_es).write_bytes(files[name_es][: len(files[name_es]) // 2])
+    (exp / name_gs).write_bytes(files[name_gs])
+    (exp / f"searcher-state-{S3}.pkl").write_bytes(b"")
+
+    done = search.repair_experiment_state(str(exp))
+    for name, data in files.items():
+        assert (exp / name).read_bytes() == data, name
+    for name, data in old.items():  # the older session is left as it was
+        assert (exp / name).read_bytes() == data, name
+    assert not (exp / f"searcher-state-{S3}.pkl").exists()
+    moved = sorted(p.name for p in (exp / search.SUPERSEDED_DIR).rglob("*") if p.is_file())
+    assert moved == sorted([name_es, f"searcher-state-{S3}.pkl"])  # kept, not deleted
+    assert any(name_ss in line and "restored" in line for line in done), done
+    # a second repair finds nothing to do
+    assert search.repair_experiment_state(str(exp)) == []
+
+
+def test_without_snapshot_an_unreadable_newest_file_falls_back_to_the_previous_session(tmp_path):
+    exp = tmp_path / "exp"
+    write_checkpoint(exp, S1, ["a"])
+    files = write_checkpoint(exp, S2, ["a", "b"])
+    (exp / f"searcher-state-{S2}.pkl").write_bytes(files[f"searcher-state-{S2}.pkl"][:10])
+    done = search.repair_experiment_state(str(exp))
+    assert len(done) == 1 and f"searcher-state-{S2}.pkl is unreadable" in done[0]
+    assert not (exp / f"searcher-state-{S2}.pkl").exists()
+    assert (exp / f"searcher-state-{S1}.pkl").exists() and (exp / f"experiment_state-{S2}.json").exists()
+
+
+def test_nothing_restorable_is_a_clear_error_and_deletes_nothing(tmp_path):
+    exp = tmp_path / "exp"
+    files = write_checkpoint(exp, S1, ["a"])
+    (exp / f"experiment_state-{S1}.json").write_bytes(b'{"trial_data": [')
+    with pytest.raises(search.SearchError, match="no readable experiment state.*new --name"):
+        search.repair_experiment_state(str(exp))
+    kept = [p for p in exp.rglob(f"experiment_state-{S1}.json")]
+    assert len(kept) == 1 and search.SUPERSEDED_DIR in str(kept[0])
+    assert (exp / f"searcher-state-{S1}.pkl").read_bytes() == files[f"searcher-state-{S1}.pkl"]
+
+
+def test_results_read_the_bundle_over_a_truncated_state_file(tmp_path):
+    exp = tmp_path / "exp"
+    write_checkpoint(exp, S1, ["aaaaaaaa"])
+    staging = tmp_path / "staging"
+    files = write_checkpoint(staging, S2, ["aaaaaaaa", "bbbbbbbb"])
+    search.write_resume_snapshot(str(staging), S2, str(exp / search.RESUME_STATE_FILE))
+    name = f"experiment_state-{S2}.json"
+    (exp / name).write_bytes(files[name][:40])
+    ids = [t["trial_id"] for t in results.ray_trials(results._Dir(exp))]
+    assert ids == ["aaaaaaaa", "bbbbbbbb"]
+    # and a bundle that is not a pickle is ignored, not fatal
+    (exp / search.RESUME_STATE_FILE).write_bytes(b"garbage")
+    assert [t["trial_id"] for t in results.ray_trials(results._Dir(exp))] == ["aaaaaaaa"]
+
+
+def test_bundle_is_written_atomically_and_holds_one_session(tmp_path):
+    staging = tmp_path / "staging"
+    write_checkpoint(staging, S1, ["a"])
+    files = write_checkpoint(staging, S2, ["a", "b"])
+    target = tmp_path / "exp" / search.RESUME_STATE_FILE
+    search.write_resume_snapshot(str(staging), S2, str(target))
+    bundle = pickle.loads(target.read_bytes())
+    assert bundle["session"] == S2 and bundle["files"] == files
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp file left behind
+    with pytest.raises(FileNotFoundError):
+        search.write_resume_snapshot(str(staging), S3, str(target))
+    assert pickle.loads(target.read_bytes())["session"] == S2  # the previous bundle survives a failed write
