@@ -6,7 +6,7 @@ import torch
 from cem_bench import surrogates
 from cem_bench.config import ModelConfig, TrialConfig
 from cem_bench.models import build as build_models
-from cem_bench.surrogates.gmm import kmeans, kmeans_pp
+from cem_bench.surrogates.gmm import _pad_by_class, kmeans, kmeans_pp
 
 
 def make(fit="kmeans", entropy="isotropic", shape=(2, 4, 4), classes=4, sigma=0.1, k=3):
@@ -95,12 +95,58 @@ def test_kmeans_matches_sklearn_from_the_same_seeds():
     x, y, _, _ = blobs(classes=1, k=4, spread=0.15, dim=8, seed=3)
     mask = torch.ones(1, len(x), dtype=torch.bool)
     seeds = kmeans_pp(x.unsqueeze(0), mask, 4, torch.Generator().manual_seed(0))
-    cents, assign, _ = kmeans(x.unsqueeze(0), mask, 4, None, init=seeds)
+    cents, assign, _, _ = kmeans(x.unsqueeze(0), mask, 4, None, init=seeds)
     ours = float(((x - cents[0][assign[0]]) ** 2).sum())
     ref = sk.KMeans(4, init=seeds[0].double().numpy(), n_init=1, max_iter=50, tol=0,
                     algorithm="lloyd").fit(x.double().numpy())
     assert ours == pytest.approx(ref.inertia_, rel=1e-4)
     assert torch.allclose(cents[0].double(), torch.from_numpy(ref.cluster_centers_), atol=1e-4)
+
+
+def test_kmeans_of_all_classes_matches_sklearn_per_class():
+    # overlapping blobs of different spreads: the classes converge after different numbers of iterations
+    # and drop out of the batch one by one; each must still end where sklearn ends from the same seeds
+    sk = pytest.importorskip("sklearn.cluster")
+    xs, ys = [], []
+    for c, spread in enumerate((0.05, 0.3, 0.6, 1.0)):
+        x, _, _, _ = blobs(classes=1, k=4, per=30 + 10 * c, spread=spread, dim=16, seed=10 + c)
+        xs.append(x)
+        ys.append(torch.full((len(x),), c))
+    x, y = torch.cat(xs), torch.cat(ys)
+    padded, mask, _ = _pad_by_class(x, y, 4)
+    seeds = kmeans_pp(padded, mask, 4, torch.Generator().manual_seed(0))
+    cents, assign, iters, class_iters = kmeans(padded, mask, 4, None, init=seeds)
+    sk_iters = []
+    for c in range(4):
+        xc = x[y == c]
+        ref = sk.KMeans(4, init=seeds[c].double().numpy(), n_init=1, max_iter=50, tol=0,
+                        algorithm="lloyd").fit(xc.double().numpy())
+        sk_iters.append(ref.n_iter_)
+        n = len(xc)
+        ours = float(((xc - cents[c][assign[c, :n]]) ** 2).sum())
+        assert ours == pytest.approx(ref.inertia_, rel=1e-4), c
+        assert torch.allclose(cents[c].double(), torch.from_numpy(ref.cluster_centers_), atol=1e-4), c
+    assert len(set(sk_iters)) > 1  # the test exercises classes that stop at different iterations
+    assert iters >= max(sk_iters) and class_iters < iters
+
+
+@pytest.mark.parametrize("entropy", ["isotropic", "diag"])
+def test_refit_statistics_equal_a_direct_computation(entropy):
+    x, y, _, _ = blobs(spread=0.2, dim=32, seed=4)
+    s = make(entropy=entropy)
+    s.refit(x.view(-1, 2, 4, 4), y)
+    for c in range(4):
+        xc = x[y == c]
+        nearest = ((xc.unsqueeze(1) - s.centroids[c].unsqueeze(0)) ** 2).sum(-1).argmin(1)
+        for j in range(3):
+            m = xc[nearest == j]
+            assert len(m) > 1
+            assert torch.allclose(s.centroids[c, j], m.mean(0), atol=1e-5)
+            var = ((m - m.mean(0)) ** 2).mean(0)
+            assert float(s.var_iso[c, j]) == pytest.approx(float(var.mean()), rel=1e-4)
+            if entropy == "diag":
+                assert torch.allclose(s.var_diag[c, j], var, rtol=1e-4, atol=1e-7)
+            assert float(s.pi[c, j]) == pytest.approx(len(m) / len(xc))
 
 
 def test_em_refines_towards_blob_variances():

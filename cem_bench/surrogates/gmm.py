@@ -48,7 +48,8 @@ class GMM(Surrogate):
         self.register_buffer("valid", torch.zeros(g, k, dtype=torch.bool))
         self.register_buffer("_fitted", torch.zeros((), dtype=torch.bool))
         self._gen: torch.Generator | None = None
-        self.last_fit_iters = 0
+        self.last_fit_iters = 0         # Lloyd iterations of the slowest class at the last refit
+        self.last_fit_class_iters = 0.0  # mean Lloyd iterations per class at the last refit
 
     @property
     def fitted(self) -> bool:
@@ -99,17 +100,17 @@ class GMM(Surrogate):
             self._gen = torch.Generator(device=dev).manual_seed(1000003 * (self.seed + 1))
         padded, mask, counts = _pad_by_class(x, labels, g)
         warm = self.centroids if self.fitted else None
-        cents, assign, iters = kmeans(padded, mask, k, self._gen, init=warm, init_valid=self.valid if warm is not None else None)
-        self.last_fit_iters = iters
+        cents, assign, iters, class_iters = kmeans(padded, mask, k, self._gen, init=warm,
+                                                   init_valid=self.valid if warm is not None else None)
+        self.last_fit_iters, self.last_fit_class_iters = iters, class_iters
         onehot = F.one_hot(assign, k).to(x.dtype) * mask.unsqueeze(-1)   # (G, N, K)
         n_ck = onehot.sum(1)                                              # (G, K)
-        cents = (onehot.transpose(1, 2) @ padded) / n_ck.clamp(min=1).unsqueeze(-1)
-        sq = (padded.unsqueeze(2) - cents.unsqueeze(1)).pow(2) if padded.numel() * k < 2 ** 28 else None
-        if sq is not None:
-            var_diag = (onehot.unsqueeze(-1) * sq).sum(1) / n_ck.clamp(min=1).unsqueeze(-1)
-        else:  # large D: per-dimension variance via E[x^2] - mu^2 (one-hot matmuls)
-            ex2 = (onehot.transpose(1, 2) @ padded.pow(2)) / n_ck.clamp(min=1).unsqueeze(-1)
-            var_diag = (ex2 - cents.pow(2)).clamp(min=0)
+        ohT = onehot.transpose(1, 2)
+        cents = (ohT @ padded) / n_ck.clamp(min=1).unsqueeze(-1)
+        # per-dimension variance about each member's own centroid: one gather and one matmul, exact
+        # (no E[x^2] - mu^2 cancellation) and O(G N D) memory
+        own = onehot @ cents                                              # (G, N, D): each member's centroid
+        var_diag = (ohT @ (padded - own).pow_(2)) / n_ck.clamp(min=1).unsqueeze(-1)
         pi = n_ck / counts.clamp(min=1).unsqueeze(1)
         if self.cfg.gmm_fit == "em":
             cents, var_diag, pi, n_ck = diag_em(padded, mask, cents, var_diag, pi, n_ck > 0)
@@ -139,21 +140,30 @@ def _pad_by_class(x: torch.Tensor, labels: torch.Tensor, g: int):
     return padded, mask, counts.to(x.dtype)
 
 
-def _sqdist(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Squared distances (G, N, K) between points (G, N, D) and centroids (G, K, D)."""
-    d = x.pow(2).sum(-1, keepdim=True) - 2 * x @ c.transpose(1, 2) + c.pow(2).sum(-1).unsqueeze(1)
-    return d.clamp(min=0)
+def _sqdist(x: torch.Tensor, c: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
+    """Squared distances (G, N, K) between points (G, N, D) and centroids (G, K, D); ``x2`` = |x|^2 (G, N)."""
+    if x2 is None:
+        x2 = x.pow(2).sum(-1)
+    return (_scores(x, c) + x2.unsqueeze(-1)).clamp_(min=0)
 
 
-def kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+def _scores(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """|c|^2 - 2 x.c (G, N, K): the squared distance less |x|^2, enough for the nearest centroid."""
+    return torch.baddbmm(c.pow(2).sum(-1).unsqueeze(1), x, c.transpose(1, 2), alpha=-2)
+
+
+def kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator,
+              x2: torch.Tensor | None = None) -> torch.Tensor:
     """k-means++ seeding for every class at once: each new seed drawn with probability ~ D^2."""
     g, n, d = x.shape
     rows = torch.arange(g, device=x.device)
+    if x2 is None:
+        x2 = x.pow(2).sum(-1)
     w = mask.to(x.dtype)
     w[:, 0] += (mask.sum(1) == 0).to(x.dtype)  # an empty class still draws (a zero point), harmlessly
     first = torch.multinomial(w, 1, generator=gen).squeeze(1)
     cents = [x[rows, first]]
-    d2 = (x - cents[0].unsqueeze(1)).pow(2).sum(-1)
+    d2 = _sqdist(x, cents[0].unsqueeze(1), x2).squeeze(-1)
     for _ in range(1, k):
         p = d2 * mask
         none_left = p.sum(1) <= 0           # fewer distinct points than clusters: any member will do
@@ -161,49 +171,66 @@ def kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator)
         idx = torch.multinomial(p, 1, generator=gen).squeeze(1)
         c = x[rows, idx]
         cents.append(c)
-        d2 = torch.minimum(d2, (x - c.unsqueeze(1)).pow(2).sum(-1))
+        d2 = torch.minimum(d2, _sqdist(x, c.unsqueeze(1), x2).squeeze(-1))
+        d2[rows, idx] = 0  # exactly: a chosen point is never drawn again because of rounding
     return torch.stack(cents, 1)
 
 
 def kmeans(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator, init: torch.Tensor | None = None,
            init_valid: torch.Tensor | None = None, max_iters: int = MAX_LLOYD_ITERS):
-    """Lloyd's algorithm on every class at once. Stops when no assignment changes (<= ``max_iters``).
+    """Lloyd's algorithm on every class at once, each class until none of its assignments changes
+    (<= ``max_iters``); a converged class drops out of the batch (its centroids are a fixed point).
 
-    Returns centroids (G, K, D), assignments (G, N) and the number of iterations run. Empty clusters of a
-    class with at least K members are re-seeded at the member farthest from its centroid.
+    Returns centroids (G, K, D), assignments (G, N), the iterations of the slowest class and the mean
+    iterations per class. Empty clusters of a class with at least K members are re-seeded at the member
+    farthest from its centroid.
     """
     g, n, _ = x.shape
+    x2 = x.pow(2).sum(-1)
     if init is None:
-        cents = kmeans_pp(x, mask, k, gen)
+        cents = kmeans_pp(x, mask, k, gen, x2)
     else:
         cents = init.clone()
         if init_valid is not None and not bool(init_valid.all()):
-            fresh = kmeans_pp(x, mask, k, gen)
+            fresh = kmeans_pp(x, mask, k, gen, x2)
             cents = torch.where(init_valid.unsqueeze(-1), cents, fresh)
     class_n = mask.sum(1)
+    active = torch.arange(g, device=x.device)     # classes still iterating; xa/ma/ca: their slices
+    xa, ma, ca = x, mask, cents
+    class_iters = 0
     prev = None
     it = 0
     for it in range(1, max_iters + 1):
-        dist = _sqdist(x, cents)
-        assign = dist.argmin(-1)
-        if prev is not None and not bool(((assign != prev) & mask).any()):
-            break
-        onehot = F.one_hot(assign, k).to(x.dtype) * mask.unsqueeze(-1)
+        scores = _scores(xa, ca)
+        assign = scores.argmin(-1)
+        class_iters += len(active)
+        if prev is not None:
+            moved = ((assign != prev) & ma).any(1)
+            n_moved = int(moved.sum())
+            if n_moved == 0:
+                break
+            if n_moved < len(active):
+                keep = moved.nonzero().squeeze(1)
+                cents[active] = ca
+                active, xa, ma, ca, assign, scores = (active[keep], xa[keep], ma[keep], ca[keep], assign[keep],
+                                                      scores[keep])
+        onehot = F.one_hot(assign, k).to(x.dtype) * ma.unsqueeze(-1)
         n_ck = onehot.sum(1)
-        new = (onehot.transpose(1, 2) @ x) / n_ck.clamp(min=1).unsqueeze(-1)
-        cents = torch.where(n_ck.unsqueeze(-1) > 0, new, cents)
-        empty = (n_ck == 0) & (class_n >= k).unsqueeze(1)
+        new = (onehot.transpose(1, 2) @ xa) / n_ck.clamp(min=1).unsqueeze(-1)
+        empty = (n_ck == 0) & (class_n[active] >= k).unsqueeze(1)
+        ca = torch.where(n_ck.unsqueeze(-1) > 0, new, ca)
         if bool(empty.any()):
-            mind = dist.gather(-1, assign.unsqueeze(-1)).squeeze(-1).masked_fill(~mask, -1)
+            mind = (scores.gather(-1, assign.unsqueeze(-1)).squeeze(-1) + x2[active]).masked_fill(~ma, -1)
             for c, j in empty.nonzero().tolist():  # rare; refit only
                 far = int(mind[c].argmax())
-                cents[c, j] = x[c, far]
+                ca[c, j] = xa[c, far]
                 mind[c, far] = -1
             prev = None  # the re-seed changes the next assignment; do not stop on it
             continue
         prev = assign
-    assign = _sqdist(x, cents).argmin(-1)
-    return cents, assign, it
+    cents[active] = ca
+    assign = _scores(x, cents).argmin(-1)
+    return cents, assign, it, class_iters / max(g, 1)
 
 
 def diag_em(x, mask, mu, var, pi, valid, max_iters: int = MAX_EM_ITERS, tol: float = EM_TOL):
