@@ -661,7 +661,7 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
                     search_alg=make_searcher(spec, exp_path),
                     num_samples=spec.num_samples,
                     max_concurrent_trials=None,  # the ConcurrencyLimiter inside the search algorithm
-                    reuse_actors=False,
+                    reuse_actors=True,
                 ),
                 run_config=tune.RunConfig(
                     name=spec.name,

@@ -122,6 +122,7 @@ def test_demo_is_small_and_covers_baseline_and_three_surrogates():
     rows = sample(spec, min(startup, spec.num_samples), sampler=make_sampler(spec))
     assert any(r["cem.lambd"] == 0 for r in rows)
     assert len({r["cem.surrogate"] for r in rows if r["cem.lambd"] > 0}) >= 3
+    assert len({tuple(sorted(r.items())) for r in rows}) == len(rows), rows  # no trial spent on a copy
 
 
 def test_paper_space_matches_the_paper():
