@@ -28,6 +28,7 @@ MAX_EM_ITERS = 50
 EM_TOL = 1e-5
 MIN_VAR = 1e-6
 FAR = 1e30
+COMPACT_AT = 0.75  # drop converged classes from the Lloyd batch once at most this share of it still moves
 
 
 @register("gmm")
@@ -103,14 +104,12 @@ class GMM(Surrogate):
         cents, assign, iters, class_iters = kmeans(padded, mask, k, self._gen, init=warm,
                                                    init_valid=self.valid if warm is not None else None)
         self.last_fit_iters, self.last_fit_class_iters = iters, class_iters
-        onehot = F.one_hot(assign, k).to(x.dtype) * mask.unsqueeze(-1)   # (G, N, K)
-        n_ck = onehot.sum(1)                                              # (G, K)
-        ohT = onehot.transpose(1, 2)
-        cents = (ohT @ padded) / n_ck.clamp(min=1).unsqueeze(-1)
-        # per-dimension variance about each member's own centroid: one gather and one matmul, exact
-        # (no E[x^2] - mu^2 cancellation) and O(G N D) memory
-        own = onehot @ cents                                              # (G, N, D): each member's centroid
-        var_diag = (ohT @ (padded - own).pow_(2)) / n_ck.clamp(min=1).unsqueeze(-1)
+        sums, n_ck = _cluster_sums(padded, mask, assign, k)               # (G, K, D), (G, K)
+        cents = sums / n_ck.clamp(min=1).unsqueeze(-1)
+        # per-dimension variance about each member's own centroid: exact (no E[x^2] - mu^2 cancellation)
+        # and O(G N D) memory
+        own = cents.flatten(0, 1)[(torch.arange(g, device=dev).unsqueeze(1) * k + assign)]   # (G, N, D)
+        var_diag = _cluster_sums((padded - own).pow_(2), mask, assign, k)[0] / n_ck.clamp(min=1).unsqueeze(-1)
         pi = n_ck / counts.clamp(min=1).unsqueeze(1)
         if self.cfg.gmm_fit == "em":
             cents, var_diag, pi, n_ck = diag_em(padded, mask, cents, var_diag, pi, n_ck > 0)
@@ -130,13 +129,13 @@ def _pad_by_class(x: torch.Tensor, labels: torch.Tensor, g: int):
     counts = torch.bincount(labels, minlength=g)[:g]
     n_max = max(1, int(counts.max()))
     order = torch.argsort(labels, stable=True)
-    sorted_labels = labels[order]
     starts = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(len(labels), device=x.device) - starts[sorted_labels]
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(len(labels), device=x.device) - starts[labels[order]]  # rank within the class
     padded = x.new_zeros(g, n_max, x.shape[1])
-    padded[sorted_labels, pos] = x[order]
+    padded[labels, pos] = x
     mask = torch.zeros(g, n_max, dtype=torch.bool, device=x.device)
-    mask[sorted_labels, pos] = True
+    mask[labels, pos] = True
     return padded, mask, counts.to(x.dtype)
 
 
@@ -150,6 +149,22 @@ def _sqdist(x: torch.Tensor, c: torch.Tensor, x2: torch.Tensor | None = None) ->
 def _scores(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """|c|^2 - 2 x.c (G, N, K): the squared distance less |x|^2, enough for the nearest centroid."""
     return torch.baddbmm(c.pow(2).sum(-1).unsqueeze(1), x, c.transpose(1, 2), alpha=-2)
+
+
+def _cluster_sums(x: torch.Tensor, mask: torch.Tensor, assign: torch.Tensor, k: int):
+    """Per-cluster sums (G, K, D) and member counts (G, K) of the masked points (G, N, D) under ``assign``.
+
+    On CPU a scatter (``index_add_``: N x D additions, sequential, deterministic) is 2-3x faster than the
+    one-hot matmul (K x N x D multiply-adds); on CUDA the matmul is deterministic where the scatter's
+    atomics are not, and costs nothing at these sizes."""
+    g, n, d = x.shape
+    if x.is_cuda:
+        onehot = F.one_hot(assign, k).to(x.dtype) * mask.unsqueeze(-1)
+        return onehot.transpose(1, 2) @ x, onehot.sum(1)
+    slot = torch.where(mask, torch.arange(g, device=x.device).unsqueeze(1) * k + assign, g * k).flatten()
+    sums = x.new_zeros(g * k + 1, d).index_add_(0, slot, x.reshape(-1, d))   # row g*k collects padding
+    counts = torch.bincount(slot, minlength=g * k + 1).to(x.dtype)
+    return sums[:-1].view(g, k, d), counts[:-1].view(g, k)
 
 
 def kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator,
@@ -209,14 +224,13 @@ def kmeans(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator, in
             n_moved = int(moved.sum())
             if n_moved == 0:
                 break
-            if n_moved < len(active):
+            if n_moved <= COMPACT_AT * len(active):  # compact; a few converged classes may ride along until then
                 keep = moved.nonzero().squeeze(1)
                 cents[active] = ca
                 active, xa, ma, ca, assign, scores = (active[keep], xa[keep], ma[keep], ca[keep], assign[keep],
                                                       scores[keep])
-        onehot = F.one_hot(assign, k).to(x.dtype) * ma.unsqueeze(-1)
-        n_ck = onehot.sum(1)
-        new = (onehot.transpose(1, 2) @ xa) / n_ck.clamp(min=1).unsqueeze(-1)
+        sums, n_ck = _cluster_sums(xa, ma, assign, k)
+        new = sums / n_ck.clamp(min=1).unsqueeze(-1)
         empty = (n_ck == 0) & (class_n[active] >= k).unsqueeze(1)
         ca = torch.where(n_ck.unsqueeze(-1) > 0, new, ca)
         if bool(empty.any()):
