@@ -86,6 +86,7 @@ DIE_MARKER = ".test_died"
 TRAINABLE_NAME = "cem_trial"  # Tuner.restore needs the same trainable name
 
 SUPERSEDED_DIR = "superseded_state"
+MAX_DUPLICATE_ASKS = 20  # asks per trial before a duplicate configuration is accepted (see suggest)
 # Ray's experiment-level state files: name prefix -> how Ray reads them
 RAY_STATE_KINDS = {"experiment_state-": "json", "searcher-state-": "pickle", "search_gen_state-": "pickle",
                    "callback-states-": "pickle"}
@@ -342,6 +343,29 @@ def _build_searcher_class():
             super().__init__(*args, **kwargs)
             self._journal = journal
             self._mirror_journal(init=True)
+
+        def suggest(self, trial_id: str):
+            # Optuna has no de-duplication: TPE (and a seeded random sampler) re-propose configurations
+            # that already ran or are running, and with a fixed seed a copy gives the same result, so the
+            # trial is wasted. A duplicate is told FAIL (TPE ignores failed trials) and asked again, up to
+            # MAX_DUPLICATE_ASKS times; a space with nothing new left gets the duplicate.
+            config = super().suggest(trial_id)
+            if config is None or not callable(self._space):
+                return config
+            seen = {self._params_key(t) for tid, t in self._ot_trials.items() if tid != trial_id}
+            for _ in range(MAX_DUPLICATE_ASKS):
+                ot_trial = self._ot_trials[trial_id]
+                if self._params_key(ot_trial) not in seen:
+                    break
+                self._ot_study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+                del self._ot_trials[trial_id]
+                self._duplicates_skipped = getattr(self, "_duplicates_skipped", 0) + 1
+                config = super().suggest(trial_id)
+            return config
+
+        @staticmethod
+        def _params_key(ot_trial) -> tuple:
+            return tuple(sorted((k, repr(v)) for k, v in ot_trial.params.items()))
 
         def save(self, checkpoint_path: str):
             # OptunaSearch pickles with the standard pickle, which cannot hold the define-by-run closure.

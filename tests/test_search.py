@@ -410,3 +410,26 @@ def test_dead_worker_is_retried_from_checkpoint(tmp_path, local_ray, monkeypatch
     # Ray's own per-report log agrees: each epoch was reported once over both attempts
     lines = [json.loads(x) for x in (tdir / "result.json").read_text().splitlines() if x.strip()]
     assert sorted(r["epoch"] for r in lines if r.get("status") == "running") == [1, 2]
+
+
+# ------------------------------------------------------------------------------- duplicate proposals
+def test_searcher_does_not_repeat_a_configuration(tmp_path):
+    """A seeded sampler over a small discrete space proposes copies; the searcher asks again instead, and
+    only hands out a copy once nothing new is left (each copy would rerun an identical trial)."""
+    from cem_bench.spaces import load_space
+    params = {"cem.lambd": {"choice": [0, 4, 16]}, "cem.surrogate": {"choice": ["gmm", "gated_attention"]}}
+    spec = load_space(write_space(tmp_path, "dups", num_samples=8, params=params,
+                                  sampler={"name": "random", "seed": 0}))
+    searcher = search.make_searcher(spec, str(tmp_path / "exp")).searcher.searcher  # generator > limiter > ours
+    keys = []
+    for i in range(6):
+        cfg = searcher.suggest(f"t{i}")
+        keys.append((cfg["cem.lambd"], cfg["cem.surrogate"]))
+        searcher.on_trial_complete(f"t{i}", {"test_acc": 0.5, "attack_ssim": 0.5, "status": "ok"})
+    assert len(set(keys)) == 6, keys  # the space has exactly 6 configurations: every one, once
+    assert searcher._duplicates_skipped > 0  # the seeded sampler did propose copies
+    cfg = searcher.suggest("t6")  # nothing new left: a copy, after MAX_DUPLICATE_ASKS tries, not a hang
+    assert (cfg["cem.lambd"], cfg["cem.surrogate"]) in set(keys)
+    import optuna
+    states = [t.state for t in searcher._ot_study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 6
