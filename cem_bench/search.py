@@ -347,20 +347,27 @@ def _build_searcher_class():
         def suggest(self, trial_id: str):
             # Optuna has no de-duplication: TPE (and a seeded random sampler) re-propose configurations
             # that already ran or are running, and with a fixed seed a copy gives the same result, so the
-            # trial is wasted. A duplicate is told FAIL (TPE ignores failed trials) and asked again, up to
+            # trial is wasted. A duplicate is told FAIL (samplers ignore failed trials) and replaced by a
+            # random draw (asking TPE again gives the same proposal: its model has not changed), up to
             # MAX_DUPLICATE_ASKS times; a space with nothing new left gets the duplicate.
             config = super().suggest(trial_id)
             if config is None or not callable(self._space):
                 return config
             seen = {self._params_key(t) for tid, t in self._ot_trials.items() if tid != trial_id}
-            for _ in range(MAX_DUPLICATE_ASKS):
-                ot_trial = self._ot_trials[trial_id]
-                if self._params_key(ot_trial) not in seen:
-                    break
-                self._ot_study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
-                del self._ot_trials[trial_id]
-                self._duplicates_skipped = getattr(self, "_duplicates_skipped", 0) + 1
-                config = super().suggest(trial_id)
+            sampler = self._ot_study.sampler
+            try:
+                for _ in range(MAX_DUPLICATE_ASKS):
+                    ot_trial = self._ot_trials[trial_id]
+                    if self._params_key(ot_trial) not in seen:
+                        break
+                    self._ot_study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+                    del self._ot_trials[trial_id]
+                    self._duplicates_skipped = getattr(self, "_duplicates_skipped", 0) + 1
+                    # seeded from the trial number: a seeded search stays reproducible
+                    self._ot_study.sampler = optuna.samplers.RandomSampler(seed=ot_trial.number)
+                    config = super().suggest(trial_id)
+            finally:
+                self._ot_study.sampler = sampler
             return config
 
         @staticmethod

@@ -433,3 +433,20 @@ def test_searcher_does_not_repeat_a_configuration(tmp_path):
     import optuna
     states = [t.state for t in searcher._ot_study.trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 6
+
+
+def test_tpe_copy_is_replaced_by_a_new_configuration(tmp_path):
+    """TPE asked again proposes the same point (its model is unchanged); the replacement must differ."""
+    from cem_bench.spaces import load_space
+    params = {"cem.lambd": {"choice": [0, 4, 16, 32]}, "cem.surrogate": {"choice": ["gmm", "gated_attention"]}}
+    spec = load_space(write_space(tmp_path, "tpe", num_samples=10, params=params,
+                                  sampler={"name": "tpe", "seed": 0, "n_startup_trials": 3}))
+    searcher = search.make_searcher(spec, str(tmp_path / "exp")).searcher.searcher
+    keys = []
+    for i in range(8):
+        cfg = searcher.suggest(f"t{i}")
+        keys.append((cfg["cem.lambd"], cfg["cem.surrogate"]))
+        good = cfg["cem.lambd"] == 32 and cfg["cem.surrogate"] == "gmm"  # one clear winner pulls TPE to it
+        searcher.on_trial_complete(f"t{i}", {"test_acc": 0.9 if good else 0.3, "attack_ssim": 0.2 if good else 0.5,
+                                             "status": "ok"})
+    assert len(set(keys)) == 8, keys
