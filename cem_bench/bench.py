@@ -490,16 +490,20 @@ def bench_attack(device: torch.device, sizes: Sizes) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------- 5. ray
+RAY_TRIALS_PER_SEARCH = 2  # the first trial of a search starts the worker process, the next reuses it
+
+
 def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
     """``run_trial`` directly against the same trial through the search's trainable under Ray Tune.
 
-    One local Ray session (its start-up is a row of its own); then direct ``run_trial`` calls and one
-    ``search.run_search`` of ``n`` trials of the same config on that session, run as a search runs them (one
-    at a time here, the trial actor reused from one trial to the next). Half the direct runs come before the
-    search and half after, so that load from other processes falls on both alike. A Tune trial's time is
-    the search's ``Tuner.fit()`` wall time divided by ``n``: Tune's set-up, the worker process (imports and
-    first-run initialisation, paid by the first trial), per-epoch checkpoints, result files and bookkeeping,
-    and the trials themselves."""
+    One local Ray session (its start-up is a row of its own); then, alternately, a direct ``run_trial`` and
+    a search of two trials of the same config on that session, run as a search runs them (one at a time
+    here: the second trial reuses the first one's worker process, as trials do in every search). The
+    alternation makes load from other processes, and the speed drift of a shared machine, fall on both
+    alike. A Tune trial's time is the search's ``Tuner.fit()`` wall time divided by two: Tune's set-up, the
+    worker process (a fresh Python process: imports and first-run initialisation, paid once per two
+    trials here, once per ``num_samples / max_concurrent`` trials in a real search), per-epoch checkpoints,
+    result files and bookkeeping, and the trials themselves."""
     import ray
 
     from . import search, spaces
@@ -507,15 +511,21 @@ def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
 
     flat = dict(sizes.ray_trial, **{"train.device": device.type})
     n = sizes.ray_trials
+    per = RAY_TRIALS_PER_SEARCH
     cpus = max(1, torch.get_num_threads())  # the worker gets as many threads as the direct runs
     cuda = device.type == "cuda"
-    # every Tune trial runs ``flat`` with seed 0 (a one-value choice: a space needs a searched key)
-    spec = spaces.parse_space({
-        "name": f"bench-ray-{os.getpid()}",
-        "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.0},
-                       {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
-        "sampler": {"name": "random", "seed": 0}, "num_samples": n, "max_concurrent": 1, "max_failures": 0,
-        "resources": {"cpu": cpus, "gpu": 1 if cuda else 0}, "fixed": flat, "params": {"seed": {"choice": [0]}}})
+
+    def spec_for(i: int):
+        # every Tune trial runs ``flat`` with seed 0 (a one-value choice: a space needs a searched key)
+        return spaces.parse_space({
+            "name": f"bench-ray-{os.getpid()}-{i}",
+            "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.0},
+                           {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
+            "sampler": {"name": "random", "seed": 0}, "num_samples": per, "max_concurrent": 1,
+            "max_failures": 0, "resources": {"cpu": cpus, "gpu": 1 if cuda else 0}, "fixed": flat,
+            "params": {"seed": {"choice": [0]}}})
+
+    spec_for(0)  # before any work: a bad spec is an error row at once
     direct_flat = dict(flat, seed=0)
     # warm-up (a tiny trial: the same code paths): imports, allocator and kernel caches, so that the direct
     # figure is a trial in a warm process; the Tune worker is a fresh process and pays these itself
@@ -525,6 +535,7 @@ def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
         raise RuntimeError("a Ray session is already initialised in this process; the bench starts its own")
     log = io.StringIO()
     direct: list[float] = []
+    tune_s: list[float] = []
     inner: list[float] = []
     # Ray starts its workers at nice 15 (RAY_worker_niceness): on a machine shared with other busy processes
     # the trial then gets less CPU than the direct run, which is not Ray's overhead; run them at our priority
@@ -532,13 +543,6 @@ def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
     nice_env = os.environ.get(nice_key)
     worker_nice = nice_env if nice_env is not None else str(os.nice(0))
     os.environ[nice_key] = worker_nice
-
-    def direct_runs(k: int) -> None:
-        for _ in range(k):
-            t = time.perf_counter()
-            run_trial(direct_flat)
-            direct.append(time.perf_counter() - t)
-
     t0 = time.perf_counter()
     try:
         try:
@@ -553,39 +557,41 @@ def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
                 os.environ[nice_key] = nice_env
         start_s = time.perf_counter() - t0
         with tempfile.TemporaryDirectory(prefix="cem-bench-ray-") as tmp:
-            direct_runs(n - n // 2)
-            stats: dict = {}
-            try:
-                with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                    exp = search.run_search(spec, storage=tmp, stats=stats)
-            except Exception as e:
-                tail = " | ".join(log.getvalue().strip().splitlines()[-3:])
-                raise RuntimeError(f"{type(e).__name__}: {e}" + (f" (log: {tail})" if tail else "")) from e
-            if stats.get("trials_ok", 0) != n:
-                tail = " | ".join(log.getvalue().strip().splitlines()[-3:])
-                raise RuntimeError(f"the Ray Tune trials did not all finish ok ({stats}; log: {tail})")
-            for root, _, files in os.walk(exp):
-                if search.RESULT_FILE in files:
-                    with open(os.path.join(root, search.RESULT_FILE)) as fh:
-                        res = json.load(fh)
-                    if res.get("wall_s") is not None:
-                        inner.append(float(res["wall_s"]))
-            direct_runs(n // 2)
+            for i in range(n):
+                t0 = time.perf_counter()
+                run_trial(direct_flat)
+                direct.append(time.perf_counter() - t0)
+                stats: dict = {}
+                try:
+                    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                        exp = search.run_search(spec_for(i), storage=tmp, stats=stats)
+                except Exception as e:
+                    tail = " | ".join(log.getvalue().strip().splitlines()[-3:])
+                    raise RuntimeError(f"{type(e).__name__}: {e}" + (f" (log: {tail})" if tail else "")) from e
+                if stats.get("trials_ok", 0) != per:
+                    tail = " | ".join(log.getvalue().strip().splitlines()[-3:])
+                    raise RuntimeError(f"the Ray Tune trials did not all finish ok ({stats}; log: {tail})")
+                tune_s.append(stats["trials_s"] / per)
+                for root, _, files in os.walk(exp):
+                    if search.RESULT_FILE in files:
+                        with open(os.path.join(root, search.RESULT_FILE)) as fh:
+                            res = json.load(fh)
+                        if res.get("wall_s") is not None:
+                            inner.append(float(res["wall_s"]))
     finally:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             ray.shutdown()
-    per_trial, d = stats["trials_s"] / n, statistics.median(direct)
-    w = statistics.mean(inner) if inner else float("nan")
+    per_trial, d = statistics.median(tune_s), statistics.median(direct)
+    w = statistics.median(inner) if inner else float("nan")
     kind = sizes.ray_kind
-    note = (f"{kind} trial ({_describe_trial(flat)}); one search of {n} trials, one at a time (the trial "
-            f"actor reused, as in every search), against {n} direct run_trial calls before and after it, "
-            f"{cpus} CPU(s) per trial, workers at nice {worker_nice} (Ray's default 15 only matters against "
-            f"other busy processes); overhead {per_trial - d:+.2f} s/trial = {w - d:.2f} s more for run_trial "
-            f"in the worker (mean {w:.2f} s there; the first trial pays the fresh process) and "
-            f"{per_trial - w:.2f} s outside run_trial (Tune and searcher set-up, worker start and imports, "
-            f"per-epoch checkpoints, result files)")
+    note = (f"{kind} trial ({_describe_trial(flat)}); {n} x (direct run_trial, then a search of {per} trials "
+            f"on the same Ray session, the second reusing the first's worker process), {cpus} CPU(s) per "
+            f"trial, workers at nice {worker_nice} (Ray's default 15 only matters against other busy "
+            f"processes); overhead {per_trial - d:+.2f} s/trial = {w - d:+.2f} s for run_trial in the worker "
+            f"(median {w:.2f} s there) and {per_trial - w:.2f} s outside run_trial (Tune and searcher set-up, "
+            f"worker start and imports once per search, per-epoch checkpoints, result files)")
     row = _row(f"Ray Tune trial vs direct ({kind})", per_trial, "s/trial", d, "run_trial direct", per_trial / d,
-               "Tune/direct", TARGET_RAY, note=note, samples=[per_trial], baseline_samples=direct,
+               "Tune/direct", TARGET_RAY, note=note, samples=tune_s, baseline_samples=direct,
                overhead=per_trial / d - 1.0, overhead_s=per_trial - d, inner_samples=inner)
     if kind == "tiny":  # the target is a fraction of a demo-size trial; a tiny trial cannot be checked against it
         row["met"] = None

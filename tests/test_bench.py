@@ -112,13 +112,13 @@ def test_bad_arguments(capsys):
 
 
 def test_ray_row_times_a_real_search():
-    # the real row at its tiniest: a local Ray session, one direct run_trial and a one-trial search
+    # the real row at its tiniest: a local Ray session, one direct run_trial and a two-trial search
     res = bench.run_bench(device="cpu", quick=True, tiny=True, only=["ray"], progress=False)
     rows = {r["name"]: r for r in res["rows"]}
     assert not [r for r in res["rows"] if r["error"]], res["rows"]
     start = rows["Ray start-up (ray.init, local)"]
     trial = rows["Ray Tune trial vs direct (tiny)"]
     assert start["value"] > 0 and trial["value"] > 0 and trial["baseline"] > 0
-    assert len(trial["inner_samples"]) == 1 and trial["inner_samples"][0] > 0  # the trial's own wall time
+    assert len(trial["inner_samples"]) == bench.RAY_TRIALS_PER_SEARCH and min(trial["inner_samples"]) > 0
     assert trial["ratio"] == pytest.approx(trial["value"] / trial["baseline"])
     assert trial["met"] is None  # a tiny trial is not checked against the demo-size target
