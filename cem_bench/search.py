@@ -662,6 +662,10 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
     else:
         stats["mode"] = "existing Ray session"
     stats["ray_start_s"] = time.perf_counter() - t0
+    # CheckpointConfig(num_to_keep=2) makes Tune snapshot the experiment state after every two checkpoints
+    # of a trial; with per-epoch checkpoints of short epochs Tune then warns about "excessive" snapshots on
+    # every trial. A snapshot takes ~20 ms here, and frequent ones are what --resume continues from.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     try:
         gpus = None if address else float(ray.cluster_resources().get("GPU", 0.0))
         resources, note = trial_resources(spec.resources, gpus)
