@@ -221,18 +221,34 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
     return None
 
 
+def read_resume_bundle(experiment_dir: str | os.PathLike) -> dict | None:
+    """The search's bundle of its last complete experiment checkpoint (``cem_resume_state.bin``:
+    ``{"format", "session", "written_at", "files": {name: bytes}}``), or None when there is none.
+    Raises ValueError when the file exists but is not a bundle (it is written atomically, so that means
+    it was edited)."""
+    import pickle
+    data = _Dir(experiment_dir).read_bytes(RESUME_STATE_FILE)
+    if data is None:
+        return None
+    try:
+        bundle = pickle.loads(data)
+        if bundle.get("format") != 1 or not bundle["files"]:
+            raise ValueError("unknown format")
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{RESUME_STATE_FILE} is not a cem-bench state bundle ({type(e).__name__}: {e})") from e
+    return bundle
+
+
 def _bundled_experiment_state(exp: _Dir) -> dict[str, str]:
     """``{experiment_state-S.json: text}`` from the search's bundle of its last complete checkpoint."""
-    import pickle
-    data = exp.read_bytes(RESUME_STATE_FILE)
-    if not data:
-        return {}
     try:
-        files = pickle.loads(data)["files"]
-        return {n: b.decode("utf-8", errors="replace") for n, b in files.items()
-                if n.startswith("experiment_state-") and n.endswith(".json")}
-    except Exception:  # noqa: BLE001 - written atomically; unreadable means edited: use Ray's files
+        bundle = read_resume_bundle(exp.display if exp.uri else exp.root)
+    except ValueError:  # unreadable: use Ray's files
         return {}
+    if bundle is None:
+        return {}
+    return {n: b.decode("utf-8", errors="replace") for n, b in bundle["files"].items()
+            if n.startswith("experiment_state-") and n.endswith(".json")}
 
 
 def _is_trial_dir(exp: _Dir, name: str) -> bool:

@@ -482,7 +482,7 @@ def __getattr__(name: str):
 # ------------------------------------------------------------------------- experiment-state guard
 def _state_kind(name: str) -> str | None:
     for prefix in RAY_STATE_KINDS:
-        if name.startswith(prefix) and not name.startswith("."):
+        if name.startswith(prefix):
             return prefix
     return None
 
@@ -540,8 +540,6 @@ def repair_experiment_state(exp_path: str) -> list[str]:
     checkpoint, or written by an older cem-bench): an unreadable newest state file is moved aside so
     that Ray reads the previous session's. Raises ``SearchError`` when nothing restorable is left.
     Returns what was done, one line per file."""
-    import pickle
-
     import pyarrow.fs as pafs
     fs, root = _fs(exp_path)
     root = root.rstrip("/")
@@ -550,14 +548,12 @@ def repair_experiment_state(exp_path: str) -> list[str]:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     done: list[str] = []
 
-    snapshot = None
-    if exists(join(exp_path, RESUME_STATE_FILE)):
-        try:
-            snapshot = pickle.loads(_read(fs, f"{root}/{RESUME_STATE_FILE}"))
-            assert snapshot.get("format") == 1 and snapshot["files"]
-        except Exception as e:  # noqa: BLE001 - written atomically, so this means someone edited it
-            done.append(f"{RESUME_STATE_FILE} is unreadable ({type(e).__name__}); checking Ray's files alone")
-            snapshot = None
+    from .results import read_resume_bundle
+    try:
+        snapshot = read_resume_bundle(exp_path)
+    except ValueError as e:
+        done.append(f"{e}; checking Ray's files alone")
+        snapshot = None
 
     if snapshot is not None:
         files: dict[str, bytes] = snapshot["files"]

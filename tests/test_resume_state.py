@@ -107,3 +107,12 @@ def test_bundle_is_written_atomically_and_holds_one_session(tmp_path):
     with pytest.raises(FileNotFoundError):
         search.write_resume_snapshot(str(staging), S3, str(target))
     assert pickle.loads(target.read_bytes())["session"] == S2  # the previous bundle survives a failed write
+
+
+def test_an_edited_bundle_is_reported_and_rays_files_are_checked_alone(tmp_path):
+    exp = tmp_path / "exp"
+    write_checkpoint(exp, S1, ["a"])
+    (exp / search.RESUME_STATE_FILE).write_bytes(b"not a bundle")
+    done = search.repair_experiment_state(str(exp))
+    assert len(done) == 1 and "not a cem-bench state bundle" in done[0]
+    assert (exp / f"experiment_state-{S1}.json").exists()
