@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, intra_class_mse, register
+from .base import Surrogate, SurrogateOut, intra_class_mse, register, rows
 from .layers import SlotAttention
 
 
@@ -64,7 +64,7 @@ class AttentionCentroid(Surrogate):
         onehot = F.one_hot(y, g).to(f.dtype)                           # (B, G)
         counts = onehot.sum(0)                                         # (G,) M_c
         cents = (onehot.t() @ slots.reshape(b, k * h)).view(g, k, h) / counts.clamp(min=1).view(g, 1, 1)
-        sq = (f.unsqueeze(1) - cents[y]).pow(2).sum(-1) / h            # (B, K) ||f_j - c_{y_j k}||^2 / h
+        sq = (f.unsqueeze(1) - rows(cents, y)).pow(2).sum(-1) / h            # (B, K) ||f_j - c_{y_j k}||^2 / h
         assign = sq.detach().argmin(1)                                 # nearest own-class centroid
         own = sq.gather(1, assign.unsqueeze(1)).squeeze(1)             # (B,) differentiable
         cell = y * k + assign                                          # flat (class, slot)

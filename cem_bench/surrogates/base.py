@@ -125,6 +125,17 @@ def group_by_class(x: torch.Tensor, y: torch.Tensor, num_classes: int):
     return padded, mask, onehot.sum(0)
 
 
+def rows(t: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+    """``t[idx]`` (or ``t[idx, pos]``) by ``index_select``, whose backward is a serial ``index_add_``.
+
+    Advanced indexing back-propagates through ``index_put_(accumulate=True)``, which on a multi-threaded
+    CPU adds floats with atomics in whatever order the threads run: the same step then gives gradients
+    that differ in the last bits, and a trial diverges from its own rerun within a few epochs."""
+    if pos is None:
+        return t.index_select(0, idx)
+    return t.flatten(0, 1).index_select(0, idx * t.shape[1] + pos)
+
+
 def intra_class_mse(x: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Mean over samples (of classes with >= 2 members) of the per-dimension mean squared distance to
     the class mean. ``x`` is (B, D). Detached; no host sync."""

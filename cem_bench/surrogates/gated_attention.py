@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, intra_class_mse, register
+from .base import Surrogate, SurrogateOut, intra_class_mse, register, rows
 from .layers import build_gates, class_softmax
 
 
@@ -56,7 +56,7 @@ class GatedAttention(Surrogate):
         alpha = class_softmax(self.pool_logits(u), y, g_cls)                   # (B,), sums to 1 per class
         s = x if c.stats_on == "raw" else u
         mu = x.new_zeros(g_cls, d).index_add(0, y, alpha.unsqueeze(1) * s)     # (G, D)
-        var = x.new_zeros(g_cls, d).index_add(0, y, alpha.unsqueeze(1) * (s - mu[y]).pow(2))
+        var = x.new_zeros(g_cls, d).index_add(0, y, alpha.unsqueeze(1) * (s - rows(mu, y)).pow(2))
         gate = self.gates(mu, var)                                             # term (G,)
 
         counts = x.new_zeros(g_cls).index_add(0, y, x.new_ones(b_sz))

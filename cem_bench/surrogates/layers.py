@@ -204,4 +204,4 @@ def class_softmax(logits: Tensor, y: Tensor, num_classes: int) -> Tensor:
         top = logits.new_full((num_classes,), -torch.inf).scatter_reduce(0, y, logits, "amax")
     e = torch.exp(logits - top[y])
     denom = logits.new_zeros(num_classes).index_add(0, y, e)
-    return e / denom[y]
+    return e / denom.index_select(0, y)

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register
+from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows
 from .layers import SlotAttention
 
 VAR_FLOOR = 1e-4        # seed 001: sigma^2 = Var + 1e-4, hinge at log(1e-4)
@@ -106,13 +106,13 @@ class SerialEnhanced(Surrogate):
         u, gate = self.gated_tokens(x)
         padded, mask, counts = group_by_class(u, y, g)                 # (G, B, h), (G, B), (G,)
         class_slots, _ = self.slot_attn(padded, mask)                  # (G, K, h): slots per class
-        slots = class_slots[y]                                         # (B, K, h): each sample's class slots
+        slots = rows(class_slots, y)                                         # (B, K, h): each sample's class slots
         feat = self.enhance(u, slots)                                  # (B, h)
         assign = self.distance(feat, slots).detach().argmin(1)         # hard clustering, no gradient
         cell = y * k + assign                                          # flat (class, slot)
         n = feat.new_zeros(g * k).index_add_(0, cell, feat.new_ones(b))
         mean = feat.new_zeros(g * k, self.h).index_add_(0, cell, feat) / n.clamp(min=1).unsqueeze(1)
-        dev2 = (feat - mean[cell]).pow(2)                              # two-pass variance: exact, differentiable
+        dev2 = (feat - rows(mean, cell)).pow(2)                              # two-pass variance: exact, differentiable
         var = feat.new_zeros(g * k, self.h).index_add_(0, cell, dev2) / n.clamp(min=1).unsqueeze(1) + VAR_FLOOR
         info = F.relu(torch.log(var + LOG_EPS) - math.log(VAR_FLOOR)).mean(1)   # (G*K,)
         pi = n.view(g, k) / counts.clamp(min=1).unsqueeze(1)           # cluster mass; 0 for empty cells

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register
+from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows
 from .layers import GatedCrossAttention, SlotAttention, build_gates, class_positions
 
 ASSIGN_BETA_INIT = 10.0   # cosine logits in [-10, 10] at the start: clearly, not hard, assigned
@@ -77,13 +77,13 @@ class SlotCross(Surrogate):
         resp = self.responsibilities(y_tok, slots)                                  # (G, B, K)
 
         pos = class_positions(y, g_cls)                                             # back to the samples
-        r = resp[y, pos]                                                            # (B, K)
-        s = x if c.stats_on == "raw" else y_tok[y, pos]                             # (B, S)
+        r = rows(resp, y, pos)                                                            # (B, K)
+        s = x if c.stats_on == "raw" else rows(y_tok, y, pos)                             # (B, S)
         mass = x.new_zeros(g_cls, r.shape[1]).index_add(0, y, r)                   # (G, K)
         inv_mass = 1.0 / mass.clamp(min=MIN_MASS)
         rs = r.unsqueeze(-1) * s.unsqueeze(1)                                       # (B, K, S)
         mu = x.new_zeros(g_cls, *rs.shape[1:]).index_add(0, y, rs) * inv_mass.unsqueeze(-1)
-        dev2 = r.unsqueeze(-1) * (s.unsqueeze(1) - mu[y]).pow(2)
+        dev2 = r.unsqueeze(-1) * (s.unsqueeze(1) - rows(mu, y)).pow(2)
         var = x.new_zeros(g_cls, *rs.shape[1:]).index_add(0, y, dev2) * inv_mass.unsqueeze(-1)
         gate = self.gates(mu, var)                                                  # term (G, K)
 
