@@ -74,6 +74,11 @@ class CemConfig:
     loss_scale: Optional[float] = _f(None, "multiplies the surrogate loss (seed name attention_loss_scale; "
                                      "empty = surrogate default)", lo=0.0)
     surrogate_lr: float = _f(1e-3, "Adam learning rate of the surrogate's own parameters", lo=0.0)
+    estimator_fit: Optional[str] = _f(None, "how the surrogate's own parameters are trained (docs/estimators.md): "
+                                      "adversarial = to maximise the estimate the encoder minimises; joint = to "
+                                      "minimise it too (the seeds' literal design, which lets the estimate switch "
+                                      "itself off); refit = no trained parameters, refitted by clustering (gmm) "
+                                      "(empty = surrogate default)", choices=("adversarial", "joint", "refit"))
     # gmm
     num_clusters: int = _f(5, "gmm: clusters per class", lo=1, hi=256)
     gmm_fit: str = _f("kmeans", "gmm: refit by hard k-means (the paper's code) or diagonal EM started from it",

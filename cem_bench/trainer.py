@@ -10,8 +10,12 @@ features. Gradient modes:
   the current lr eta >= 4.1e-4, else 1.
 * ``fused``: CE + lambda*L in one backward.
 
-The surrogate's own parameters (the attention surrogates have some) are trained by their own Adam with
-the CEM loss's gradient. Logs accumulate as device tensors and are read once per epoch: no host sync in a
+The surrogate's own parameters (the attention surrogates have some) are trained by their own Adam, in the
+direction ``cem.estimator_fit`` says (docs/estimators.md): ``adversarial`` ascends the CEM loss (the
+estimator looks for the spread the encoder must remove), ``joint`` descends it like the encoder (the
+seeds' literal design, which lets the estimator switch itself off). A step whose CEM loss is not finite
+contributes no gradient at all (a gate on the surrogate's input zeroes it in the backward pass, where a
+``torch.where`` on the loss alone would still propagate 0 * inf = NaN) and is counted. Logs accumulate as device tensors and are read once per epoch: no host sync in a
 step. Deliberate differences from the reference: epoch 1 trains at the real lr (the reference's WarmUpLR
 misuse made it 0); lambda = 0 builds no surrogate and runs no clustering; the checkpoint kept is the last
 one (no model selection on the test set).
@@ -37,6 +41,20 @@ INJECT_LR_KNEE = 4.1e-4  # the reference's s(eta) switches to 1 below this lr
 
 class TrialDiverged(RuntimeError):
     """The classification loss became non-finite."""
+
+
+class _GradGate(torch.autograd.Function):
+    """Identity forward; the backward passes the gradient only where ``ok`` (a 0-dim bool tensor that the
+    caller fills in *after* the forward) is true. ``torch.where`` selects, so a NaN gradient becomes 0."""
+
+    @staticmethod
+    def forward(ctx, x, ok):
+        ctx.ok = ok          # not save_for_backward: it is written in place after this forward, by design
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.where(ctx.ok, grad, torch.zeros_like(grad)), None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -124,10 +142,13 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.amp)
 
     def _noise(self, z: torch.Tensor) -> torch.Tensor:
+        """z + sigma * N(0, 1) in fp32 whatever the autocast: a bf16 step near z = 1 is 0.004, which at
+        sigma = 0.01 would quantise the defense noise to a few levels."""
         sigma = self.cfg.defense.noise_std
+        z = z.float()
         if sigma == 0:
             return z
-        return z + sigma * torch.randn(z.shape, generator=self.gen, device=z.device, dtype=z.dtype)
+        return z + sigma * torch.randn(z.shape, generator=self.gen, device=z.device, dtype=torch.float32)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
         """One training step on a normalised batch; adds its logs to the device tensors in ``acc``."""
@@ -137,11 +158,13 @@ class Trainer:
         self.server_opt.zero_grad(set_to_none=True)
         with self._autocast():
             z = self._client_fwd(x)
-        rob = None
+        rob = finite = None
         if cem_on:
+            ok = torch.ones((), dtype=torch.bool, device=z.device)
             with torch.autocast(self.device.type, enabled=False):  # surrogate statistics in fp32
-                out = self.surrogate(z.float(), y)
+                out = self.surrogate(_GradGate.apply(z.float(), ok), y)
             finite = torch.isfinite(out.loss)
+            ok.copy_(finite)
             rob = torch.where(finite, out.loss, torch.zeros_like(out.loss)) * self.loss_scale
             acc["rob_nonfinite"] += (~finite).float()
             acc["rob_loss"] += rob.detach()
@@ -156,17 +179,22 @@ class Trainer:
             ce = F.cross_entropy(logits.float(), y)
         if rob is None:
             ce.backward()
-        elif self.cfg.cem.grad_mode == "fused":
-            (ce + self.lambd * rob).backward()
-        else:  # inject: encoder grad = g_CE + lambda*s(lr)*g_CEM. The CEM loss depends only on the encoder
-            # and the surrogate, so one backward of CE + scale*rob gives exactly that (the paper's code runs two
-            # backward passes through the encoder for the same sum); the surrogate's own gradient is g_CEM,
-            # recovered by dividing by the scale.
-            scale = self.lambd * inject_scale(lr)
+        else:
+            # fused: CE + lambda*L. inject: encoder grad = g_CE + lambda*s(lr)*g_CEM; the CEM loss depends only
+            # on the encoder and the surrogate, so one backward of CE + scale*rob gives exactly that (the
+            # paper's code runs two backward passes through the encoder for the same sum).
+            fused = self.cfg.cem.grad_mode == "fused"
+            scale = self.lambd if fused else self.lambd * inject_scale(lr)
             (ce + scale * rob).backward()
+            # The surrogate's own gradient is then scale * dL/dtheta. joint keeps it (fused, as the seeds) or
+            # divides the scale out (inject: g_CEM); adversarial turns it into -dL/dtheta (gradient ascent).
+            # Adam is invariant to a constant scale, so only the sign matters.
+            factor = -1.0 / scale if self.cfg.cem.estimator_fit == "adversarial" else (1.0 if fused else 1.0 / scale)
             for p in self.surrogate_params:
                 if p.grad is not None:
-                    p.grad.div_(scale)
+                    if factor != 1.0:
+                        p.grad.mul_(factor)
+                    p.grad = torch.where(finite, p.grad, torch.zeros_like(p.grad))
         self.client_opt.step()
         self.server_opt.step()
         if rob is not None and self.surrogate_opt is not None:
@@ -283,6 +311,7 @@ class Trainer:
             "client_opt": self.client_opt.state_dict(), "server_opt": self.server_opt.state_dict(),
             "surrogate_opt": self.surrogate_opt.state_dict() if self.surrogate_opt is not None else None,
             "gen": self.gen.get_state(),
+            "surrogate_gen": (self.surrogate.rng(self.device).get_state() if self.surrogate is not None else None),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -296,6 +325,8 @@ class Trainer:
         if self.surrogate_opt is not None and state.get("surrogate_opt") is not None:
             self.surrogate_opt.load_state_dict(state["surrogate_opt"])
         self.gen.set_state(state["gen"].cpu() if self.device.type != "cuda" else state["gen"])
+        if self.surrogate is not None and state.get("surrogate_gen") is not None:
+            self.surrogate.rng(self.device).set_state(state["surrogate_gen"].cpu())
 
 
 def seed_everything(seed: int) -> None:

@@ -249,7 +249,9 @@ def test_cross_key_checks():
     assert "cem.num_heads: 3 must divide cem.hidden_dim (128)" in text
     assert "'enhanced' does not apply to surrogate 'gmm'" in text
     # conditioned on the surrogate that has it, the same stats_on is fine
+    # (and 'enhanced' statistics only with the joint estimator fit: docs/estimators.md)
     doc["params"]["cem.stats_on"]["when"] = {"cem.surrogate": ["slot_cross"]}
+    doc["params"]["cem.estimator_fit"] = {"choice": ["joint"], "when": {"cem.surrogate": ["slot_cross"]}}
     doc["params"]["cem.num_heads"]["choice"] = [2, 4]
     parse_space(doc)
     # the fixed config as a whole goes through TrialConfig.from_flat

@@ -49,7 +49,7 @@ def batch(shape, n=BATCH, num_classes=NUM_CLASSES, seed=2):
 
 
 def run(surr, z, y, seed=3):
-    torch.manual_seed(seed)   # surrogates that draw noise (slot init, dropout) see the same draws
+    surr.rng(z.device).manual_seed(seed)   # surrogates that draw noise (slot init, dropout) see the same draws
     return surr(z, y)
 
 

@@ -122,7 +122,7 @@ def encode(encoder: nn.Module, split, splits, batch_size: int, device: torch.dev
         x = splits.normalize(split.images[i:i + batch_size].to(device))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             z = encoder(x)
-        out.append(z.to(torch.bfloat16 if amp else torch.float32))
+        out.append(z.float())   # fp32 whatever the autocast: noise is added to these values (trainer._noise)
     z = torch.cat(out)
     return z.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else z
 

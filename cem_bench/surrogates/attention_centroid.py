@@ -53,9 +53,14 @@ class AttentionCentroid(Surrogate):
     def embed(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots S (B, K, h) and sample embeddings f (B, h) of features z (B, C, H, W)."""
         tokens = self.proj(z.float().flatten(2).transpose(1, 2))      # (B, H*W, h)
-        slots, _ = self.slot_attn(tokens)                              # (B, K, h)
+        slots, _ = self.slot_attn(tokens, generator=self.rng(tokens.device))   # (B, K, h)
         attended, _ = self.cross(tokens, slots, slots, need_weights=False)
-        return slots, (tokens + attended).mean(1)
+        f = (tokens + attended).mean(1)
+        if self.adversarial:
+            # A maximising estimator would scale the projection up without bound (the log-variance grows
+            # with it); layer-normalised slots and embeddings keep every distance in [0, 4h].
+            slots, f = F.layer_norm(slots, (self.h,)), F.layer_norm(f, (self.h,))
+        return slots, f
 
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> SurrogateOut:
         g, k, h = self.num_classes, self.k, self.h

@@ -33,6 +33,7 @@ GLOBAL_DEFAULTS = {
     "cem.num_slots": 8,
     "cem.num_iterations": 3,
     "cem.num_heads": 4,
+    "cem.estimator_fit": "adversarial",
 }
 
 
@@ -48,6 +49,8 @@ class Surrogate(nn.Module):
     name: ClassVar[str] = ""
     defaults: ClassVar[dict] = {}
     stats_on_choices: ClassVar[tuple] = ("raw",)
+    # cem.estimator_fit values that apply (docs/estimators.md); the first one is the default
+    fit_modes: ClassVar[tuple] = ("adversarial", "joint")
     needs_refit: ClassVar[bool] = False
 
     def __init__(self, cfg: TrialConfig, feature_shape: tuple[int, int, int], num_classes: int):
@@ -57,6 +60,27 @@ class Surrogate(nn.Module):
         self.feature_shape = tuple(feature_shape)
         self.dim = int(torch.tensor(feature_shape).prod())
         self.num_classes = num_classes
+        self.seed = cfg.seed
+        self._stream: torch.Generator | None = None
+
+    @classmethod
+    def check(cls, cem) -> None:
+        """Cross-key checks of a resolved ``CemConfig`` that only this surrogate knows; raise ConfigError."""
+
+    @property
+    def adversarial(self) -> bool:
+        """True when the estimator's parameters maximise the estimate: every path by which they act on it
+        must then be bounded (docs/estimators.md), which some surrogates arrange only in this mode."""
+        return self.cfg.estimator_fit == "adversarial"
+
+    def rng(self, device: torch.device) -> torch.Generator:
+        """The surrogate's own random stream (slot initialisations, dropout), seeded from the trial seed.
+
+        Drawing from the global RNG instead would shift the classifier's dropout masks, so a CEM run and its
+        lambda = 0 baseline would differ by more than the CEM loss."""
+        if self._stream is None or self._stream.device != torch.device(device):
+            self._stream = torch.Generator(device=device).manual_seed(self.seed + RNG_OFFSET)
+        return self._stream
 
     @property
     def hinge_level(self) -> float:
@@ -75,6 +99,9 @@ class Surrogate(nn.Module):
         return True
 
 
+RNG_OFFSET = 7919   # the surrogate's stream is seed + this, apart from the trainer's (seed) and gmm's k-means
+
+
 _REGISTRY: Registry[Surrogate] = Registry("surrogate", "cem_bench.surrogates._catalog")
 register, names, get = _REGISTRY.register, _REGISTRY.names, _REGISTRY.get
 
@@ -87,13 +114,18 @@ def resolve(cfg: TrialConfig) -> TrialConfig:
     for key, fallback in GLOBAL_DEFAULTS.items():
         name = key.split(".", 1)[1]
         if getattr(cem, name) is None:
-            updates[name] = klass.defaults.get(key, fallback)
+            updates[name] = klass.defaults.get(key, klass.fit_modes[0] if name == "estimator_fit" else fallback)
     if cem.slot_temp is None:
         updates["slot_temp"] = float(cem.hidden_dim) ** 0.25
     stats_on = updates.get("stats_on", cem.stats_on)
     if stats_on not in klass.stats_on_choices:
         raise ConfigError(f"cem.stats_on: {stats_on!r} does not apply to surrogate {cfg.cem.surrogate!r}; "
                           f"allowed: {', '.join(klass.stats_on_choices)}")
+    fit = updates.get("estimator_fit", cem.estimator_fit)
+    if fit not in klass.fit_modes:
+        raise ConfigError(f"cem.estimator_fit: {fit!r} does not apply to surrogate {cfg.cem.surrogate!r}; "
+                          f"allowed: {', '.join(klass.fit_modes)}")
+    klass.check(dataclasses.replace(cem, **updates))
     heads = updates.get("num_heads", cem.num_heads)
     if cem.hidden_dim % heads:
         raise ConfigError(f"cem.num_heads: {heads} must divide cem.hidden_dim ({cem.hidden_dim})")

@@ -35,6 +35,7 @@ COMPACT_AT = 0.75  # drop converged classes from the Lloyd batch once at most th
 class GMM(Surrogate):
     defaults = {"cem.loss_scale": 1.0, "cem.warmup_epochs": 1, "cem.grad_mode": "inject"}
     needs_refit = True
+    fit_modes = ("refit",)   # no gradient-trained parameters: centroids and variances are refitted by clustering
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)

@@ -29,12 +29,13 @@ SNR_EPS = 1e-6   # epsilon of the SNR gate sigma^2 / (mu^2 + eps)
 class SlotAttention(nn.Module):
     """Locatello et al. 2020 on a padded batch of sets.
 
-    ``forward(inputs (N, M, dim), mask (N, M) bool | None, noise (N, K, dim) | None)`` returns
+    ``forward(inputs (N, M, dim), mask (N, M) bool | None, noise (N, K, dim) | None, generator)`` returns
     ``slots (N, K, dim)`` and ``attn (N, M, K)``: the last iteration's assignment of each token over the
     slots (softmax over slots + eps; rows of masked tokens are 0).
 
     Initial slots are ``mu + exp(log_sigma) * noise`` with learnable ``mu``, ``log_sigma`` (1, 1, dim); the
-    noise is the given ``noise``, else N(0, 1) in train mode and 0 (the mean) in eval mode. Each iteration:
+    noise is the given ``noise``, else N(0, 1) from ``generator`` in train mode and 0 (the mean) in eval mode.
+    Each iteration:
     ``q = W_q LN(slots)``; ``logits = k.q / (sqrt(dim) * temperature * temp_schedule(t))``; softmax over
     slots (slots compete for tokens), + eps, masked tokens set to 0, renormalised over tokens; updates =
     weighted mean of v; ``slots = GRU(updates, slots)``; ``slots += MLP(LN(slots))``; with ``competition``
@@ -66,21 +67,22 @@ class SlotAttention(nn.Module):
         self.competition = (nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1))
                             if competition else None)
 
-    def initial_slots(self, n: int, noise: Tensor | None = None) -> Tensor:
+    def initial_slots(self, n: int, noise: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
         mu = self.slots_mu.expand(n, self.num_slots, self.dim)
         if noise is None:
             if not self.training:
                 return mu
-            noise = torch.randn_like(mu)
+            noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
         return mu + torch.exp(self.slots_log_sigma) * noise
 
-    def forward(self, inputs: Tensor, mask: Tensor | None = None, noise: Tensor | None = None):
+    def forward(self, inputs: Tensor, mask: Tensor | None = None, noise: Tensor | None = None,
+                generator: torch.Generator | None = None):
         n, m, d = inputs.shape
         k_slots = self.num_slots
         x = self.norm_inputs(inputs)
         k, v = self.to_k(x), self.to_v(x)
         keep = None if mask is None else mask.unsqueeze(-1).to(inputs.dtype)       # (N, M, 1)
-        slots = self.initial_slots(n, noise)
+        slots = self.initial_slots(n, noise, generator)
         attn = inputs.new_zeros(n, m, k_slots)
         for t in range(self.num_iterations):
             prev = slots
@@ -189,6 +191,14 @@ def build_gates(surrogate, dim: int) -> VarianceGates:
     c = surrogate.cfg
     return VarianceGates(dim, c.hidden_dim, surrogate.hinge_level, c.var_eps, c.snr_thresh, c.snr_sharp,
                          c.softplus_beta, c.margin)
+
+
+def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator) -> Tensor:
+    """Inverted dropout drawing its mask from ``generator`` (``F.dropout`` can only use the global RNG)."""
+    if not training or p == 0:
+        return x
+    keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) >= p
+    return x * keep / (1 - p)
 
 
 def class_positions(y: Tensor, num_classes: int) -> Tensor:

@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows
-from .layers import SlotAttention
+from .layers import SlotAttention, dropout
 
 VAR_FLOOR = 1e-4        # seed 001: sigma^2 = Var + 1e-4, hinge at log(1e-4)
 LOG_EPS = 1e-8          # seed 001: log(sigma^2 + 1e-8)
@@ -69,9 +69,11 @@ class SerialEnhanced(Surrogate):
         self.slot_attn = SlotAttention(h, self.k, c.num_iterations, temperature=1.0, temp_schedule=anneal,
                                        competition=True)
         self.cross = nn.MultiheadAttention(h, c.num_heads, batch_first=True)
-        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(h), nn.LayerNorm(h), nn.LayerNorm(h)
-        self.ffn = nn.Sequential(nn.Linear(h, 4 * h), nn.GELU(), nn.Dropout(c.dropout), nn.Linear(4 * h, h),
-                                 nn.Dropout(c.dropout))
+        # norm3's affine scale is the one path by which a maximising estimator could grow the variance of
+        # y without bound, so under cem.estimator_fit=adversarial y is layer-normalised without it.
+        self.norm1, self.norm2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.norm3 = nn.LayerNorm(h, elementwise_affine=not self.adversarial)
+        self.ffn_in, self.ffn_out = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
 
     # ---------------------------------------------------------------------------- the stages (per sample)
     def gated_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +86,8 @@ class SerialEnhanced(Surrogate):
         """Step 4: enhanced features y (B, h) of tokens u (B, h) attending to their slots (B, K, h)."""
         attended, _ = self.cross(u.unsqueeze(1), slots, slots, need_weights=False)
         y1 = self.norm1(u + attended.squeeze(1))
-        y2 = self.norm2(y1 + self.ffn(y1))
+        drop = lambda t: dropout(t, self.cfg.dropout, self.training, self.rng(t.device))  # noqa: E731
+        y2 = self.norm2(y1 + drop(self.ffn_out(drop(F.gelu(self.ffn_in(y1))))))
         return self.norm3(u + y2)
 
     @staticmethod
@@ -105,7 +108,7 @@ class SerialEnhanced(Surrogate):
         b = x.shape[0]
         u, gate = self.gated_tokens(x)
         padded, mask, counts = group_by_class(u, y, g)                 # (G, B, h), (G, B), (G,)
-        class_slots, _ = self.slot_attn(padded, mask)                  # (G, K, h): slots per class
+        class_slots, _ = self.slot_attn(padded, mask, generator=self.rng(x.device))                  # (G, K, h): slots per class
         slots = rows(class_slots, y)                                         # (B, K, h): each sample's class slots
         feat = self.enhance(u, slots)                                  # (B, h)
         assign = self.distance(feat, slots).detach().argmin(1)         # hard clustering, no gradient

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..config import ConfigError
 from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows
 from .layers import GatedCrossAttention, SlotAttention, build_gates, class_positions
 
@@ -42,6 +43,13 @@ class SlotCross(Surrogate):
     defaults = {"cem.loss_scale": 0.25, "cem.warmup_epochs": 3, "cem.grad_mode": "inject", "cem.num_slots": 8,
                 "cem.num_iterations": 3, "cem.num_heads": 4, "cem.stats_on": "raw"}
     stats_on_choices = ("raw", "enhanced")
+
+    @classmethod
+    def check(cls, cem) -> None:
+        if cem.estimator_fit == "adversarial" and cem.stats_on == "enhanced":
+            raise ConfigError("cem.stats_on: 'enhanced' statistics live in a learned space whose scale the "
+                              "estimator could grow without bound under cem.estimator_fit=adversarial; "
+                              "allowed with adversarial: raw (or use cem.estimator_fit=joint)")
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)
@@ -72,7 +80,7 @@ class SlotCross(Surrogate):
         x = z.flatten(1)
         b_sz = x.shape[0]
         padded, mask, counts = group_by_class(self.tokens(x), y, g_cls)            # (G, B, h), (G, B), (G,)
-        slots, _ = self.slot_attn(padded, mask, noise=slot_noise)                   # (G, K, h)
+        slots, _ = self.slot_attn(padded, mask, noise=slot_noise, generator=self.rng(x.device))                   # (G, K, h)
         y_tok = self.cross(padded, slots, mask)                                     # (G, B, h)
         resp = self.responsibilities(y_tok, slots)                                  # (G, B, K)
 
