@@ -76,9 +76,14 @@ def reference_attention_centroid(sur, z, y, noise) -> torch.Tensor:
         for j in members:
             d = ((embeds[j] - centroids) ** 2).sum(-1) / h
             k = int(d.argmin())
-            clusters.setdefault(k, []).append(d[k])
+            clusters.setdefault(k, []).append((j, d[k]))
         loss_c = 0.0
-        for dists in clusters.values():
+        for cell in clusters.values():
+            if sur.cfg.estimator_fit == "adversarial":             # spread around the cell's own mean embedding
+                fs = torch.stack([embeds[j] for j, _ in cell])
+                dists = list(((fs - fs.mean(0)) ** 2).sum(-1) / h)
+            else:                                                 # seed 000: distance to the slot centroid
+                dists = [d for _, d in cell]
             var = torch.stack(dists).mean()
             loss_c = loss_c + len(dists) / len(members) * torch.log(var + rho2)
         losses.append(loss_c)

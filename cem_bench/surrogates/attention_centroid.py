@@ -25,12 +25,17 @@ matmul, cluster sums by ``index_add_`` over flat (class, slot) cells; no host sy
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, intra_class_mse, register, rows
+from .base import Surrogate, SurrogateOut, intra_class_mse, register, rows, soft_cell_stats
 from .layers import SlotAttention
+
+
+ASSIGN_BETA_INIT = 10.0   # soft cells of the adversarial fit: distances of order 0.1 give clear, not hard, cells
 
 
 @register("attention_centroid")
@@ -49,18 +54,15 @@ class AttentionCentroid(Surrogate):
         self.proj = nn.Linear(channels, self.h)                         # C -> h, per spatial token
         self.slot_attn = SlotAttention(self.h, self.k, c.num_iterations)
         self.cross = nn.MultiheadAttention(self.h, c.num_heads, batch_first=True)
+        if self.adversarial:   # sharpness of the soft cells, learnable (as slot_cross's assignment beta)
+            self.log_assign_beta = nn.Parameter(torch.tensor(math.log(ASSIGN_BETA_INIT)))
 
     def embed(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots S (B, K, h) and sample embeddings f (B, h) of features z (B, C, H, W)."""
         tokens = self.proj(z.float().flatten(2).transpose(1, 2))      # (B, H*W, h)
         slots, _ = self.slot_attn(tokens, generator=self.rng(tokens.device))   # (B, K, h)
         attended, _ = self.cross(tokens, slots, slots, need_weights=False)
-        f = (tokens + attended).mean(1)
-        if self.adversarial:
-            # A maximising estimator would scale the projection up without bound (the log-variance grows
-            # with it); layer-normalised slots and embeddings keep every distance in [0, 4h].
-            slots, f = F.layer_norm(slots, (self.h,)), F.layer_norm(f, (self.h,))
-        return slots, f
+        return slots, (tokens + attended).mean(1)
 
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> SurrogateOut:
         g, k, h = self.num_classes, self.k, self.h
@@ -69,12 +71,20 @@ class AttentionCentroid(Surrogate):
         onehot = F.one_hot(y, g).to(f.dtype)                           # (B, G)
         counts = onehot.sum(0)                                         # (G,) M_c
         cents = (onehot.t() @ slots.reshape(b, k * h)).view(g, k, h) / counts.clamp(min=1).view(g, 1, 1)
-        sq = (f.unsqueeze(1) - rows(cents, y)).pow(2).sum(-1) / h            # (B, K) ||f_j - c_{y_j k}||^2 / h
-        assign = sq.detach().argmin(1)                                 # nearest own-class centroid
-        own = sq.gather(1, assign.unsqueeze(1)).squeeze(1)             # (B,) differentiable
-        cell = y * k + assign                                          # flat (class, slot)
-        n = f.new_zeros(g * k).index_add_(0, cell, f.new_ones(b)).view(g, k)
-        var = f.new_zeros(g * k).index_add_(0, cell, own).view(g, k) / n.clamp(min=1)
+        sq = (f.unsqueeze(1) - rows(cents, y)).pow(2).sum(-1) / h      # (B, K) ||f_j - c_{y_j k}||^2 / h
+        if self.adversarial:
+            # The estimate is the log-variance of the *raw* features in soft cells r = softmax(-beta * sq): the
+            # attention decides the cells, so ascending the estimate can only look for the partition with the
+            # most spread; it cannot grow a learned space (docs/estimators.md).
+            r = (-self.log_assign_beta.exp() * sq).softmax(1)
+            n, _, var_d = soft_cell_stats(z.flatten(1).float(), y, r, g)
+            var = var_d.mean(-1)                                       # (G, K) isotropic, as the seed
+        else:
+            assign = sq.detach().argmin(1)                             # nearest own-class centroid
+            own = sq.gather(1, assign.unsqueeze(1)).squeeze(1)         # (B,) seed 000: distance to the centroid
+            cell = y * k + assign                                      # flat (class, slot)
+            n = f.new_zeros(g * k).index_add_(0, cell, f.new_ones(b)).view(g, k)
+            var = f.new_zeros(g * k).index_add_(0, cell, own).view(g, k) / n.clamp(min=1)
         w = n / counts.clamp(min=1).unsqueeze(1)                       # assigned fraction; 0 for empty cells
         class_loss = (w * torch.log(var + self.rho2)).sum(1)           # (G,)
         counted = (counts >= 2).to(f.dtype)                            # classes with M_c < 2 contribute nothing
@@ -86,7 +96,7 @@ class AttentionCentroid(Surrogate):
                 "intra_mse": intra_class_mse(z.flatten(1), y, g),
                 "embed_intra_mse": intra_class_mse(f, y, g),           # spread of f in h-space
                 "cluster_var": ((w * var).sum(1) * counted).sum() / n_counted,
-                "active_slots": ((n > 0).to(f.dtype).sum(1) * counted).sum() / n_counted,
+                "active_slots": ((n > 0.5).to(f.dtype).sum(1) * counted).sum() / n_counted,
             }
         return SurrogateOut(loss, logs)
 

@@ -168,6 +168,22 @@ def rows(t: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor | None = None) ->
     return t.flatten(0, 1).index_select(0, idx * t.shape[1] + pos)
 
 
+def soft_cell_stats(x: torch.Tensor, y: torch.Tensor, r: torch.Tensor, num_classes: int, min_mass: float = 1e-12):
+    """Statistics of soft cells: each sample j of class y_j belongs to cell k of its class with weight r_jk.
+
+    ``x`` (B, S) rows, ``r`` (B, K) responsibilities (rows sum to 1). Returns ``mass`` (G, K) = sum_j r_jk,
+    ``mean`` (G, K, S) and the per-dimension ``var`` (G, K, S) = sum_j r_jk (x_j - mean_k)^2 / mass_k (two
+    passes: exact, differentiable in x and r). No host sync."""
+    g, k = num_classes, r.shape[1]
+    mass = x.new_zeros(g, k).index_add(0, y, r)
+    inv = (1.0 / mass.clamp(min=min_mass)).unsqueeze(-1)
+    rx = r.unsqueeze(-1) * x.unsqueeze(1)                                       # (B, K, S)
+    mean = x.new_zeros(g, k, x.shape[1]).index_add(0, y, rx) * inv
+    dev2 = r.unsqueeze(-1) * (x.unsqueeze(1) - rows(mean, y)).pow(2)
+    var = x.new_zeros(g, k, x.shape[1]).index_add(0, y, dev2) * inv
+    return mass, mean, var
+
+
 def intra_class_mse(x: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Mean over samples (of classes with >= 2 members) of the per-dimension mean squared distance to
     the class mean. ``x`` is (B, D). Detached; no host sync."""

@@ -33,12 +33,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows
+from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
 from .layers import SlotAttention, dropout
 
 VAR_FLOOR = 1e-4        # seed 001: sigma^2 = Var + 1e-4, hinge at log(1e-4)
 LOG_EPS = 1e-8          # seed 001: log(sigma^2 + 1e-8)
 COS_WEIGHT = 0.1        # seed 001: d = ||y - S||^2 - 0.1 * (1 - cos)
+ASSIGN_BETA_INIT = 1.0  # soft cells of the adversarial fit: d is a squared distance of LN'd h-vectors, O(h)
 
 
 def anneal(t: int) -> float:
@@ -69,10 +70,9 @@ class SerialEnhanced(Surrogate):
         self.slot_attn = SlotAttention(h, self.k, c.num_iterations, temperature=1.0, temp_schedule=anneal,
                                        competition=True)
         self.cross = nn.MultiheadAttention(h, c.num_heads, batch_first=True)
-        # norm3's affine scale is the one path by which a maximising estimator could grow the variance of
-        # y without bound, so under cem.estimator_fit=adversarial y is layer-normalised without it.
-        self.norm1, self.norm2 = nn.LayerNorm(h), nn.LayerNorm(h)
-        self.norm3 = nn.LayerNorm(h, elementwise_affine=not self.adversarial)
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(h), nn.LayerNorm(h), nn.LayerNorm(h)
+        if self.adversarial:   # sharpness of the soft cells, learnable (as slot_cross's assignment beta)
+            self.log_assign_beta = nn.Parameter(torch.tensor(math.log(ASSIGN_BETA_INIT)))
         self.ffn_in, self.ffn_out = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
 
     # ---------------------------------------------------------------------------- the stages (per sample)
@@ -111,7 +111,10 @@ class SerialEnhanced(Surrogate):
         class_slots, _ = self.slot_attn(padded, mask, generator=self.rng(x.device))                  # (G, K, h): slots per class
         slots = rows(class_slots, y)                                         # (B, K, h): each sample's class slots
         feat = self.enhance(u, slots)                                  # (B, h)
-        assign = self.distance(feat, slots).detach().argmin(1)         # hard clustering, no gradient
+        dist = self.distance(feat, slots)                              # (B, K)
+        if self.adversarial:
+            return self._raw_cells(x, y, counts, dist, gate, feat)
+        assign = dist.detach().argmin(1)                               # hard clustering, no gradient
         cell = y * k + assign                                          # flat (class, slot)
         n = feat.new_zeros(g * k).index_add_(0, cell, feat.new_ones(b))
         mean = feat.new_zeros(g * k, self.h).index_add_(0, cell, feat) / n.clamp(min=1).unsqueeze(1)
@@ -133,5 +136,31 @@ class SerialEnhanced(Surrogate):
                 "gate_mean": gate.mean(),                              # multi-scale gate G
                 "cluster_var": (w * (pi * (var - VAR_FLOOR).mean(1).view(g, k)).sum(1)).sum(),
                 "active_slots": (occupied.sum(1) * counted).sum() / n_counted,
+            }
+        return SurrogateOut(loss, logs)
+
+    def _raw_cells(self, x, y, counts, dist, gate, feat) -> SurrogateOut:
+        """cem.estimator_fit=adversarial: the enhanced features decide soft cells r = softmax(-beta * d); the
+        estimate is the hinge of the *raw* features' per-dimension variance in those cells at the common
+        level t = log(tau sigma^2 + gamma), so ascending it can only look for the partition with the most
+        spread, never grow a learned space (docs/estimators.md)."""
+        g = self.num_classes
+        r = (-self.log_assign_beta.exp() * dist).softmax(1)
+        mass, _, var = soft_cell_stats(x, y, r, g)                     # (G, K), (G, K, D)
+        info = F.relu(torch.log(var + self.cfg.var_eps) - self.hinge_level).mean(-1)   # (G, K)
+        pi = mass / counts.clamp(min=1).unsqueeze(1)
+        counted = (counts >= 2).to(x.dtype)
+        w = counts * counted / (counts * counted).sum().clamp(min=1)
+        loss = (w * (pi * info).sum(1)).sum()
+        with torch.no_grad():
+            n_counted = counted.sum().clamp(min=1)
+            logs = {
+                "rob_loss": loss.detach(),
+                "intra_mse": intra_class_mse(x, y, g),
+                "enh_intra_mse": intra_class_mse(feat, y, g),
+                "gate_mean": gate.mean(),
+                "cluster_var": (w * (pi * var.mean(-1)).sum(1)).sum(),
+                "active_slots": ((mass > 0.5).to(x.dtype).sum(1) * counted).sum() / n_counted,
+                "assign_beta": self.log_assign_beta.exp(),
             }
         return SurrogateOut(loss, logs)

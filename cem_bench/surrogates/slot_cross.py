@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ConfigError
-from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows
+from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
 from .layers import GatedCrossAttention, SlotAttention, build_gates, class_positions
 
 ASSIGN_BETA_INIT = 10.0   # cosine logits in [-10, 10] at the start: clearly, not hard, assigned
@@ -87,12 +87,7 @@ class SlotCross(Surrogate):
         pos = class_positions(y, g_cls)                                             # back to the samples
         r = rows(resp, y, pos)                                                            # (B, K)
         s = x if c.stats_on == "raw" else rows(y_tok, y, pos)                             # (B, S)
-        mass = x.new_zeros(g_cls, r.shape[1]).index_add(0, y, r)                   # (G, K)
-        inv_mass = 1.0 / mass.clamp(min=MIN_MASS)
-        rs = r.unsqueeze(-1) * s.unsqueeze(1)                                       # (B, K, S)
-        mu = x.new_zeros(g_cls, *rs.shape[1:]).index_add(0, y, rs) * inv_mass.unsqueeze(-1)
-        dev2 = r.unsqueeze(-1) * (s.unsqueeze(1) - rows(mu, y)).pow(2)
-        var = x.new_zeros(g_cls, *rs.shape[1:]).index_add(0, y, dev2) * inv_mass.unsqueeze(-1)
+        mass, mu, var = soft_cell_stats(s, y, r, g_cls, MIN_MASS)                   # (G, K), (G, K, S) x 2
         gate = self.gates(mu, var)                                                  # term (G, K)
 
         share = (mass / counts.clamp(min=1).unsqueeze(1)).clamp(min=MIN_MASS).pow(c.slot_power)
