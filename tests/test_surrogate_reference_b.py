@@ -61,17 +61,26 @@ def reference_attention_centroid(sur, z, y, noise) -> torch.Tensor:
         tokens = sur.proj(z[j].float().reshape(z.shape[1], -1).t()).unsqueeze(0)   # (1, H*W, h)
         s, _ = sur.slot_attn(tokens, None, noise[j : j + 1])
         attended, _ = sur.cross(tokens, s, s)
-        f = (tokens + attended)[0].mean(0)
-        if sur.cfg.estimator_fit == "adversarial":         # bounded space: layer-normalised slots and embeddings
-            s, f = F.layer_norm(s, (h,)), F.layer_norm(f, (h,))
         slots.append(s[0])
-        embeds.append(f)
+        embeds.append((tokens + attended)[0].mean(0))
     losses = []
     for c in y.unique().tolist():
         members = [j for j in range(len(y)) if y[j] == c]
         if len(members) < 2:
             continue
         centroids = torch.stack([slots[j] for j in members]).mean(0)           # (K, h)
+        if sur.cfg.estimator_fit == "adversarial":   # soft cells from the distances, raw-feature variances
+            beta = sur.log_assign_beta.exp()
+            loss_c = 0.0
+            for k in range(centroids.shape[0]):
+                r = torch.stack([torch.softmax(-beta * ((embeds[j] - centroids) ** 2).sum(-1) / h, 0)[k]
+                                 for j in members])
+                xs = torch.stack([z[j].flatten().float() for j in members])
+                mu = (r[:, None] * xs).sum(0) / r.sum()
+                var = ((r[:, None] * (xs - mu) ** 2).sum(0) / r.sum()).mean()
+                loss_c = loss_c + r.sum() / len(members) * torch.log(var + rho2)
+            losses.append(loss_c)
+            continue
         clusters: dict[int, list] = {}
         for j in members:
             d = ((embeds[j] - centroids) ** 2).sum(-1) / h
@@ -105,6 +114,27 @@ def reference_serial_enhanced(sur, z, y, noise) -> torch.Tensor:
         u = torch.stack(u)                                                   # (M_c, h)
         slots, _ = sur.slot_attn(u.unsqueeze(0), None, noise[c : c + 1])   # only this class's members
         slots = slots[0]                                                     # (K, h)
+        if sur.cfg.estimator_fit == "adversarial":   # soft cells from the distances, raw-feature variances
+            t = math.log(sur.cfg.var_threshold * sur.noise_std ** 2 + sur.cfg.var_eps)
+            d = []
+            for i in range(len(members)):
+                attended, _ = sur.cross(u[i].view(1, 1, -1), slots.unsqueeze(0), slots.unsqueeze(0))
+                y1 = sur.norm1(u[i] + attended.view(-1))
+                y2 = sur.norm2(y1 + sur.ffn_out(torch.nn.functional.gelu(sur.ffn_in(y1))))
+                feat = sur.norm3(u[i] + y2)
+                d.append(torch.stack([((feat - s) ** 2).sum() - 0.1 * (1 - F.cosine_similarity(feat, s, dim=0))
+                                      for s in slots]))
+            r = torch.softmax(-sur.log_assign_beta.exp() * torch.stack(d), 1)        # (M_c, K)
+            xs = x[members]
+            loss_c = 0.0
+            for k in range(slots.shape[0]):
+                mu = (r[:, k:k + 1] * xs).sum(0) / r[:, k].sum()
+                var = (r[:, k:k + 1] * (xs - mu) ** 2).sum(0) / r[:, k].sum()
+                info = F.relu(torch.log(var + sur.cfg.var_eps) - t).mean()
+                loss_c = loss_c + r[:, k].sum() / len(members) * info
+            per_class.append(loss_c)
+            sizes.append(len(members))
+            continue
         clusters: dict[int, list] = {}
         for i in range(len(members)):
             attended, _ = sur.cross(u[i].view(1, 1, -1), slots.unsqueeze(0), slots.unsqueeze(0))
