@@ -83,6 +83,11 @@ def lr_at(cfg: TrialConfig, epoch: int) -> float:
     return cfg.train.lr * cfg.train.gamma ** k
 
 
+def estimator_sign(estimator_fit: str) -> float:
+    """The sign with which the surrogate's own parameters descend the CEM loss: -1 = ascend (adversarial)."""
+    return -1.0 if estimator_fit == "adversarial" else 1.0
+
+
 def inject_scale(lr: float) -> float:
     """s(eta) of the paper's gradient injection."""
     return 0.001 / lr if lr >= INJECT_LR_KNEE else 1.0
@@ -189,7 +194,8 @@ class Trainer:
             # The surrogate's own gradient is then scale * dL/dtheta. joint keeps it (fused, as the seeds) or
             # divides the scale out (inject: g_CEM); adversarial turns it into -dL/dtheta (gradient ascent).
             # Adam is invariant to a constant scale, so only the sign matters.
-            factor = -1.0 / scale if self.cfg.cem.estimator_fit == "adversarial" else (1.0 if fused else 1.0 / scale)
+            sign = estimator_sign(self.cfg.cem.estimator_fit)
+            factor = 1.0 if (fused and sign > 0) else sign / scale
             for p in self.surrogate_params:
                 if p.grad is not None:
                     if factor != 1.0:
