@@ -78,7 +78,8 @@ def reference_attention_centroid(sur, z, y, noise) -> torch.Tensor:
                 xs = torch.stack([z[j].flatten().float() for j in members])
                 mu = (r[:, None] * xs).sum(0) / r.sum()
                 var = ((r[:, None] * (xs - mu) ** 2).sum(0) / r.sum()).mean()
-                loss_c = loss_c + r.sum() / len(members) * torch.log(var + rho2)
+                t = math.log(sur.cfg.var_threshold * sur.noise_std ** 2 + sur.cfg.var_eps)
+                loss_c = loss_c + r.sum() / len(members) * F.relu(torch.log(var + sur.cfg.var_eps) - t)
             losses.append(loss_c)
             continue
         clusters: dict[int, list] = {}

@@ -73,20 +73,24 @@ class AttentionCentroid(Surrogate):
         cents = (onehot.t() @ slots.reshape(b, k * h)).view(g, k, h) / counts.clamp(min=1).view(g, 1, 1)
         sq = (f.unsqueeze(1) - rows(cents, y)).pow(2).sum(-1) / h      # (B, K) ||f_j - c_{y_j k}||^2 / h
         if self.adversarial:
-            # The estimate is the log-variance of the *raw* features in soft cells r = softmax(-beta * sq): the
-            # attention decides the cells, so ascending the estimate can only look for the partition with the
-            # most spread; it cannot grow a learned space (docs/estimators.md).
+            # The estimate is the hinged log-variance of the *raw* features in soft cells r = softmax(-beta*sq):
+            # the attention decides the cells, so ascending the estimate can only look for the partition with
+            # the most spread; it cannot grow a learned space. The hinge sits at the common level t: the seed's
+            # log(var + rho^2) has none relative to sigma and drove raw features to a constant at lambda = 16
+            # (docs/estimators.md).
             r = (-self.log_assign_beta.exp() * sq).softmax(1)
             n, _, var_d = soft_cell_stats(z.flatten(1).float(), y, r, g)
             var = var_d.mean(-1)                                       # (G, K) isotropic, as the seed
+            w = n / counts.clamp(min=1).unsqueeze(1)
+            class_loss = (w * F.relu(torch.log(var + self.cfg.var_eps) - self.hinge_level)).sum(1)
         else:
             assign = sq.detach().argmin(1)                             # nearest own-class centroid
             own = sq.gather(1, assign.unsqueeze(1)).squeeze(1)         # (B,) seed 000: distance to the centroid
             cell = y * k + assign                                      # flat (class, slot)
             n = f.new_zeros(g * k).index_add_(0, cell, f.new_ones(b)).view(g, k)
             var = f.new_zeros(g * k).index_add_(0, cell, own).view(g, k) / n.clamp(min=1)
-        w = n / counts.clamp(min=1).unsqueeze(1)                       # assigned fraction; 0 for empty cells
-        class_loss = (w * torch.log(var + self.rho2)).sum(1)           # (G,)
+            w = n / counts.clamp(min=1).unsqueeze(1)                   # assigned fraction; 0 for empty cells
+            class_loss = (w * torch.log(var + self.rho2)).sum(1)       # (G,)
         counted = (counts >= 2).to(f.dtype)                            # classes with M_c < 2 contribute nothing
         n_counted = counted.sum().clamp(min=1)
         loss = (class_loss * counted).sum() / n_counted
