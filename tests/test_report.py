@@ -1,4 +1,4 @@
-"""report.py from small Parquet fixtures written here: files, HTML sections, escaping, the front."""
+"""cem_bench.report from small Parquet fixtures written here: files, HTML sections, escaping, the front."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 from matplotlib.image import imsave
 
-from cem_bench.report import build_report, load_results, summary_sentence
+from cem_bench import surrogates
+from cem_bench.errors import ResultsError
+from cem_bench.report import build_report, load_results, plot_param_effects, summary_sentence, surrogate_keys
 
 SURROGATES = ["gmm", "gated_attention", "slot_cross"]
 ERROR_TEXT = "ValueError: shape <1, 2> & 'mask' failed"
@@ -273,8 +275,11 @@ def test_all_trials_errored(tmp_path):
 
 
 def _fake_results_module(monkeypatch, write_tables):
+    from cem_bench import results
+
     mod = types.ModuleType("cem_bench.results")
     mod.write_tables = write_tables
+    mod.ray_trials, mod._is_trial_dir = results.ray_trials, results._is_trial_dir  # is it an experiment?
     monkeypatch.setitem(sys.modules, "cem_bench.results", mod)
     import cem_bench
 
@@ -283,8 +288,9 @@ def _fake_results_module(monkeypatch, write_tables):
 
 def test_missing_trials_table_is_built_or_explained(tmp_path, monkeypatch):
     fixture = write_results(tmp_path / "fixture", n=3, baseline=1, errors=0, vary_params=False)
-    empty = tmp_path / "empty"
-    empty.mkdir()
+    empty = tmp_path / "empty"  # a Ray experiment without its tables: one trial folder
+    (empty / "cem_trial_aaaa0001_1_lambd=1").mkdir(parents=True)
+    (empty / "cem_trial_aaaa0001_1_lambd=1" / "params.json").write_text("{}")
 
     def failing(results_dir):
         raise RuntimeError("no Ray experiment here")
@@ -316,3 +322,130 @@ def test_summary_when_no_cem_trial_matches_the_baseline(tmp_path):
     summary = summary_sentence(load_results(root))
     assert summary.startswith("No CEM trial reaches test_acc within 1 point of the best λ=0 baseline (0.999")
     assert "the closest is trial" in summary
+
+
+# ---------------------------------------------------------------- folders that are not results
+def _snapshot(folder: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+def _unrelated(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "notes.txt").write_text("shopping list\n")
+    (folder / "photos").mkdir()
+    (folder / "photos" / "cat.txt").write_text("not a trial\n")
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "unrelated", "a file"])
+def test_a_folder_that_is_not_results_is_a_clear_error_and_nothing_is_written(tmp_path, kind):
+    folder = tmp_path / "folder"
+    if kind == "empty":
+        folder.mkdir()
+    elif kind == "unrelated":
+        _unrelated(folder)
+    elif kind == "a file":
+        folder.write_text("trials\n")
+    before = _snapshot(tmp_path)
+    for call in (lambda: load_results(folder), lambda: build_report(folder),
+                 lambda: build_report(str(folder), str(tmp_path / "out"))):  # fmt: skip
+        with pytest.raises(ResultsError) as info:
+            call()
+        msg = str(info.value)
+        assert str(folder) in msg and "trials.parquet" in msg and "cem-bench search" in msg, msg
+        assert _snapshot(tmp_path) == before  # no tables, no report, no out folder
+    if kind == "missing":
+        assert "no such folder" in str(info.value)
+
+
+def test_cli_report_on_a_folder_that_is_not_results_exits_2(tmp_path, capsys):
+    from cem_bench import cli
+
+    folder = _unrelated(tmp_path / "folder")
+    before = _snapshot(tmp_path)
+    for target in (tmp_path / "no" / "such" / "dir", folder):
+        assert cli.main(["report", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert str(target) in err and "Traceback" not in err
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_ray_experiment_state_without_trial_folders_is_accepted(tmp_path):
+    """build_tables reads a folder with only Ray's experiment state (trials created but never started)."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    trial = json.dumps({"trial_id": "aaaa0001", "status": "PENDING", "relative_logdir": None, "config": {}})
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": [[trial, "{}"]]}))
+    res = load_results(exp)
+    assert list(res.trials["trial_id"]) == ["aaaa0001"] and not res.trials["_ok"].any()
+    assert (exp / "trials.parquet").is_file()
+
+
+# ---------------------------------------------------------------- parameter effects: only the users of a key
+def _gmm_and_slot_cross(root: Path) -> Path:
+    """gmm and slot_cross trials, and gmm rows carrying the unused defaults of num_slots and snr_thresh."""
+    write_results(root, n=12, surrogates=["gmm", "slot_cross"], baseline=2, errors=1, epochs=False, recon=False)
+    trials = pd.read_parquet(root / "trials.parquet")
+    gmm = trials["config.cem.surrogate"] == "gmm"
+    trials.loc[gmm, "config.cem.num_slots"] = 8.0
+    trials.loc[gmm, "config.cem.snr_thresh"] = 0.5
+    trials.to_parquet(root / "trials.parquet")
+    return root
+
+
+def _drawn(monkeypatch, res, param, path) -> dict[str, list[float]]:
+    """The x values plot_param_effects scatters, per legend label (first objective's panel)."""
+    from matplotlib.axes import Axes
+
+    calls: list[tuple[object, str, list[float]]] = []
+    original = Axes.scatter
+
+    def scatter(self, x, y, *args, **kwargs):
+        calls.append((self, kwargs.get("label"), sorted(np.asarray(x, dtype=float))))
+        return original(self, x, y, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "scatter", scatter)
+    plot_param_effects(res, param, path)
+    monkeypatch.setattr(Axes, "scatter", original)
+    return {label: xs for ax, label, xs in calls if ax is calls[0][0]}
+
+
+def test_param_effects_draw_only_the_trials_whose_surrogate_uses_the_key(tmp_path, monkeypatch):
+    root = _gmm_and_slot_cross(tmp_path / "res")
+    res = load_results(root)
+    ok = res.ok.dropna(subset=res.metrics[:1])
+    n_slot = int(((ok["_surrogate"] == "slot_cross") & ~ok["_baseline"]).sum())
+    n_gmm = int(((ok["_surrogate"] == "gmm") & ~ok["_baseline"]).sum())
+    n_base = int(ok["_baseline"].sum())
+    assert n_slot and n_gmm and n_base
+
+    for param in ("config.cem.num_slots", "config.cem.snr_thresh"):
+        drawn = _drawn(monkeypatch, res, param, tmp_path / "p.png")
+        assert set(drawn) == {"slot_cross"}, (param, drawn)  # no gmm points at the unused default, no baseline
+        slot = ok[(ok["_surrogate"] == "slot_cross") & ~ok["_baseline"]]
+        assert drawn["slot_cross"] == sorted(slot[param])
+    for param in ("config.cem.lambd", "config.defense.noise_std"):
+        drawn = _drawn(monkeypatch, res, param, tmp_path / "p.png")
+        assert {k: len(v) for k, v in drawn.items()} == {"gmm": n_gmm, "slot_cross": n_slot, "λ=0 baseline": n_base}
+
+    # the figures of the report follow the same rule
+    text = check_common(build_report(root))
+    for p in ["cem.lambd", "defense.noise_std", "cem.num_slots", "cem.snr_thresh"]:
+        assert f'src="params_{p}.png"' in text
+
+
+def test_a_key_with_one_value_among_its_users_gets_no_figure(tmp_path):
+    root = _gmm_and_slot_cross(tmp_path / "res")
+    trials = pd.read_parquet(root / "trials.parquet")
+    trials.loc[trials["config.cem.surrogate"] == "slot_cross", "config.cem.num_slots"] = 4.0  # gmm rows hold 8
+    trials.to_parquet(root / "trials.parquet")
+    text = check_common(build_report(root))
+    assert "params_cem.num_slots.png" not in text and not (root / "report" / "params_cem.num_slots.png").exists()
+
+
+def test_surrogate_keys_prefer_the_registry(monkeypatch):
+    assert "config.cem.num_slots" in surrogate_keys("slot_cross")
+    assert "config.cem.num_slots" not in surrogate_keys("gmm")
+    assert surrogate_keys("no_such_surrogate") is None  # unknown: drawn for every key
+    monkeypatch.setattr(surrogates.get("gmm"), "keys", ("cem.num_slots", "num_clusters"), raising=False)
+    assert surrogate_keys("gmm") == {"config.cem.num_slots", "config.cem.num_clusters"}

@@ -1,0 +1,50 @@
+"""Plots (matplotlib) and the self-contained HTML report of a results folder.
+
+``build_report(results_dir)`` reads ``trials.parquet`` (built from the Ray experiment when missing; and, when
+present, ``epochs.parquet``, ``search_space.json`` and each trial's ``recon.png``) and writes into
+``results_dir/report``:
+
+* ``frontier_<metric>.png``: the first objective (utility) against each privacy metric / objective
+* ``hypervolume.png``: hypervolume after each completed trial, overall and per surrogate
+* ``params_<key>.png``: each objective against each main searched parameter (the trials whose surrogate
+  uses it; λ = 0 baselines only for λ and σ)
+* ``training_curves.png``: per-epoch curves of the front's trials
+* ``galleries/<trial>.png``: reconstruction galleries of the front and of the best λ=0 baseline
+* ``frontier.csv``: the front's trials (all columns)
+* ``index.html``: everything above, relative links only, inline CSS, no external resources
+
+A folder that does not exist, or holds neither ``trials.parquet`` nor a Ray experiment of ``cem-bench
+search``, raises ``cem_bench.errors.ResultsError`` before anything is written.
+
+Modules: ``load`` (reading, the conventions), ``plots`` (figures), ``summary`` (text and tables),
+``page`` (``build_report`` and ``templates/index.html.j2``).
+"""
+
+from cem_bench.schema import DEFAULT_OBJECTIVES, PRIVACY_MODES, load_objectives
+
+from .load import MAIN_PARAMS, Results, add_pareto_ranks, best_baseline, front_of, load_results
+from .page import build_report, copy_galleries
+from .plots import plot_frontier, plot_hypervolume, plot_param_effects, plot_training_curves, surrogate_keys
+from .summary import format_value, html_table, summary_sentence
+
+__all__ = [
+    "DEFAULT_OBJECTIVES",
+    "PRIVACY_MODES",
+    "MAIN_PARAMS",
+    "Results",
+    "build_report",
+    "load_results",
+    "load_objectives",
+    "add_pareto_ranks",
+    "best_baseline",
+    "front_of",
+    "plot_frontier",
+    "plot_hypervolume",
+    "plot_param_effects",
+    "plot_training_curves",
+    "copy_galleries",
+    "summary_sentence",
+    "surrogate_keys",
+    "html_table",
+    "format_value",
+]

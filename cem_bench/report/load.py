@@ -1,0 +1,236 @@
+"""Reading a results folder: ``trials.parquet`` (rebuilt from the Ray experiment when missing),
+``epochs.parquet`` and ``search_space.json``, normalised into a ``Results``.
+
+Conventions: a trial is "ok" when ``status == "ok"``; the front is recomputed over the ok trials with
+the search objectives (``pareto_rank`` 0; -1 for errored trials and trials with a NaN objective);
+λ = 0 trials (``config.cem.lambd == 0``) are the baseline and are not counted as any surrogate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cem_bench.errors import ResultsError
+from cem_bench.frontier import pareto_mask
+from cem_bench.schema import (COST_COLUMNS, EPOCHS_FILE, OBJECTIVE_METRICS, SPACE_FILE, TRIALS_FILE,
+                              load_objectives, rank_table)
+from cem_bench.storage import Dir, is_uri
+
+MAIN_PARAMS: list[str] = [
+    "config.cem.lambd",
+    "config.defense.noise_std",
+    "config.cem.num_slots",
+    "config.cem.num_iterations",
+    "config.cem.snr_thresh",
+    "config.cem.softplus_beta",
+]
+
+# the metric columns the report reads (objectives and costs; schema.py owns the lists)
+METRIC_COLUMNS: list[str] = list(OBJECTIVE_METRICS + COST_COLUMNS)
+
+SURROGATE_COL = "config.cem.surrogate"
+LAMBD_COL = "config.cem.lambd"
+NOISE_COL = "config.defense.noise_std"
+BASELINE_LABEL = "λ=0 baseline"
+NO_SURROGATE = "(none)"
+
+VALID_FOLDER = (
+    f"a results folder holds {TRIALS_FILE} (and optionally {EPOCHS_FILE} and {SPACE_FILE}), or is an experiment "
+    f"folder written by `cem-bench search` (Ray's experiment_state-*.json and one sub-folder per trial), from "
+    f"which {TRIALS_FILE} is built"
+)
+
+
+@dataclass
+class Results:
+    """Everything the report needs from a results folder."""
+
+    results_dir: Path
+    experiment: str
+    objectives: list[dict]
+    trials: pd.DataFrame  # all trials, with recomputed ``pareto_rank`` and helper columns
+    epochs: pd.DataFrame | None
+    surrogates: list[str] = field(default_factory=list)  # sorted, baseline excluded
+    colors: dict[str, tuple] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        return self.trials[self.trials["_ok"]]
+
+    @property
+    def front(self) -> pd.DataFrame:
+        first = self.objectives[0]
+        front = self.trials[self.trials["pareto_rank"] == 0]
+        return front.sort_values(first["metric"], ascending=first["mode"] == "min", kind="stable")
+
+    @property
+    def modes(self) -> list[str]:
+        return [o["mode"] for o in self.objectives]
+
+    @property
+    def metrics(self) -> list[str]:
+        return [o["metric"] for o in self.objectives]
+
+
+def check_results_dir(results_dir: str | Path) -> Path:
+    """``results_dir`` as a Path; ResultsError (nothing written) unless it is a folder that holds
+    ``trials.parquet`` or a Ray experiment of ``cem-bench search`` (trial folders or an experiment state)."""
+    if is_uri(results_dir):
+        raise ResultsError(f"{results_dir}: `cem-bench report` reads a local folder; copy the experiment here "
+                           f"first (e.g. `aws s3 sync {results_dir} ./{Path(str(results_dir)).name}`)")
+    path = Path(results_dir)
+    if not path.exists():
+        raise ResultsError(f"{path}: no such folder; {VALID_FOLDER}")
+    if not path.is_dir():
+        raise ResultsError(f"{path} is not a folder; {VALID_FOLDER}")
+    if (path / TRIALS_FILE).is_file():
+        return path
+    from cem_bench import results  # lazy: reading Ray folders is only needed without trials.parquet
+
+    exp = Dir(path)
+    has_state = results.ray_trials(exp) is not None
+    if not has_state and not any(results._is_trial_dir(exp, d) for d in exp.subdirs()):
+        raise ResultsError(f"{path} holds neither {TRIALS_FILE} nor a Ray experiment written by `cem-bench search` "
+                           f"(no experiment_state-*.json, no trial folder); {VALID_FOLDER}")
+    return path
+
+
+def _read_trials(results_dir: Path) -> pd.DataFrame:
+    path = results_dir / TRIALS_FILE
+    if not path.is_file():
+        try:
+            from cem_bench.results import write_tables  # lazy: results.py reads Ray folders
+
+            write_tables(results_dir)
+        except Exception as exc:  # noqa: BLE001 - any failure means: no table to report on
+            raise FileNotFoundError(
+                f"{path} is missing and could not be created from the Ray experiment folder ({exc!r}). "
+                f"Create it with cem_bench.results.write_tables({str(results_dir)!r}) "
+                f"or point `cem-bench report` at a folder written by `cem-bench search`."
+            ) from exc
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} is missing and cem_bench.results.write_tables did not create it; "
+                f"is {results_dir} a folder written by `cem-bench search`?"
+            )
+    return pd.read_parquet(path)
+
+
+def _read_epochs(results_dir: Path) -> pd.DataFrame | None:
+    path = results_dir / EPOCHS_FILE
+    if not path.is_file():
+        return None
+    epochs = pd.read_parquet(path)
+    if epochs.empty or "trial_id" not in epochs or "epoch" not in epochs:
+        return None
+    epochs = epochs.copy()
+    epochs["trial_id"] = epochs["trial_id"].astype(str)
+    return epochs
+
+
+def _numeric(series: pd.Series) -> pd.Series:
+    return pd.to_numeric(series, errors="coerce").astype(float)
+
+
+def add_pareto_ranks(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFrame:
+    """Recompute ``pareto_rank`` over ok trials (errored trials and NaN objectives get -1)."""
+    trials = trials.copy()
+    ok = trials["_ok"].to_numpy() if "_ok" in trials else None
+    trials["pareto_rank"] = rank_table(trials, objectives, ok).astype(int)
+    return trials
+
+
+def load_results(results_dir: str | Path) -> Results:
+    """Read and normalise a results folder (see the module docstring for the conventions).
+
+    Raises ResultsError, before writing anything, when the folder does not exist or holds neither
+    ``trials.parquet`` nor a Ray experiment of ``cem-bench search``."""
+    results_dir = check_results_dir(results_dir)
+    objectives, name = load_objectives(results_dir)
+    trials = _read_trials(results_dir).copy().reset_index(drop=True)
+
+    if "trial_id" not in trials:
+        trials["trial_id"] = [f"trial_{i}" for i in range(len(trials))]
+    trials["trial_id"] = trials["trial_id"].astype(str)
+    if "status" not in trials:
+        trials["status"] = "ok"
+    trials["status"] = trials["status"].fillna("error").astype(str)
+    trials["_ok"] = trials["status"].str.lower() == "ok"
+    for col in set(METRIC_COLUMNS) | {o["metric"] for o in objectives}:
+        if col not in trials:
+            trials[col] = np.nan
+        trials[col] = _numeric(trials[col])
+    for col in MAIN_PARAMS:
+        if col in trials:
+            trials[col] = _numeric(trials[col])
+
+    if SURROGATE_COL in trials:
+        surrogate = trials[SURROGATE_COL].astype(object).where(trials[SURROGATE_COL].notna(), NO_SURROGATE)
+        trials["_surrogate"] = surrogate.astype(str)
+    else:
+        trials["_surrogate"] = NO_SURROGATE
+    if LAMBD_COL in trials:
+        trials["_baseline"] = (trials[LAMBD_COL] == 0).fillna(False).astype(bool)
+    else:
+        trials["_baseline"] = False
+    trials["_label"] = trials["_surrogate"].where(~trials["_baseline"], BASELINE_LABEL)
+
+    finished = trials["finished_at"] if "finished_at" in trials else pd.Series(pd.NaT, index=trials.index)
+    trials["_finished"] = pd.to_datetime(finished, utc=True, errors="coerce", format="mixed")
+    # completion order: by finish time, unknown times last, table order breaks ties
+    unknown = trials["_finished"].isna().to_numpy()
+    trials["_order"] = np.argsort(np.lexsort((np.arange(len(trials)), _ns(trials["_finished"]), unknown)))
+
+    trials = add_pareto_ranks(trials, objectives)
+
+    # fill missing references from the data (the worst ok value), so a hypervolume always exists
+    for o in objectives:
+        if o.get("ref") is None:
+            vals = trials.loc[trials["_ok"], o["metric"]].dropna()
+            worst = (vals.min() if o["mode"] == "max" else vals.max()) if len(vals) else 0.0
+            o["ref"] = float(worst) - 1e-9 if o["mode"] == "max" else float(worst) + 1e-9
+        o["ref"] = float(o["ref"])
+
+    if not name and "experiment" in trials and trials["experiment"].notna().any():
+        name = str(trials["experiment"].dropna().iloc[0])
+    name = name or results_dir.resolve().name
+
+    ok_non_baseline = trials[trials["_ok"] & ~trials["_baseline"]]
+    surrogates = sorted(set(ok_non_baseline["_surrogate"]) | set(trials.loc[~trials["_baseline"], "_surrogate"]))
+    palette = [
+        "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3",
+        "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd",
+    ]  # fmt: skip
+    colors = {s: palette[i % len(palette)] for i, s in enumerate(surrogates)}
+    return Results(results_dir, name, objectives, trials, _read_epochs(results_dir), surrogates, colors)
+
+
+def _ns(ts: pd.Series) -> np.ndarray:
+    """Datetimes as int64 nanoseconds (NaT -> 0; NaT is sorted separately)."""
+    out = np.zeros(len(ts), dtype=np.int64)
+    mask = ts.notna().to_numpy()
+    if mask.any():
+        out[mask] = ts[mask].astype("datetime64[ns, UTC]").astype("int64").to_numpy()
+    return out
+
+
+def front_of(df: pd.DataFrame, metrics: Sequence[str], modes: Sequence[str]) -> pd.DataFrame:
+    """Rows of ``df`` on the Pareto front of ``metrics`` (NaN rows excluded)."""
+    if df.empty:
+        return df
+    values = np.column_stack([_numeric(df[m]).to_numpy() for m in metrics])
+    return df[pareto_mask(values, list(modes))]
+
+
+def best_baseline(res: Results) -> pd.Series | None:
+    """The ok λ=0 trial with the best first objective, or None."""
+    first = res.objectives[0]
+    base = res.ok[res.ok["_baseline"]].dropna(subset=[first["metric"]])
+    if base.empty:
+        return None
+    return base.sort_values(first["metric"], ascending=first["mode"] == "min", kind="stable").iloc[0]

@@ -1,0 +1,150 @@
+"""``build_report``: the figures, galleries, ``frontier.csv`` and ``index.html`` (templates/index.html.j2)
+of a results folder."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from urllib.parse import quote
+
+import jinja2
+import pandas as pd
+
+from cem_bench.schema import GALLERY_FILE, PRIVACY_MODES, REPORT_DIR
+from cem_bench.storage import write_bytes
+
+from .load import BASELINE_LABEL, SURROGATE_COL, Results, best_baseline, front_of, load_results
+from .plots import param_columns, plot_frontier, plot_hypervolume, plot_param_effects, plot_training_curves
+from .summary import (facts_table, format_value, html_table, metric_columns, run_facts, safe_name, searched_columns,
+                      short, summary_sentence, tail)
+
+MAX_GALLERY = 24  # front trials shown in the gallery (best first objective first)
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("cem_bench.report", "templates"),
+                          autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+# ================================================================= galleries
+def _recon_path(res: Results, row: pd.Series) -> Path | None:
+    candidates = []
+    trial_dir = row.get("trial_dir")
+    if isinstance(trial_dir, str) and trial_dir:
+        p = Path(trial_dir)
+        candidates.append(p if p.is_absolute() else res.results_dir / p)
+    candidates.append(res.results_dir / str(row["trial_id"]))
+    for c in candidates:
+        if (c / GALLERY_FILE).is_file():
+            return c / GALLERY_FILE
+    return None
+
+
+def copy_galleries(res: Results, out_dir: Path) -> list[dict]:
+    """Copy recon.png of the front's trials and of the best baseline to out_dir/galleries/.
+
+    Returns one dict per shown trial: ``row`` and ``src`` (relative path, or None when recon.png is missing).
+    """
+    gallery_dir = out_dir / "galleries"
+    rows = [r for _, r in res.front.head(MAX_GALLERY).iterrows()]
+    base = best_baseline(res)
+    if base is not None and base["trial_id"] not in {r["trial_id"] for r in rows}:
+        rows.append(base)
+    shown = []
+    for row in rows:
+        src = _recon_path(res, row)
+        rel = None
+        if src is not None:
+            gallery_dir.mkdir(parents=True, exist_ok=True)
+            dest = gallery_dir / f"{safe_name(str(row['trial_id']))}.png"
+            shutil.copyfile(src, dest)
+            rel = f"galleries/{dest.name}"
+        shown.append({"row": row, "src": rel})
+    return shown
+
+
+# ================================================================= the report
+def _figure(src: str, alt: str, caption: str | None = None) -> dict:
+    return {"src": quote(src), "alt": alt, "caption": caption}
+
+
+def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write plots, tables, galleries, frontier.csv and index.html; return the path of index.html.
+
+    Raises ResultsError (nothing written) when ``results_dir`` does not exist or holds neither
+    ``trials.parquet`` nor a Ray experiment of ``cem-bench search``."""
+    res = load_results(results_dir)  # first: it checks the folder before anything is written
+    results_dir = res.results_dir
+    out_dir = Path(out_dir) if out_dir is not None else results_dir / REPORT_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    ok = res.ok
+    # frontier plots: the search objectives after the first, then the other privacy metrics present
+    pairs: list[tuple[str, str]] = [(o["metric"], o["mode"]) for o in res.objectives[1:]]
+    for metric, mode in PRIVACY_MODES.items():
+        if metric not in {m for m, _ in pairs} and metric in ok and ok[metric].notna().any():
+            pairs.append((metric, mode))
+    frontiers = [_figure(plot_frontier(res, m, mode, out_dir / f"frontier_{safe_name(m)}.png").name, f"frontier {m}")
+                 for m, mode in pairs]  # fmt: skip
+    hv_path, final_hv = plot_hypervolume(res, out_dir / "hypervolume.png")
+    params = [_figure(plot_param_effects(res, c, out_dir / f"params_{safe_name(short(c))}.png").name,
+                      f"effect of {short(c)}") for c in param_columns(res)]  # fmt: skip
+    curves = plot_training_curves(res, out_dir / "training_curves.png")
+    gallery = copy_galleries(res, out_dir)
+
+    front = res.front
+    public_cols = [c for c in res.trials.columns if not c.startswith("_")]
+    front[public_cols].to_csv(out_dir / "frontier.csv", index=False)
+
+    searched = [c for c in searched_columns(res) if c != SURROGATE_COL]
+    metrics = metric_columns(res)
+    table_cols = ["trial_id", "_label", *searched, *metrics]
+    table_heads = ["trial", "surrogate", *[short(c) for c in searched], *metrics]
+
+    shown = []
+    for g in gallery:
+        row = g["row"]
+        caption = f"{row['trial_id']} · {row['_label']} · " + ", ".join(
+            f"{m} {format_value(row[m], m)}" for m in metrics if m in PRIVACY_MODES or m in res.metrics
+        )
+        alt = f"reconstructions of {row['trial_id']}"
+        shown.append(_figure(g["src"], alt, caption) if g["src"] else {"src": None, "alt": alt, "caption": caption})
+
+    groups = []  # (heading, table) of each surrogate's own front, then the baseline's
+    cem_ok = ok[~ok["_baseline"]]
+    for s in res.surrogates:
+        own = front_of(cem_ok[cem_ok["_surrogate"] == s], res.metrics, res.modes)
+        if own.empty:
+            continue
+        own = own.sort_values(res.metrics[0], ascending=res.modes[0] == "min", kind="stable")
+        groups.append({"name": s, "n": len(own), "table": html_table(own, table_cols, table_heads)})
+    base = ok[ok["_baseline"]]
+    if not base.empty:
+        own = front_of(base, res.metrics, res.modes)
+        groups.append({"name": BASELINE_LABEL, "n": len(own), "table": html_table(own, table_cols, table_heads)})
+
+    errored = res.trials[~res.trials["_ok"]]
+    errors_table = None
+    if not errored.empty:
+        err = errored.copy()
+        err["error"] = err["error"].map(tail) if "error" in err else "—"
+        errors_table = html_table(err, ["trial_id", "_label", *searched, "error"],
+                                  ["trial", "surrogate", *[short(c) for c in searched], "error"], pre=["error"])
+
+    page = _ENV.get_template("index.html.j2").render(
+        experiment=res.experiment,
+        frontier=frontiers[0] if frontiers else None,
+        summary=summary_sentence(res),
+        other_frontiers=frontiers[1:],
+        hypervolume=_figure(hv_path.name, "hypervolume", f"final hypervolume {format_value(final_hv)}"),
+        params=params,
+        curves=_figure(curves.name, "training curves") if curves is not None else None,
+        gallery=shown,
+        n_front=len(front),
+        front_table=html_table(front, table_cols, table_heads),
+        groups=groups,
+        n_errored=len(errored),
+        errors_table=errors_table,
+        facts_table=facts_table(run_facts(res, final_hv)),
+    )
+    index = out_dir / "index.html"
+    write_bytes(str(index), page.encode("utf-8"))
+    return index

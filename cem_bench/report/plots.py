@@ -1,0 +1,230 @@
+"""Every figure of the report, built on ``matplotlib.figure.Figure`` objects (rendered by the Agg canvas)
+rather than through pyplot, so the report never touches the process-wide backend or pyplot's figure
+registry and no figure outlives its function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from cem_bench.frontier import hypervolume_curve
+
+from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, _numeric, front_of
+from .summary import better, format_value, short
+
+MAX_CURVES = 12  # front trials drawn in the training curves
+
+# parameters of every trial, λ = 0 baselines included (they have no surrogate)
+EVERY_TRIAL_PARAMS = frozenset({LAMBD_COL, NOISE_COL})
+# TODO(keys): from the surrogate registry (``surrogates.get(name).keys``) once every surrogate has one;
+# until then the keys each surrogate reads, from cem_bench/surrogates/*.py
+_GATES = ("hidden_dim", "snr_thresh", "snr_sharp", "softplus_beta", "margin", "slot_power", "class_gate_a",
+          "class_gate_b", "stats_on")
+SURROGATE_KEYS: dict[str, tuple[str, ...]] = {
+    "gmm": ("num_clusters", "gmm_fit", "entropy", "shrink"),
+    "gated_attention": _GATES,
+    "slot_cross": _GATES + ("num_slots", "num_iterations", "num_heads", "slot_temp"),
+    "attention_centroid": ("num_slots", "num_iterations", "num_heads", "hidden_dim", "reg_strength"),
+    "serial_enhanced": ("num_slots", "num_iterations", "num_heads", "hidden_dim", "dropout"),
+}
+
+
+def _config_column(key: str) -> str:
+    """``num_slots``, ``cem.num_slots`` or ``config.cem.num_slots`` -> ``config.cem.num_slots``."""
+    if key.startswith("config."):
+        return key
+    return f"config.{key}" if "." in key else f"config.cem.{key}"
+
+
+def surrogate_keys(name: str) -> frozenset[str] | None:
+    """The config columns surrogate ``name`` uses: its registry class's ``keys`` when it has them, else
+    ``SURROGATE_KEYS``; None for an unknown surrogate (its trials are drawn for every parameter)."""
+    keys = None
+    try:
+        from cem_bench import surrogates
+
+        keys = getattr(surrogates.get(name), "keys", None)
+    except Exception:  # noqa: BLE001 - unknown name (ConfigError) or no registry: use the table
+        keys = None
+    if keys is None or callable(keys):
+        keys = SURROGATE_KEYS.get(name)
+    return None if keys is None else frozenset(_config_column(k) for k in keys)
+
+
+def uses_param(res: Results, param: str) -> pd.Series:
+    """Per trial: does the trial's surrogate use ``param``? λ and σ apply to every trial; the other
+    parameters only to non-baseline trials whose surrogate uses them (unknown surrogates: all)."""
+    trials = res.trials
+    if param in EVERY_TRIAL_PARAMS:
+        return pd.Series(True, index=trials.index)
+    keys = {s: surrogate_keys(s) for s in trials["_surrogate"].unique()}
+    used = trials["_surrogate"].map(lambda s: keys[s] is None or param in keys[s]).astype(bool)
+    return used & ~trials["_baseline"]
+
+
+def _new_figure(width: float, height: float, top_in: float = 0.45) -> Figure:
+    """A figure with fixed margins in inches (a layout engine would double the drawing time)."""
+    fig = Figure(figsize=(width, height), dpi=110)
+    fig.subplots_adjust(left=0.8 / width, right=1 - 0.2 / width, bottom=0.6 / height, top=1 - top_in / height,
+                        wspace=0.45)  # fmt: skip
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, format="png")
+    fig.clear()
+    return path
+
+
+def _no_data(ax, text: str = "no completed trials with these metrics") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#777")
+
+
+def _front_line(ax, df: pd.DataFrame, x: str, y: str, x_mode: str, y_mode: str, **kw) -> None:
+    front = front_of(df, [x, y], [x_mode, y_mode])
+    if front.empty:
+        return
+    front = front.sort_values([x, y])
+    # attainment boundary: with x maximised, the point covering (x_{i-1}, x_i] is point i
+    ax.step(front[x], front[y], where="pre" if x_mode == "max" else "post", **kw)
+
+
+def plot_frontier(res: Results, y_metric: str, y_mode: str, path: Path) -> Path:
+    """First objective (x) against ``y_metric``: points by surrogate, overall and per-surrogate fronts."""
+    x_metric, x_mode = res.objectives[0]["metric"], res.objectives[0]["mode"]
+    ok = res.ok.dropna(subset=[x_metric, y_metric])
+    fig = _new_figure(7.5, 5.0)
+    ax = fig.add_subplot()
+    handles = []
+    for s in res.surrogates:
+        sub = ok[(ok["_surrogate"] == s) & ~ok["_baseline"]]
+        if sub.empty:
+            continue
+        color = res.colors[s]
+        ax.scatter(sub[x_metric], sub[y_metric], s=28, color=color, alpha=0.75, edgecolors="none", zorder=3)
+        _front_line(ax, sub, x_metric, y_metric, x_mode, y_mode, color=color, lw=1.0, alpha=0.8, zorder=2)
+        handles.append(Line2D([], [], color=color, marker="o", lw=1.0, label=s))
+    base = ok[ok["_baseline"]]
+    if not base.empty:
+        ax.scatter(base[x_metric], base[y_metric], s=80, marker="X", color="black", zorder=4)
+        handles.append(Line2D([], [], color="black", marker="X", lw=0, markersize=8, label=BASELINE_LABEL))
+    if not ok.empty:
+        _front_line(ax, ok, x_metric, y_metric, x_mode, y_mode, color="black", lw=2.2, alpha=0.9, zorder=5)
+        front = front_of(ok, [x_metric, y_metric], [x_mode, y_mode])
+        ax.scatter(front[x_metric], front[y_metric], s=90, facecolors="none", edgecolors="black", lw=1.3, zorder=6)
+        handles.append(Line2D([], [], color="black", lw=2.2, label="front (all trials)"))
+    else:
+        _no_data(ax)
+    ax.set_xlabel(better(x_metric, x_mode) + (" →" if x_mode == "max" else " ←"))
+    ax.set_ylabel(better(y_metric, y_mode))
+    ax.set_title(f"{res.experiment}: {x_metric} vs {y_metric} ({len(ok)} ok trials)")
+    ax.grid(alpha=0.3)
+    if handles:
+        ax.legend(handles=handles, fontsize=8, loc="best", framealpha=0.85)
+    return _save(fig, path)
+
+
+def _hv_curve(df: pd.DataFrame, res: Results) -> np.ndarray:
+    df = df.sort_values("_order")
+    values = np.column_stack([df[m].to_numpy(dtype=float) for m in res.metrics])
+    values[~df["_ok"].to_numpy()] = np.nan  # errored trials complete but add nothing
+    return hypervolume_curve(values, res.modes, [o["ref"] for o in res.objectives])
+
+
+def plot_hypervolume(res: Results, path: Path) -> tuple[Path, float]:
+    """Hypervolume after each completed trial, overall and per surrogate; returns (path, final hv)."""
+    trials = res.trials.sort_values("_order")
+    fig = _new_figure(7.5, 4.2)
+    ax = fig.add_subplot()
+    final = 0.0
+    if len(trials):
+        n_done = np.arange(1, len(trials) + 1)
+        curve = _hv_curve(trials, res)
+        final = float(curve[-1])
+        ax.step(n_done, curve, where="post", color="black", lw=2.2, label="all trials")
+        position = pd.Series(n_done, index=trials.index)
+        for s in res.surrogates:
+            sub = trials[(trials["_surrogate"] == s) & ~trials["_baseline"]]
+            if sub.empty:
+                continue
+            ax.step(position[sub.index], _hv_curve(sub, res), where="post", color=res.colors[s], lw=1.3, label=s)
+        ax.legend(fontsize=8, loc="lower right")
+    else:
+        _no_data(ax, "no trials")
+    refs = ", ".join(f"{o['metric']} {o['mode']} ref {format_value(o['ref'])}" for o in res.objectives)
+    ax.set_xlabel("completed trials (all surrogates, finish order)")
+    ax.set_ylabel("hypervolume (higher is better)")
+    ax.set_title(f"hypervolume: {refs}", fontsize=9)
+    ax.grid(alpha=0.3)
+    return _save(fig, path), final
+
+
+def param_columns(res: Results) -> list[str]:
+    """The main parameters that take two or more values among the ok trials that use them."""
+    ok = res.ok
+    out = []
+    for c in MAIN_PARAMS:
+        if c in ok and ok.loc[uses_param(res, c)[ok.index], c].dropna().nunique() >= 2:
+            out.append(c)
+    return out
+
+
+def plot_param_effects(res: Results, param: str, path: Path) -> Path:
+    """Each objective against one parameter (small multiples), coloured by surrogate; only the trials whose
+    surrogate uses ``param`` (λ = 0 baselines only for λ and σ)."""
+    ok = res.ok[uses_param(res, param)[res.ok.index]]
+    n = len(res.objectives)
+    fig = _new_figure(4.0 * n, 3.4, top_in=0.5)
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    groups = [(s, ok[(ok["_surrogate"] == s) & ~ok["_baseline"]], res.colors[s], "o") for s in res.surrogates]
+    groups.append((BASELINE_LABEL, ok[ok["_baseline"]], "black", "X"))
+    positive = ok[param][ok[param] > 0]
+    for ax, obj in zip(axes, res.objectives):
+        for label, sub, color, marker in groups:
+            sub = sub.dropna(subset=[param, obj["metric"]])
+            if not sub.empty:
+                ax.scatter(sub[param], sub[obj["metric"]], s=22, color=color, marker=marker, alpha=0.8, label=label)
+        if param == LAMBD_COL and len(positive):
+            # log scale, but keep λ = 0 visible: linear within the smallest positive λ
+            ax.set_xscale("symlog", linthresh=float(positive.min()))
+        ax.set_xlabel(short(param) + (" (log)" if param == LAMBD_COL else ""))
+        ax.set_ylabel(better(obj["metric"], obj["mode"]), fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="best")
+    fig.suptitle(f"effect of {short(param)}", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_training_curves(res: Results, path: Path) -> Path | None:
+    """test_acc and feature_spread per epoch for the front's trials; None without epoch data."""
+    if res.epochs is None:
+        return None
+    front = res.front.head(MAX_CURVES)
+    epochs = res.epochs[res.epochs["trial_id"].isin(front["trial_id"])]
+    panels = [c for c in ("test_acc", "feature_spread") if c in epochs and epochs[c].notna().any()]
+    if epochs.empty or not panels:
+        return None
+    fig = _new_figure(5.0 * len(panels), 3.6, top_in=0.5)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    surrogate = dict(zip(front["trial_id"], front["_surrogate"]))
+    baseline = dict(zip(front["trial_id"], front["_baseline"]))
+    for ax, col in zip(axes, panels):
+        for tid, sub in epochs.groupby("trial_id", sort=False):
+            sub = sub.sort_values("epoch")
+            is_base = baseline.get(tid, False)
+            color = "black" if is_base else res.colors.get(surrogate.get(tid), "#555")
+            label = f"{tid} ({BASELINE_LABEL if is_base else surrogate.get(tid)})"
+            ax.plot(sub["epoch"], _numeric(sub[col]), marker=".", lw=1.2, color=color, alpha=0.85, label=label,
+                    ls="--" if is_base else "-")  # fmt: skip
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(col)
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=7, loc="best")
+    fig.suptitle("training curves of the front's trials", fontsize=10)
+    return _save(fig, path)
