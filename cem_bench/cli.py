@@ -39,7 +39,8 @@ def _progress(record: dict, final: bool, **_) -> None:
 def cmd_train(args) -> int:
     import torch
 
-    from .trial import build_config, run_trial, write_json
+    from .storage import write_json
+    from .trial import build_config, run_trial
     cfg = build_config(_config_from_args(args))  # validate before any work
     out = args.out or os.path.join("results", "runs", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
@@ -55,8 +56,8 @@ def cmd_train(args) -> int:
     result = run_trial(cfg, report, out_dir=out)
     torch.save({"config": cfg.to_flat(), "trainer": state.get("final")}, os.path.join(out, "checkpoint.pt"))
     summary = {k: v for k, v in result.items() if k != "info"}
-    write_json(result, os.path.join(out, "metrics.json"))
-    from .trial import jsonable
+    write_json(os.path.join(out, "metrics.json"), result)
+    from .storage import jsonable
     print(json.dumps(jsonable(summary), indent=2))
     print(f"metrics: {os.path.join(out, 'metrics.json')}\ngallery: {result['info']['gallery']}\n"
           f"checkpoint: {os.path.join(out, 'checkpoint.pt')}")
@@ -68,7 +69,7 @@ def cmd_attack(args) -> int:
 
     from . import attacks, data, models
     from .trainer import resolve_device
-    from .trial import write_json
+    from .storage import write_json
     ckpt_path = os.path.join(args.run_dir, "checkpoint.pt")
     if not os.path.isfile(ckpt_path):
         raise ConfigError(f"{ckpt_path} does not exist: RUN_DIR must be the --out folder of `cem-bench train`")
@@ -89,8 +90,8 @@ def cmd_attack(args) -> int:
     os.makedirs(out, exist_ok=True)
     from .attacks.decoder import save_gallery
     save_gallery(res.originals, res.reconstructions, os.path.join(out, "recon.png"))
-    write_json({**res.metrics, "attack_s": res.seconds, "config": cfg.to_flat(), "history": res.history},
-               os.path.join(out, "attack.json"))
+    write_json(os.path.join(out, "attack.json"),
+               {**res.metrics, "attack_s": res.seconds, "config": cfg.to_flat(), "history": res.history})
     print(json.dumps({**res.metrics, "attack_s": res.seconds}, indent=2))
     print(f"attack results: {out}")
     return 0
@@ -103,8 +104,28 @@ def cmd_keys(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from .search import main as search_main
-    return search_main(args)
+    """The search, then the report from its tables: the two stages stay apart (a failed report loses
+    nothing; `cem-bench report` rebuilds it)."""
+    from .search import search_command
+    from .storage import is_uri
+    done = search_command(args)
+    exp, stats = done["experiment"], done["stats"]
+    t0 = time.perf_counter()
+    if is_uri(exp):
+        print(f"report: sync the folder (e.g. `aws s3 sync {exp} results/{done['name']}`) and run "
+              f"`cem-bench report results/{done['name']}`")
+    else:
+        from .report import build_report
+        try:
+            print(f"report: {build_report(exp)}")
+        except Exception as e:  # noqa: BLE001 - the tables are written; the report can be rebuilt
+            print(f"cem-bench: the report could not be built ({type(e).__name__}: {e}); "
+                  f"rebuild it with `cem-bench report {exp}`", file=sys.stderr)
+    print(f"summary: {done['ok']} trial(s) ok, {done['error']} error(s); mode {stats.get('mode')}; wall "
+          f"{done['seconds'] + time.perf_counter() - t0:.1f} s = Ray start {stats.get('ray_start_s', 0):.1f} s + "
+          f"trials {stats.get('trials_s', 0):.1f} s + tables {stats.get('write_s', 0):.1f} s + report "
+          f"{time.perf_counter() - t0:.1f} s (+ setup)")
+    return 0
 
 
 def cmd_report(args) -> int:

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
-class ConfigError(ValueError):
-    """A configuration key or value is invalid. The message names it and lists what is allowed."""
+from .errors import ConfigError  # noqa: F401  (re-exported: config errors are raised from here)
 
 
 def _f(default: Any, help: str, *, choices: tuple | None = None, lo: float | None = None,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .config import ConfigError, DataConfig
+from .config import DataConfig
+from .errors import ConfigError, DataError  # noqa: F401  (DataError re-exported)
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.247, 0.243, 0.261)
@@ -29,8 +30,6 @@ SYNTHETIC_CLASSES = ("disc", "square", "triangle", "cross", "ring", "h_stripes",
                      "diamond", "diagonal_bar")
 
 
-class DataError(RuntimeError):
-    """A dataset cannot be loaded; the message says where the files go and how to get them."""
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Generic, TypeVar
 
-from .config import ConfigError
+from .errors import ConfigError
 
 T = TypeVar("T")
 

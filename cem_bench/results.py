@@ -30,25 +30,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .frontier import pareto_ranks
+from .schema import (EPOCH_COLUMNS, EPOCHS_FILE, METRIC_COLUMNS, PROVENANCE, RAY_ERROR_FILE,
+                     RAY_PARAMS_FILE, RAY_RESULT_FILE, RESULT_FILE, RESUME_STATE_FILE, TRIALS_FILE,
+                     load_objectives, rank_table)
+from .storage import Dir as _Dir
 
-RESULT_FILE = "trial_result.json"      # ours (see search.py); Ray owns result.json
-RAY_RESULT_FILE = "result.json"
-RESUME_STATE_FILE = "cem_resume_state.bin"  # the search's bundle of its last complete checkpoint (search.py)
-RAY_PARAMS_FILE = "params.json"
-RAY_ERROR_FILE = "error.txt"
-SPACE_FILE = "search_space.json"
-TRIALS_FILE = "trials.parquet"
-EPOCHS_FILE = "epochs.parquet"
-
-DEFAULT_OBJECTIVES = [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}]
-METRIC_COLUMNS = ["test_acc", "test_acc_clean", "feature_spread", "attack_mse", "attack_psnr", "attack_ssim",
-                  "train_s", "attack_s", "wall_s", "epochs_done", "final_train_loss", "final_train_acc",
-                  "rob_nonfinite", "resumed_from_epoch"]
-PROVENANCE = ["git_sha", "package_version", "torch_version", "device", "node_id", "hostname", "started_at",
-              "finished_at"]
-EPOCH_COLUMNS = ["experiment", "trial_id", "epoch", "train_loss", "train_acc", "rob_loss", "test_acc",
-                 "test_acc_clean", "feature_spread", "epoch_s"]
 # keys of Ray's result lines that are bookkeeping, not epoch metrics
 _RAY_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date",
              "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip", "config", "time_since_restore",
@@ -56,90 +42,6 @@ _RAY_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "
              "attack_psnr", "attack_ssim", "experiment_tag", "should_checkpoint"}
 _TRIAL_ID = re.compile(r"^[A-Za-z0-9]+(?:_[A-Za-z]+)*_([0-9a-f]{8}|[0-9a-f]{5}_\d{5})_\d+_")
 
-
-# ----------------------------------------------------------------------------------- filesystem
-class _Dir:
-    """A local folder or a pyarrow-fs URI, with just what this module needs."""
-
-    def __init__(self, path: str | os.PathLike):
-        path = str(path)
-        self.uri = "://" in path and not path.startswith("file://")
-        if self.uri:
-            import pyarrow.fs as pafs
-            self.fs, self.root = pafs.FileSystem.from_uri(path.rstrip("/"))
-            self.display = path.rstrip("/")
-        else:
-            self.root = os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
-            self.display = self.root
-
-    def join(self, *parts: str) -> str:
-        return "/".join([self.root.rstrip("/"), *parts]) if self.uri else os.path.join(self.root, *parts)
-
-    def is_dir(self) -> bool:
-        if not self.uri:
-            return os.path.isdir(self.root)
-        import pyarrow.fs as pafs
-        return self.fs.get_file_info(self.root).type == pafs.FileType.Directory
-
-    def subdirs(self) -> list[str]:
-        if not self.uri:
-            return sorted(e.name for e in os.scandir(self.root) if e.is_dir())
-        import pyarrow.fs as pafs
-        infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=False))
-        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
-
-    def exists(self, *parts: str) -> bool:
-        if not self.uri:
-            return os.path.exists(self.join(*parts))
-        import pyarrow.fs as pafs
-        return self.fs.get_file_info(self.join(*parts)).type != pafs.FileType.NotFound
-
-    def read_text(self, *parts: str) -> str | None:
-        try:
-            if not self.uri:
-                with open(self.join(*parts), encoding="utf-8", errors="replace") as fh:
-                    return fh.read()
-            with self.fs.open_input_stream(self.join(*parts)) as fh:
-                return fh.read().decode("utf-8", errors="replace")
-        except (FileNotFoundError, OSError):
-            return None
-
-    def read_bytes(self, *parts: str) -> bytes | None:
-        try:
-            if not self.uri:
-                with open(self.join(*parts), "rb") as fh:
-                    return fh.read()
-            with self.fs.open_input_stream(self.join(*parts)) as fh:
-                return fh.read()
-        except (FileNotFoundError, OSError):
-            return None
-
-    def mtime(self, *parts: str) -> float | None:
-        if not self.uri:
-            try:
-                return os.path.getmtime(self.join(*parts))
-            except OSError:
-                return None
-        info = self.fs.get_file_info(self.join(*parts))
-        return info.mtime.timestamp() if info.mtime is not None else None
-
-    def write_parquet(self, df: pd.DataFrame, name: str) -> str:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        table = pa.Table.from_pandas(df, preserve_index=False)
-        final = self.join(name)
-        if self.uri:
-            with self.fs.open_output_stream(final) as out:
-                pq.write_table(table, out)
-            return self.display + "/" + name
-        tmp = f"{final}.tmp{os.getpid()}"
-        try:
-            pq.write_table(table, tmp)
-            os.replace(tmp, final)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        return final
 
 
 def _load_json(text: str | None) -> Any:
@@ -175,13 +77,6 @@ def _num(v: Any) -> float:
 
 
 # ----------------------------------------------------------------------------------- reading
-def load_objectives(exp: _Dir) -> tuple[list[dict], str | None]:
-    spec = _load_json(exp.read_text(SPACE_FILE))
-    if isinstance(spec, dict) and spec.get("objectives"):
-        return [{"metric": o["metric"], "mode": o.get("mode", "max")} for o in spec["objectives"]], spec.get("name")
-    return [dict(o) for o in DEFAULT_OBJECTIVES], None
-
-
 def ray_trials(exp: _Dir) -> list[dict] | None:
     """The trials of Ray's newest ``experiment_state-*.json`` (``trial_id``, ``status``, ``dir``, ``config``),
     or None when there is no readable state file."""
@@ -391,22 +286,16 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
 
     trials = pd.DataFrame(rows)
     base = ["experiment", "trial_id", "status", "error", "trial_dir"]
-    for c in base + METRIC_COLUMNS + PROVENANCE + [o["metric"] for o in objectives]:
+    for c in base + list(METRIC_COLUMNS) + list(PROVENANCE) + [o["metric"] for o in objectives]:
         if c not in trials:
             trials[c] = np.nan if c in METRIC_COLUMNS else None
-    for c in METRIC_COLUMNS + [o["metric"] for o in objectives]:
+    for c in list(METRIC_COLUMNS) + [o["metric"] for o in objectives]:
         trials[c] = pd.to_numeric(trials[c], errors="coerce").astype(float)
-    ranks = np.full(len(trials), -1, dtype=np.int64)
-    if len(trials):
-        ok = (trials["status"] == "ok").to_numpy()
-        values = np.column_stack([trials[o["metric"]].to_numpy(dtype=float) for o in objectives])
-        if ok.any():
-            ranks[ok] = pareto_ranks(values[ok], [o["mode"] for o in objectives])
-    trials["pareto_rank"] = ranks
+    trials["pareto_rank"] = rank_table(trials, objectives)
     config_cols = sorted(c for c in trials.columns if c.startswith("config."))
-    first = base + ["pareto_rank"] + METRIC_COLUMNS
+    first = base + ["pareto_rank"] + list(METRIC_COLUMNS)
     rest = [c for c in trials.columns if c not in first and c not in config_cols and c not in PROVENANCE]
-    trials = trials[first + sorted(rest) + PROVENANCE + config_cols]
+    trials = trials[first + sorted(rest) + list(PROVENANCE) + config_cols]
     if len(trials):
         trials = trials.sort_values(["finished_at", "trial_id"], na_position="last", kind="stable")
     trials = trials.reset_index(drop=True)
@@ -415,7 +304,7 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
     for c in EPOCH_COLUMNS:
         if c not in epochs:
             epochs[c] = np.nan if c not in ("experiment", "trial_id") else None
-    epochs = epochs[EPOCH_COLUMNS + sorted(c for c in epochs.columns if c not in EPOCH_COLUMNS)]
+    epochs = epochs[list(EPOCH_COLUMNS) + sorted(c for c in epochs.columns if c not in EPOCH_COLUMNS)]
     if len(epochs):
         epochs["epoch"] = epochs["epoch"].astype(np.int64)
         epochs = epochs.sort_values(["trial_id", "epoch"], kind="stable").reset_index(drop=True)

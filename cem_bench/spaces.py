@@ -24,19 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .config import ConfigError, TrialConfig, coerce, flatten, key_specs
-from .trial import OBJECTIVE_KEYS
+from .errors import SpaceError  # noqa: F401  (re-exported)
+from .schema import OBJECTIVE_METRICS
 
 
-class SpaceError(ConfigError):
-    """A search space is invalid. ``errors`` holds one line per problem, each naming its YAML path."""
-
-    def __init__(self, errors: list[str] | str, path: str | None = None):
-        self.errors = [errors] if isinstance(errors, str) else list(errors)
-        self.path = path
-        super().__init__("\n".join(self.errors))
 
 
-METRICS: tuple[str, ...] = tuple(OBJECTIVE_KEYS)
+METRICS: tuple[str, ...] = OBJECTIVE_METRICS
 MODES = ("max", "min")
 KINDS = ("uniform", "loguniform", "int", "choice")
 

@@ -7,11 +7,8 @@ through the ``report(record, final, state_fn=None)`` callback, which the Ray tra
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import platform
-import subprocess
 import time
 from typing import Any, Callable
 
@@ -20,28 +17,13 @@ import torch
 from . import __version__
 from . import attacks, data, models, surrogates
 from .config import TrialConfig, resolve_attack
+from .provenance import device_name, git_sha
+from .schema import GALLERY_FILE, OBJECTIVE_METRICS
 from .trainer import Trainer, resolve_device, seed_everything
 
-OBJECTIVE_KEYS = ("test_acc", "test_acc_clean", "feature_spread", "attack_mse", "attack_psnr", "attack_ssim")
-RESULT_KEYS = OBJECTIVE_KEYS + ("train_s", "attack_s", "wall_s", "epochs_done", "final_train_loss",
-                                "final_train_acc", "rob_nonfinite")
+
 
 Report = Callable[..., None]
-
-
-def git_sha() -> str:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
-                              timeout=5).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
 def build_config(config: TrialConfig | dict) -> TrialConfig:
@@ -70,7 +52,7 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     """Train with CEM, attack the trained encoder, and return metrics, costs and info.
 
     ``report(record, final, state_fn=...)`` is called after every epoch (``final=False``) and once at the
-    end with the result (``final=True``). Every record carries every key of ``OBJECTIVE_KEYS`` (attack
+    end with the result (``final=True``). Every record carries every key of ``schema.OBJECTIVE_METRICS`` (attack
     metrics are NaN until the attack has run). ``resume_state`` (a ``state_fn()`` value) continues a run
     from its last finished epoch. With ``out_dir`` the gallery ``recon.png`` is written there.
     """
@@ -115,7 +97,7 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
         from .attacks.decoder import save_gallery
-        gallery = os.path.join(out_dir, "recon.png")
+        gallery = os.path.join(out_dir, GALLERY_FILE)
         save_gallery(res.originals, res.reconstructions, gallery)
     result["info"] = {
         "config": cfg.to_flat(),
@@ -133,23 +115,3 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     if report is not None:
         report(result, True, state_fn=trainer.state_dict)
     return result
-
-
-def jsonable(obj: Any) -> Any:
-    """Result dicts as strict JSON (NaN/inf as null)."""
-    if isinstance(obj, dict):
-        return {k: jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, torch.Tensor):
-        return jsonable(obj.tolist())
-    return obj
-
-
-def write_json(obj: Any, path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(jsonable(obj), fh, indent=2)
-    os.replace(tmp, path)

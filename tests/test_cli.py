@@ -5,7 +5,8 @@ import os
 import pytest
 
 from cem_bench.cli import main
-from cem_bench.trial import OBJECTIVE_KEYS, run_trial
+from cem_bench.schema import OBJECTIVE_METRICS as OBJECTIVE_KEYS
+from cem_bench.trial import run_trial
 
 from conftest import TINY
 

@@ -117,10 +117,18 @@ def test_write_is_atomic(experiment, monkeypatch):
     import pyarrow.parquet as pq
 
     def broken(table, where, *a, **k):
-        with open(where, "wb") as fh:
-            fh.write(b"half a table")
+        where.write(b"half a table")
         raise OSError("disk full")
     monkeypatch.setattr(pq, "write_table", broken)
+    with pytest.raises(OSError):
+        results.write_tables(experiment)
+    assert (experiment / "trials.parquet").read_bytes() == before
+    assert not [p.name for p in experiment.iterdir() if ".tmp" in p.name]
+    monkeypatch.undo()
+
+    def no_rename(src, dst):    # the crash comes after the temporary file was written
+        raise OSError("crash before the rename")
+    monkeypatch.setattr("cem_bench.storage.os.replace", no_rename)
     with pytest.raises(OSError):
         results.write_tables(experiment)
     assert (experiment / "trials.parquet").read_bytes() == before

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import ray.cloudpickle as cloudpickle
 
-from cem_bench import results, search
+from cem_bench import results, schema, search
 
 S1, S2, S3 = "2026-01-01_00-00-01", "2026-01-01_00-00-02", "2026-01-01_00-00-03"
 
@@ -35,7 +35,7 @@ def test_snapshot_replaces_truncated_and_newer_files(tmp_path):
     staging = tmp_path / "staging"
     files = write_checkpoint(staging, S2, ["a", "b"])
     (staging / f"experiment_state-{S1}.json").write_text("older session: not bundled")
-    bundled = search.write_resume_snapshot(str(staging), S2, str(exp / search.RESUME_STATE_FILE))
+    bundled = search.write_resume_snapshot(str(staging), S2, str(exp / schema.RESUME_STATE_FILE))
     assert set(bundled) == set(files)
 
     # the copy of checkpoint S2 was cut: one file truncated, one missing, one complete; plus a stray newer one
@@ -85,13 +85,13 @@ def test_results_read_the_bundle_over_a_truncated_state_file(tmp_path):
     write_checkpoint(exp, S1, ["aaaaaaaa"])
     staging = tmp_path / "staging"
     files = write_checkpoint(staging, S2, ["aaaaaaaa", "bbbbbbbb"])
-    search.write_resume_snapshot(str(staging), S2, str(exp / search.RESUME_STATE_FILE))
+    search.write_resume_snapshot(str(staging), S2, str(exp / schema.RESUME_STATE_FILE))
     name = f"experiment_state-{S2}.json"
     (exp / name).write_bytes(files[name][:40])
     ids = [t["trial_id"] for t in results.ray_trials(results._Dir(exp))]
     assert ids == ["aaaaaaaa", "bbbbbbbb"]
     # and a bundle that is not a pickle is ignored, not fatal
-    (exp / search.RESUME_STATE_FILE).write_bytes(b"garbage")
+    (exp / schema.RESUME_STATE_FILE).write_bytes(b"garbage")
     assert [t["trial_id"] for t in results.ray_trials(results._Dir(exp))] == ["aaaaaaaa"]
 
 
@@ -99,7 +99,7 @@ def test_bundle_is_written_atomically_and_holds_one_session(tmp_path):
     staging = tmp_path / "staging"
     write_checkpoint(staging, S1, ["a"])
     files = write_checkpoint(staging, S2, ["a", "b"])
-    target = tmp_path / "exp" / search.RESUME_STATE_FILE
+    target = tmp_path / "exp" / schema.RESUME_STATE_FILE
     search.write_resume_snapshot(str(staging), S2, str(target))
     bundle = pickle.loads(target.read_bytes())
     assert bundle["session"] == S2 and bundle["files"] == files
@@ -112,7 +112,7 @@ def test_bundle_is_written_atomically_and_holds_one_session(tmp_path):
 def test_an_edited_bundle_is_reported_and_rays_files_are_checked_alone(tmp_path):
     exp = tmp_path / "exp"
     write_checkpoint(exp, S1, ["a"])
-    (exp / search.RESUME_STATE_FILE).write_bytes(b"not a bundle")
+    (exp / schema.RESUME_STATE_FILE).write_bytes(b"not a bundle")
     done = search.repair_experiment_state(str(exp))
     assert len(done) == 1 and "not a cem-bench state bundle" in done[0]
     assert (exp / f"experiment_state-{S1}.json").exists()

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from cem_bench import cli, search
+from cem_bench import cli, schema, search
 
 TINY = {"data.train_size": 256, "data.test_size": 100, "model.width": 0.0625, "train.epochs": 2,
         "train.batch_size": 64, "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8,
@@ -156,7 +156,7 @@ def test_cli_local_search_end_to_end(tmp_path, monkeypatch, capsys):
     epochs = pd.read_parquet(exp / "epochs.parquet")
     assert sorted(epochs.groupby("trial_id")["epoch"].apply(list).tolist()) == [[1, 2], [1, 2]]
     for d in trials["trial_dir"]:
-        assert (exp / d / "recon.png").is_file() and (exp / d / search.RESULT_FILE).is_file()
+        assert (exp / d / "recon.png").is_file() and (exp / d / schema.RESULT_FILE).is_file()
     spec = json.loads((exp / "search_space.json").read_text())
     assert spec["name"] == "e2e" and [o["metric"] for o in spec["objectives"]] == ["test_acc", "attack_ssim"]
     import optuna
@@ -257,7 +257,7 @@ def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
                               env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 180
-        while not (list(exp.glob(f"*/{search.RESULT_FILE}")) and list(exp.glob("experiment_state-*.json"))):
+        while not (list(exp.glob(f"*/{schema.RESULT_FILE}")) and list(exp.glob("experiment_state-*.json"))):
             assert driver.poll() is None, (tmp_path / "driver1.log").read_text()[-3000:]
             assert time.time() < deadline, (tmp_path / "driver1.log").read_text()[-3000:]
             time.sleep(0.25)
@@ -268,11 +268,11 @@ def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
             os.kill(driver.pid, signal.SIGKILL)
             driver.wait(timeout=30)
         log.close()
-    finished_before = len(list(exp.glob(f"*/{search.RESULT_FILE}")))
+    finished_before = len(list(exp.glob(f"*/{schema.RESULT_FILE}")))
     assert finished_before < n, "the driver was killed too late to test anything"
     # A driver killed while Ray copies its checkpoint to the storage leaves truncated state files (this
     # is how CI once hung: EOFError in Ray's restore, then "Restarting experiment" forever). Make it so.
-    assert (exp / search.RESUME_STATE_FILE).exists()
+    assert (exp / schema.RESUME_STATE_FILE).exists()
     for pattern in ("searcher-state-*.pkl", "experiment_state-*.json"):
         newest = max(exp.glob(pattern))
         newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])
@@ -420,7 +420,8 @@ def test_searcher_does_not_repeat_a_configuration(tmp_path):
     params = {"cem.lambd": {"choice": [0, 4, 16]}, "cem.surrogate": {"choice": ["gmm", "gated_attention"]}}
     spec = load_space(write_space(tmp_path, "dups", num_samples=8, params=params,
                                   sampler={"name": "random", "seed": 0}))
-    searcher = search.make_searcher(spec, str(tmp_path / "exp")).searcher.searcher  # generator > limiter > ours
+    from cem_bench.search.searcher import make_searcher
+    searcher = make_searcher(spec, str(tmp_path / "exp")).searcher.searcher  # generator > limiter > ours
     keys = []
     for i in range(6):
         cfg = searcher.suggest(f"t{i}")
@@ -441,7 +442,8 @@ def test_tpe_copy_is_replaced_by_a_new_configuration(tmp_path):
     params = {"cem.lambd": {"choice": [0, 4, 16, 32]}, "cem.surrogate": {"choice": ["gmm", "gated_attention"]}}
     spec = load_space(write_space(tmp_path, "tpe", num_samples=10, params=params,
                                   sampler={"name": "tpe", "seed": 0, "n_startup_trials": 3}))
-    searcher = search.make_searcher(spec, str(tmp_path / "exp")).searcher.searcher
+    from cem_bench.search.searcher import make_searcher
+    searcher = make_searcher(spec, str(tmp_path / "exp")).searcher.searcher
     keys = []
     for i in range(8):
         cfg = searcher.suggest(f"t{i}")

@@ -1,0 +1,41 @@
+"""Every error type of cem-bench, in one bottom module that imports nothing of the project.
+
+The CLI turns ``ConfigError`` (and its subclasses) and ``DataError`` into one clear message and exit code 2;
+the search ends a trial that raises ``TrialDiverged``, ``ConfigError`` or ``DataError`` as an error row
+without retrying it (a retry would fail the same way).
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid. The message names it and lists what is allowed."""
+
+
+class SpaceError(ConfigError):
+    """A search space is invalid. ``errors`` holds one line per problem, each naming its YAML path."""
+
+    def __init__(self, errors: list[str] | str, path: str | None = None):
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
+        self.path = path
+        super().__init__("\n".join(self.errors))
+
+
+class SearchError(ConfigError):
+    """A search cannot start (existing experiment, nothing to resume, ...)."""
+
+
+class ResultsError(ConfigError):
+    """A results folder cannot be read or reported on (missing, empty, not written by cem-bench)."""
+
+
+class DataError(RuntimeError):
+    """A dataset cannot be loaded; the message says where the files go and how to get them."""
+
+
+class TrialDiverged(RuntimeError):
+    """The classification loss became non-finite."""
+
+
+# errors that end a trial at once: retrying the same configuration would fail the same way
+TRIAL_FATAL = (ConfigError, DataError, TrialDiverged)

@@ -1,0 +1,29 @@
+"""Where a result came from: the project's git commit, the device, the time. Recorded in every result."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+
+
+def git_sha() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
+                              timeout=5).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def device_name(device) -> str:
+    """The GPU's name, or the CPU's architecture and core count."""
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

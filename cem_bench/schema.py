@@ -1,0 +1,88 @@
+"""The results schema: file names, column lists, default objectives and Pareto ranking of a table.
+
+One owner for each fact that the trial, the search, the results tables and the report share. Imports nothing
+of the project above ``frontier``/``storage``/``errors``. The columns are described in docs/results.md.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .errors import ResultsError
+from .frontier import pareto_ranks
+from .storage import Dir
+
+# ------------------------------------------------------------------------------------------ file names
+RESULT_FILE = "trial_result.json"            # a trial's final record, written by the search's trainable
+RAY_RESULT_FILE = "result.json"              # Ray's per-report lines
+RAY_PARAMS_FILE = "params.json"
+RAY_ERROR_FILE = "error.txt"
+RESUME_STATE_FILE = "cem_resume_state.bin"   # the search's bundle of its last complete Ray checkpoint
+SPACE_FILE = "search_space.json"             # the validated search space (objectives, reference points)
+JOURNAL_FILE = "optuna_journal.log"          # the Optuna study (optuna-dashboard reads it)
+TRIALS_FILE = "trials.parquet"
+EPOCHS_FILE = "epochs.parquet"
+REPORT_DIR = "report"
+GALLERY_FILE = "recon.png"
+
+# ------------------------------------------------------------------------------------------ columns
+# reported by every trial at every epoch (attack metrics NaN until the attack ran); the searchable objectives
+OBJECTIVE_METRICS: tuple[str, ...] = ("test_acc", "test_acc_clean", "feature_spread", "attack_mse",
+                                      "attack_psnr", "attack_ssim")
+COST_COLUMNS: tuple[str, ...] = ("train_s", "attack_s", "wall_s")
+# every final metric of a trial row
+METRIC_COLUMNS: tuple[str, ...] = OBJECTIVE_METRICS + COST_COLUMNS + (
+    "epochs_done", "final_train_loss", "final_train_acc", "rob_nonfinite", "resumed_from_epoch")
+PROVENANCE: tuple[str, ...] = ("git_sha", "package_version", "torch_version", "device", "node_id", "hostname",
+                               "started_at", "finished_at")
+EPOCH_COLUMNS: tuple[str, ...] = ("experiment", "trial_id", "epoch", "train_loss", "train_acc", "rob_loss",
+                                  "test_acc", "test_acc_clean", "feature_spread", "epoch_s")
+# direction that means "more private" (a worse reconstruction)
+PRIVACY_MODES: dict[str, str] = {"attack_ssim": "min", "attack_mse": "max", "attack_psnr": "min"}
+
+# used when a results folder has no search_space.json; ref = the hypervolume reference point
+DEFAULT_OBJECTIVES: tuple[dict, ...] = (
+    {"metric": "test_acc", "mode": "max", "ref": 0.1},        # chance on 10 classes
+    {"metric": "attack_ssim", "mode": "min", "ref": 1.0},     # a perfect reconstruction
+)
+MODES = ("max", "min")
+
+
+def load_objectives(results_dir) -> tuple[list[dict], str | None]:
+    """Objectives ``[{metric, mode, ref}]`` and experiment name from ``search_space.json`` of a results folder
+    (a path, a URI or a ``storage.Dir``); the defaults when it is missing or unreadable."""
+    import json
+    d = results_dir if isinstance(results_dir, Dir) else Dir(results_dir)
+    text = d.read_text(SPACE_FILE)
+    try:
+        spec = json.loads(text) if text is not None else None
+    except ValueError:
+        spec = None
+    if not isinstance(spec, dict) or not spec.get("objectives"):
+        return [dict(o) for o in DEFAULT_OBJECTIVES], None
+    out = []
+    for o in spec["objectives"]:
+        mode = o.get("mode", "max")
+        if mode not in MODES:
+            raise ResultsError(f"{d.join(SPACE_FILE)}: objective {o.get('metric')!r} has mode {mode!r}; "
+                               f"known: {', '.join(MODES)}")
+        out.append({"metric": o["metric"], "mode": mode, "ref": o.get("ref")})
+    return out, spec.get("name")
+
+
+def rank_table(trials: pd.DataFrame, objectives: Sequence[dict], ok: np.ndarray | None = None) -> np.ndarray:
+    """Pareto rank of each row over ``objectives`` among the ``ok`` rows (default: ``status == "ok"``);
+    0 = on the front; -1 for rows that are not ok or have a NaN objective."""
+    ranks = np.full(len(trials), -1, dtype=np.int64)
+    if not len(trials):
+        return ranks
+    if ok is None:
+        ok = (trials["status"] == "ok").to_numpy() if "status" in trials else np.ones(len(trials), dtype=bool)
+    if ok.any():
+        values = np.column_stack([pd.to_numeric(trials[o["metric"]], errors="coerce").to_numpy(dtype=float)
+                                  for o in objectives])
+        ranks[ok] = pareto_ranks(values[ok], [o["mode"] for o in objectives])
+    return ranks

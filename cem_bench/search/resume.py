@@ -1,0 +1,128 @@
+"""The experiment-state guard behind ``--resume`` (package docstring: why Ray's own state can be torn)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+
+from ..errors import SearchError
+from ..provenance import now_iso as _now_iso
+from ..schema import RESUME_STATE_FILE
+from ..storage import filesystem, join, write_bytes
+
+SUPERSEDED_DIR = "superseded_state"
+# Ray's experiment-level state files: name prefix -> how Ray reads them
+RAY_STATE_KINDS = {"experiment_state-": "json", "searcher-state-": "pickle", "search_gen_state-": "pickle",
+                   "callback-states-": "pickle"}
+
+
+def _state_kind(name: str) -> str | None:
+    for prefix in RAY_STATE_KINDS:
+        if name.startswith(prefix):
+            return prefix
+    return None
+
+
+def write_resume_snapshot(staging_dir: str, session_str: str, target: str) -> dict[str, bytes]:
+    """Bundle the experiment checkpoint of ``session_str`` that Ray has just written into
+    ``staging_dir`` into one file at ``target``, atomically. Returns the bundled files."""
+    import pickle
+    files: dict[str, bytes] = {}
+    for entry in os.scandir(staging_dir):
+        if entry.is_file() and _state_kind(entry.name) and entry.name.rsplit(".", 1)[0].endswith(session_str):
+            with open(entry.path, "rb") as fh:
+                files[entry.name] = fh.read()
+    if not any(n.startswith("experiment_state-") for n in files):
+        raise FileNotFoundError(f"no experiment_state-{session_str}.json in {staging_dir}")
+    write_bytes(target, pickle.dumps({"format": 1, "session": session_str, "written_at": _now_iso(),
+                                      "files": files}, protocol=4))
+    return files
+
+
+def _state_error(name: str, data: bytes) -> str | None:
+    """Why Ray could not read this state file (None when it can): truncated or empty files."""
+    import pickle
+    if not data:
+        return "empty file"
+    try:
+        if RAY_STATE_KINDS[_state_kind(name)] == "json":
+            json.loads(data.decode())
+        else:
+            import ray.cloudpickle as cloudpickle
+            cloudpickle.loads(data)
+    except (EOFError, pickle.UnpicklingError, UnicodeDecodeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _read(fs, path: str) -> bytes:
+    with fs.open_input_stream(path) as fh:
+        return fh.read()
+
+
+def _move_aside(fs, root: str, name: str, stamp: str) -> str:
+    dest_dir = f"{root}/{SUPERSEDED_DIR}/{stamp}"
+    fs.create_dir(dest_dir, recursive=True)
+    fs.move(f"{root}/{name}", f"{dest_dir}/{name}")
+    return f"{SUPERSEDED_DIR}/{stamp}/{name}"
+
+
+def repair_experiment_state(exp_path: str) -> list[str]:
+    """Make the experiment's Ray state files consistent and readable before ``Tuner.restore``.
+
+    With a bundle (``cem_resume_state.bin``): its files are authoritative; a state file of the same
+    name with other contents, or of a newer session, is moved to ``superseded_state/STAMP/`` and the
+    bundle's files are written in place. Without one (an experiment killed before its first
+    checkpoint, or written by an older cem-bench): an unreadable newest state file is moved aside so
+    that Ray reads the previous session's. Raises ``SearchError`` when nothing restorable is left.
+    Returns what was done, one line per file."""
+    import pyarrow.fs as pafs
+    fs, root = filesystem(exp_path)
+    root = root.rstrip("/")
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=False))
+    names = sorted(i.base_name for i in infos if i.type == pafs.FileType.File and _state_kind(i.base_name))
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    done: list[str] = []
+
+    from ..results import read_resume_bundle
+    try:
+        snapshot = read_resume_bundle(exp_path)
+    except ValueError as e:
+        done.append(f"{e}; checking Ray's files alone")
+        snapshot = None
+
+    if snapshot is not None:
+        files: dict[str, bytes] = snapshot["files"]
+        session = snapshot["session"]
+        for name in names:
+            kind = _state_kind(name)
+            file_session = name[len(kind):].rsplit(".", 1)[0]
+            if name in files:
+                if _read(fs, f"{root}/{name}") == files[name]:
+                    continue
+                why = "differs from the last complete checkpoint"
+            elif file_session >= session:
+                why = "is newer than the last complete checkpoint"
+            else:
+                continue  # an older session's file: Ray reads the newest, which the bundle provides
+            done.append(f"{name} {why}: moved to {_move_aside(fs, root, name, stamp)}")
+        present = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root, recursive=False))}
+        for name, data in files.items():
+            if name not in present:
+                write_bytes(join(exp_path, name), data)
+                done.append(f"{name} restored from {RESUME_STATE_FILE} ({session})")
+        return done
+
+    for kind in RAY_STATE_KINDS:
+        for name in sorted((n for n in names if n.startswith(kind)), reverse=True):
+            why = _state_error(name, _read(fs, f"{root}/{name}"))
+            if why is None:
+                break
+            done.append(f"{name} is unreadable ({why}): moved to {_move_aside(fs, root, name, stamp)}")
+    left = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root, recursive=False))}
+    if not any(n.startswith("experiment_state-") for n in left):
+        raise SearchError(f"--resume: {exp_path} holds no readable experiment state (the driver was killed "
+                          f"before Ray wrote a complete one; {'; '.join(done) or 'none was written'}); start "
+                          f"the search again under a new --name")
+    return done

@@ -1,0 +1,168 @@
+"""The search algorithm: OptunaSearch that de-duplicates proposals and mirrors its study into a journal,
+wrapped in a generator that bundles every experiment checkpoint for ``--resume`` (package docstring).
+
+This module imports Ray and Optuna at the top: only the search imports it. Pickled with the experiment
+state, so the classes keep their names.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import optuna
+from ray.tune.search import ConcurrencyLimiter, SearchGenerator
+from ray.tune.search.optuna import OptunaSearch
+
+from ..schema import JOURNAL_FILE
+from ..spaces import define_by_run, make_sampler
+from ..storage import copy_file, is_uri, join
+from .resume import write_resume_snapshot
+
+logger = logging.getLogger(__name__)
+
+MAX_DUPLICATE_ASKS = 20  # asks per trial before a duplicate configuration is accepted (see suggest)
+
+# Where the searcher mirrors its study and where the generator bundles the experiment state: set by
+# run_search for the current driver (after a restore the pickled objects may point at an old location).
+JOURNAL_TARGET: dict[str, tuple[str, str | None]] = {}
+SNAPSHOT_TARGET: dict[str, str] = {}
+
+
+class JournalOptunaSearch(OptunaSearch):
+    """OptunaSearch that tells Optuna FAIL for errored/NaN trials and mirrors finished trials into a
+    JournalStorage file (see the module docstring)."""
+
+    def __init__(self, *args, journal: tuple[str, str | None] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._journal = journal
+        self._mirror_journal(init=True)
+
+    def suggest(self, trial_id: str):
+        # Optuna has no de-duplication: TPE (and a seeded random sampler) re-propose configurations
+        # that already ran or are running, and with a fixed seed a copy gives the same result, so the
+        # trial is wasted. A duplicate is told FAIL (samplers ignore failed trials) and replaced by a
+        # random draw (asking TPE again gives the same proposal: its model has not changed), up to
+        # MAX_DUPLICATE_ASKS times; a space with nothing new left gets the duplicate.
+        config = super().suggest(trial_id)
+        if config is None or not callable(self._space):
+            return config
+        seen = {self._params_key(t) for tid, t in self._ot_trials.items() if tid != trial_id}
+        sampler = self._ot_study.sampler
+        try:
+            for _ in range(MAX_DUPLICATE_ASKS):
+                ot_trial = self._ot_trials[trial_id]
+                if self._params_key(ot_trial) not in seen:
+                    break
+                self._ot_study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+                del self._ot_trials[trial_id]
+                self._duplicates_skipped = getattr(self, "_duplicates_skipped", 0) + 1
+                # seeded from the trial number: a seeded search stays reproducible
+                self._ot_study.sampler = optuna.samplers.RandomSampler(seed=ot_trial.number)
+                config = super().suggest(trial_id)
+        finally:
+            self._ot_study.sampler = sampler
+        return config
+
+    @staticmethod
+    def _params_key(ot_trial) -> tuple:
+        return tuple(sorted((k, repr(v)) for k, v in ot_trial.params.items()))
+
+    def save(self, checkpoint_path: str):
+        # OptunaSearch pickles with the standard pickle, which cannot hold the define-by-run closure.
+        import ray.cloudpickle as cloudpickle
+        with open(checkpoint_path, "wb") as fh:
+            cloudpickle.dump(self.__dict__.copy(), fh)
+
+    def restore(self, checkpoint_path: str):
+        import ray.cloudpickle as cloudpickle
+        with open(checkpoint_path, "rb") as fh:
+            self.__dict__.update(cloudpickle.load(fh))
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        bad = error or not result or result.get("status") == "error"
+        if not bad and isinstance(self._metric, list):
+            for m in self._metric:
+                v = result.get(m)
+                if not isinstance(v, (int, float)) or not math.isfinite(v):
+                    bad = True
+        if bad and trial_id in self._ot_trials:
+            super().on_trial_complete(trial_id, None, error=True)
+        else:
+            super().on_trial_complete(trial_id, result, error)
+        self._mirror_journal()
+
+    def _mirror_journal(self, init: bool = False) -> None:
+        target = JOURNAL_TARGET.get(self._study_name) or self._journal
+        if not target or self._ot_study is None:
+            return
+        local, remote = target
+        try:
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            storage = JournalStorage(JournalFileBackend(local))
+            try:
+                study = optuna.load_study(study_name=self._study_name, storage=storage)
+            except KeyError:
+                study = optuna.create_study(storage=storage, study_name=self._study_name, load_if_exists=True,
+                                            directions=[d.name.lower() for d in self._ot_study.directions])
+            if init and not study.user_attrs.get("metrics"):
+                study.set_user_attr("metrics", list(self._metric) if isinstance(self._metric, list)
+                                    else [self._metric])
+            done = {t.user_attrs.get("ray_trial_id") for t in study.get_trials(deepcopy=False)}
+            by_number = {t.number: t for t in self._ot_study.get_trials(deepcopy=False)}
+            added = 0
+            for tid, ot_trial in list(self._ot_trials.items()):
+                if tid in done or tid not in self._completed_trials:
+                    continue
+                ft = by_number.get(ot_trial.number)
+                if ft is None or not ft.state.is_finished():
+                    continue
+                complete = ft.state == optuna.trial.TrialState.COMPLETE
+                study.add_trial(optuna.trial.create_trial(
+                    state=ft.state, values=ft.values if complete else None, params=ft.params,
+                    distributions=ft.distributions,
+                    user_attrs={**ft.user_attrs, "ray_trial_id": tid, "optuna_number": ft.number}))
+                added += 1
+            if remote and (added or init):
+                copy_file(local, remote)
+        except Exception as e:  # noqa: BLE001 - the mirror must never stop a search
+            logger.warning("cem-bench: could not update the Optuna journal %s: %r", local, e)
+
+
+class SnapshotSearchGenerator(SearchGenerator):
+    """Ray's SearchGenerator that bundles each experiment checkpoint into ``cem_resume_state.bin``
+    (see the module docstring)."""
+
+    def __init__(self, searcher, experiment: str):
+        super().__init__(searcher)
+        self._cem_experiment = experiment
+
+    def save_to_dir(self, dirpath: str, session_str: str):
+        super().save_to_dir(dirpath, session_str)
+        target = SNAPSHOT_TARGET.get(getattr(self, "_cem_experiment", ""))
+        if target:
+            try:
+                write_resume_snapshot(dirpath, session_str, target)
+            except Exception as e:  # noqa: BLE001 - Ray's own files are still written
+                logger.warning("cem-bench: could not write %s: %r", target, e)
+
+
+def journal_target(experiment_path: str, name: str) -> tuple[str, str | None]:
+    """(local journal file, remote copy or None)."""
+    if is_uri(experiment_path) and not experiment_path.startswith("file://"):
+        local = os.path.join(os.path.expanduser("~/.cache/cem-bench/journals"), name, JOURNAL_FILE)
+        return local, join(experiment_path, JOURNAL_FILE)
+    return os.path.join(experiment_path, JOURNAL_FILE), None
+
+
+def make_searcher(spec, experiment_path: str):
+    searcher = JournalOptunaSearch(space=define_by_run(spec), metric=spec.metric_names, mode=spec.modes,
+                   sampler=make_sampler(spec), study_name=spec.name,
+                   journal=journal_target(experiment_path, spec.name))
+    # the generator is built here (not by Tune) so that it can bundle the experiment state; Tune applies
+    # max_concurrent_trials only to a bare Searcher, so the limiter is added here too
+    limited = ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)
+    return SnapshotSearchGenerator(limited, spec.name)

@@ -1,0 +1,176 @@
+"""The Ray Tune function trainable of a search: one trial = ``run_trial`` with a checkpoint per epoch.
+
+See the package docstring for how failures, retries and resumption work. Ray is imported inside the
+trainable (it runs in a Ray worker).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from typing import Callable
+
+from ..errors import TRIAL_FATAL
+from ..provenance import git_sha
+from ..provenance import now_iso as _now_iso
+from ..schema import GALLERY_FILE, OBJECTIVE_METRICS, RESULT_FILE
+from ..storage import copy_file, exists, join, write_bytes, write_json
+
+STATE_FILE = "state.pt"       # the trainer state inside each Ray checkpoint
+DIE_ENV = "CEM_BENCH_TEST_DIE_AT_EPOCH"
+DIE_MARKER = ".test_died"
+TRAINABLE_NAME = "cem_trial"  # Tuner.restore needs the same trainable name
+
+
+def trial_resources(resources: dict, gpus_available: float | None = None) -> tuple[dict, str | None]:
+    """Per-trial ``{"cpu": c, "gpu": g}`` for ``tune.with_resources`` and a note to print (or None).
+
+    ``gpus_available`` is what the local Ray session has (``None``: unknown, e.g. a cluster whose GPU
+    workers the autoscaler starts on demand, so the request is kept). With no GPU the trials run on CPU
+    (gpu forced to 0). A fractional gpu (0.25 = four trials on one GPU) is kept as is.
+    """
+    cpu = float(resources.get("cpu", 1.0))
+    gpu = float(resources.get("gpu", 0.0))
+    note = None
+    if gpu > 0 and gpus_available is not None and gpus_available <= 0:
+        note = (f"note: resources.gpu={gpu:g} but this Ray session has no GPU; trials run on CPU "
+                f"(resources.gpu forced to 0)")
+        gpu = 0.0
+    elif gpus_available is not None and gpu > gpus_available:
+        note = (f"note: resources.gpu={gpu:g} is more than this Ray session's {gpus_available:g} GPU(s); "
+                f"using {gpus_available:g}")
+        gpu = float(gpus_available)
+    return {"cpu": cpu, "gpu": gpu}, note
+
+
+def with_resources(trainable: Callable, resources: dict):
+    """``tune.with_resources`` with the ``{"cpu", "gpu"}`` of :func:`trial_resources`."""
+    from ray import tune
+    return tune.with_resources(trainable, {"cpu": resources["cpu"], "gpu": resources["gpu"]})
+
+
+# ---------------------------------------------------------------------------------------- trainable
+def _scalars(record: dict) -> dict:
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, bool) or isinstance(v, (int, float, str)) or v is None:
+            out[k] = v
+        elif hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+            out[k] = v.item()
+    return out
+
+
+def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: int | None = None) -> Callable:
+    """The function trainable of a search (named ``cem_trial``), not yet wrapped with resources.
+
+    ``experiment_path`` is the experiment folder or URI (where ``trial_result.json`` and ``recon.png`` go),
+    ``spec`` the SearchSpec (objectives, fixed keys), ``resources`` the per-trial resources.
+    """
+    objectives = list(spec.metric_names)
+    cpus = float(resources.get("cpu", 1.0))
+    gpu_frac = float(resources.get("gpu", 0.0))
+
+    def cem_trial(config: dict) -> None:
+        import ray
+        import torch
+        from ray import tune
+
+        from ..spaces import trial_config
+        from ..trial import build_config, run_trial
+
+        started_at = _now_iso()
+        torch.set_num_threads(max(1, int(round(cpus))))
+        if torch.cuda.is_available() and 0 < gpu_frac < 1:
+            torch.cuda.set_per_process_memory_fraction(gpu_frac)
+        ctx = tune.get_context()
+        trial_id = ctx.get_trial_id()
+        trial_dir_name = os.path.basename(ctx.get_trial_dir().rstrip("/"))
+        trial_path = join(experiment_path, trial_dir_name)
+        node = {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
+                "trial_id": trial_id}
+        nan = float("nan")
+
+        state = None
+        resumed_from = 0
+        ckpt = tune.get_checkpoint()
+        if ckpt is not None:
+            with ckpt.as_directory() as d:
+                state = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=False)
+            resumed_from = int(state["epoch"])
+            print(f"[cem-bench] trial {trial_id}: resuming from the checkpoint of epoch {resumed_from}", flush=True)
+        history: list[dict] = list(state["history"]) if state is not None else []
+
+        try:
+            flat = trial_config(spec, config)
+        except Exception:  # noqa: BLE001 - from_flat reports the problem below
+            flat = dict(config)
+
+        def base_metrics(record: dict) -> dict:
+            m = _scalars(record)
+            for k in set(OBJECTIVE_METRICS) | set(objectives):
+                m.setdefault(k, nan)
+            m.update(node)
+            m["resumed_from_epoch"] = resumed_from
+            return m
+
+        out_dir = tempfile.mkdtemp(prefix="cem-bench-trial-")
+
+        def finish(result: dict, status: str, error: str | None) -> None:
+            info = dict(result.get("info") or {})
+            gallery = os.path.join(out_dir, GALLERY_FILE)
+            if os.path.isfile(gallery):
+                copy_file(gallery, join(trial_path, GALLERY_FILE))
+                info["gallery"] = "recon.png"
+            full = {**{k: v for k, v in result.items() if k != "info"}, "status": status, "error": error,
+                    **node, "trial_dir": trial_dir_name, "started_at": started_at, "finished_at": _now_iso(),
+                    "resumed_from_epoch": resumed_from, "info": info}
+            write_json(join(trial_path, RESULT_FILE), full)
+            metrics = base_metrics({k: v for k, v in full.items() if k != "info"})
+            if status != "ok":
+                for k in set(OBJECTIVE_METRICS) | set(objectives):
+                    metrics[k] = nan
+            tune.report(metrics)
+
+        def report(record: dict, final: bool, state_fn=None) -> None:
+            if final:
+                finish(record, "ok", None)
+                return
+            history.append(dict(record))
+            metrics = base_metrics(record)
+            metrics["status"] = "running"
+            with tempfile.TemporaryDirectory(prefix="cem-bench-ckpt-") as tmp:
+                if state_fn is not None:
+                    torch.save(state_fn(), os.path.join(tmp, STATE_FILE))
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp) if state_fn else None)
+            if die_at_epoch is not None and record.get("epoch") == die_at_epoch:
+                marker = join(trial_path, DIE_MARKER)
+                if not exists(marker):
+                    write_bytes(marker, b"died once\n")
+                    print(f"[cem-bench] test hook: trial {trial_id} exits after epoch {die_at_epoch}", flush=True)
+                    os._exit(1)
+
+        try:
+            run_trial(flat, report, out_dir=out_dir, resume_state=state)
+        except TRIAL_FATAL as e:
+            reason = f"{type(e).__name__}: {e}"
+            print(f"[cem-bench] trial {trial_id} ended with an error (not retried): {reason}", flush=True)
+            try:
+                resolved = build_config(flat).to_flat()
+            except Exception:  # noqa: BLE001
+                resolved = flat
+            result = {k: nan for k in OBJECTIVE_METRICS}
+            result["epochs_done"] = history[-1]["epoch"] if history else 0
+            result["info"] = {"config": resolved, "history": history, "torch_version": torch.__version__}
+            try:
+                from .. import __version__
+                result["info"].update(package_version=__version__, git_sha=git_sha())
+            except Exception:  # noqa: BLE001
+                pass
+            finish(result, "error", reason)
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+    cem_trial.__name__ = cem_trial.__qualname__ = TRAINABLE_NAME
+    return cem_trial
