@@ -43,7 +43,7 @@ def cmd_train(args) -> int:
     from .trial import build_config, run_trial
     cfg = build_config(_config_from_args(args))  # validate before any work
     out = args.out or os.path.join("results", "runs", time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out, exist_ok=True)
+    # the folder is created only once there is something to put in it (a missing dataset writes nothing)
     print(f"cem-bench train: {cfg.cem.surrogate if cfg.cem.lambd > 0 else 'no CEM (lambda=0)'} on "
           f"{cfg.data.dataset}, {cfg.train.epochs} epochs, output in {out}", flush=True)
     state = {}
@@ -54,6 +54,7 @@ def cmd_train(args) -> int:
             state["final"] = state_fn()
 
     result = run_trial(cfg, report, out_dir=out)
+    os.makedirs(out, exist_ok=True)
     torch.save({"config": cfg.to_flat(), "trainer": state.get("final")}, os.path.join(out, "checkpoint.pt"))
     summary = {k: v for k, v in result.items() if k != "info"}
     write_json(os.path.join(out, "metrics.json"), result)
@@ -67,9 +68,10 @@ def cmd_train(args) -> int:
 def cmd_attack(args) -> int:
     import torch
 
-    from . import attacks, data, models
-    from .trainer import resolve_device
+    from . import attacks
     from .storage import write_json
+    from .trainer import resolve_device
+    from .trial import build, build_config
     ckpt_path = os.path.join(args.run_dir, "checkpoint.pt")
     if not os.path.isfile(ckpt_path):
         raise ConfigError(f"{ckpt_path} does not exist: RUN_DIR must be the --out folder of `cem-bench train`")
@@ -78,14 +80,11 @@ def cmd_attack(args) -> int:
     if bad:
         raise ConfigError(f"cem-bench attack only changes attack.* keys (and train.device); got {', '.join(bad)}")
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    from .trial import build_config
     cfg = build_config({**ckpt["config"], **overrides})
     device = resolve_device(cfg.train.device)
-    splits = data.load(cfg.data, device)
-    client, _ = models.build(cfg.model, splits.num_classes, splits.image_shape)
-    client.load_state_dict(ckpt["trainer"]["client"])
-    client.to(device)
-    res = attacks.build(cfg).run(client, splits, cfg.defense.noise_std, device)
+    splits, trainer = build(cfg, device)          # the same data and models as the trial
+    trainer.client.load_state_dict(ckpt["trainer"]["client"])
+    res = attacks.build(cfg).run(trainer.client, splits, cfg.defense.noise_std, device)
     out = os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
     from .attacks.decoder import save_gallery
@@ -187,14 +186,20 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from .data import DataError
+    from .errors import DataError, ResultsError, TrialDiverged
     try:
         return args.func(args)
+    except ResultsError as e:
+        print(f"cem-bench: results error: {e}", file=sys.stderr)
+        return 2
     except ConfigError as e:
         print(f"cem-bench: configuration error:\n{e}", file=sys.stderr)
         return 2
     except DataError as e:
         print(f"cem-bench: data error: {e}", file=sys.stderr)
+        return 2
+    except TrialDiverged as e:
+        print(f"cem-bench: the trial diverged: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("cem-bench: interrupted", file=sys.stderr)

@@ -34,13 +34,12 @@ import torch.nn.functional as F
 
 from . import data as data_mod
 from .config import TrialConfig
+from .errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
 from .surrogates import Surrogate, intra_class_mse
 
 INJECT_LR_KNEE = 4.1e-4  # the reference's s(eta) switches to 1 below this lr
 
 
-class TrialDiverged(RuntimeError):
-    """The classification loss became non-finite."""
 
 
 class _GradGate(torch.autograd.Function):
@@ -61,7 +60,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"train.device={name!r} but CUDA is not available; use train.device=cpu or auto")
+        raise ConfigError(f"train.device={name!r} but CUDA is not available; use train.device=cpu or auto")
     return torch.device(name)
 
 
@@ -342,34 +341,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
     torch.manual_seed(seed)
-
-
-def flops_per_image(client: nn.Module, server: nn.Module, image_shape=(3, 32, 32)) -> float:
-    """Forward multiply-accumulates x 2 of one image through client and server (convs and linears)."""
-    total = 0.0
-    hooks = []
-
-    def conv_hook(m, inp, out):
-        nonlocal total
-        k = m.kernel_size[0] * m.kernel_size[1] * (m.in_channels // m.groups)
-        total += 2.0 * out.numel() / out.shape[0] * k
-
-    def lin_hook(m, inp, out):
-        nonlocal total
-        total += 2.0 * m.in_features * m.out_features
-
-    for mod in list(client.modules()) + list(server.modules()):
-        if isinstance(mod, nn.Conv2d):
-            hooks.append(mod.register_forward_hook(conv_hook))
-        elif isinstance(mod, nn.Linear):
-            hooks.append(mod.register_forward_hook(lin_hook))
-    dev = next(client.parameters()).device
-    was = client.training, server.training
-    client.eval(), server.eval()
-    with torch.no_grad():
-        server(client(torch.zeros(1, *image_shape, device=dev)))
-    client.train(was[0]), server.train(was[1])
-    for h in hooks:
-        h.remove()
-    return total
-

@@ -70,3 +70,28 @@ def test_missing_run_dir_is_a_clear_error(tmp_path, capsys):
 def test_bad_values_fail_before_work(bad, tmp_path):
     assert main(["train", *bad, "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_missing_dataset_writes_nothing(tmp_path, capsys):
+    """A CIFAR run with no files (and no network in tests) is a clear data error; no run folder is left."""
+    out = tmp_path / "run"
+    flat = {**TINY, "data.dataset": "cifar10", "data.root": str(tmp_path / "nodata")}
+    assert main(["train", *_sets(flat), "--out", str(out)]) == 2
+    assert "data error" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_diverged_training_is_one_clear_message(tmp_path, capsys):
+    out = tmp_path / "run"
+    flat = {**TINY, "train.lr": 1e12, "train.weight_decay": 0, "train.epochs": 1}
+    assert main(["train", *_sets(flat), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the trial diverged" in err and "Traceback" not in err and not out.exists()
+
+
+def test_unavailable_cuda_is_a_configuration_error(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    assert main(["train", "--set", "train.device=cuda", "--set", "train.epochs=1"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
