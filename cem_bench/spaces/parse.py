@@ -1,0 +1,285 @@
+"""Search-space YAML -> validated ``SearchSpec``.
+
+``load_space`` reads a file, ``parse_space`` validates a mapping completely: it checks the whole file before
+anything runs and raises one ``SpaceError`` that lists every problem, one a line, each starting with its YAML
+path (``params.cem.lambd: empty range [64, 1] ...``). Command-line overrides are merged in first.
+
+The validator ``_Parser`` runs in stages: the top level, objectives, sampler, budget, resources and fixed keys
+here; the params, their ``when`` conditions and the combination checks in ``parse_params.py``.
+Importing this module imports neither torch nor Optuna nor Ray.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from typing import Any
+
+from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs
+from ..errors import SpaceError
+from .parse_params import _ParamStages, _fmt, _num
+from .spec import (_REQUIRED, _SAFE_NAME, _TOP_KEYS, METRICS, MODES, SAMPLER_OPTIONS, SAMPLERS, Objective,
+                   SearchSpec)
+
+
+# ------------------------------------------------------------------------------------------ loading
+def load_space(path: str, overrides: dict | None = None) -> SearchSpec:
+    """Read and validate a search-space YAML file. ``overrides`` (applied before validation):
+    ``name``, ``num_samples``, ``max_concurrent``, ``max_failures``, ``resources.cpu``, ``resources.gpu``,
+    ``sampler.<option>`` (a value of None is ignored: "not given on the command line"), and ``fixed``:
+    ``{flat key: value}`` merged into the fixed keys. Fixing a key the file searches removes it from the
+    search; parameters conditioned on it are kept (condition met) or dropped (condition not met)."""
+    import yaml
+    try:
+        with open(path) as fh:
+            doc = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise SpaceError(f"search space {path!r} does not exist", path) from None
+    except OSError as e:
+        raise SpaceError(f"search space {path!r} cannot be read: {e}", path) from None
+    except yaml.YAMLError as e:
+        raise SpaceError(f"search space {path!r} is not valid YAML: {e}", path) from None
+    return parse_space(doc, path=path, overrides=overrides)
+
+
+def parse_space(doc: dict, path: str | None = None, overrides: dict | None = None) -> SearchSpec:
+    """Validate a search-space mapping (as read from YAML) completely; raise one ``SpaceError`` listing
+    every problem, or return the ``SearchSpec``."""
+    if not isinstance(doc, dict):
+        raise SpaceError(f"search space{' ' + repr(path) if path else ''} must be a mapping with keys "
+                         f"{', '.join(_TOP_KEYS)}; got {type(doc).__name__}", path)
+    doc = copy.deepcopy(doc)
+    errors: list[str] = []
+    pinned = _apply_overrides(doc, overrides or {}, errors)
+    return _Parser(doc, path, pinned, errors).parse()
+
+
+def _apply_overrides(doc: dict, overrides: dict, errors: list[str]) -> set[str]:
+    """Merge overrides into ``doc``; return the keys fixed by an override (allowed to shadow a param)."""
+    pinned: set[str] = set()
+    for key, value in overrides.items():
+        if key == "fixed":
+            if not isinstance(value, dict):
+                errors.append(f"overrides.fixed: expected a mapping of config keys to values, got {value!r}")
+                continue
+            fixed = doc.get("fixed")
+            if not isinstance(fixed, dict):
+                fixed = {} if fixed is None else fixed
+            if isinstance(fixed, dict):
+                fixed = flatten(fixed)
+                fixed.update(flatten(dict(value)))
+                doc["fixed"] = fixed
+                pinned.update(flatten(dict(value)))
+            continue
+        if value is None:
+            continue
+        if key in ("name", "num_samples", "max_concurrent", "max_failures"):
+            doc[key] = _from_cli(value) if key != "name" else value
+        elif key.startswith("resources.") or key.startswith("sampler."):
+            section, option = key.split(".", 1)
+            sub = doc.get(section)
+            if section == "sampler" and isinstance(sub, str):
+                sub = {"name": sub}
+            if not isinstance(sub, dict):
+                sub = {}
+            sub[option] = value if option == "name" else _from_cli(value)
+            doc[section] = sub
+        else:
+            errors.append(f"overrides.{key}: unknown override; known: name, num_samples, max_concurrent, "
+                          "max_failures, resources.cpu, resources.gpu, sampler.<option>, fixed")
+    return pinned
+
+
+def _from_cli(value: Any) -> Any:
+    """'8' -> 8, '0.5' -> 0.5 for overrides that came from the command line; anything else unchanged."""
+    if isinstance(value, str):
+        s = value.strip()
+        for conv in (int, float):
+            try:
+                return conv(s)
+            except ValueError:
+                pass
+    return value
+
+
+class _Parser(_ParamStages):
+    """One validation of one document: ``parse()`` runs every stage, collects every problem in ``errors``
+    and raises them together as one ``SpaceError``, or returns the ``SearchSpec``."""
+
+    def __init__(self, doc: dict, path: str | None, pinned: set[str], errors: list[str]):
+        self.doc, self.path, self.pinned, self.errors = doc, path, pinned, errors
+        self.specs = key_specs()
+        self.fixed_ok = True
+
+    def err(self, where: str, msg: str) -> None:
+        self.errors.append(f"{where}: {msg}")
+
+    # -------------------------------------------------------------------------------- top level
+    def parse(self) -> SearchSpec:
+        doc = self.doc
+        for k in doc:
+            if k not in _TOP_KEYS:
+                close = difflib.get_close_matches(str(k), _TOP_KEYS, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                self.err(str(k), f"unknown field{hint}; known: {', '.join(_TOP_KEYS)}")
+        for k in _REQUIRED:
+            if k not in doc or doc[k] is None:
+                self.err(k, "missing (required)")
+
+        name = self.name(doc.get("name"))
+        objectives = self.objectives(doc.get("objectives")) if doc.get("objectives") is not None else ()
+        sampler = self.sampler(doc.get("sampler", {"name": "tpe"}))
+        num_samples = self.count("num_samples", doc.get("num_samples"), 1) if "num_samples" in doc else 1
+        max_concurrent = self.count("max_concurrent", doc.get("max_concurrent", 1), 1)
+        max_failures = self.count("max_failures", doc.get("max_failures", 2), -1)
+        resources = self.resources(doc.get("resources", {}))
+        fixed = self.fixed(doc.get("fixed") or {})
+        params = self.params(doc.get("params"), fixed) if doc.get("params") is not None else ()
+        if self.fixed_ok:
+            self.check_combinations(fixed, params)
+        if self.errors:
+            raise SpaceError(self.errors, self.path)
+        params = self.pin(params, fixed)
+        return SearchSpec(name=name, objectives=tuple(objectives), sampler=sampler, num_samples=num_samples,
+                          max_concurrent=max_concurrent, resources=resources, fixed=fixed, params=tuple(params),
+                          max_failures=max_failures, path=self.path)
+
+    def name(self, value) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str) or not _SAFE_NAME.match(value) or value in (".", ".."):
+            self.err("name", f"{value!r} is not a safe folder name (letters, digits, '.', '_', '-'; starting "
+                     "with a letter or digit; at most 100 characters)")
+            return str(value)
+        return value
+
+    def objectives(self, value) -> list[Objective]:
+        if not isinstance(value, list):
+            self.err("objectives", f"expected a list of {{metric, mode, ref}}, got {value!r}")
+            return []
+        if not 2 <= len(value) <= 3:
+            self.err("objectives", f"{len(value)} objective(s) given; a frontier search needs 2 or 3")
+        out, seen = [], set()
+        for i, o in enumerate(value):
+            where = f"objectives[{i}]"
+            if not isinstance(o, dict):
+                self.err(where, f"expected {{metric: ..., mode: max|min, ref: ...}}, got {o!r}")
+                continue
+            for k in o:
+                if k not in ("metric", "mode", "ref"):
+                    self.err(f"{where}.{k}", "unknown field; known: metric, mode, ref")
+            metric, mode, ref = o.get("metric"), o.get("mode"), o.get("ref")
+            ok = True
+            if metric not in METRICS:
+                close = difflib.get_close_matches(str(metric), METRICS, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                self.err(f"{where}.metric", f"unknown metric {metric!r}{hint}; known: {', '.join(METRICS)}")
+                ok = False
+            elif metric in seen:
+                self.err(f"{where}.metric", f"{metric!r} is listed twice")
+                ok = False
+            seen.add(metric)
+            if mode not in MODES:
+                self.err(f"{where}.mode", f"{mode!r}; allowed: max, min")
+                ok = False
+            if ref is not None:
+                r = _num(ref)
+                if r is None:
+                    self.err(f"{where}.ref", f"{ref!r} is not a finite number (or leave it out)")
+                    ok = False
+                ref = None if r is None else float(r)
+            if ok:
+                out.append(Objective(metric, mode, ref))
+        return out
+
+    def sampler(self, value) -> dict:
+        if isinstance(value, str):
+            value = {"name": value}
+        if not isinstance(value, dict):
+            self.err("sampler", f"expected {{name: {'|'.join(SAMPLERS)}, seed: ..., ...}}, got {value!r}")
+            return {"name": "tpe"}
+        name = value.get("name", "tpe")
+        if name not in SAMPLER_OPTIONS:
+            self.err("sampler.name", f"unknown sampler {name!r}; known: {', '.join(SAMPLERS)}")
+            return dict(value)
+        known = SAMPLER_OPTIONS[name]
+        for k, v in value.items():
+            if k == "name":
+                continue
+            if k not in known:
+                self.err(f"sampler.{k}", f"unknown option of sampler {name!r}; known: {', '.join(known)}")
+            elif not known[k][1](v):
+                self.err(f"sampler.{k}", f"{v!r} must be {known[k][0]}")
+        return dict(value, name=name)
+
+    def count(self, where: str, value, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.err(where, f"{value!r} must be an integer >= {minimum}")
+            return max(minimum, 1)
+        return value
+
+    def resources(self, value) -> dict:
+        out = {"cpu": 1.0, "gpu": 0.0}
+        if not isinstance(value, dict):
+            self.err("resources", f"expected {{cpu: ..., gpu: ...}}, got {value!r}")
+            return out
+        for k, v in value.items():
+            if k not in out:
+                self.err(f"resources.{k}", "unknown resource; known: cpu, gpu (per trial)")
+                continue
+            n = _num(v)
+            if n is None:
+                self.err(f"resources.{k}", f"{v!r} is not a number")
+            elif k == "cpu" and n <= 0:
+                self.err("resources.cpu", f"{_fmt(v)} must be > 0 (CPUs per trial; fractions are allowed)")
+            elif k == "gpu" and n < 0:
+                self.err("resources.gpu", f"{_fmt(v)} must be >= 0 (GPUs per trial; 0.25 = four trials a GPU)")
+            elif k == "gpu" and n > 1 and not float(n).is_integer():
+                self.err("resources.gpu", f"{_fmt(v)}: Ray accepts a fraction of one GPU or a whole number")
+            else:
+                out[k] = float(n)
+        return out
+
+    # ------------------------------------------------------------------------------ config keys
+    def key_ok(self, where: str, key: Any) -> bool:
+        if not isinstance(key, str) or key not in self.specs:
+            close = difflib.get_close_matches(str(key), self.specs.keys(), n=3, cutoff=0.6)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            sec = str(key).split(".")[0]
+            same = [k for k in self.specs if k.startswith(sec + ".")]
+            known = f"; known {sec}.* keys: {', '.join(same)}" if same else "; `cem-bench keys` lists them all"
+            self.err(where, f"unknown config key {key!r}{hint}{known}")
+            return False
+        return True
+
+    def coerce(self, where: str, key: str, value: Any) -> tuple[bool, Any]:
+        try:
+            return True, coerce(key, value, self.specs[key])
+        except ConfigError as e:
+            self.err(where, str(e))
+            return False, None
+
+    def fixed(self, value) -> dict:
+        if not isinstance(value, dict):
+            self.err("fixed", f"expected a mapping of config keys to values, got {value!r}")
+            self.fixed_ok = False
+            return {}
+        value = flatten(value)
+        out, ok_all = {}, True
+        for key, v in value.items():
+            where = f"fixed.{key}"
+            if not self.key_ok(where, key):
+                ok_all = False
+                continue
+            ok, cv = self.coerce(where, key, v)
+            ok_all &= ok
+            if ok:
+                out[key] = cv
+        if ok_all:
+            try:
+                TrialConfig.from_flat(out)
+            except ConfigError as e:
+                self.errors.extend(f"fixed: {line}" for line in str(e).splitlines())
+                ok_all = False
+        self.fixed_ok = ok_all
+        return out

@@ -1,0 +1,121 @@
+"""The validated form of a search space: ``Objective``, ``Param``, ``SearchSpec``, and the vocabularies a
+search-space YAML may use (metrics, modes, parameter kinds, samplers and the options each accepts).
+
+Imports nothing heavy (no torch, no Optuna, no Ray); ``parse.py`` builds these, ``sampling.py`` turns them
+into Optuna's define-by-run function and sampler.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..schema import OBJECTIVE_METRICS
+
+METRICS: tuple[str, ...] = OBJECTIVE_METRICS
+MODES = ("max", "min")
+KINDS = ("uniform", "loguniform", "int", "choice")
+
+# Sampler name -> options it accepts (with their type check). Anything else is an error listing these.
+_INT = ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+_INT_OR_NONE = ("an integer or empty", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)))
+_BOOL = ("true or false", lambda v: isinstance(v, bool))
+_PROB = ("a number in [0, 1]", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1)
+_POS_INT = ("an integer >= 1", lambda v: _INT[1](v) and v >= 1)
+_NONNEG_INT = ("an integer >= 0", lambda v: _INT[1](v) and v >= 0)
+_NSGA = {"seed": _INT_OR_NONE, "population_size": ("an integer >= 2", lambda v: _INT[1](v) and v >= 2),
+         "mutation_prob": ("a number in [0, 1] or empty", lambda v: v is None or _PROB[1](v)),
+         "crossover_prob": _PROB, "swapping_prob": _PROB}
+SAMPLER_OPTIONS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
+    "tpe": {"seed": _INT_OR_NONE, "n_startup_trials": _NONNEG_INT, "n_ei_candidates": _POS_INT,
+            "multivariate": _BOOL, "group": _BOOL, "constant_liar": _BOOL},
+    "nsga2": dict(_NSGA),
+    "nsga3": {**_NSGA, "dividing_parameter": _POS_INT},
+    "gp": {"seed": _INT_OR_NONE, "n_startup_trials": _NONNEG_INT, "deterministic_objective": _BOOL},
+    "random": {"seed": _INT_OR_NONE},
+}
+SAMPLERS = tuple(sorted(SAMPLER_OPTIONS))
+
+# The shape of the YAML file itself (used by the parser).
+_TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "max_concurrent", "max_failures", "resources",
+             "fixed", "params")
+_REQUIRED = ("name", "objectives", "num_samples", "params")
+_PARAM_FIELDS = (*KINDS, "log", "step", "when")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str
+    mode: str                      # "max" | "min"
+    ref: float | None = None       # hypervolume reference point (the worst value worth counting)
+
+
+@dataclass(frozen=True)
+class Param:
+    key: str
+    kind: str                      # "uniform" | "loguniform" | "int" | "choice"
+    low: float | int | None = None
+    high: float | int | None = None
+    choices: tuple | None = None
+    log: bool = False
+    step: float | int | None = None
+    when: dict[str, tuple] = field(default_factory=dict)   # param key -> allowed values; all must hold
+
+    def active(self, values: dict[str, Any]) -> bool:
+        """Whether this parameter is sampled, given the values sampled before it."""
+        return all(ref in values and values[ref] in allowed for ref, allowed in self.when.items())
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"key": self.key, "kind": self.kind}
+        if self.kind == "choice":
+            d["choices"] = list(self.choices)
+        else:
+            d["low"], d["high"] = self.low, self.high
+            d["log"] = self.log
+            if self.step is not None:
+                d["step"] = self.step
+        if self.when:
+            d["when"] = {k: list(v) for k, v in self.when.items()}
+        return d
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    name: str
+    objectives: tuple[Objective, ...]
+    sampler: dict
+    num_samples: int
+    max_concurrent: int
+    resources: dict
+    fixed: dict
+    params: tuple[Param, ...]
+    max_failures: int = 2
+    path: str | None = None
+
+    @property
+    def metric_names(self) -> list[str]:
+        return [o.metric for o in self.objectives]
+
+    @property
+    def modes(self) -> list[str]:
+        return [o.mode for o in self.objectives]
+
+    @property
+    def conditional(self) -> bool:
+        return any(p.when for p in self.params)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "objectives": [{"metric": o.metric, "mode": o.mode, "ref": o.ref} for o in self.objectives],
+            "sampler": dict(self.sampler),
+            "num_samples": self.num_samples,
+            "max_concurrent": self.max_concurrent,
+            "max_failures": self.max_failures,
+            "resources": dict(self.resources),
+            "fixed": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in self.fixed.items()},
+            "params": [p.to_dict() for p in self.params],
+            "path": self.path,
+        }
