@@ -19,14 +19,10 @@ from typing import Any, Optional
 
 
 from .errors import ConfigError  # noqa: F401  (re-exported: config errors are raised from here)
+from .keys import (KeySpec, coerce, key, plugin_specs, registered_names, spec_of_field, specs_of,  # noqa: F401
+                   unknown_key_message)
 
-
-def _f(default: Any, help: str, *, choices: tuple | None = None, lo: float | None = None,
-       hi: float | None = None, lo_open: bool = False, hi_open: bool = False):
-    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
+_f = key
 
 
 @dataclass(frozen=True)
@@ -61,8 +57,19 @@ class DefenseConfig:
                           "attacker queries", lo=0.0, hi=10.0)
 
 
+def _plugin_key(section, name: str):
+    """Read a plug-in key (``cfg.cem.num_slots``) from the section's ``params``."""
+    params = section.__dict__.get("params")
+    if params is not None and name in params:
+        return params[name]
+    raise AttributeError(f"{type(section).__name__} has no key {name!r}; plug-in keys are filled in by "
+                         f"surrogates.resolve / attacks.resolve")
+
+
 @dataclass(frozen=True)
 class CemConfig:
+    """The keys every surrogate has. Each surrogate declares its own keys beside its ``@register``
+    (cem_bench/surrogates/); their values live in ``params`` and read as attributes."""
     lambd: float = _f(16.0, "lambda, weight of the CEM loss; 0 disables CEM (no surrogate is built)", lo=0.0)
     surrogate: str = _f("gmm", "conditional-entropy surrogate (see SURROGATES.md)")
     grad_mode: Optional[str] = _f(None, "inject: the paper's two-backward gradient injection; fused: CE + "
@@ -78,32 +85,10 @@ class CemConfig:
                                       "minimise it too (the seeds' literal design, which lets the estimate switch "
                                       "itself off); refit = no trained parameters, refitted by clustering (gmm) "
                                       "(empty = surrogate default)", choices=("adversarial", "joint", "refit"))
-    # gmm
-    num_clusters: int = _f(5, "gmm: clusters per class", lo=1, hi=256)
-    gmm_fit: str = _f("kmeans", "gmm: refit by hard k-means (the paper's code) or diagonal EM started from it",
-                      choices=("kmeans", "em"))
-    entropy: str = _f("isotropic", "gmm: hinge on the scalar variance (paper's code) or per dimension",
-                      choices=("isotropic", "diag"))
-    shrink: float = _f(10.0, "gmm: s in alpha = min(0.99, s*n/(pi*N_c)), batch-vs-prior shrinkage", lo=0.0)
-    # attention surrogates
-    stats_on: Optional[str] = _f(None, "statistics on raw encoder features (default) or on the surrogate's "
-                                 "normalized/enhanced features", choices=("raw", "normalized", "enhanced"))
-    hidden_dim: int = _f(128, "width of the attention layers' projected space", lo=1, hi=4096)
-    num_slots: Optional[int] = _f(None, "slots of SlotAttention (empty = surrogate default)", lo=1, hi=256)
-    num_iterations: Optional[int] = _f(None, "SlotAttention iterations (empty = surrogate default)", lo=1, hi=32)
-    num_heads: Optional[int] = _f(None, "cross-attention heads (must divide hidden_dim; empty = surrogate default)",
-                                  lo=1, hi=64)
-    slot_temp: Optional[float] = _f(None, "extra damping of slot logits (empty = hidden_dim**0.25)",
-                                    lo=0.0, lo_open=True)
-    snr_thresh: float = _f(0.3, "SNR gate threshold on var/(mean^2+eps)", lo=0.0)
-    snr_sharp: float = _f(10.0, "SNR gate sharpness", lo=0.0)
-    softplus_beta: float = _f(1.0, "beta of the softplus hinge", lo=0.0, lo_open=True)
-    margin: float = _f(0.1, "margin m of the softplus hinge (in log-variance units)")
-    slot_power: float = _f(2.0, "exponent of slot/class weights", lo=0.0)
-    class_gate_a: float = _f(10.0, "class gate sharpness a in sigmoid(a*(M_c/B - b))", lo=0.0)
-    class_gate_b: float = _f(0.05, "class gate offset b in sigmoid(a*(M_c/B - b))", lo=0.0, hi=1.0)
-    reg_strength: float = _f(0.025, "attention_centroid: rho in log(var + rho^2)", lo=0.0, lo_open=True)
-    dropout: float = _f(0.1, "serial_enhanced: dropout in the FFN", lo=0.0, hi=1.0, hi_open=True)
+    params: dict = field(default_factory=dict, metadata={"internal": True})   # the surrogate's own keys
+
+    def __getattr__(self, name: str):
+        return _plugin_key(self, name)
 
 
 @dataclass(frozen=True)
@@ -126,35 +111,14 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class AttackConfig:
+    """The keys every attack has. Each attack declares its own keys beside its ``@register``
+    (cem_bench/attacks/); their values live in ``params`` and read as attributes."""
     kind: str = _f("decoder", "model-inversion attack")
-    epochs: Optional[int] = _f(None, "attack decoder epochs (empty = 50 as the paper on CIFAR, 10 on synthetic)",
-                               lo=0)
-    blocks: Optional[int] = _f(None, "residual blocks of the decoder (empty = 8 as the paper's res_normN8C64 "
-                               "on CIFAR, 2 on synthetic)", lo=0, hi=64)
-    channels: Optional[int] = _f(None, "channels of the decoder (empty = 64 as the paper on CIFAR, 32 on "
-                                 "synthetic)", lo=1, hi=1024)
-    lr: float = _f(1e-3, "Adam learning rate (cosine to 1e-5)", lo=0.0, lo_open=True)
-    weight_decay: float = _f(1e-4, "Adam weight decay", lo=0.0)
-    batch_size: int = _f(256, "attack batch size", lo=1)
     seed: int = _f(200, "seed of the attacker (the paper's main_test_MIA uses 200)")
+    params: dict = field(default_factory=dict, metadata={"internal": True})   # the attack's own keys
 
-
-# The paper's decoder attack (50 epochs, res_normN8C64) on CIFAR; a CPU-sized one on the synthetic demo data
-# so that `cem-bench train` on it takes a minute or two, not twenty. Set the keys to override either.
-DATASET_ATTACK_DEFAULTS = {
-    "cifar10": {"epochs": 50, "blocks": 8, "channels": 64},
-    "cifar100": {"epochs": 50, "blocks": 8, "channels": 64},
-    "synthetic": {"epochs": 10, "blocks": 2, "channels": 32},
-}
-
-
-def resolve_attack(cfg: "TrialConfig") -> "TrialConfig":
-    """Fill the attack keys left empty with the dataset's defaults."""
-    defaults = DATASET_ATTACK_DEFAULTS[cfg.data.dataset]
-    updates = {k: v for k, v in defaults.items() if getattr(cfg.attack, k) is None}
-    if not updates:
-        return cfg
-    return dataclasses.replace(cfg, attack=dataclasses.replace(cfg.attack, **updates))
+    def __getattr__(self, name: str):
+        return _plugin_key(self, name)
 
 
 SECTIONS = {
@@ -192,7 +156,14 @@ class TrialConfig:
             except ConfigError as e:
                 errors.append(str(e))
                 continue
-            if "." in key:
+            if specs[key].owners:                     # a plug-in key: into the section's params
+                sec, name = key.split(".", 1)
+                params = updates.setdefault(sec, {}).setdefault("params", dict(getattr(base, sec).params))
+                if value is None:
+                    params.pop(name, None)
+                else:
+                    params[name] = value
+            elif "." in key:
                 sec, name = key.split(".", 1)
                 updates.setdefault(sec, {})[name] = value
             else:
@@ -215,7 +186,10 @@ class TrialConfig:
             obj = getattr(self, sec)
             for f in dataclasses.fields(obj):
                 v = getattr(obj, f.name)
-                out[f"{sec}.{f.name}"] = list(v) if isinstance(v, list) else v
+                if f.name == "params":
+                    out.update({f"{sec}.{k}": (list(p) if isinstance(p, list) else p) for k, p in sorted(v.items())})
+                else:
+                    out[f"{sec}.{f.name}"] = list(v) if isinstance(v, list) else v
         return out
 
     def replace(self, **flat) -> "TrialConfig":
@@ -225,18 +199,14 @@ class TrialConfig:
     def validate(self) -> None:
         """Cross-field checks the per-key checks cannot do."""
         errors = []
-        from .surrogates import names as surrogate_names
-        from .attacks import names as attack_names
-        if self.cem.surrogate not in surrogate_names():
-            errors.append(f"cem.surrogate: unknown surrogate {self.cem.surrogate!r}; known: "
-                          f"{', '.join(surrogate_names())}")
-        if self.attack.kind not in attack_names():
-            errors.append(f"attack.kind: unknown attack {self.attack.kind!r}; known: {', '.join(attack_names())}")
+        _load_plugins()
+        for key_, value in (("cem.surrogate", self.cem.surrogate), ("attack.kind", self.attack.kind)):
+            kind, known = registered_names(key_)
+            if value not in known:
+                errors.append(f"{key_}: unknown {kind} {value!r}; known: {', '.join(known)}")
         ms = self.train.milestones
         if any((not isinstance(m, (int, float))) or not (0 < m <= 1) for m in ms) or list(ms) != sorted(ms):
             errors.append(f"train.milestones: {ms!r} must be increasing fractions of the run in (0, 1]")
-        if self.cem.num_heads is not None and self.cem.hidden_dim % self.cem.num_heads:
-            errors.append(f"cem.num_heads: {self.cem.num_heads} must divide cem.hidden_dim ({self.cem.hidden_dim})")
         dev = self.train.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             errors.append(f"train.device: {dev!r}; allowed: auto, cpu, cuda, cuda:N")
@@ -246,146 +216,47 @@ class TrialConfig:
             raise ConfigError("\n".join(errors))
 
 
-# ---------------------------------------------------------------------- key registry
-@dataclass(frozen=True)
-class KeySpec:
-    key: str
-    type: Any
-    default: Any
-    help: str
-    choices: tuple | None
-    lo: float | None
-    hi: float | None
-    lo_open: bool
-    hi_open: bool
-    optional: bool
-
-    def describe(self) -> str:
-        t = getattr(self.type, "__name__", str(self.type))
-        extra = ""
-        if self.choices:
-            extra = f" one of {', '.join(map(str, self.choices))}"
-        elif self.lo is not None or self.hi is not None:
-            lo = "-inf" if self.lo is None else f"{self.lo:g}"
-            hi = "inf" if self.hi is None else f"{self.hi:g}"
-            extra = f" in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open or self.hi is None else ']'}"
-        opt = " or empty" if self.optional else ""
-        return f"{t}{extra}{opt}"
-
-
+# ---------------------------------------------------------------------- the key table
+# Packages whose plug-ins declare their own keys beside their @register (keys.declare). They are imported by
+# name the first time the full key table is needed, so this module imports none of them.
+PLUGIN_PACKAGES = ("cem_bench.surrogates", "cem_bench.attacks")
 _SPECS: dict[str, KeySpec] | None = None
 
 
+def _load_plugins() -> None:
+    import importlib
+    for name in PLUGIN_PACKAGES:
+        importlib.import_module(name)
+
+
+def core_key_specs() -> dict[str, KeySpec]:
+    """The keys of the sections themselves (no plug-in keys)."""
+    specs = {"seed": spec_of_field("seed", next(f for f in dataclasses.fields(TrialConfig) if f.name == "seed"),
+                                   int)}
+    for sec, klass in SECTIONS.items():
+        specs.update(specs_of(sec, klass))
+    return specs
+
+
 def key_specs() -> dict[str, KeySpec]:
-    """Every flat key with its type, default, help and allowed values."""
+    """Every flat key with its type, default, help and allowed values: the sections' and the plug-ins'."""
     global _SPECS
     if _SPECS is None:
+        _load_plugins()
+        core, plugins = core_key_specs(), plugin_specs()
+        clash = sorted(set(core) & set(plugins))
+        if clash:
+            raise ValueError(f"plug-in keys {clash} are already keys of the sections")
         specs = {}
-
-        def add(key, f, hints):
-            tp = hints[f.name]
-            optional = False
-            if typing.get_origin(tp) is typing.Union:
-                args = [a for a in typing.get_args(tp) if a is not type(None)]
-                tp, optional = args[0], True
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            m = f.metadata
-            specs[key] = KeySpec(key, tp, default, m.get("help", ""), m.get("choices"), m.get("lo"), m.get("hi"),
-                                 m.get("lo_open", False), m.get("hi_open", False), optional)
-
-        hints = typing.get_type_hints(TrialConfig)
-        add("seed", next(f for f in dataclasses.fields(TrialConfig) if f.name == "seed"), hints)
-        for sec, klass in SECTIONS.items():
-            h = typing.get_type_hints(klass)
-            for f in dataclasses.fields(klass):
-                add(f"{sec}.{f.name}", f, h)
+        for sec in ["seed", *SECTIONS]:          # each section's own keys, then its plug-ins'
+            specs.update({k: v for k, v in core.items() if k.split(".")[0] == sec})
+            specs.update({k: v for k, v in plugins.items() if k.split(".")[0] == sec})
         _SPECS = specs
     return _SPECS
 
 
-def _unknown_key_message(key: str, specs: dict[str, KeySpec]) -> str:
-    import difflib
-    close = difflib.get_close_matches(key, specs.keys(), n=3, cutoff=0.6)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    sec = key.split(".")[0]
-    same = [k for k in specs if k.startswith(sec + ".")]
-    known = ", ".join(same) if same else "sections " + ", ".join(["seed", *SECTIONS])
-    return f"unknown config key {key!r}{hint}; known keys here: {known}"
-
-
-def coerce(key: str, value: Any, spec: KeySpec | None = None) -> Any:
-    """Convert ``value`` (possibly a string from ``--set``) to the key's type and check its range."""
-    spec = spec or key_specs().get(key)
-    if spec is None:
-        raise ConfigError(_unknown_key_message(key, key_specs()))
-    bad = lambda why: ConfigError(f"{key}: {value!r} {why}; allowed: {spec.describe()}")  # noqa: E731
-    empty = value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))
-    if empty and spec.optional:
-        return None
-    if value is None or (isinstance(value, str) and not value.strip()):
-        raise bad("is empty")
-    tp = spec.type
-    if tp is bool:
-        if isinstance(value, bool):
-            v = value
-        elif isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"):
-            v = True
-        elif isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
-            v = False
-        elif isinstance(value, int) and value in (0, 1):
-            v = bool(value)
-        else:
-            raise bad("is not a boolean")
-    elif tp is int:
-        if isinstance(value, bool):
-            raise bad("is a boolean, not an integer")
-        if isinstance(value, int):
-            v = value
-        elif isinstance(value, float) and value.is_integer():
-            v = int(value)
-        elif isinstance(value, str):
-            try:
-                v = int(value.strip())
-            except ValueError:
-                raise bad("is not an integer") from None
-        else:
-            raise bad("is not an integer")
-    elif tp is float:
-        if isinstance(value, bool):
-            raise bad("is a boolean, not a number")
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            raise bad("is not a number") from None
-        if not math.isfinite(v):
-            raise bad("is not finite")
-    elif tp is str:
-        if not isinstance(value, str):
-            raise bad("is not a string")
-        v = value.strip()
-    elif tp is list or typing.get_origin(tp) is list:
-        if isinstance(value, str):
-            import yaml
-            try:
-                value = yaml.safe_load(value)
-            except yaml.YAMLError:
-                raise bad("is not a list") from None
-        if not isinstance(value, (list, tuple)):
-            raise bad("is not a list")
-        try:
-            v = [float(x) for x in value]
-        except (TypeError, ValueError):
-            raise bad("is not a list of numbers") from None
-    else:  # pragma: no cover - every field uses one of the types above
-        v = value
-    if spec.choices is not None and v not in spec.choices:
-        raise bad("is not allowed")
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        if spec.lo is not None and (v < spec.lo or (spec.lo_open and v == spec.lo)):
-            raise bad("is out of range")
-        if spec.hi is not None and (v > spec.hi or (spec.hi_open and v == spec.hi)):
-            raise bad("is out of range")
-    return v
+def _unknown_key_message(key_: str, specs: dict[str, KeySpec]) -> str:
+    return unknown_key_message(key_, specs, SECTIONS)
 
 
 def load_yaml_config(path: str) -> dict[str, Any]:

@@ -1,32 +1,57 @@
 """A name -> class registry: ``@registry.register("name")``; unknown names raise ``ConfigError`` listing the
-known ones. Surrogates and attacks each keep one."""
+known ones. Surrogates and attacks each keep one.
+
+A registered class may carry ``Keys``, a frozen dataclass of ``keys.key(...)`` fields: its own configuration
+keys, declared under the registry's section (``cem.num_slots``) and listed by ``cem-bench keys``; ``cls.keys``
+then holds their flat names. The registered name becomes an allowed value of the registry's key
+(``cem.surrogate``).
+"""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Generic, TypeVar
 
+from . import keys as keys_mod
 from .errors import ConfigError
 
 T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, catalog: str):
-        self.kind, self.catalog = kind, catalog  # catalog: module whose import registers every entry
+    def __init__(self, kind: str, package: str, key: str, skip: tuple[str, ...] = ()):
+        """``package``: where the plug-ins live (every module in it but ``skip`` is imported to register
+        them); ``key``: the config key whose values are the registered names (``cem.surrogate``)."""
+        self.kind, self.package, self.key, self.skip = kind, package, key, skip
+        self.section = key.split(".", 1)[0]
         self._items: dict[str, type[T]] = {}
+        self._loaded = False
 
     def register(self, name: str):
         def deco(cls):
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             cls.name = name
+            keys_cls = getattr(cls, "Keys", None)
+            cls.keys = keys_mod.declare(self.section, name, keys_cls) if keys_cls is not None else ()
+            keys_mod.declare_name(self.key, self.kind, name)
             self._items[name] = cls
             return cls
         return deco
 
+    def load(self) -> None:
+        """Import every plug-in module of the package (once): adding a plug-in is adding a file."""
+        if self._loaded:
+            return
+        self._loaded = True
+        pkg = importlib.import_module(self.package)
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if info.name not in self.skip and not info.name.startswith("_"):
+                importlib.import_module(f"{self.package}.{info.name}")
+
     def names(self) -> list[str]:
-        importlib.import_module(self.catalog)
+        self.load()
         return sorted(self._items)
 
     def get(self, name: str) -> type[T]:

@@ -16,7 +16,7 @@ import torch
 
 from . import __version__
 from . import attacks, data, models, surrogates
-from .config import TrialConfig, resolve_attack
+from .config import TrialConfig
 from .provenance import device_name, git_sha
 from .schema import GALLERY_FILE, OBJECTIVE_METRICS
 from .trainer import Trainer, resolve_device, seed_everything
@@ -28,7 +28,7 @@ Report = Callable[..., None]
 
 def build_config(config: TrialConfig | dict) -> TrialConfig:
     cfg = config if isinstance(config, TrialConfig) else TrialConfig.from_flat(config)
-    return resolve_attack(surrogates.resolve(cfg))
+    return attacks.resolve(surrogates.resolve(cfg))
 
 
 def build(cfg: TrialConfig, device: torch.device, splits: data.Splits | None = None):

@@ -8,7 +8,7 @@ def test_defaults_follow_the_paper():
     c = TrialConfig()
     assert (c.cem.lambd, c.cem.var_threshold, c.defense.noise_std, c.train.lr, c.train.epochs) == (16, 0.125, 0.025, 0.05, 240)
     assert c.model.cut_layer == 4 and c.model.bottleneck_channels == 8 and c.model.sigmoid
-    from cem_bench.config import resolve_attack
+    from cem_bench.attacks import resolve as resolve_attack
     a = resolve_attack(c.replace(**{"data.dataset": "cifar10"})).attack
     assert a.blocks == 8 and a.channels == 64 and a.epochs == 50
     assert resolve_attack(c).attack.epochs == 10  # synthetic: a CPU-sized attack
@@ -19,7 +19,18 @@ def test_flat_round_trip():
                                "cem.num_slots": 4})
     assert c.cem.lambd == 8.0 and c.train.milestones == [0.5, 0.75] and c.model.sigmoid is False
     assert TrialConfig.from_flat(c.to_flat()) == c
-    assert set(c.to_flat()) == set(key_specs())
+    # every key of the sections, plus the plug-in keys that were set; once resolved, every key of the chosen
+    # surrogate and attack (and only theirs: another surrogate's keys do not apply and are not recorded)
+    from cem_bench import attacks, surrogates
+    from cem_bench.config import core_key_specs
+    from cem_bench.trial import build_config
+    assert set(c.to_flat()) == set(core_key_specs()) | {"cem.num_slots"}
+    for name in surrogates.names():
+        r = build_config(c.replace(**{"cem.surrogate": name}))
+        own = set(surrogates.get(name).keys) | set(attacks.get("decoder").keys)
+        assert set(r.to_flat()) == set(core_key_specs()) | own
+        assert own <= set(key_specs())
+        assert TrialConfig.from_flat(r.to_flat()) == r
 
 
 @pytest.mark.parametrize("flat, fragments", [

@@ -182,7 +182,10 @@ def test_resolve_fills_defaults(name):
     klass = get(name)
     for key, value in klass.defaults.items():
         assert getattr(cfg, key.split(".", 1)[1]) == value, key
-    assert cfg.stats_on in klass.stats_on_choices
+    import dataclasses
+    own = {f.name: f.default for f in dataclasses.fields(klass.Keys)}
+    assert cfg.params == klass.complete(own)                      # the surrogate's own keys, and only them
+    assert set(klass.keys) == {f"cem.{k}" for k in own}
 
 
 def test_seed_defaults():

@@ -1,5 +1,10 @@
-"""Model-inversion attacks: one file each, registered by name."""
+"""Model-inversion attacks: one file each, registered by name with its own keys (like the surrogates).
 
-from .base import Attack, AttackResult, build, names, register
+Importing the package registers every attack module in it.
+"""
 
-__all__ = ["Attack", "AttackResult", "build", "names", "register"]
+from .base import _REGISTRY, Attack, AttackResult, build, get, names, register, resolve
+
+_REGISTRY.load()
+
+__all__ = ["Attack", "AttackResult", "build", "get", "names", "register", "resolve"]

@@ -22,11 +22,14 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..keys import key
 from ..metrics import MetricAccumulator
 from .base import Attack, AttackResult, register
 
@@ -110,7 +113,8 @@ class InversionDecoder(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------- attack
-def _amp_enabled(cfg, device: torch.device) -> bool:
+def amp_enabled(cfg, device: torch.device) -> bool:
+    """Whether the attack runs under bf16 autocast: on CUDA with ``train.amp`` auto or on (as the trainer)."""
     return device.type == "cuda" and cfg.train.amp in ("auto", "on")
 
 
@@ -127,15 +131,45 @@ def encode(encoder: nn.Module, split, splits, batch_size: int, device: torch.dev
     return z.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else z
 
 
+@dataclass(frozen=True)
+class DecoderKeys:
+    epochs: Optional[int] = key(None, "attack decoder epochs (empty = 50 as the paper on CIFAR, 10 on synthetic)",
+                                lo=0)
+    blocks: Optional[int] = key(None, "residual blocks of the decoder (empty = 8 as the paper's res_normN8C64 "
+                                "on CIFAR, 2 on synthetic)", lo=0, hi=64)
+    channels: Optional[int] = key(None, "channels of the decoder (empty = 64 as the paper on CIFAR, 32 on "
+                                  "synthetic)", lo=1, hi=1024)
+    lr: float = key(1e-3, "Adam learning rate (cosine to 1e-5)", lo=0.0, lo_open=True)
+    weight_decay: float = key(1e-4, "Adam weight decay", lo=0.0)
+    batch_size: int = key(256, "attack batch size", lo=1)
+
+
+# The paper's decoder attack (50 epochs, res_normN8C64) on CIFAR; a CPU-sized one on the synthetic demo data
+# so that `cem-bench train` on it takes a minute or two, not twenty. Set the keys to override either.
+DATASET_DEFAULTS = {
+    "cifar10": {"epochs": 50, "blocks": 8, "channels": 64},
+    "cifar100": {"epochs": 50, "blocks": 8, "channels": 64},
+    "synthetic": {"epochs": 10, "blocks": 2, "channels": 32},
+}
+
+
 @register("decoder")
 class DecoderAttack(Attack):
     """Train ``InversionDecoder`` on noisy features of ``attack_aux``; evaluate on ``attack_eval``."""
+
+    Keys = DecoderKeys
+
+    @classmethod
+    def complete(cls, params: dict, cfg) -> dict:
+        """Empty epochs/blocks/channels take the dataset's defaults."""
+        defaults = DATASET_DEFAULTS[cfg.data.dataset]
+        return {**params, **{k: v for k, v in defaults.items() if params[k] is None}}
 
     def run(self, encoder: nn.Module, splits, noise_std: float, device) -> AttackResult:
         t0 = time.perf_counter()
         cfg, acfg = self.cfg, self.cfg.attack
         device = torch.device(device)
-        amp = _amp_enabled(cfg, device)
+        amp = amp_enabled(cfg, device)
         gen = torch.Generator(device=device).manual_seed(acfg.seed)
 
         # -- features of the attacker's images, once, with the encoder frozen (its state restored after)
@@ -169,7 +203,7 @@ class DecoderAttack(Attack):
             return z
 
         # -- training
-        history = self._train(decoder, z_aux, splits.attack_aux.images, noisy, gen, device, amp)
+        history = self.train(decoder, z_aux, splits.attack_aux.images, noisy, gen, device, amp)
 
         # -- evaluation on images the decoder never saw, fresh noise, eval mode
         decoder.eval()
@@ -197,7 +231,9 @@ class DecoderAttack(Attack):
                             reconstructions=torch.cat(gallery_r) if gallery_r else empty,
                             history=history, seconds=time.perf_counter() - t0)
 
-    def _train(self, decoder, z_aux, images_u8, noisy, gen, device, amp) -> list[dict]:
+    def train(self, decoder, z_aux, images_u8, noisy, gen, device, amp) -> list[dict]:
+        """Train ``decoder`` for ``attack.epochs`` epochs from the features ``z_aux`` (``noisy`` adds the
+        defense noise per batch) to ``images_u8`` / 255; returns one record per epoch."""
         acfg = self.cfg.attack
         if acfg.epochs == 0:
             return []

@@ -1,7 +1,14 @@
-"""Conditional-entropy surrogates (SURROGATES.md): one file each, registered by name."""
+"""Conditional-entropy surrogates (docs/surrogates.md): one file each, registered by name with its own keys.
 
-from .base import (GLOBAL_DEFAULTS, Surrogate, SurrogateOut, build, get, group_by_class, intra_class_mse,
-                   names, register, resolve)
+Importing the package registers every surrogate module in it (``Registry.load``): adding a surrogate is
+adding a file with ``@register("name")``.
+"""
 
-__all__ = ["GLOBAL_DEFAULTS", "Surrogate", "SurrogateOut", "build", "get", "group_by_class", "intra_class_mse",
-           "names", "register", "resolve"]
+from .base import (GLOBAL_DEFAULTS, AttentionKeys, SlotKeys, Surrogate, SurrogateKeys, SurrogateOut, build, get,
+                   group_by_class, intra_class_mse, names, register, resolve)
+from .base import _REGISTRY
+
+_REGISTRY.load()
+
+__all__ = ["GLOBAL_DEFAULTS", "AttentionKeys", "SlotKeys", "Surrogate", "SurrogateKeys", "SurrogateOut", "build",
+           "get", "group_by_class", "intra_class_mse", "names", "register", "resolve"]

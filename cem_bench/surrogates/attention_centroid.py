@@ -26,24 +26,33 @@ matmul, cluster sums by ``index_add_`` over flat (class, slot) cells; no host sy
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, intra_class_mse, register, rows, soft_cell_stats
+from ..keys import key
+from .base import SlotKeys, Surrogate, SurrogateOut, intra_class_mse, register, rows, soft_cell_stats
 from .layers import SlotAttention
 
 
 ASSIGN_BETA_INIT = 10.0   # soft cells of the adversarial fit: distances of order 0.1 give clear, not hard, cells
 
 
+@dataclass(frozen=True)
+class AttentionCentroidKeys(SlotKeys):
+    num_heads: int = key(8, "cross-attention heads (must divide hidden_dim)", lo=1, hi=64)
+    reg_strength: float = key(0.025, "rho in log(var + rho^2) (the seed's fit; the adversarial fit hinges at t "
+                              "instead)", lo=0.0, lo_open=True)
+
+
 @register("attention_centroid")
 class AttentionCentroid(Surrogate):
-    # seed 000: lambda 16 and reg_strength 0.025 are also the global defaults; joint loss CE + lambda*L.
+    # seed 000: lambda 16, 8 slots, 3 iterations, 8 heads, rho 0.025; joint loss CE + lambda*L.
     # Seed 000 names no warm-up: keep the paper's (no CEM in epoch 1).
-    defaults = {"cem.loss_scale": 1.0, "cem.warmup_epochs": 1, "cem.grad_mode": "fused",
-                "cem.num_slots": 8, "cem.num_iterations": 3, "cem.num_heads": 8}
+    Keys = AttentionCentroidKeys
+    defaults = {"cem.loss_scale": 1.0, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)

@@ -22,19 +22,35 @@ import torch
 import torch.nn as nn
 
 from ..config import ConfigError, TrialConfig
+from ..keys import key
 from ..registry import Registry
 
-# Global fallbacks of the keys whose default is "the surrogate's own" (None in config.py).
+# Fallbacks of the keys every surrogate has whose default is "the surrogate's own" (None in config.py); a
+# surrogate overrides them in its ``defaults``.
 GLOBAL_DEFAULTS = {
     "cem.grad_mode": "inject",
     "cem.warmup_epochs": 1,
     "cem.loss_scale": 1.0,
-    "cem.stats_on": "raw",
-    "cem.num_slots": 8,
-    "cem.num_iterations": 3,
-    "cem.num_heads": 4,
-    "cem.estimator_fit": "adversarial",
 }
+
+
+@dataclass(frozen=True)
+class SurrogateKeys:
+    """The keys of a surrogate beyond CemConfig's; subclass it beside ``@register`` (docs/architecture.md)."""
+    stats_on: str = key("raw", "statistics on the raw encoder features (raw) or on the surrogate's own "
+                        "normalized/enhanced features", choices=("raw",))
+
+
+@dataclass(frozen=True)
+class AttentionKeys(SurrogateKeys):
+    hidden_dim: int = key(128, "width of the attention layers' projected space", lo=1, hi=4096)
+
+
+@dataclass(frozen=True)
+class SlotKeys(AttentionKeys):
+    num_slots: int = key(8, "slots of SlotAttention", lo=1, hi=256)
+    num_iterations: int = key(3, "SlotAttention iterations", lo=1, hi=32)
+    num_heads: int = key(4, "cross-attention heads (must divide hidden_dim)", lo=1, hi=64)
 
 
 @dataclass
@@ -47,8 +63,9 @@ class Surrogate(nn.Module):
     """Base class: ``forward(z, y) -> SurrogateOut`` and optionally ``refit(features, labels)``."""
 
     name: ClassVar[str] = ""
-    defaults: ClassVar[dict] = {}
-    stats_on_choices: ClassVar[tuple] = ("raw",)
+    Keys: ClassVar[type] = SurrogateKeys     # the surrogate's own keys and their defaults
+    keys: ClassVar[tuple] = ()               # their flat names, set by @register
+    defaults: ClassVar[dict] = {}            # defaults of CemConfig's "surrogate's own" keys
     # cem.estimator_fit values that apply (docs/estimators.md); the first one is the default
     fit_modes: ClassVar[tuple] = ("adversarial", "joint")
     needs_refit: ClassVar[bool] = False
@@ -66,6 +83,11 @@ class Surrogate(nn.Module):
     @classmethod
     def check(cls, cem) -> None:
         """Cross-key checks of a resolved ``CemConfig`` that only this surrogate knows; raise ConfigError."""
+
+    @classmethod
+    def complete(cls, params: dict) -> dict:
+        """Derived defaults of the surrogate's own keys (``params`` holds every one of them)."""
+        return params
 
     @property
     def adversarial(self) -> bool:
@@ -102,34 +124,41 @@ class Surrogate(nn.Module):
 RNG_OFFSET = 7919   # the surrogate's stream is seed + this, apart from the trainer's (seed) and gmm's k-means
 
 
-_REGISTRY: Registry[Surrogate] = Registry("surrogate", "cem_bench.surrogates._catalog")
+_REGISTRY: Registry[Surrogate] = Registry("surrogate", "cem_bench.surrogates", key="cem.surrogate",
+                                         skip=("base", "layers"))
 register, names, get = _REGISTRY.register, _REGISTRY.names, _REGISTRY.get
 
 
 def resolve(cfg: TrialConfig) -> TrialConfig:
-    """Fill the keys left empty with the chosen surrogate's defaults, then the global ones."""
+    """The config with every key of the chosen surrogate filled in: CemConfig's empty keys from the
+    surrogate's ``defaults`` (then the global ones), its own ``Keys`` from their defaults where not set. Keys of
+    other surrogates are dropped (they do not apply). Raises ``ConfigError`` for a value this surrogate does
+    not allow."""
     klass = get(cfg.cem.surrogate)
     cem = cfg.cem
     updates = {}
-    for key, fallback in GLOBAL_DEFAULTS.items():
-        name = key.split(".", 1)[1]
+    for key_, fallback in GLOBAL_DEFAULTS.items():
+        name = key_.split(".", 1)[1]
         if getattr(cem, name) is None:
-            updates[name] = klass.defaults.get(key, klass.fit_modes[0] if name == "estimator_fit" else fallback)
-    if cem.slot_temp is None:
-        updates["slot_temp"] = float(cem.hidden_dim) ** 0.25
-    stats_on = updates.get("stats_on", cem.stats_on)
-    if stats_on not in klass.stats_on_choices:
-        raise ConfigError(f"cem.stats_on: {stats_on!r} does not apply to surrogate {cfg.cem.surrogate!r}; "
-                          f"allowed: {', '.join(klass.stats_on_choices)}")
+            updates[name] = klass.defaults.get(key_, fallback)
+    if cem.estimator_fit is None:
+        updates["estimator_fit"] = klass.defaults.get("cem.estimator_fit", klass.fit_modes[0])
+    own = {f.name: getattr(klass.Keys(), f.name) for f in dataclasses.fields(klass.Keys)}
+    params = klass.complete({**own, **{k: v for k, v in cem.params.items() if k in own}})
+    for f in dataclasses.fields(klass.Keys):
+        choices = f.metadata.get("choices")
+        if choices and params[f.name] not in choices:
+            raise ConfigError(f"cem.{f.name}: {params[f.name]!r} does not apply to surrogate {cfg.cem.surrogate!r}; "
+                              f"allowed: {', '.join(choices)}")
     fit = updates.get("estimator_fit", cem.estimator_fit)
     if fit not in klass.fit_modes:
         raise ConfigError(f"cem.estimator_fit: {fit!r} does not apply to surrogate {cfg.cem.surrogate!r}; "
                           f"allowed: {', '.join(klass.fit_modes)}")
-    klass.check(dataclasses.replace(cem, **updates))
-    heads = updates.get("num_heads", cem.num_heads)
-    if cem.hidden_dim % heads:
-        raise ConfigError(f"cem.num_heads: {heads} must divide cem.hidden_dim ({cem.hidden_dim})")
-    return dataclasses.replace(cfg, cem=dataclasses.replace(cem, **updates))
+    if "num_heads" in params and params["hidden_dim"] % params["num_heads"]:
+        raise ConfigError(f"cem.num_heads: {params['num_heads']} must divide cem.hidden_dim ({params['hidden_dim']})")
+    resolved = dataclasses.replace(cem, **updates, params=params)
+    klass.check(resolved)
+    return dataclasses.replace(cfg, cem=resolved)
 
 
 def build(cfg: TrialConfig, feature_shape, num_classes: int) -> Surrogate:

@@ -18,18 +18,27 @@ level t = log(tau*sigma^2 + gamma), so a class of identical features (var = 0) g
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, intra_class_mse, register, rows
-from .layers import build_gates, class_softmax
+from ..keys import key
+from .base import AttentionKeys, Surrogate, SurrogateOut, intra_class_mse, register, rows
+from .layers import GateKeys, build_gates, class_softmax
+
+
+@dataclass(frozen=True)
+class GatedAttentionKeys(GateKeys, AttentionKeys):
+    stats_on: str = key("raw", "statistics on the raw encoder features (raw) or on their layer norm (normalized, "
+                        "the seed's reading)", choices=("raw", "normalized"))
 
 
 @register("gated_attention")
 class GatedAttention(Surrogate):
-    defaults = {"cem.loss_scale": 0.1, "cem.warmup_epochs": 5, "cem.grad_mode": "inject", "cem.stats_on": "raw"}
-    stats_on_choices = ("raw", "normalized")
+    Keys = GatedAttentionKeys
+    defaults = {"cem.loss_scale": 0.1, "cem.warmup_epochs": 5, "cem.grad_mode": "inject"}
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)

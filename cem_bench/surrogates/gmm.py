@@ -17,11 +17,13 @@ tensor, the per-batch term with ``index_add_`` over (class, cluster) slots. The 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, intra_class_mse, register
+from ..keys import key
+from .base import Surrogate, SurrogateKeys, SurrogateOut, intra_class_mse, register
 
 MAX_LLOYD_ITERS = 50
 MAX_EM_ITERS = 50
@@ -31,8 +33,19 @@ FAR = 1e30
 COMPACT_AT = 0.75  # drop converged classes from the Lloyd batch once at most this share of it still moves
 
 
+@dataclass(frozen=True)
+class GMMKeys(SurrogateKeys):
+    num_clusters: int = key(5, "clusters per class", lo=1, hi=256)
+    gmm_fit: str = key("kmeans", "refit by hard k-means (the paper's code) or diagonal EM started from it",
+                       choices=("kmeans", "em"))
+    entropy: str = key("isotropic", "hinge on the scalar variance (the paper's code) or per dimension",
+                       choices=("isotropic", "diag"))
+    shrink: float = key(10.0, "s in alpha = min(0.99, s*n/(pi*N_c)), batch-vs-prior shrinkage", lo=0.0)
+
+
 @register("gmm")
 class GMM(Surrogate):
+    Keys = GMMKeys
     defaults = {"cem.loss_scale": 1.0, "cem.warmup_epochs": 1, "cem.grad_mode": "inject"}
     needs_refit = True
     fit_modes = ("refit",)   # no gradient-trained parameters: centroids and variances are refitted by clustering
@@ -56,6 +69,14 @@ class GMM(Surrogate):
     @property
     def fitted(self) -> bool:
         return bool(self._fitted)
+
+    @fitted.setter
+    def fitted(self, value: bool) -> None:
+        """Only ``False``: forget the clusters, so that the next refit starts cold (k-means++ seeding, then
+        Lloyd from scratch) instead of from the previous centroids. Only ``refit`` makes it ``True``."""
+        if value:
+            raise ValueError("fitted can only be reset to False; refit() fits the clusters")
+        self._fitted.fill_(False)
 
     # ------------------------------------------------------------------------------------ per batch
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> SurrogateOut:

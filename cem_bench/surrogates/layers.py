@@ -23,7 +23,21 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..keys import key
+
 SNR_EPS = 1e-6   # epsilon of the SNR gate sigma^2 / (mu^2 + eps)
+
+
+@dataclass(frozen=True)
+class GateKeys:
+    """The keys of ``VarianceGates`` and the class gate (gated_attention and slot_cross, seed 003)."""
+    snr_thresh: float = key(0.3, "SNR gate threshold on var/(mean^2+eps)", lo=0.0)
+    snr_sharp: float = key(10.0, "SNR gate sharpness", lo=0.0)
+    softplus_beta: float = key(1.0, "beta of the softplus hinge", lo=0.0, lo_open=True)
+    margin: float = key(0.1, "margin m of the softplus hinge (in log-variance units)")
+    slot_power: float = key(2.0, "exponent of slot/class weights", lo=0.0)
+    class_gate_a: float = key(10.0, "class gate sharpness a in sigmoid(a*(M_c/B - b))", lo=0.0)
+    class_gate_b: float = key(0.05, "class gate offset b in sigmoid(a*(M_c/B - b))", lo=0.0, hi=1.0)
 
 
 class SlotAttention(nn.Module):

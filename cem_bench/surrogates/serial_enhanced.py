@@ -28,12 +28,14 @@ the slot attention, ``index_add_`` over flat (class, slot) cells for the statist
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
+from ..keys import key
+from .base import SlotKeys, Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
 from .layers import SlotAttention, dropout
 
 VAR_FLOOR = 1e-4        # seed 001: sigma^2 = Var + 1e-4, hinge at log(1e-4)
@@ -51,12 +53,20 @@ def _mlp(d_in: int, hidden: int, d_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, d_out))
 
 
+@dataclass(frozen=True)
+class SerialEnhancedKeys(SlotKeys):
+    num_slots: int = key(12, "slots of SlotAttention", lo=1, hi=256)
+    num_iterations: int = key(4, "SlotAttention iterations", lo=1, hi=32)
+    num_heads: int = key(8, "cross-attention heads (must divide hidden_dim)", lo=1, hi=64)
+    dropout: float = key(0.1, "dropout in the FFN", lo=0.0, hi=1.0, hi_open=True)
+
+
 @register("serial_enhanced")
 class SerialEnhanced(Surrogate):
-    # seed 001: lambda 16, dropout 0.1 are also the global defaults; "direct loss fusion" = fused.
+    # seed 001: lambda 16, 12 slots, 4 iterations, 8 heads, dropout 0.1; "direct loss fusion" = fused.
     # Seed 001 names no warm-up: keep the paper's (no CEM in epoch 1).
-    defaults = {"cem.loss_scale": 1.0, "cem.warmup_epochs": 1, "cem.grad_mode": "fused",
-                "cem.num_slots": 12, "cem.num_iterations": 4, "cem.num_heads": 8}
+    Keys = SerialEnhancedKeys
+    defaults = {"cem.loss_scale": 1.0, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)

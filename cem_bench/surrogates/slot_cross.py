@@ -25,24 +25,40 @@ of ``forward`` (classes, K, h), which the reference tests use to make the step r
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ConfigError
-from .base import Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
-from .layers import GatedCrossAttention, SlotAttention, build_gates, class_positions
+from ..keys import key
+from .base import SlotKeys, Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
+from .layers import GateKeys, GatedCrossAttention, SlotAttention, build_gates, class_positions
 
 ASSIGN_BETA_INIT = 10.0   # cosine logits in [-10, 10] at the start: clearly, not hard, assigned
 MIN_MASS = 1e-12
 
 
+@dataclass(frozen=True)
+class SlotCrossKeys(GateKeys, SlotKeys):
+    stats_on: str = key("raw", "statistics on the raw encoder features (raw) or on the cross-attended tokens "
+                        "(enhanced, the seed's reading; joint fit only)", choices=("raw", "enhanced"))
+    slot_temp: Optional[float] = key(None, "extra damping of slot logits (empty = hidden_dim**0.25)",
+                                     lo=0.0, lo_open=True)
+
+
 @register("slot_cross")
 class SlotCross(Surrogate):
-    defaults = {"cem.loss_scale": 0.25, "cem.warmup_epochs": 3, "cem.grad_mode": "inject", "cem.num_slots": 8,
-                "cem.num_iterations": 3, "cem.num_heads": 4, "cem.stats_on": "raw"}
-    stats_on_choices = ("raw", "enhanced")
+    Keys = SlotCrossKeys
+    defaults = {"cem.loss_scale": 0.25, "cem.warmup_epochs": 3, "cem.grad_mode": "inject"}
+
+    @classmethod
+    def complete(cls, params: dict) -> dict:
+        if params["slot_temp"] is None:      # seeds 002/004: damping by the fourth root of the width
+            params = {**params, "slot_temp": float(params["hidden_dim"]) ** 0.25}
+        return params
 
     @classmethod
     def check(cls, cem) -> None:
