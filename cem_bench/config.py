@@ -5,22 +5,18 @@ values. ``TrialConfig.from_flat`` validates every key and value and raises ``Con
 key or value and listing what is allowed. Every field carries a ``help`` string (shown by
 ``cem-bench keys``) and optionally ``choices`` or a numeric range.
 
-Surrogate-specific keys default to ``None``: "use the chosen surrogate's own default" (SURROGATES.md).
+Surrogate-specific keys default to ``None``: "use the chosen surrogate's own default" (docs/surrogates.md).
 ``surrogates.resolve(cfg)`` fills them in; the resolved config is what goes into every result row.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-
 from .errors import ConfigError  # noqa: F401  (re-exported: config errors are raised from here)
-from .keys import (KeySpec, coerce, key, plugin_specs, registered_names, spec_of_field, specs_of,  # noqa: F401
-                   unknown_key_message)
+from .keys import KeySpec, coerce, key, plugin_specs, registered_names, spec_of_field, specs_of, unknown_key_message  # noqa: F401
 
 _f = key
 
@@ -71,7 +67,7 @@ class CemConfig:
     """The keys every surrogate has. Each surrogate declares its own keys beside its ``@register``
     (cem_bench/surrogates/); their values live in ``params`` and read as attributes."""
     lambd: float = _f(16.0, "lambda, weight of the CEM loss; 0 disables CEM (no surrogate is built)", lo=0.0)
-    surrogate: str = _f("gmm", "conditional-entropy surrogate (see SURROGATES.md)")
+    surrogate: str = _f("gmm", "conditional-entropy surrogate (see docs/surrogates.md)")
     grad_mode: Optional[str] = _f(None, "inject: the paper's two-backward gradient injection; fused: CE + "
                                   "lambda*L in one backward (empty = surrogate default)", choices=("inject", "fused"))
     warmup_epochs: Optional[int] = _f(None, "epochs without the CEM loss (empty = surrogate default)", lo=0)
@@ -139,7 +135,7 @@ class TrialConfig:
 
     # ------------------------------------------------------------------ flat keys
     @classmethod
-    def from_flat(cls, flat: dict | None = None, base: "TrialConfig | None" = None) -> "TrialConfig":
+    def from_flat(cls, flat: dict | None = None, base: TrialConfig | None = None) -> TrialConfig:
         """Build from ``{"cem.lambd": 8, ...}``. Unknown keys and bad values raise ``ConfigError``."""
         flat = dict(flat or {})
         base = base or cls()
@@ -147,27 +143,27 @@ class TrialConfig:
         errors = []
         updates: dict[str, dict[str, Any]] = {}
         top: dict[str, Any] = {}
-        for key, value in flat.items():
-            if key not in specs:
-                errors.append(_unknown_key_message(key, specs))
+        for key_, value in flat.items():
+            if key_ not in specs:
+                errors.append(_unknown_key_message(key_, specs))
                 continue
             try:
-                value = coerce(key, value, specs[key])
+                value = coerce(key_, value, specs[key_])
             except ConfigError as e:
                 errors.append(str(e))
                 continue
-            if specs[key].owners:                     # a plug-in key: into the section's params
-                sec, name = key.split(".", 1)
+            if specs[key_].owners:                     # a plug-in key: into the section's params
+                sec, name = key_.split(".", 1)
                 params = updates.setdefault(sec, {}).setdefault("params", dict(getattr(base, sec).params))
                 if value is None:
                     params.pop(name, None)
                 else:
                     params[name] = value
-            elif "." in key:
-                sec, name = key.split(".", 1)
+            elif "." in key_:
+                sec, name = key_.split(".", 1)
                 updates.setdefault(sec, {})[name] = value
             else:
-                top[key] = value
+                top[key_] = value
         kwargs = dict(top)
         for sec, vals in updates.items():
             kwargs[sec] = dataclasses.replace(getattr(base, sec), **vals)
@@ -192,7 +188,7 @@ class TrialConfig:
                     out[f"{sec}.{f.name}"] = list(v) if isinstance(v, list) else v
         return out
 
-    def replace(self, **flat) -> "TrialConfig":
+    def replace(self, **flat) -> TrialConfig:
         """``cfg.replace(**{"cem.lambd": 0})``: a validated copy with some keys changed."""
         return TrialConfig.from_flat(flat, base=self)
 

@@ -2,7 +2,7 @@
 
 Every split lives on the training device as uint8 NCHW and is converted, augmented and normalised there
 in whole batches: no DataLoader worker processes and no PIL in the loop (the reference's CPU pipeline and
-its extra per-epoch data pass dominate its epoch time, cem_reference.md §8).
+its extra per-epoch data pass dominate its epoch time, docs/reference.md §9).
 
 * ``synthetic``: 10 classes of 32x32 RGB shapes generated in memory, deterministic from ``data.seed``.
 * ``cifar10`` / ``cifar100``: torchvision's files under ``data.root``; downloaded when missing and online.
@@ -40,7 +40,7 @@ class Split:
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def to(self, device) -> "Split":
+    def to(self, device) -> Split:
         return Split(self.images.to(device), self.labels.to(device))
 
 
@@ -151,7 +151,7 @@ def make_synthetic(n: int, seed: int, size: int = 32) -> Split:
     """``n`` images of the 10 shape classes, balanced, deterministic from ``seed``.
 
     Each image: a smooth two-colour gradient background, one class-specific foreground shape with random
-    position (+-6 px), size, aspect, rotation (+-25 deg) and a colour kept apart from the background, and a
+    position (+-6 px), size, aspect, rotation (+-15 deg) and a colour kept apart from the background, and a
     small distractor blob of another colour. Difficulty comes from variety, not from pixel noise (noise
     caps what any attack can reconstruct). Rendered at 2x and box-filtered, so edges are antialiased.
     """

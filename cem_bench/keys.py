@@ -131,7 +131,7 @@ def unknown_key_message(key_: str, specs: dict[str, KeySpec], sections) -> str:
 def coerce(key: str, value: Any, spec: KeySpec | None = None) -> Any:
     """Convert ``value`` (possibly a string from ``--set``) to the key's type and check its range."""
     if spec is None:
-        from .config import key_specs   # the full table (core + plug-ins), for the message
+        from .config import key_specs  # the full table (core + plug-ins), for the message
         spec = key_specs().get(key)
         if spec is None:
             from .config import SECTIONS

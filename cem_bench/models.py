@@ -1,4 +1,4 @@
-"""The split VGG11-bn of the CEM paper (cem_reference.md §1).
+"""The split VGG11-bn of the CEM paper (docs/reference.md §1).
 
 Client encoder f: the first ``cut_layer`` entries of VGG config 'A' (conv-BN-ReLU, max-pool), then a
 bottleneck conv to ``bottleneck_channels`` with no ReLU, then a sigmoid ("sgm"). Its output is the smashed

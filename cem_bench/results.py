@@ -30,9 +30,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .schema import (EPOCH_COLUMNS, EPOCHS_FILE, METRIC_COLUMNS, PROVENANCE, RAY_ERROR_FILE,
-                     RAY_PARAMS_FILE, RAY_RESULT_FILE, RESULT_FILE, RESUME_STATE_FILE, TRIALS_FILE,
-                     load_objectives, rank_table)
+from .schema import (
+    EPOCH_COLUMNS,
+    EPOCHS_FILE,
+    METRIC_COLUMNS,
+    PROVENANCE,
+    RAY_ERROR_FILE,
+    RAY_PARAMS_FILE,
+    RAY_RESULT_FILE,
+    RESULT_FILE,
+    RESUME_STATE_FILE,
+    TRIALS_FILE,
+    load_objectives,
+    rank_table,
+)
 from .storage import Dir as _Dir
 
 # keys of Ray's result lines that are bookkeeping, not epoch metrics

@@ -6,7 +6,7 @@ of the project above ``frontier``/``storage``/``errors``. The columns are descri
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd

@@ -1,4 +1,4 @@
-"""The CEM training loop (cem_reference.md §3c-§4, SURROGATES.md).
+"""The CEM training loop (docs/reference.md §2, §6 and §11, docs/surrogates.md, docs/estimators.md).
 
 One epoch: shuffled on-device batches with augmentation; the client encodes them (clean z, after the
 sigmoid); from the first CEM epoch on, the surrogate's loss L is computed on the clean features; Gaussian
@@ -15,18 +15,18 @@ direction ``cem.estimator_fit`` says (docs/estimators.md): ``adversarial`` ascen
 estimator looks for the spread the encoder must remove), ``joint`` descends it like the encoder (the
 seeds' literal design, which lets the estimator switch itself off). A step whose CEM loss is not finite
 contributes no gradient at all (a gate on the surrogate's input zeroes it in the backward pass, where a
-``torch.where`` on the loss alone would still propagate 0 * inf = NaN) and is counted. Logs accumulate as device tensors and are read once per epoch: no host sync in a
-step. Deliberate differences from the reference: epoch 1 trains at the real lr (the reference's WarmUpLR
-misuse made it 0); lambda = 0 builds no surrogate and runs no clustering; the checkpoint kept is the last
-one (no model selection on the test set).
+``torch.where`` on the loss alone would still propagate 0 * inf = NaN) and is counted. Logs accumulate as
+device tensors and are read once per epoch: no host sync in a step. Deliberate differences from the
+reference (docs/reference.md §11): epoch 1 trains at the real lr (the reference's WarmUpLR misuse made it 0);
+lambda = 0 builds no surrogate and runs no clustering; the checkpoint kept is the last one (no model
+selection on the test set).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -90,15 +90,6 @@ def estimator_sign(estimator_fit: str) -> float:
 def inject_scale(lr: float) -> float:
     """s(eta) of the paper's gradient injection."""
     return 0.001 / lr if lr >= INJECT_LR_KNEE else 1.0
-
-
-@dataclass
-class TrainState:
-    client: nn.Module
-    server: nn.Module
-    surrogate: Surrogate | None
-    history: list[dict] = field(default_factory=list)
-    epoch: int = 0
 
 
 class Trainer:

@@ -7,21 +7,18 @@ through the ``report(record, final, state_fn=None)`` callback, which the Ray tra
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from . import __version__
-from . import attacks, data, models, surrogates
+from . import __version__, attacks, data, models, surrogates
 from .config import TrialConfig
 from .provenance import device_name, git_sha
-from .schema import GALLERY_FILE, OBJECTIVE_METRICS
+from .schema import GALLERY_FILE
 from .trainer import Trainer, resolve_device, seed_everything
-
-
 
 Report = Callable[..., None]
 

@@ -3,12 +3,11 @@ import math
 import os
 
 import pytest
+from conftest import TINY
 
 from cem_bench.cli import main
 from cem_bench.schema import OBJECTIVE_METRICS as OBJECTIVE_KEYS
 from cem_bench.trial import run_trial
-
-from conftest import TINY
 
 
 def _sets(flat):

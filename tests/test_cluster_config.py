@@ -59,7 +59,7 @@ def test_commands_install_package_and_set_auth(raw):
     mounts = raw["file_mounts"]
     tree = [remote for remote, local in mounts.items() if local in (".", "./")]
     assert tree, "the working tree must be uploaded"
-    assert any(f"pip install" in c and "-e" in c and tree[0] in c for c in raw["setup_commands"])
+    assert any("pip install" in c and "-e" in c and tree[0] in c for c in raw["setup_commands"])
     assert "~/.ray/auth_token" in mounts
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         start = [c for c in raw[key] if "ray start" in c]
@@ -74,9 +74,9 @@ def test_broken_config_is_rejected(raw):
     from ray.autoscaler._private.util import prepare_config, validate_config
     bad = copy.deepcopy(raw)
     bad["head_node_type"] = "nope"
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - Ray raises jsonschema or ValueError errors by field
         validate_config(prepare_config(bad))
     bad = copy.deepcopy(raw)
     bad["max_wrokers"] = 3
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - Ray raises jsonschema or ValueError errors by field
         validate_config(prepare_config(bad))

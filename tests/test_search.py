@@ -352,6 +352,7 @@ def test_fractional_gpu_packing(tmp_path, local_ray):
 def _seed_with_both(spec_path: str, values: set) -> int:
     """A random-sampler seed whose first two suggestions for train.lr are the two different values."""
     import optuna
+
     from cem_bench.spaces import define_by_run, load_space, make_sampler
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for seed in range(50):

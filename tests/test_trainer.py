@@ -1,12 +1,11 @@
 import pytest
 import torch
+from conftest import TINY
 
 from cem_bench import surrogates
 from cem_bench.config import TrialConfig
 from cem_bench.trainer import TrialDiverged, inject_scale, lr_at
 from cem_bench.trial import build, build_config
-
-from conftest import TINY
 
 
 def test_lr_schedule_matches_the_reference_at_240_epochs():

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
-
-import dataclasses
 
 from ..config import TrialConfig
 from ..registry import Registry

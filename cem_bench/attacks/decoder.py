@@ -1,4 +1,4 @@
-"""The paper's decoder-based model-inversion attack (cem_reference.md §5a).
+"""The paper's decoder-based model-inversion attack (docs/reference.md §7).
 
 The attacker queries the frozen target encoder on its own images (``splits.attack_aux``), adds fresh
 N(0, sigma^2) noise to the features every batch, and trains a decoder from noisy features to the [0, 1]

@@ -17,8 +17,15 @@ import pandas as pd
 
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
-from cem_bench.schema import (COST_COLUMNS, EPOCHS_FILE, OBJECTIVE_METRICS, SPACE_FILE, TRIALS_FILE,
-                              load_objectives, rank_table)
+from cem_bench.schema import (
+    COST_COLUMNS,
+    EPOCHS_FILE,
+    OBJECTIVE_METRICS,
+    SPACE_FILE,
+    TRIALS_FILE,
+    load_objectives,
+    rank_table,
+)
 from cem_bench.storage import Dir, is_uri
 
 MAIN_PARAMS: list[str] = [

@@ -15,8 +15,18 @@ from cem_bench.storage import write_bytes
 
 from .load import BASELINE_LABEL, SURROGATE_COL, Results, best_baseline, front_of, load_results
 from .plots import param_columns, plot_frontier, plot_hypervolume, plot_param_effects, plot_training_curves
-from .summary import (facts_table, format_value, html_table, metric_columns, run_facts, safe_name, searched_columns,
-                      short, summary_sentence, tail)
+from .summary import (
+    facts_table,
+    format_value,
+    html_table,
+    metric_columns,
+    run_facts,
+    safe_name,
+    searched_columns,
+    short,
+    summary_sentence,
+    tail,
+)
 
 MAX_GALLERY = 24  # front trials shown in the gallery (best first objective first)
 

@@ -62,10 +62,10 @@ reporting epoch N, once per trial (a marker file ``.test_died`` in the trial's f
 go on).
 """
 
+from ..errors import SearchError
 from .resume import RAY_STATE_KINDS, SUPERSEDED_DIR, repair_experiment_state, write_resume_snapshot
 from .run import overrides_from_args, run_search, search_command
 from .trainable import DIE_ENV, DIE_MARKER, STATE_FILE, TRAINABLE_NAME, make_trainable, trial_resources, with_resources
-from ..errors import SearchError
 
 __all__ = ["DIE_ENV", "DIE_MARKER", "RAY_STATE_KINDS", "STATE_FILE", "SUPERSEDED_DIR", "SearchError",
            "TRAINABLE_NAME", "make_trainable", "overrides_from_args", "repair_experiment_state",

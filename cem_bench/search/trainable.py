@@ -10,7 +10,7 @@ import os
 import shutil
 import socket
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import TRIAL_FATAL
 from ..provenance import git_sha

@@ -2,7 +2,7 @@
 
 A search space names the experiment, its 2 or 3 objectives (metric, mode, hypervolume reference), the
 Optuna sampler, the trial budget and per-trial resources, the config keys it fixes and the keys it
-searches (DESIGN.md, "Search")::
+searches (README.md, Search, "Search")::
 
     params:
       cem.surrogate: {choice: [gmm, gated_attention, slot_cross]}

@@ -17,9 +17,8 @@ from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs
 from ..errors import SpaceError
-from .parse_params import _ParamStages, _fmt, _num
-from .spec import (_REQUIRED, _SAFE_NAME, _TOP_KEYS, METRICS, MODES, SAMPLER_OPTIONS, SAMPLERS, Objective,
-                   SearchSpec)
+from .parse_params import _fmt, _num, _ParamStages
+from .spec import _REQUIRED, _SAFE_NAME, _TOP_KEYS, METRICS, MODES, SAMPLER_OPTIONS, SAMPLERS, Objective, SearchSpec
 
 
 # ------------------------------------------------------------------------------------------ loading

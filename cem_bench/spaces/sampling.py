@@ -6,7 +6,8 @@ Nothing here imports Ray; Optuna is imported only by ``make_sampler`` (``define_
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..config import ConfigError, coerce, flatten, key_specs
 from ..errors import SpaceError

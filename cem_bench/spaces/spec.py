@@ -8,8 +8,9 @@ into Optuna's define-by-run function and sampler.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..schema import OBJECTIVE_METRICS
 

@@ -4,9 +4,22 @@ Importing the package registers every surrogate module in it (``Registry.load``)
 adding a file with ``@register("name")``.
 """
 
-from .base import (GLOBAL_DEFAULTS, AttentionKeys, SlotKeys, Surrogate, SurrogateKeys, SurrogateOut, build, get,
-                   group_by_class, intra_class_mse, names, register, resolve)
-from .base import _REGISTRY
+from .base import (
+                   _REGISTRY,
+                   GLOBAL_DEFAULTS,
+                   AttentionKeys,
+                   SlotKeys,
+                   Surrogate,
+                   SurrogateKeys,
+                   SurrogateOut,
+                   build,
+                   get,
+                   group_by_class,
+                   intra_class_mse,
+                   names,
+                   register,
+                   resolve,
+)
 
 _REGISTRY.load()
 

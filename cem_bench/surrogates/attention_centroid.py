@@ -1,4 +1,4 @@
-"""``attention_centroid``: slot centroids over spatial tokens (SURROGATES.md §4, seed 000 "Attention-CEM").
+"""``attention_centroid``: slot centroids over spatial tokens (docs/surrogates.md §4, seed 000 "Attention-CEM").
 
 Each *sample* is a set of H*W spatial tokens of C channels:
 
@@ -11,14 +11,14 @@ Each *sample* is a set of H*W spatial tokens of C channels:
 3. each sample goes to the nearest centroid *of its own class*, comparing its embedding f_j with the
    c_ck: slots and embeddings live in the same h-space (both are outputs of width h fed by the same
    projected tokens), so this distance is well defined; seed 000 writes ``||features - centroids||``
-   with the features already in that space (its §9.1 projects one side onto the other).
+   with the features already in that space (the seed projects one side onto the other).
    sigma^2_ck = mean over the assigned members of ||f_j - c_ck||^2 / h;
 4. L_c = sum_k w_k log(sigma^2_ck + rho^2), w_k = n_ck / M_c (the assigned fraction), rho =
    ``cem.reg_strength``; L = mean over the classes with M_c >= 2 (the others contribute nothing, also to
    the mean). The loss is a log-variance, so it is negative once the clusters are tight (seed 000 reports
    about -0.64); it is bounded below by log(rho^2).
 
-The statistics live in the surrogate's h-space (as §4 prescribes), so ``cem.stats_on`` has no effect here;
+The statistics live in the surrogate's h-space (as docs/surrogates.md §4 prescribes), so ``cem.stats_on`` has no effect here;
 ``"raw"`` is accepted only because it is the global default. All classes at once: centroids by a one-hot
 matmul, cluster sums by ``index_add_`` over flat (class, slot) cells; no host sync in ``forward``.
 """
@@ -35,7 +35,6 @@ import torch.nn.functional as F
 from ..keys import key
 from .base import SlotKeys, Surrogate, SurrogateOut, intra_class_mse, register, rows, soft_cell_stats
 from .layers import SlotAttention
-
 
 ASSIGN_BETA_INIT = 10.0   # soft cells of the adversarial fit: distances of order 0.1 give clear, not hard, cells
 

@@ -1,7 +1,7 @@
 """The surrogate interface, the registry, and the shared vectorised helpers.
 
 A surrogate estimates how spread out the client's features are within each class and returns a loss that
-the encoder minimises (SURROGATES.md, "Common contract"). Adding one is a single decorator::
+the encoder minimises (docs/surrogates.md, "Common contract"). Adding one is a single decorator::
 
     @register("my_estimator")
     class MyEstimator(Surrogate):
@@ -224,11 +224,3 @@ def intra_class_mse(x: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch
         sq = ((x - means[y]) ** 2).mean(1)
         keep = (counts[y] >= 2).float()
         return (sq * keep).sum() / keep.sum().clamp(min=1)
-
-
-def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
-    """Softmax over ``dim`` ignoring masked-out entries (an all-masked row gives zeros, not NaN)."""
-    logits = logits.masked_fill(~mask, float("-inf"))
-    m = logits.amax(dim=dim, keepdim=True).clamp(min=-1e30)
-    e = torch.exp(logits - m) * mask
-    return e / e.sum(dim=dim, keepdim=True).clamp(min=1e-30)

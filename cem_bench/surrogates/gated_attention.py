@@ -1,4 +1,4 @@
-"""``gated_attention``: gated-attention pooling per class (SURROGATES.md §2, seed 003 "gated-att").
+"""``gated_attention``: gated-attention pooling per class (docs/surrogates.md §2, seed 003 "gated-att").
 
 Per class c, over its members j: u_j = LN(x_j) (no affine); attention logits a_j = w.(tanh(V u_j) *
 sigmoid(U u_j)) (Ilse et al. 2018; V, U: D -> hidden_dim, w: hidden_dim -> 1); alpha = softmax over the
@@ -53,7 +53,7 @@ class GatedAttention(Surrogate):
         return self.attn_w(torch.tanh(self.attn_v(u)) * torch.sigmoid(self.attn_u(u))).squeeze(-1)
 
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> SurrogateOut:
-        with torch.autocast(z.device.type, enabled=False):   # statistics in fp32 (DESIGN.md)
+        with torch.autocast(z.device.type, enabled=False):   # statistics in fp32 (docs/surrogates.md, common contract)
             return self._forward(z.float(), y)
 
     def _forward(self, z: torch.Tensor, y: torch.Tensor) -> SurrogateOut:

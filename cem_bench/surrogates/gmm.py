@@ -1,10 +1,10 @@
-"""``gmm``: the CEM paper's estimator (SURROGATES.md §1, cem_reference.md §3).
+"""``gmm``: the CEM paper's estimator (docs/surrogates.md §1, docs/reference.md §5).
 
 What the paper's code really does is per-class hard k-means (K = 5) refitted at every epoch end, then per
 batch a hinge on a shrunk log-variance of each sample's nearest own-class cluster. Reproduced here with
 the reference's defects fixed:
 
-* pi and the prior variance are looked up by (class, cluster), not by sample position (§3b's bug);
+* pi and the prior variance are looked up by (class, cluster), not by sample position (docs/reference.md §5.2's bug);
 * empty clusters are re-seeded at the point farthest from its centroid, so the tables never misalign;
 * the refit uses the clean training split (eval mode, no augmentation), not an extra augmented draw;
 * k-means++ seeding samples with probability proportional to D^2 (the reference used D);
@@ -237,7 +237,7 @@ def kmeans(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator, in
     class_iters = 0
     prev = None
     it = 0
-    for it in range(1, max_iters + 1):
+    for it in range(1, max_iters + 1):  # noqa: B007 - the count is returned
         scores = _scores(xa, ca)
         assign = scores.argmin(-1)
         class_iters += len(active)

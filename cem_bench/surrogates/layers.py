@@ -1,4 +1,4 @@
-"""Attention layers and gate blocks shared by several surrogates (SURROGATES.md §2-§5).
+"""Attention layers and gate blocks shared by several surrogates (docs/surrogates.md §2-§6).
 
 * ``SlotAttention``: Locatello et al. 2020 on a padded batch of sets (``mask`` marks the real tokens), with
   the extra damping, temperature schedule and slot competition that seeds 001/002/004 add.
@@ -15,8 +15,8 @@ Everything works on whole batches of sets at once; the only Python loop is over 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -168,7 +168,7 @@ class GateOut:
 
 
 class VarianceGates(nn.Module):
-    """The gate/penalty block of SURROGATES.md §2 step 4, for any number of groups at once.
+    """The gate/penalty block of docs/surrogates.md §2 step 4, for any number of groups at once.
 
     ``VarianceGates(dim, hidden_dim, hinge_level, var_eps, snr_thresh, snr_sharp, softplus_beta, margin)``;
     ``forward(mean (..., dim), var (..., dim)) -> GateOut``. With ``lv = log(var + var_eps)``:

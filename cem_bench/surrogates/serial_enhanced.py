@@ -1,4 +1,4 @@
-"""``serial_enhanced``: serial attention -> mixture (SURROGATES.md §5, seed 001 "CEM-Enhanced").
+"""``serial_enhanced``: serial attention -> mixture (docs/surrogates.md §5, seed 001 "CEM-Enhanced").
 
 The entropy is measured on attention-enhanced features (X_enh = Attention(X); L = L_GMM(X_enh)). Per class c,
 the members are the tokens (one token per sample), h = ``cem.hidden_dim``:
@@ -19,8 +19,8 @@ the members are the tokens (one token per sample), h = ``cem.hidden_dim``:
    L_c = sum_k pi_k I_ck with pi_k = n_ck / M_c; L = sum_c w_c L_c, w_c = M_c / sum M over the classes with
    M_c >= 2 (the others contribute nothing, also to the weights).
 
-The hinge level 1e-4 is the seed's fixed constant, not t = log(tau sigma^2 + gamma): §5 writes it so. The
-statistics are those of the enhanced features y (as §5 prescribes), so ``cem.stats_on`` has no effect;
+The hinge level 1e-4 is the seed's fixed constant, not t = log(tau sigma^2 + gamma): docs/surrogates.md §5 writes it so. The
+statistics are those of the enhanced features y (as docs/surrogates.md §5 prescribes), so ``cem.stats_on`` has no effect;
 ``"raw"`` is accepted only because it is the global default. All classes at once: ``group_by_class`` for
 the slot attention, ``index_add_`` over flat (class, slot) cells for the statistics; no host sync.
 """
@@ -105,7 +105,7 @@ class SerialEnhanced(Surrogate):
         """Step 5's d (..., K) between y (..., h) and slots (..., K, h), as written in seed 001.
 
         The cosine term is *subtracted*: a slot pointing away from y looks slightly closer. The seed calls
-        it a combined metric (probably meant +); §5 keeps the formula as written."""
+        it a combined metric (probably meant +); docs/surrogates.md §5 keeps the formula as written."""
         yy = y.unsqueeze(-2)
         euclid = (yy - slots).pow(2).sum(-1)
         cos = F.cosine_similarity(yy, slots, dim=-1, eps=LOG_EPS)

@@ -1,4 +1,4 @@
-"""``slot_cross``: Slot Attention + gated cross-attention mixture (SURROGATES.md §3, seeds 002 and 004).
+"""``slot_cross``: Slot Attention + gated cross-attention mixture (docs/surrogates.md §3, seeds 002 and 004).
 
 Per class c the members are the tokens (one token per sample), so the slots are sub-clusters of the class
 (seed 002's "team captains"):
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from ..config import ConfigError
 from ..keys import key
 from .base import SlotKeys, Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
-from .layers import GateKeys, GatedCrossAttention, SlotAttention, build_gates, class_positions
+from .layers import GatedCrossAttention, GateKeys, SlotAttention, build_gates, class_positions
 
 ASSIGN_BETA_INIT = 10.0   # cosine logits in [-10, 10] at the start: clearly, not hard, assigned
 MIN_MASS = 1e-12
@@ -87,7 +87,7 @@ class SlotCross(Surrogate):
         return (self.log_assign_beta.exp() * cos).softmax(-1)
 
     def forward(self, z: torch.Tensor, y: torch.Tensor, slot_noise: torch.Tensor | None = None) -> SurrogateOut:
-        with torch.autocast(z.device.type, enabled=False):   # statistics in fp32 (DESIGN.md)
+        with torch.autocast(z.device.type, enabled=False):   # statistics in fp32 (docs/surrogates.md, common contract)
             return self._forward(z.float(), y, slot_noise)
 
     def _forward(self, z, y, slot_noise) -> SurrogateOut:

@@ -1,0 +1,148 @@
+"""Row group ``step`` (and ``flops`` on CUDA): the training step.
+
+Seconds per ``Trainer.step`` at the paper's setting (VGG11-bn width 1, batch 128, 8-channel bottleneck)
+with lambda = 0, then with each registered surrogate at its defaults (``gmm`` refitted first, untimed),
+against the lambda = 0 step of the same run. The configurations are timed round-robin, so that load from
+other processes falls on all of them alike; targets: <= 1.3x, ``gmm`` <= 1.15x.
+
+FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` counts one forward and backward of client and server
+(cross-entropy on the server's logits) on one training batch, as the lambda = 0 step runs them (its
+autocast and memory format). It counts what the counter knows: convolutions, their backward products and
+matrix multiplications; batch norm, activations, pooling, the noise and the optimizer update are not
+counted. On CUDA the row ``achieved TFLOP/s`` divides that count by the lambda = 0 step's median time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .harness import Sizes, error_row, make_row, row, step_config, synthetic_splits, timed
+
+TARGET_STEP = ("le", 1.3)
+TARGET_STEP_GMM = ("le", 1.15)
+
+
+def _zero_acc(device: torch.device) -> dict:
+    return {k: torch.zeros((), device=device)
+            for k in ("ce_sum", "correct", "seen", "ce_nonfinite", "rob_loss", "rob_nonfinite")}
+
+
+def count_step_flops(trainer, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
+    """(forward, forward + backward) FLOPs of client and server on the batch ``(x, y)``, counted by
+    ``FlopCounterMode`` as the trainer runs them (autocast dtype, channels_last on CUDA). The models'
+    gradients are cleared afterwards; their weights are not changed (no optimizer step)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if x.device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    amp = trainer.amp
+    cast = torch.autocast(x.device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        with cast:
+            logits = trainer.server(trainer.client(x).float())
+        loss = F.cross_entropy(logits.float(), y)
+        forward = counter.get_total_flops()
+        loss.backward()
+    trainer.client.zero_grad(set_to_none=True)
+    trainer.server.zero_grad(set_to_none=True)
+    return int(forward), int(counter.get_total_flops())
+
+
+@row("step", "train step", order=20, options={"flops": "cuda"})
+def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list[dict]:
+    """``Trainer.step`` with lambda = 0 and each surrogate, round-robin, seconds per step."""
+    from .. import data, surrogates
+    from ..trainer import lr_at
+    from ..trial import build, build_config
+
+    flops = flops and device.type == "cuda"
+    base_flat = step_config(sizes, device, **{"data.train_size": sizes.step_images, "data.test_size": 20})
+    splits = synthetic_splits(sizes.step_images, 20, device)
+    names = ["lambda=0"] + surrogates.names()
+    runs: dict[str, dict] = {}
+    rows: list[dict] = []
+    for name in names:
+        try:
+            flat = dict(base_flat, **({"cem.lambd": 0.0} if name == "lambda=0" else {"cem.surrogate": name}))
+            cfg = build_config(flat)
+            _, tr = build(cfg, device, splits)
+            if tr.surrogate is not None and tr.surrogate.needs_refit:
+                tr.refit_surrogate()  # the epoch-end refit (row group refit), not part of the step
+            tr.client.train()
+            tr.server.train()
+            if tr.surrogate is not None:
+                tr.surrogate.train()
+            runs[name] = {"trainer": tr, "cfg": cfg, "lr": lr_at(cfg, 1), "acc": _zero_acc(device),
+                          "times": [], "cem_on": tr.surrogate is not None}
+        except Exception as e:  # noqa: BLE001 - one broken surrogate must not hide the others
+            rows.append(error_row(f"train step: {name}", e))
+    if "lambda=0" not in runs:
+        return rows
+
+    # a few fixed augmented batches, shared by every configuration
+    gen = torch.Generator(device=device).manual_seed(0)
+    batches = []
+    for x, y in data.BatchIterator(splits.train, splits, sizes.batch_size, "crop_flip_rotate", gen):
+        batches.append((x, y))
+        if len(batches) == 4:
+            break
+    steps_per_repeat = 10 if device.type == "cuda" else 1  # on CUDA several steps between two syncs
+    counter = [0]
+
+    def one(run: dict) -> Callable[[], None]:
+        def fn() -> None:
+            for _ in range(steps_per_repeat):
+                x, y = batches[counter[0] % len(batches)]
+                counter[0] += 1
+                run["trainer"].step(x, y, run["cem_on"], run["lr"], run["acc"])
+        return fn
+
+    for r in range(sizes.warmup + sizes.step_repeats):
+        for name, run in list(runs.items()):
+            try:
+                t = timed(one(run), device) / steps_per_repeat
+            except Exception as e:  # noqa: BLE001
+                rows.append(error_row(f"train step: {name}", e))
+                del runs[name]
+                continue
+            if r >= sizes.warmup:
+                run["times"].append(t)
+    if "lambda=0" not in runs:
+        return rows
+    base = statistics.median(runs["lambda=0"]["times"])
+    tr0 = runs["lambda=0"]["trainer"]
+    fwd_flops, train_flops = count_step_flops(tr0, *batches[0])  # after the timing: not part of it
+    counted = (f"forward + backward of client and server on one batch, counted by FlopCounterMode "
+               f"(convolutions and matmuls; {fwd_flops / 1e9:.1f} GFLOP of it forward)")
+    setting = f"width {sizes.width:g}, batch {sizes.batch_size}, C=8"
+    for name in names:
+        if name not in runs:
+            continue
+        run = runs[name]
+        med = statistics.median(run["times"])
+        bad = int(float(run["acc"]["ce_nonfinite"]))
+        cfg = run["cfg"]
+        if name == "lambda=0":
+            note = (f"{setting}; no surrogate; {train_flops / 1e9:.0f} GFLOP/step counted ({counted}) "
+                    f"-> {train_flops / med / 1e9:.1f} GFLOP/s achieved")
+            rows.append(make_row("train step: lambda=0", med, "s/step", note=note, samples=run["times"]))
+        else:
+            note = f"lambda={cfg.cem.lambd:g}, grad_mode={cfg.cem.grad_mode}" + \
+                (", refit before timing" if run["trainer"].surrogate.needs_refit else "")
+            if bad:
+                note += f"; {bad} non-finite CE step(s)"
+            rows.append(make_row(f"train step: {name}", med, "s/step", base, "lambda=0 step", med / base,
+                                 "x lambda=0", TARGET_STEP_GMM if name == "gmm" else TARGET_STEP, note=note,
+                                 samples=run["times"]))
+    if flops:
+        tflops = train_flops / base / 1e12
+        rows.append(make_row("achieved TFLOP/s (lambda=0 step)", tflops, "TFLOP/s",
+                             note=f"{train_flops / 1e9:.1f} GFLOP/step ({counted}) / {base * 1e3:.2f} ms; "
+                                  f"bf16 autocast={tr0.amp is not None}, channels_last"))
+    return rows
