@@ -3,13 +3,16 @@ sizes. Checks the structure of the result and of the printed table, never the sp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from cem_bench import bench, surrogates
+from cem_bench.bench import harness
 
 HEADER_KEYS = ("device", "cpu_count", "torch_threads", "torch_version", "date", "git_commit", "mode", "repeats",
                "step_repeats", "warmup", "load_avg_start", "load_avg_end", "bench_s", "env")
@@ -87,7 +90,7 @@ def test_error_row_and_json(result, tmp_path, monkeypatch):
     def boom(device, sizes):
         raise RuntimeError("no Ray here")
 
-    monkeypatch.setattr(bench, "bench_ray", boom)
+    monkeypatch.setitem(harness.ROWS, "ray", dataclasses.replace(harness.ROWS["ray"], fn=boom))
     res = bench.run_bench(device="cpu", tiny=True, only=["ray"], progress=False)
     assert len(res["rows"]) == 1 and res["rows"][0]["error"].startswith("RuntimeError: no Ray here")
     assert res["rows"][0]["met"] is None
@@ -96,7 +99,7 @@ def test_error_row_and_json(result, tmp_path, monkeypatch):
     assert "ERROR" in text and "no Ray here" in text
 
     # main(): --json writes the same structure (strict JSON), and the table goes to stdout
-    monkeypatch.setattr(bench, "run_bench", lambda **kw: merged)
+    monkeypatch.setattr(harness, "run_bench", lambda **kw: merged)
     out = tmp_path / "sub" / "bench.json"
     assert bench.main(SimpleNamespace(device="cpu", quick=True, json=str(out))) == 0
     saved = json.loads(out.read_text())
@@ -122,3 +125,55 @@ def test_ray_row_times_a_real_search():
     assert len(trial["inner_samples"]) == bench.RAY_TRIALS_PER_SEARCH and min(trial["inner_samples"]) > 0
     assert trial["ratio"] == pytest.approx(trial["value"] / trial["baseline"])
     assert trial["met"] is None  # a tiny trial is not checked against the demo-size target
+
+
+CHEAP_GROUPS = ("data", "step", "refit", "attack")  # run for real at tiny sizes; "ray" by its own test
+
+
+def test_every_registered_group_is_in_groups_and_run(monkeypatch):
+    pytest.importorskip("sklearn")
+    groups = harness.registered()
+    names = [g.group for g in groups]
+    assert names == ["data", "step", "refit", "attack", "ray"]  # the fixed order of the table
+    assert bench.GROUPS == tuple(names) + ("flops",)
+    assert set(CHEAP_GROUPS) | {"ray"} == set(names)
+    calls = []
+
+    def recorded(g):
+        def fn(device, sizes, **options):
+            calls.append(g.group)
+            if g.group not in CHEAP_GROUPS:  # dispatched, not measured here
+                return [harness.make_row(f"{g.label} (stub)", 1.0, "s", samples=[1.0])]
+            return g.fn(device, sizes, **options)
+        return fn
+
+    for g in groups:
+        monkeypatch.setitem(harness.ROWS, g.group, dataclasses.replace(g, fn=recorded(g)))
+    res = bench.run_bench(device="cpu", quick=True, tiny=True, progress=False)
+    assert calls == names
+    rows = res["rows"]
+    assert not [r for r in rows if r["error"]], rows
+    for g in groups:
+        # a group's rows (and its error row) are named after its label
+        assert any(r["name"].startswith(g.label) for r in rows), g.group
+    assert not any(r["name"].startswith("achieved TFLOP/s") for r in rows)  # "flops" is CUDA only
+    attack = next(r for r in rows if r["name"].startswith("attack epoch"))
+    assert attack["value"] > 0 and attack["ratio"] > 1.0
+    step0 = next(r for r in rows if r["name"] == "train step: lambda=0")
+    assert "FlopCounterMode" in step0["note"]
+
+
+def test_flop_count_of_one_step():
+    from cem_bench.trial import build, build_config
+
+    sizes = harness.sizes_for(torch.device("cpu"), quick=True, tiny=True)
+    flat = harness.step_config(sizes, torch.device("cpu"), **{"data.train_size": 64, "data.test_size": 20,
+                                                              "cem.lambd": 0.0})
+    splits = harness.synthetic_splits(64, 20, torch.device("cpu"))
+    _, tr = build(build_config(flat), torch.device("cpu"), splits)
+    x = splits.normalize(splits.train.images[:16])
+    y = splits.train.labels[:16]
+    fwd, total = bench.count_step_flops(tr, x, y)
+    # backward = the weight gradients plus the input gradients of every layer but the first: just under 2x
+    assert fwd > 0 and 2.5 * fwd < total < 3.0 * fwd
+    assert all(p.grad is None for p in tr.client.parameters())

@@ -1,4 +1,5 @@
-"""``cem-bench bench``: the performance harness behind every speed claim (docs/architecture.md §4, docs/performance.md, Performance habits).
+"""``cem-bench bench``: the performance harness behind every speed claim (docs/architecture.md §4,
+docs/performance.md, Performance habits).
 
 A header (device, CPU count, torch version, date, git commit, load average) and one table. Every figure is
 the median of several timed repeats after warm-up, and every comparison is a ratio of two figures measured
@@ -25,8 +26,7 @@ from __future__ import annotations
 from . import attack, data, ray, refit, step  # noqa: F401 - importing a row module registers its group
 from .attack import bench_attack
 from .data import bench_data
-from .harness import (ROWS, Sizes, format_table, group_names, header, main, registered, row, run_bench,
-                      sizes_for)
+from .harness import ROWS, Sizes, format_table, group_names, header, main, registered, row, run_bench, sizes_for
 from .ray import RAY_TRIALS_PER_SEARCH, bench_ray
 from .refit import bench_refit
 from .step import bench_steps, count_step_flops

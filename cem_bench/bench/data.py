@@ -35,7 +35,7 @@ def bench_data(device: torch.device, sizes: Sizes) -> list[dict]:
 
     def ours() -> None:
         last = None
-        for x, y in data.BatchIterator(split, splits, sizes.batch_size, "crop_flip_rotate", gen):
+        for x, _ in data.BatchIterator(split, splits, sizes.batch_size, "crop_flip_rotate", gen):
             last = x
         assert last is not None
 
@@ -47,18 +47,19 @@ def bench_data(device: torch.device, sizes: Sizes) -> list[dict]:
     dataset = _PILDataset(arr, labels, transform)
     workers = min(REFERENCE_NUM_WORKERS, os.cpu_count() or 1)
     cuda = device.type == "cuda"
-    loader = torch.utils.data.DataLoader(dataset, batch_size=sizes.batch_size, shuffle=True, drop_last=True,
-                                         num_workers=workers, persistent_workers=workers > 0, pin_memory=cuda)
+    # the only reference to the loader: cleared after timing, which stops its persistent workers
+    loaders = [torch.utils.data.DataLoader(dataset, batch_size=sizes.batch_size, shuffle=True, drop_last=True,
+                                           num_workers=workers, persistent_workers=workers > 0, pin_memory=cuda)]
 
     def baseline() -> None:
-        for x, y in loader:
+        for x, y in loaders[0]:
             x = x.to(device, non_blocking=cuda)
             y = y.to(device, non_blocking=cuda)
 
     try:
         times = round_robin({"ours": ours, "baseline": baseline}, device, sizes.repeats, max(1, sizes.warmup))
     finally:
-        del loader  # stops the persistent workers
+        loaders.clear()  # stops the persistent workers
     ours_s, base_s = times["ours"], times["baseline"]
     ours_ips = images_per_pass / statistics.median(ours_s)
     base_ips = images_per_pass / statistics.median(base_s)

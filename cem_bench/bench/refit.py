@@ -50,8 +50,8 @@ def bench_refit(device: torch.device, sizes: Sizes) -> list[dict]:
     def warm() -> None:
         sur.refit(feats, labels)  # as at every later epoch end: started from the previous centroids
 
-    from sklearn.cluster import KMeans  # dev extra; a missing package becomes an error row
     import numpy as np
+    from sklearn.cluster import KMeans  # dev extra; a missing package becomes an error row
     x = feats.flatten(1).float().cpu().numpy()
     y = labels.cpu().numpy()
     per_class = [np.ascontiguousarray(x[y == c]) for c in range(splits.num_classes)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
