@@ -1,11 +1,12 @@
 # make demo: create .venv, install, run the demo on the built-in synthetic dataset (CPU is fine).
-# make test: create .venv if needed, run the tests.
+# make test: create .venv if needed, lint (ruff), run every test (the README's and CI's command).
+# make test-fast: the inner loop: every test but the slow and Ray tiers (under a minute).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean bench
+.PHONY: demo test test-fast lint install clean bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +23,14 @@ demo: $(STAMP)
 	@if [ -d results/demo ]; then mv results/demo results/demo-$$(date +%Y%m%d-%H%M%S); fi
 	$(BIN)/cem-bench search search_spaces/demo.yaml --storage results --name demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+lint: $(STAMP)
+	$(BIN)/ruff check cem_bench tests
+
+test: lint
+	$(BIN)/python -m pytest -q --durations=15
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not ray"
 
 bench: $(STAMP)
 	$(BIN)/cem-bench bench --quick

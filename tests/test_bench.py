@@ -114,6 +114,7 @@ def test_bad_arguments(capsys):
     assert "allowed: cpu, cuda" in capsys.readouterr().err
 
 
+@pytest.mark.ray
 def test_ray_row_times_a_real_search():
     # the real row at its tiniest: a local Ray session, one direct run_trial and a two-trial search
     res = bench.run_bench(device="cpu", quick=True, tiny=True, only=["ray"], progress=False)

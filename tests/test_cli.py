@@ -17,6 +17,7 @@ def _sets(flat):
     return out
 
 
+@pytest.mark.slow
 def test_train_then_attack_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", *_sets(TINY), "--out", str(out)]) == 0
@@ -80,6 +81,7 @@ def test_missing_dataset_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_diverged_training_is_one_clear_message(tmp_path, capsys):
     out = tmp_path / "run"
     flat = {**TINY, "train.lr": 1e12, "train.weight_decay": 0, "train.epochs": 1}

@@ -82,12 +82,14 @@ def trained(name, fit):
     return surr, before, estimate(surr, z, y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,fit", PAIRS)
 def test_estimator_training_does_not_switch_the_estimate_off(name, fit):
     _, before, after = trained(name, fit)
     assert kept(before, after), f"{name} ({fit}): estimate, |dL/dz| {before} -> {after}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", JOINT)
 def test_joint_fit_switches_itself_off(name):
     """The seeds' literal fit fails the criterion above: without this the criterion could not fail."""
@@ -95,6 +97,7 @@ def test_joint_fit_switches_itself_off(name):
     assert not kept(before, after), f"{name} (joint) kept its estimate: {before} -> {after}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,fit", PAIRS)
 def test_estimate_grows_with_the_true_within_class_variance(name, fit):
     surr, _, _ = trained(name, fit)

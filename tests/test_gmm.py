@@ -8,6 +8,8 @@ from cem_bench.config import ModelConfig, TrialConfig
 from cem_bench.models import build as build_models
 from cem_bench.surrogates.gmm import _pad_by_class, kmeans, kmeans_pp
 
+COVERS = ("gmm",)   # its vectorised step against a per-class loop, its k-means against scikit-learn
+
 
 def make(fit="kmeans", entropy="isotropic", shape=(2, 4, 4), classes=4, sigma=0.1, k=3):
     cfg = surrogates.resolve(TrialConfig.from_flat({

@@ -136,6 +136,7 @@ def test_cli_refuses_existing_experiment(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ local mode via the CLI
+@pytest.mark.ray
 def test_cli_local_search_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     space = write_space(tmp_path, "e2e", num_samples=2, max_concurrent=2)
@@ -235,6 +236,7 @@ def ray_cluster(tmp_path_factory):
             fh.close()
 
 
+@pytest.mark.ray
 def test_search_on_two_node_cluster(tmp_path, ray_cluster):
     space = write_space(tmp_path, "cluster2", num_samples=2, max_concurrent=2)
     storage = tmp_path / "res"
@@ -247,6 +249,7 @@ def test_search_on_two_node_cluster(tmp_path, ray_cluster):
     assert trials["attack_ssim"].map(finite).all()
 
 
+@pytest.mark.ray
 def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
     n = 4
     space = write_space(tmp_path, "killed", num_samples=n, max_concurrent=2)
@@ -310,6 +313,7 @@ def local_ray():
         ray.shutdown()
 
 
+@pytest.mark.ray
 def test_fractional_gpu_packing(tmp_path, local_ray):
     from ray import tune
 
@@ -368,6 +372,7 @@ def _seed_with_both(spec_path: str, values: set) -> int:
     raise AssertionError("no seed gives both learning rates")
 
 
+@pytest.mark.ray
 def test_diverged_trial_is_an_error_row(tmp_path, local_ray):
     from cem_bench.spaces import load_space
     params = {"train.lr": {"choice": [0.05, 1000000.0]}}
@@ -392,6 +397,7 @@ def test_diverged_trial_is_an_error_row(tmp_path, local_ray):
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
 
 
+@pytest.mark.ray
 def test_dead_worker_is_retried_from_checkpoint(tmp_path, local_ray, monkeypatch):
     from cem_bench.spaces import load_space
     monkeypatch.setenv(search.DIE_ENV, "1")

@@ -256,3 +256,15 @@ def test_variance_gates_hinge():
     assert out.term.shape == (3,) and torch.isfinite(out.term).all()
     assert (out.penalty[0] < out.penalty[1]).all() and (out.penalty[1] < out.penalty[2]).all()
     assert ((out.dim_gate > 0) & (out.dim_gate < 1)).all()
+
+
+def test_every_surrogate_has_a_reference_test():
+    """A surrogate is checked against a slow, obviously-correct loop: a new one without such a test (or a
+    renamed one whose test would no longer find it) fails here instead of being skipped silently."""
+    import test_gmm
+    import test_reference_centroid_serial
+    import test_reference_gated_slot_cross
+    covered = set(test_gmm.COVERS) | set(test_reference_centroid_serial.COVERS) | set(
+        test_reference_gated_slot_cross.COVERS)
+    assert covered == set(NAMES), f"without a reference test: {sorted(set(NAMES) - covered)}"
+

@@ -30,6 +30,7 @@ def _strip(history):
     return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in history]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", surrogates.names())
 @pytest.mark.parametrize("mode", ["inject", "fused"])
 def test_same_seed_same_history(name, mode):

@@ -1,4 +1,4 @@
-"""``attention_centroid`` (SURROGATES.md §4) and ``serial_enhanced`` (§5) against slow per-class loops.
+"""``attention_centroid`` (docs/surrogates.md §4) and ``serial_enhanced`` (§5) against slow per-class loops.
 
 Each reference below is the obvious reading of its section: a Python loop over classes (and samples),
 reusing the surrogate's own submodules and weights in eval mode (no dropout) with explicit initial-slot
@@ -18,6 +18,7 @@ from cem_bench import surrogates
 from cem_bench.config import TrialConfig
 
 NUM_CLASSES = 5
+COVERS = ("attention_centroid", "serial_enhanced")   # surrogates whose reference loops live here
 
 
 def make(name: str, feature_shape=(8, 4, 4), **flat):
