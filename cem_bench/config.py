@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import ConfigError  # noqa: F401  (re-exported: config errors are raised from here)
-from .keys import KeySpec, coerce, key, plugin_specs, registered_names, spec_of_field, specs_of, unknown_key_message  # noqa: F401
+from .keys import KeySpec, coerce_value, key, plugin_specs, registered_names, spec_of_field, specs_of, unknown_key_message  # noqa: F401
 
 _f = key
 
@@ -253,6 +253,15 @@ def key_specs() -> dict[str, KeySpec]:
 
 def _unknown_key_message(key_: str, specs: dict[str, KeySpec]) -> str:
     return unknown_key_message(key_, specs, SECTIONS)
+
+
+def coerce(key_: str, value: Any, spec: KeySpec | None = None) -> Any:
+    """Convert ``value`` (possibly a string from ``--set``) to the key's type and check its range."""
+    if spec is None:
+        spec = key_specs().get(key_)
+        if spec is None:
+            raise ConfigError(_unknown_key_message(key_, key_specs()))
+    return coerce_value(key_, value, spec)
 
 
 def load_yaml_config(path: str) -> dict[str, Any]:

@@ -128,14 +128,8 @@ def unknown_key_message(key_: str, specs: dict[str, KeySpec], sections) -> str:
     return f"unknown config key {key_!r}{hint}; known keys here: {known}"
 
 
-def coerce(key: str, value: Any, spec: KeySpec | None = None) -> Any:
+def coerce_value(key: str, value: Any, spec: KeySpec) -> Any:
     """Convert ``value`` (possibly a string from ``--set``) to the key's type and check its range."""
-    if spec is None:
-        from .config import key_specs  # the full table (core + plug-ins), for the message
-        spec = key_specs().get(key)
-        if spec is None:
-            from .config import SECTIONS
-            raise ConfigError(unknown_key_message(key, key_specs(), SECTIONS))
     bad = lambda why: ConfigError(f"{key}: {value!r} {why}; allowed: {spec.describe()}")  # noqa: E731
     empty = value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))
     if empty and spec.optional:
