@@ -115,3 +115,25 @@ def feature_shape(client: ClientEncoder, image_shape=(3, 32, 32)) -> tuple[int, 
 
 def count_params(m: nn.Module) -> int:
     return sum(p.numel() for p in m.parameters())
+
+
+# ------------------------------------------------------------------------------ running the client
+def amp_dtype(train_cfg, device: torch.device):
+    """The one autocast policy of training, evaluation and attacks: bf16 on CUDA (``train.amp`` auto or on),
+    none on the CPU unless ``train.amp`` is on, never with ``off``."""
+    if train_cfg.amp == "off" or (train_cfg.amp == "auto" and device.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
+@torch.no_grad()
+def encode(client: nn.Module, batches, device: torch.device, amp) -> torch.Tensor:
+    """The clean features (fp32 whatever the autocast: noise is added to these values) of normalised image
+    batches, concatenated on the device. The caller sets eval mode."""
+    out = []
+    for x in batches:
+        if device.type == "cuda":
+            x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+            out.append(client(x).float())
+    return torch.cat(out)

@@ -33,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import data as data_mod
+from . import models
 from .config import TrialConfig
 from .errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
 from .surrogates import Surrogate, intra_class_mse
@@ -64,13 +65,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def amp_dtype(cfg: TrialConfig, device: torch.device):
-    """bf16 autocast on CUDA (``train.amp`` auto/on), none on CPU unless ``on``."""
-    if cfg.train.amp == "off" or (cfg.train.amp == "auto" and device.type != "cuda"):
-        return None
-    return torch.bfloat16
-
-
 def lr_at(cfg: TrialConfig, epoch: int) -> float:
     """Learning rate of 1-based ``epoch``: x gamma for each milestone fraction already passed.
 
@@ -99,7 +93,7 @@ class Trainer:
                  surrogate: Surrogate | None, device: torch.device):
         self.cfg, self.splits, self.device = cfg, splits, device
         self.client, self.server, self.surrogate = client.to(device), server.to(device), surrogate
-        self.amp = amp_dtype(cfg, device)
+        self.amp = models.amp_dtype(cfg.train, device)
         cuda = device.type == "cuda"
         if cuda:
             torch.backends.cudnn.benchmark = True
@@ -250,13 +244,8 @@ class Trainer:
     def encode(self, split: data_mod.Split) -> torch.Tensor:
         """Clean features of a split (eval mode, no augmentation, no noise), fp32."""
         self.client.eval()
-        out = []
-        for x, _ in data_mod.eval_batches(split, self.splits, self.cfg.train.eval_batch_size):
-            if self.device.type == "cuda":
-                x = x.contiguous(memory_format=torch.channels_last)
-            with self._autocast():
-                out.append(self._client_fwd(x).float())
-        return torch.cat(out)
+        batches = (x for x, _ in data_mod.eval_batches(split, self.splits, self.cfg.train.eval_batch_size))
+        return models.encode(self._client_fwd, batches, self.device, self.amp)
 
     def refit_surrogate(self) -> None:
         feats = self.encode(self.splits.train)

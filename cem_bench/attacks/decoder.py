@@ -29,6 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import models
+from ..data import eval_batches
 from ..keys import key
 from ..metrics import MetricAccumulator
 from .base import Attack, AttackResult, register
@@ -113,21 +115,10 @@ class InversionDecoder(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------- attack
-def amp_enabled(cfg, device: torch.device) -> bool:
-    """Whether the attack runs under bf16 autocast: on CUDA with ``train.amp`` auto or on (as the trainer)."""
-    return device.type == "cuda" and cfg.train.amp in ("auto", "on")
-
-
-@torch.no_grad()
 def encode(encoder: nn.Module, split, splits, batch_size: int, device: torch.device, amp: bool) -> torch.Tensor:
-    """The clean features of a whole split in eval batches (one forward per batch), kept on the device."""
-    out = []
-    for i in range(0, len(split), batch_size):
-        x = splits.normalize(split.images[i:i + batch_size].to(device))
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            z = encoder(x)
-        out.append(z.float())   # fp32 whatever the autocast: noise is added to these values (trainer._noise)
-    z = torch.cat(out)
+    """The clean fp32 features of a whole split (``models.encode``), channels_last on CUDA for the decoder."""
+    batches = (x.to(device) for x, _ in eval_batches(split, splits, batch_size))
+    z = models.encode(encoder, batches, device, torch.bfloat16 if amp else None)
     return z.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else z
 
 
@@ -169,7 +160,7 @@ class DecoderAttack(Attack):
         t0 = time.perf_counter()
         cfg, acfg = self.cfg, self.cfg.attack
         device = torch.device(device)
-        amp = amp_enabled(cfg, device)
+        amp = models.amp_dtype(cfg.train, device) is not None
         gen = torch.Generator(device=device).manual_seed(acfg.seed)
 
         # -- features of the attacker's images, once, with the encoder frozen (its state restored after)

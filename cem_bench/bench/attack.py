@@ -18,7 +18,8 @@ def bench_attack(device: torch.device, sizes: Sizes) -> list[dict]:
     """One decoder-attack epoch on cached features vs the same epoch plus a fresh encoder pass."""
     from .. import models
     from ..attacks import build as build_attack
-    from ..attacks.decoder import InversionDecoder, amp_enabled, encode
+    from ..attacks.decoder import InversionDecoder, encode
+    from ..models import amp_dtype
     from ..trial import build_config
 
     flat = step_config(sizes, device, **{"data.train_size": 20, "data.test_size": sizes.attack_test,
@@ -32,7 +33,7 @@ def bench_attack(device: torch.device, sizes: Sizes) -> list[dict]:
     client.to(device).eval().requires_grad_(False)
     if device.type == "cuda":
         client.to(memory_format=torch.channels_last)
-    amp = amp_enabled(cfg, device)
+    amp = amp_dtype(cfg.train, device) is not None
     aux = splits.attack_aux
     ebs = cfg.train.eval_batch_size
     z_aux = None
