@@ -111,8 +111,7 @@ def cmd_search(args) -> int:
     exp, stats = done["experiment"], done["stats"]
     t0 = time.perf_counter()
     if is_uri(exp):
-        print(f"report: sync the folder (e.g. `aws s3 sync {exp} results/{done['name']}`) and run "
-              f"`cem-bench report results/{done['name']}`")
+        print(f"report: `cem-bench report {exp} --out results/{done['name']}/report` (reads the storage)")
     else:
         from .report import build_report
         try:
@@ -169,8 +168,8 @@ def make_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("report", help="Parquet tables, frontier plots and HTML report of a results folder")
-    r.add_argument("results_dir")
-    r.add_argument("--out", help="report folder (default RESULTS_DIR/report)")
+    r.add_argument("results_dir", help="a results folder, local or on object storage (s3://, gs://)")
+    r.add_argument("--out", help="report folder (default RESULTS_DIR/report; required for s3:// and gs://)")
     r.set_defaults(func=cmd_report)
 
     b = sub.add_parser("bench", help="performance harness")

@@ -449,3 +449,28 @@ def test_surrogate_keys_prefer_the_registry(monkeypatch):
     assert surrogate_keys("no_such_surrogate") is None  # unknown: drawn for every key
     monkeypatch.setattr(surrogates.get("gmm"), "keys", ("cem.num_slots", "num_clusters"), raising=False)
     assert surrogate_keys("gmm") == {"config.cem.num_slots", "config.cem.num_clusters"}
+
+
+def test_report_of_a_folder_on_object_storage(tmp_path, monkeypatch):
+    """An s3/gs results folder is read through pyarrow.fs (here a local folder behind a fake scheme): the
+    tables, the search space and the galleries are fetched into out/source and the report is written in out."""
+    import pyarrow.fs as pafs
+
+    from cem_bench import storage
+    write_results(tmp_path / "bucket" / "res")
+    real = storage.filesystem
+
+    def fake(path):
+        if str(path).startswith("test://"):
+            return pafs.LocalFileSystem(), str(tmp_path / "bucket" / str(path)[len("test://"):])
+        return real(path)
+    monkeypatch.setattr(storage, "filesystem", fake)
+    with pytest.raises(ResultsError, match="--out"):
+        build_report("test://res")
+    index = build_report("test://res", tmp_path / "out")
+    assert index == tmp_path / "out" / "index.html" and "<img" in index.read_text()
+    assert (tmp_path / "out" / "source" / "trials.parquet").is_file()
+    assert list((tmp_path / "out" / "source").rglob("recon.png"))
+    with pytest.raises(ResultsError, match="no such folder"):
+        build_report("test://nothing", tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()

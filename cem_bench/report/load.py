@@ -84,12 +84,39 @@ class Results:
         return [o["metric"] for o in self.objectives]
 
 
+def fetch_remote(uri: str, local: Path) -> Path:
+    """Copy what the report reads from a results folder on object storage (``s3://``, ``gs://``: the tables,
+    ``search_space.json`` and each trial's ``recon.png``) into ``local``; build the tables there first (on the
+    storage, atomically) when the search could not. ResultsError when the folder is not a search's."""
+    from cem_bench.schema import GALLERY_FILE
+    src = Dir(uri)
+    if not src.is_dir():
+        raise ResultsError(f"{uri}: no such folder; {VALID_FOLDER}")
+    if not src.exists(TRIALS_FILE):
+        from cem_bench.results import write_tables
+        try:
+            write_tables(uri)
+        except Exception as exc:  # noqa: BLE001 - any failure means: nothing to report on
+            raise ResultsError(f"{uri}: no {TRIALS_FILE} and none could be built ({exc}); {VALID_FOLDER}") from exc
+    local.mkdir(parents=True, exist_ok=True)
+    for name in (TRIALS_FILE, EPOCHS_FILE, SPACE_FILE):
+        data = src.read_bytes(name)
+        if data is not None:
+            (local / name).write_bytes(data)
+    trials = pd.read_parquet(local / TRIALS_FILE)
+    for d in trials.get("trial_dir", pd.Series(dtype=object)).dropna().astype(str):
+        data = src.read_bytes(d, GALLERY_FILE)
+        if data is not None:
+            (local / d).mkdir(parents=True, exist_ok=True)
+            (local / d / GALLERY_FILE).write_bytes(data)
+    return local
+
+
 def check_results_dir(results_dir: str | Path) -> Path:
     """``results_dir`` as a Path; ResultsError (nothing written) unless it is a folder that holds
     ``trials.parquet`` or a Ray experiment of ``cem-bench search`` (trial folders or an experiment state)."""
     if is_uri(results_dir):
-        raise ResultsError(f"{results_dir}: `cem-bench report` reads a local folder; copy the experiment here "
-                           f"first (e.g. `aws s3 sync {results_dir} ./{Path(str(results_dir)).name}`)")
+        raise ResultsError(f"{results_dir}: fetch it first (report.build_report does, given a local out_dir)")
     path = Path(results_dir)
     if not path.exists():
         raise ResultsError(f"{path}: no such folder; {VALID_FOLDER}")

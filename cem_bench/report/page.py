@@ -10,10 +10,11 @@ from urllib.parse import quote
 import jinja2
 import pandas as pd
 
+from cem_bench.errors import ResultsError
 from cem_bench.schema import GALLERY_FILE, PRIVACY_MODES, REPORT_DIR
-from cem_bench.storage import write_bytes
+from cem_bench.storage import is_uri, write_bytes
 
-from .load import BASELINE_LABEL, SURROGATE_COL, Results, best_baseline, front_of, load_results
+from .load import BASELINE_LABEL, SURROGATE_COL, Results, best_baseline, fetch_remote, front_of, load_results
 from .plots import param_columns, plot_frontier, plot_hypervolume, plot_param_effects, plot_training_curves
 from .summary import (
     facts_table,
@@ -80,7 +81,13 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     """Write plots, tables, galleries, frontier.csv and index.html; return the path of index.html.
 
     Raises ResultsError (nothing written) when ``results_dir`` does not exist or holds neither
-    ``trials.parquet`` nor a Ray experiment of ``cem-bench search``."""
+    ``trials.parquet`` nor a Ray experiment of ``cem-bench search``. A folder on object storage (``s3://``,
+    ``gs://``) needs a local ``out_dir``: what the report reads is fetched into ``out_dir/source`` first."""
+    if is_uri(str(results_dir)):
+        if out_dir is None:
+            raise ResultsError(f"{results_dir}: the report of a folder on object storage is written locally; "
+                               f"give --out DIR")
+        results_dir = fetch_remote(str(results_dir), Path(out_dir) / "source")
     res = load_results(results_dir)  # first: it checks the folder before anything is written
     results_dir = res.results_dir
     out_dir = Path(out_dir) if out_dir is not None else results_dir / REPORT_DIR
