@@ -31,11 +31,15 @@ GALLERY_FILE = "recon.png"
 # ------------------------------------------------------------------------------------------ columns
 # reported by every trial at every epoch (attack metrics NaN until the attack ran); the searchable objectives
 OBJECTIVE_METRICS: tuple[str, ...] = ("test_acc", "test_acc_clean", "feature_spread", "attack_mse",
-                                      "attack_psnr", "attack_ssim")
+                                      "attack_psnr", "attack_ssim", "attack_ssim_paper", "attack_psnr_batch")
+# the attack's metrics among them (NaN until the attack ran, and when the utility gate skipped it)
+ATTACK_METRICS: tuple[str, ...] = tuple(m for m in OBJECTIVE_METRICS if m.startswith("attack_"))
 COST_COLUMNS: tuple[str, ...] = ("train_s", "attack_s", "wall_s")
 # every final metric of a trial row
 METRIC_COLUMNS: tuple[str, ...] = OBJECTIVE_METRICS + COST_COLUMNS + (
     "epochs_done", "final_train_loss", "final_train_acc", "rob_nonfinite", "resumed_from_epoch")
+# text columns of a trial row: why the attack did not run (empty when it did)
+NOTE_COLUMNS: tuple[str, ...] = ("attack_skipped",)
 PROVENANCE: tuple[str, ...] = ("git_sha", "package_version", "torch_version", "device", "node_id", "hostname",
                                "started_at", "finished_at")
 EPOCH_COLUMNS: tuple[str, ...] = ("experiment", "trial_id", "epoch", "train_loss", "train_acc", "rob_loss",

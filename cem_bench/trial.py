@@ -17,7 +17,7 @@ import torch
 from . import __version__, attacks, data, models, surrogates
 from .config import TrialConfig
 from .provenance import device_name, git_sha
-from .schema import GALLERY_FILE
+from .schema import ATTACK_METRICS, GALLERY_FILE
 from .trainer import Trainer, resolve_device, seed_everything
 
 Report = Callable[..., None]
@@ -66,7 +66,7 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
 
     def on_epoch(rec: dict) -> None:
         if report is not None:
-            record = {**rec, "attack_mse": nan, "attack_psnr": nan, "attack_ssim": nan}
+            record = {**rec, **{k: nan for k in ATTACK_METRICS}}
             report(record, False, state_fn=trainer.state_dict)
 
     t_train = time.perf_counter()
