@@ -1,4 +1,4 @@
-"""``cem-bench train | attack | search | report | bench | keys``."""
+"""``cem-bench train | attack | search | report | table | bench | keys``."""
 
 from __future__ import annotations
 
@@ -133,6 +133,11 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_table(args) -> int:
+    from .table import main as table_main
+    return table_main(args)
+
+
 def cmd_bench(args) -> int:
     from .bench import main as bench_main
     return bench_main(args)
@@ -171,6 +176,14 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("results_dir", help="a results folder, local or on object storage (s3://, gs://)")
     r.add_argument("--out", help="report folder (default RESULTS_DIR/report; required for s3:// and gs://)")
     r.set_defaults(func=cmd_report)
+
+    t = sub.add_parser("table", help="the paper-style table: rows sigma, columns lambda x surrogate, mean +- std "
+                                     "over replicates")
+    t.add_argument("results_dir", help="a results folder (local or s3://, gs://) of `cem-bench search`")
+    t.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
+    t.add_argument("--metrics", nargs="+", help="metrics to tabulate (default: test_acc attack_ssim attack_psnr "
+                                                "attack_mse)")
+    t.set_defaults(func=cmd_table)
 
     b = sub.add_parser("bench", help="performance harness")
     b.add_argument("--device", default="cpu", help="cpu or cuda")

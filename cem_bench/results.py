@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from .schema import (
+    CONFIGS_FILE,
     EPOCH_COLUMNS,
     EPOCHS_FILE,
     METRIC_COLUMNS,
@@ -323,12 +324,17 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
 
 
 def write_tables(experiment_dir: str | os.PathLike) -> tuple[Path | str, Path | str]:
-    """Write ``trials.parquet`` and ``epochs.parquet`` into the experiment folder (atomically); return
+    """Write ``trials.parquet``, ``epochs.parquet`` and ``configs.parquet`` (the runs of each configuration
+    aggregated, aggregate.py) into the experiment folder (atomically); return
     their paths (``Path`` for local folders, the URI string for remote ones)."""
+    from .aggregate import CONFIG_ID, build_configs, config_ids
     trials, epochs = build_tables(experiment_dir)
     exp = _Dir(experiment_dir)
+    trials.insert(2, CONFIG_ID, config_ids(trials).astype(str) if len(trials) else [])
+    objectives, _ = load_objectives(exp)
     t = exp.write_parquet(trials, TRIALS_FILE)
     e = exp.write_parquet(epochs, EPOCHS_FILE)
+    exp.write_parquet(_arrow_safe(build_configs(trials, objectives)), CONFIGS_FILE)
     if exp.uri:
         return t, e
     return Path(t), Path(e)

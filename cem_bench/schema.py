@@ -25,6 +25,7 @@ SPACE_FILE = "search_space.json"             # the validated search space (objec
 JOURNAL_FILE = "optuna_journal.log"          # the Optuna study (optuna-dashboard reads it)
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
+CONFIGS_FILE = "configs.parquet"             # one row per configuration: its replicates aggregated
 REPORT_DIR = "report"
 GALLERY_FILE = "recon.png"
 

@@ -32,8 +32,8 @@ RAY_BIN = str(Path(sys.executable).with_name("ray")) if Path(sys.executable).wit
     else (shutil.which("ray") or "ray")
 
 
-def write_space(folder: Path, name: str, *, num_samples: int = 2, max_concurrent: int = 2, params=None,
-                fixed=None, sampler=None, max_failures: int = 1, cpu: float = 1, gpu: float = 0) -> str:
+def write_space(folder: Path, name: str, *, num_samples: int | None = 2, max_concurrent: int = 2, params=None,
+                fixed=None, sampler=None, max_failures: int = 1, cpu: float = 1, gpu: float = 0, **extra) -> str:
     doc = {
         "name": name,
         "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.0},
@@ -45,7 +45,10 @@ def write_space(folder: Path, name: str, *, num_samples: int = 2, max_concurrent
         "resources": {"cpu": cpu, "gpu": gpu},
         "fixed": {**TINY, **(fixed or {})},
         "params": params or {"cem.lambd": {"loguniform": [1, 32]}},
+        **extra,
     }
+    if num_samples is None:
+        del doc["num_samples"]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -459,3 +462,46 @@ def test_tpe_copy_is_replaced_by_a_new_configuration(tmp_path):
         searcher.on_trial_complete(f"t{i}", {"test_acc": 0.9 if good else 0.3, "attack_ssim": 0.2 if good else 0.5,
                                              "status": "ok"})
     assert len(set(keys)) == 8, keys
+
+
+GRID = {"defense.noise_std": {"choice": [0.01, 0.1]}, "cem.lambd": {"choice": [0, 8, 16]},
+        "cem.surrogate": {"choice": ["gmm", "slot_cross"], "when": {"cem.lambd": [8, 16]}}}
+
+
+def test_grid_with_replicates_runs_every_cell_once_per_seed_and_tells_optuna_the_mean(tmp_path):
+    """sampler grid: the 2 x (1 + 2 x 2) = 10 cells (lambda = 0 is one cell, not one per surrogate), each
+    with both seeds, as 20 separate trials; Optuna gets one value per cell, the mean of its runs."""
+    import optuna
+
+    from cem_bench.search.searcher import make_searcher
+    from cem_bench.spaces import load_space
+    spec = load_space(write_space(tmp_path, "grid", num_samples=None, params=GRID, sampler={"name": "grid"},
+                                  replicates=2, fixed={"seed": 5}))
+    assert (spec.num_samples, spec.seeds, spec.runs) == (10, (5, 6), 20)
+    searcher = make_searcher(spec, str(tmp_path / "exp")).searcher.searcher
+    runs = []
+    for i in range(spec.runs):
+        cfg = searcher.suggest(f"t{i}")
+        cell = tuple(sorted((k, v) for k, v in cfg.items() if k.startswith(("cem.", "defense.")) and k in GRID))
+        runs.append((cell, cfg["seed"]))
+        acc = 0.5 + 0.1 * (cfg["seed"] - 5)           # the two seeds differ by 0.1: the mean is +0.05
+        searcher.on_trial_complete(f"t{i}", {"test_acc": acc, "attack_ssim": 0.3, "status": "ok"})
+    assert len(set(runs)) == 20 and len({c for c, _ in runs}) == 10
+    assert all(sum(1 for c, _ in runs if c == cell) == 2 for cell, _ in runs)
+    assert not any(dict(c).get("cem.surrogate") for c, _ in runs if dict(c)["cem.lambd"] == 0)
+    done = [t for t in searcher._ot_study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 10 and all(t.values[0] == pytest.approx(0.55) for t in done)
+
+
+def test_grid_refuses_continuous_parameters_and_a_wrong_budget(tmp_path):
+    from cem_bench.spaces import SpaceError, load_space
+    params = dict(GRID, **{"cem.var_threshold": {"uniform": [0.1, 0.2]}})
+    with pytest.raises(SpaceError, match="params.cem.var_threshold: sampler grid enumerates discrete values"):
+        load_space(write_space(tmp_path, "g1", num_samples=None, params=params, sampler={"name": "grid"}))
+    with pytest.raises(SpaceError, match="num_samples: 7 with sampler grid, whose space has 10 cells"):
+        load_space(write_space(tmp_path, "g2", num_samples=7, params=GRID, sampler={"name": "grid"}))
+    with pytest.raises(SpaceError, match="num_samples: missing"):
+        load_space(write_space(tmp_path, "g3", num_samples=None, params=GRID))
+    with pytest.raises(SpaceError, match="seed is set per replicate"):
+        load_space(write_space(tmp_path, "g4", params={"seed": {"choice": [1, 2]}}, replicates=2))
+

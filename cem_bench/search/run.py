@@ -108,7 +108,7 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
                 param_space={},
                 tune_config=tune.TuneConfig(
                     search_alg=make_searcher(spec, exp_path),
-                    num_samples=spec.num_samples,
+                    num_samples=spec.runs,  # every configuration once per seed
                     max_concurrent_trials=None,  # the ConcurrencyLimiter inside the search algorithm
                     reuse_actors=True,
                 ),

@@ -16,7 +16,7 @@ from ray.tune.search import ConcurrencyLimiter, SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
 from ..schema import JOURNAL_FILE
-from ..spaces import define_by_run, make_sampler
+from ..spaces import define_by_run, grid_cells, make_sampler
 from ..storage import copy_file, is_uri, join
 from .resume import write_resume_snapshot
 
@@ -34,12 +34,35 @@ class JournalOptunaSearch(OptunaSearch):
     """OptunaSearch that tells Optuna FAIL for errored/NaN trials and mirrors finished trials into a
     JournalStorage file (see the module docstring)."""
 
-    def __init__(self, *args, journal: tuple[str, str | None] | None = None, **kwargs):
+    def __init__(self, *args, journal: tuple[str, str | None] | None = None, seeds: tuple[int, ...] = (),
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self._journal = journal
+        # Replicates: every configuration Optuna proposes runs once per seed, each run its own Ray trial.
+        # The first run (the "leader") holds the Optuna trial; the others are queued and served before Optuna
+        # is asked again; Optuna is told the mean of the runs once all of them finished (docs/protocol.md).
+        self._seeds = tuple(seeds)
+        self._queued: list[tuple[str, int]] = []          # (leader trial id, seed) still to be started
+        self._groups: dict[str, dict] = {}                # leader id -> {"config", "runs": {trial id: result}}
+        self._leader_of: dict[str, str] = {}              # trial id -> its leader's id
         self._mirror_journal(init=True)
 
     def suggest(self, trial_id: str):
+        if len(self._seeds) > 1 and self._queued:
+            leader, seed = self._queued.pop(0)
+            self._leader_of[trial_id] = leader
+            return {**self._groups[leader]["config"], "seed": seed}
+        config = self._suggest_new(trial_id)
+        if config is not None and len(self._seeds) > 1:
+            self._groups[trial_id] = {"config": dict(config), "runs": {}}
+            self._leader_of[trial_id] = trial_id
+            self._queued.extend((trial_id, s) for s in self._seeds[1:])
+            return {**config, "seed": self._seeds[0]}
+        if config is not None and len(self._seeds) == 1:
+            return {**config, "seed": self._seeds[0]}
+        return config
+
+    def _suggest_new(self, trial_id: str):
         # Optuna has no de-duplication: TPE (and a seeded random sampler) re-propose configurations
         # that already ran or are running, and with a fixed seed a copy gives the same result, so the
         # trial is wasted. A duplicate is told FAIL (samplers ignore failed trials) and replaced by a
@@ -81,6 +104,26 @@ class JournalOptunaSearch(OptunaSearch):
             self.__dict__.update(cloudpickle.load(fh))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        leader = self._leader_of.get(trial_id)
+        if leader is None or len(self._seeds) <= 1:
+            self._tell(trial_id, result, error)
+            return
+        group = self._groups[leader]
+        ok = not error and bool(result) and result.get("status") != "error"
+        group["runs"][trial_id] = dict(result) if ok else None
+        if len(group["runs"]) < len(self._seeds):
+            return
+        runs = [r for r in group["runs"].values() if r is not None]
+        mean = None
+        if runs:
+            mean = {"status": "ok"}
+            for m in (self._metric if isinstance(self._metric, list) else [self._metric]):
+                vals = [r.get(m) for r in runs]
+                finite = [float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+                mean[m] = sum(finite) / len(finite) if len(finite) == len(vals) else float("nan")
+        self._tell(leader, mean, error=mean is None)
+
+    def _tell(self, trial_id: str, result: dict | None = None, error: bool = False):
         bad = error or not result or result.get("status") == "error"
         if not bad and isinstance(self._metric, list):
             for m in self._metric:
@@ -159,9 +202,10 @@ def journal_target(experiment_path: str, name: str) -> tuple[str, str | None]:
 
 
 def make_searcher(spec, experiment_path: str):
+    points = grid_cells(spec.params) if spec.sampler.get("name") == "grid" else None
     searcher = JournalOptunaSearch(space=define_by_run(spec), metric=spec.metric_names, mode=spec.modes,
-                   sampler=make_sampler(spec), study_name=spec.name,
-                   journal=journal_target(experiment_path, spec.name))
+                                   sampler=make_sampler(spec), study_name=spec.name, points_to_evaluate=points,
+                                   journal=journal_target(experiment_path, spec.name), seeds=spec.seeds)
     # the generator is built here (not by Tune) so that it can bundle the experiment state; Tune applies
     # max_concurrent_trials only to a bare Searcher, so the limiter is added here too
     limited = ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)

@@ -24,8 +24,8 @@ their keys, ``surrogates.resolve``), and registering a plug-in imports its torch
 
 from ..errors import SpaceError
 from .parse import load_space, parse_space
-from .sampling import define_by_run, make_sampler, trial_config
+from .sampling import define_by_run, grid_cells, make_sampler, trial_config
 from .spec import KINDS, METRICS, MODES, SAMPLER_OPTIONS, SAMPLERS, Objective, Param, SearchSpec
 
 __all__ = ["KINDS", "METRICS", "MODES", "SAMPLER_OPTIONS", "SAMPLERS", "Objective", "Param", "SearchSpec",
-           "SpaceError", "define_by_run", "load_space", "make_sampler", "parse_space", "trial_config"]
+           "SpaceError", "define_by_run", "grid_cells", "load_space", "make_sampler", "parse_space", "trial_config"]

@@ -128,20 +128,69 @@ class _Parser(_ParamStages):
         name = self.name(doc.get("name"))
         objectives = self.objectives(doc.get("objectives")) if doc.get("objectives") is not None else ()
         sampler = self.sampler(doc.get("sampler", {"name": "tpe"}))
-        num_samples = self.count("num_samples", doc.get("num_samples"), 1) if "num_samples" in doc else 1
+        grid = sampler.get("name") == "grid"
+        if "num_samples" in doc and doc["num_samples"] is not None:
+            num_samples = self.count("num_samples", doc.get("num_samples"), 1)
+        else:
+            num_samples = 0   # the grid's cell count (below); any other sampler needs it
+            if not grid:
+                self.err("num_samples", "missing (required, except with sampler grid: the number of cells)")
         max_concurrent = self.count("max_concurrent", doc.get("max_concurrent", 1), 1)
         max_failures = self.count("max_failures", doc.get("max_failures", 2), -1)
         resources = self.resources(doc.get("resources", {}))
         fixed = self.fixed(doc.get("fixed") or {})
         params = self.params(doc.get("params"), fixed) if doc.get("params") is not None else ()
+        seeds = self.seeds(doc.get("replicates"), doc.get("seeds"), fixed, params)
         if self.fixed_ok:
             self.check_combinations(fixed, params)
         if self.errors:
             raise SpaceError(self.errors, self.path)
         params = self.pin(params, fixed)
+        if grid:
+            num_samples = self.grid(params, num_samples)
+            if self.errors:
+                raise SpaceError(self.errors, self.path)
         return SearchSpec(name=name, objectives=tuple(objectives), sampler=sampler, num_samples=num_samples,
                           max_concurrent=max_concurrent, resources=resources, fixed=fixed, params=tuple(params),
-                          max_failures=max_failures, path=self.path)
+                          max_failures=max_failures, path=self.path, seeds=seeds)
+
+    def grid(self, params, num_samples: int) -> int:
+        """Sampler grid: every parameter a choice; ``num_samples`` is the number of cells (the distinct
+        configurations once ``when`` conditions are applied), given or not."""
+        from .sampling import grid_cells
+        bad = [p.key for p in params if p.kind != "choice"]
+        for key in bad:
+            self.err(f"params.{key}", "sampler grid enumerates discrete values: give it {choice: [...]} "
+                     "(continuous and integer ranges are for the other samplers)")
+        if bad:
+            return max(num_samples, 1)
+        cells = len(grid_cells(params))
+        if num_samples and num_samples != cells:
+            self.err("num_samples", f"{num_samples} with sampler grid, whose space has {cells} cells; leave it "
+                     f"out (it defaults to the number of cells) or set it to {cells}")
+        return cells
+
+    def seeds(self, replicates, seeds, fixed: dict, params) -> tuple[int, ...]:
+        """``replicates: N`` (seeds base..base+N-1, base = the fixed ``seed`` or 0) or ``seeds: [...]``: every
+        configuration runs once per seed, each run its own trial."""
+        if replicates is None and seeds is None:
+            return ()
+        if any(p.key == "seed" for p in params):
+            self.err("params.seed", "the seed is set per replicate (replicates/seeds); it cannot be searched too")
+            return ()
+        if seeds is not None:
+            ok = (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool)
+                                                            for s in seeds) and len(set(seeds)) == len(seeds))
+            if not ok:
+                self.err("seeds", f"{seeds!r} must be a non-empty list of distinct integers")
+                return ()
+            if replicates is not None and replicates != len(seeds):
+                self.err("replicates", f"{replicates!r} disagrees with the {len(seeds)} seeds given; give one of them")
+            return tuple(seeds)
+        n = self.count("replicates", replicates, 1)
+        base = fixed.get("seed", 0)
+        base = base if isinstance(base, int) and not isinstance(base, bool) else 0
+        return tuple(range(base, base + n))
 
     def name(self, value) -> str:
         if value is None:

@@ -37,6 +37,22 @@ def define_by_run(spec: SearchSpec) -> Callable[[Any], dict]:
     return space
 
 
+def grid_cells(params) -> list[dict[str, Any]]:
+    """Every distinct configuration of a discrete space, in file order: a parameter whose ``when`` does not
+    hold in a cell is left out of it (so lambda = 0 with a surrogate that applies only for lambda > 0 is one
+    cell, not one per surrogate). ``params`` must be ordered so that a parameter follows those it names."""
+    cells: list[dict[str, Any]] = [{}]
+    for p in params:
+        out = []
+        for cell in cells:
+            if p.active(cell):
+                out.extend({**cell, p.key: v} for v in p.choices)
+            else:
+                out.append(cell)
+        cells = out
+    return cells
+
+
 def make_sampler(spec: SearchSpec):
     """The Optuna sampler named by ``spec.sampler``: tpe (multivariate, grouped for conditional spaces,
     constant liar for parallel trials), nsga2, nsga3 (population defaults to a quarter of the budget,
@@ -66,6 +82,9 @@ def _make_sampler(optuna, spec: SearchSpec):
         return optuna.samplers.GPSampler(**opts)
     if name == "random":
         return optuna.samplers.RandomSampler(**opts)
+    if name == "grid":
+        # the cells are enqueued one by one (searcher.make_searcher); nothing is left to sample
+        return optuna.samplers.RandomSampler(seed=0)
     raise SpaceError(f"sampler.name: unknown sampler {name!r}; known: {', '.join(SAMPLERS)}", spec.path)
 
 

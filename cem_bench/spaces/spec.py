@@ -35,13 +35,15 @@ SAMPLER_OPTIONS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
     "nsga3": {**_NSGA, "dividing_parameter": _POS_INT},
     "gp": {"seed": _INT_OR_NONE, "n_startup_trials": _NONNEG_INT, "deterministic_objective": _BOOL},
     "random": {"seed": _INT_OR_NONE},
+    # every cell of a discrete space exactly once (the cells are enqueued in order; see sampling.grid_cells)
+    "grid": {},
 }
 SAMPLERS = tuple(sorted(SAMPLER_OPTIONS))
 
 # The shape of the YAML file itself (used by the parser).
-_TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "max_concurrent", "max_failures", "resources",
-             "fixed", "params")
-_REQUIRED = ("name", "objectives", "num_samples", "params")
+_TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "replicates", "seeds", "max_concurrent",
+             "max_failures", "resources", "fixed", "params")
+_REQUIRED = ("name", "objectives", "params")   # num_samples too, except with sampler grid (the cell count)
 _PARAM_FIELDS = (*KINDS, "log", "step", "when")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -94,6 +96,16 @@ class SearchSpec:
     params: tuple[Param, ...]
     max_failures: int = 2
     path: str | None = None
+    seeds: tuple[int, ...] = ()    # one run per seed for every configuration (replicates); empty = one run
+
+    @property
+    def replicates(self) -> int:
+        return max(1, len(self.seeds))
+
+    @property
+    def runs(self) -> int:
+        """Ray trials of the search: every configuration once per seed."""
+        return self.num_samples * self.replicates
 
     @property
     def metric_names(self) -> list[str]:
@@ -118,5 +130,6 @@ class SearchSpec:
             "resources": dict(self.resources),
             "fixed": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in self.fixed.items()},
             "params": [p.to_dict() for p in self.params],
+            "seeds": list(self.seeds),
             "path": self.path,
         }

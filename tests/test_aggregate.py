@@ -1,0 +1,84 @@
+"""Replicates aggregated per configuration (configs.parquet) and the paper-style table (cem-bench table)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from cem_bench.aggregate import build_configs, config_ids
+from cem_bench.cli import main
+from cem_bench.table import paper_table
+
+OBJ = [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}]
+
+
+def runs() -> pd.DataFrame:
+    """Three configurations x three seeds: the baseline at two sigmas and gmm at one; one gmm run errored."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for sigma, lam, surr in ((0.1, 0.0, "gmm"), (0.01, 0.0, "gmm"), (0.1, 16.0, "gmm")):
+        for seed in (0, 1, 2):
+            ok = not (lam == 16 and seed == 2)
+            rows.append({"trial_id": f"t{len(rows)}", "status": "ok" if ok else "error",
+                         "test_acc": rng.uniform(0.6, 0.9) if ok else np.nan,
+                         "attack_ssim": rng.uniform(0.2, 0.7) if ok else np.nan,
+                         "config.seed": seed, "config.defense.noise_std": sigma, "config.cem.lambd": lam,
+                         "config.cem.surrogate": surr, "config.train.milestones": np.array([0.5])})
+    return pd.DataFrame(rows)
+
+
+def test_configs_aggregate_the_runs_of_each_configuration():
+    t = runs()
+    ids = config_ids(t)
+    assert ids.nunique() == 3 and (ids.groupby(t["config.defense.noise_std"].astype(str)
+                                               + t["config.cem.lambd"].astype(str)).nunique() == 1).all()
+    c = build_configs(t, OBJ).set_index("config_id")
+    for cid, group in t.assign(config_id=ids).groupby("config_id"):
+        ok = group[group["status"] == "ok"]
+        row = c.loc[cid]
+        assert row["runs"] == len(group) and row["runs_ok"] == len(ok) and list(row["seeds"]) == [0, 1, 2]
+        for m in ("test_acc", "attack_ssim"):
+            v = ok[m].to_numpy()
+            assert row[f"{m}_mean"] == pytest.approx(v.mean())
+            assert row[f"{m}_std"] == pytest.approx(np.std(v, ddof=1))
+            half = stats.t.ppf(0.975, len(v) - 1) * np.std(v, ddof=1) / math.sqrt(len(v))
+            assert row[f"{m}_ci95"] == pytest.approx(half)
+    # the front is computed on the means
+    means = c[["test_acc_mean", "attack_ssim_mean"]].to_numpy()
+    on_front = [i for i in range(3) if not any((means[j, 0] >= means[i, 0]) and (means[j, 1] <= means[i, 1])
+                                               and (means[j] != means[i]).any() for j in range(3))]
+    assert sorted(np.flatnonzero(c["pareto_rank"].to_numpy() == 0).tolist()) == on_front
+
+
+def test_a_single_run_has_no_spread():
+    t = runs().iloc[[0]]
+    c = build_configs(t, OBJ)
+    assert c.loc[0, "runs"] == 1 and math.isnan(c.loc[0, "test_acc_std"]) and math.isnan(c.loc[0, "test_acc_ci95"])
+
+
+def test_paper_table_rows_sigma_columns_lambda_by_surrogate():
+    table = paper_table(build_configs(runs(), OBJ), "test_acc")
+    assert list(table.index) == ["σ=0.01", "σ=0.1"]
+    assert list(table.columns) == ["λ=0", "λ=16 gmm"]
+    assert table.loc["σ=0.01", "λ=16 gmm"] == ""                    # that cell was not run
+    assert table.loc["σ=0.1", "λ=16 gmm"].endswith("(2)")           # two ok runs of three
+    assert " ± " in table.loc["σ=0.1", "λ=0"]
+
+
+def test_table_command(tmp_path, capsys):
+    t = runs()
+    t["config.train.milestones"] = [[0.5]] * len(t)
+    t.to_parquet(tmp_path / "trials.parquet")
+    assert main(["table", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| test_acc | λ=0 | λ=16 gmm |" in out and "**attack_ssim**" in out
+    assert main(["table", str(tmp_path), "--csv", "--metrics", "attack_ssim"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# attack_ssim") and "σ=0.1," in out
+    assert main(["table", str(tmp_path), "--metrics", "nope"]) == 2
+    assert "metric 'nope' is not in the results" in capsys.readouterr().err
+    assert main(["table", str(tmp_path / "missing")]) == 2
