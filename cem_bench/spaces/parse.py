@@ -134,7 +134,8 @@ class _Parser(_ParamStages):
         else:
             num_samples = 0   # the grid's cell count (below); any other sampler needs it
             if not grid:
-                self.err("num_samples", "missing (required, except with sampler grid: the number of cells)")
+                self.err("num_samples", "missing (required) -- except with sampler grid, where it is the number "
+                         "of cells")
         max_concurrent = self.count("max_concurrent", doc.get("max_concurrent", 1), 1)
         max_failures = self.count("max_failures", doc.get("max_failures", 2), -1)
         resources = self.resources(doc.get("resources", {}))
