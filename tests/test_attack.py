@@ -4,6 +4,7 @@ the encoder left untouched, seeding and the gallery PNG. Tiny sizes: the whole f
 from __future__ import annotations
 
 import hashlib
+import math
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from cem_bench import data, models
 from cem_bench.attacks import AttackResult, build, names
 from cem_bench.attacks.decoder import DecoderAttack, InversionDecoder, save_gallery
 from cem_bench.config import ModelConfig, TrialConfig
+from cem_bench.schema import ATTACK_METRICS
 
 
 def tiny_cfg(**flat) -> TrialConfig:
@@ -105,7 +107,8 @@ def test_features_once_encoder_untouched_and_seeded():
     assert torch.equal(torch.get_rng_state(), rng)  # the global RNG was not consumed
 
     assert isinstance(res, AttackResult)
-    assert set(res.metrics) == {"attack_mse", "attack_psnr", "attack_ssim"}
+    assert set(res.metrics) == set(ATTACK_METRICS) == {"attack_mse", "attack_psnr", "attack_ssim",
+                                                       "attack_ssim_paper", "attack_psnr_batch"}
     assert [h["epoch"] for h in res.history] == [1, 2]
     assert all(h["train_mse"] > 0 for h in res.history)
     assert res.originals.shape == res.reconstructions.shape == (16, 3, 32, 32)
@@ -126,6 +129,27 @@ def test_untrained_decoder_is_valid():
     res = build(cfg).run(encoder_for(cfg, splits), splits, 0.0, "cpu")
     assert res.history == []
     assert 0 < res.metrics["attack_mse"] < 1 and -1 <= res.metrics["attack_ssim"] <= 1
+
+
+def test_paper_convention_metrics():
+    """attack_ssim_paper / attack_psnr_batch are reported, finite, differ from the per-image metrics
+    (zero padding and the whole map vs scikit-image's symmetric padding and cropped map; PSNR of the
+    batch MSE <= mean per-image PSNR), and only attack_psnr_batch depends on the evaluation batch size."""
+    splits = data.load(tiny_cfg().data, "cpu")  # 20 evaluation images
+    out = {}
+    for ebs in (64, 8):  # one batch of 20; batches of 8, 8, 4
+        cfg = tiny_cfg(**{"train.eval_batch_size": ebs})
+        out[ebs] = build(cfg).run(encoder_for(cfg, splits), splits, 0.0, "cpu").metrics
+    for m in out.values():
+        assert {"attack_ssim_paper", "attack_psnr_batch"} <= set(m)
+        assert all(isinstance(m[k], float) and math.isfinite(m[k]) for k in ATTACK_METRICS)
+        assert -1 <= m["attack_ssim_paper"] <= 1
+        assert abs(m["attack_ssim_paper"] - m["attack_ssim"]) > 1e-2
+        assert m["attack_psnr_batch"] <= m["attack_psnr"] + 1e-9
+    a, b = out[64], out[8]
+    for k in ("attack_mse", "attack_psnr", "attack_ssim", "attack_ssim_paper"):  # per image, or image-weighted
+        assert a[k] == pytest.approx(b[k], abs=1e-6), k
+    assert abs(a["attack_psnr_batch"] - b["attack_psnr_batch"]) > 1e-2
 
 
 def test_short_attack_beats_untrained_decoder():

@@ -1,4 +1,5 @@
-"""Tests for cem_bench.metrics against scikit-image's reference implementations."""
+"""Tests for cem_bench.metrics: the per-image metrics against scikit-image, the paper's per-batch metrics
+(pytorch_ssim SSIM, batch PSNR) against straightforward float64 implementations written here."""
 
 from __future__ import annotations
 
@@ -21,10 +22,16 @@ from skimage.transform import resize  # noqa: E402
 from cem_bench.metrics import (  # noqa: E402
     PSNR_MAX_DB,
     MetricAccumulator,
+    PaperMetricAccumulator,
     image_metrics,
     mse_per_image,
+    paper_metrics,
+    psnr_batch,
     psnr_per_image,
     ssim_map,
+    ssim_paper,
+    ssim_paper_map,
+    ssim_paper_per_image,
     ssim_per_image,
 )
 
@@ -237,3 +244,226 @@ def test_cuda_matches_cpu():
     acc.update(x.cuda(), y.cuda())
     out = acc.compute()
     assert out["ssim"] == pytest.approx(cpu["ssim"].double().mean().item(), abs=1e-5)
+
+
+# ================================================================ the paper's conventions
+# References written from the formulas (pytorch_ssim._ssim and utils.get_PSNR of xiasong0501/CEM), in
+# float64 numpy, sharing no code with cem_bench.metrics.
+PAPER_ATOL = 1e-5
+
+
+def _paper_window() -> np.ndarray:
+    """pytorch_ssim.create_window(11, C): outer product of exp(-(i-5)^2 / (2 * 1.5^2)) / sum, i = 0..10."""
+    g = np.array([math.exp(-((i - 5) ** 2) / (2 * 1.5**2)) for i in range(11)])
+    g /= g.sum()
+    return np.outer(g, g)
+
+
+def _ssim_map_from_filter(a: np.ndarray, b: np.ndarray, filt) -> np.ndarray:
+    """SSIM map of two (H, W) planes given a 'same'-size filter (population moments, C1, C2 for range 1)."""
+    mu1, mu2 = filt(a), filt(b)
+    s11 = filt(a * a) - mu1 * mu1
+    s22 = filt(b * b) - mu2 * mu2
+    s12 = filt(a * b) - mu1 * mu2
+    c1, c2 = 0.01**2, 0.03**2
+    return ((2 * mu1 * mu2 + c1) * (2 * s12 + c2)) / ((mu1**2 + mu2**2 + c1) * (s11 + s22 + c2))
+
+
+def _zero_pad_filter_scipy(z: np.ndarray) -> np.ndarray:
+    from scipy.signal import convolve2d
+
+    # the window is symmetric, so convolution = correlation; 'fill' with 0 = F.conv2d's zero padding
+    return convolve2d(z, _paper_window(), mode="same", boundary="fill", fillvalue=0.0)
+
+
+def _zero_pad_filter_loops(z: np.ndarray) -> np.ndarray:
+    """The same filter as explicit sums: out[i, j] = sum over in-image (i+u, j+v) of w[u+5, v+5] z[i+u, j+v]."""
+    w = _paper_window()
+    h, wd = z.shape
+    out = np.zeros_like(z)
+    for i in range(h):
+        for j in range(wd):
+            acc = 0.0
+            for u in range(-5, 6):
+                for v in range(-5, 6):
+                    if 0 <= i + u < h and 0 <= j + v < wd:
+                        acc += w[u + 5, v + 5] * z[i + u, j + v]
+            out[i, j] = acc
+    return out
+
+
+def _ref_paper_map(x: torch.Tensor, y: torch.Tensor, filt=_zero_pad_filter_scipy) -> np.ndarray:
+    """(N, C, H, W) float64 map: every channel of every image filtered on its own (groups = channels)."""
+    a = x.double().cpu().numpy()
+    b = y.double().cpu().numpy()
+    out = np.empty_like(a)
+    for n in range(a.shape[0]):
+        for c in range(a.shape[1]):
+            out[n, c] = _ssim_map_from_filter(a[n, c], b[n, c], filt)
+    return out
+
+
+def _ref_ssim_paper(x: torch.Tensor, y: torch.Tensor) -> float:
+    """pytorch_ssim.SSIM()(x, y): the mean of the full map over the whole batch."""
+    return float(_ref_paper_map(x, y).mean())
+
+
+def _ref_psnr_batch(x: torch.Tensor, y: torch.Tensor) -> float:
+    """utils.get_PSNR: 10 log10(1 / mean squared error over the whole batch)."""
+    a = x.double().cpu().numpy()
+    b = y.double().cpu().numpy()
+    return float(10.0 * np.log10(1.0 / np.mean((a - b) ** 2)))
+
+
+def _assert_paper_matches(x: torch.Tensor, y: torch.Tensor) -> None:
+    ref_map = _ref_paper_map(x, y)
+    got_map = ssim_paper_map(x, y)
+    assert got_map.shape == x.shape and got_map.dtype == torch.float32
+    np.testing.assert_allclose(got_map.double().numpy(), ref_map, rtol=0, atol=PAPER_ATOL)
+    per_image = ssim_paper_per_image(x, y)
+    assert per_image.shape == (x.shape[0],)
+    np.testing.assert_allclose(per_image.double().numpy(), ref_map.reshape(x.shape[0], -1).mean(axis=1),
+                               rtol=0, atol=PAPER_ATOL)
+    got = paper_metrics(x, y)
+    for k in ("ssim_paper", "psnr_batch"):
+        assert got[k].shape == () and got[k].dtype == torch.float32, k
+    assert torch.equal(got["ssim_paper"], ssim_paper(x, y))
+    assert torch.equal(got["psnr_batch"], psnr_batch(x, y))
+    assert float(got["ssim_paper"]) == pytest.approx(float(ref_map.mean()), abs=PAPER_ATOL)
+    assert float(got["psnr_batch"]) == pytest.approx(_ref_psnr_batch(x, y), abs=PAPER_ATOL)
+
+
+def test_paper_reference_filter_is_zero_padding():
+    """The scipy reference filter and the explicit loops agree (so the reference is what it says)."""
+    rng = np.random.default_rng(10)
+    for shape in [(7, 9), (3, 3), (12, 5)]:
+        z = rng.random(shape)
+        np.testing.assert_allclose(_zero_pad_filter_scipy(z), _zero_pad_filter_loops(z), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 6, 7), (1, 3, 3, 3), (1, 1, 12, 5)])
+def test_paper_ssim_against_loops_on_tiny_images(shape):
+    """Images smaller than the window: every map value sees the zero padding."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.rand(shape, generator=g)
+    y = (x + 0.3 * torch.randn(shape, generator=g)).clamp(0, 1)
+    ref = _ref_paper_map(x, y, filt=_zero_pad_filter_loops)
+    np.testing.assert_allclose(ssim_paper_map(x, y).double().numpy(), ref, rtol=0, atol=PAPER_ATOL)
+    assert float(ssim_paper(x, y)) == pytest.approx(float(ref.mean()), abs=PAPER_ATOL)
+
+
+@pytest.mark.parametrize("shape", [(3, 3, 32, 32), (2, 1, 64, 64), (2, 3, 32, 48), (2, 1, 11, 17), (2, 3, 8, 8)])
+def test_paper_metrics_random_images(shape):
+    g = torch.Generator().manual_seed(12)
+    x = torch.rand(shape, generator=g)
+    y = (x + 0.2 * torch.randn(shape, generator=g)).clamp(0, 1)
+    _assert_paper_matches(x, y)
+    _assert_paper_matches(x, torch.rand(shape, generator=g))  # independent images
+
+
+@pytest.mark.parametrize("gray", [False, True], ids=["rgb", "gray"])
+@pytest.mark.parametrize("size", [(32, 32), (64, 64), (32, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_paper_metrics_photographs_vs_distortions(size, gray):
+    rng = np.random.default_rng(13)
+    clean, dist = [], []
+    for name in PHOTOS:
+        img = _photo(name, size, gray)
+        for kind in DISTORTIONS:
+            clean.append(img)
+            dist.append(_distort(img, kind, rng))
+    x = torch.from_numpy(np.stack(clean)).float()
+    y = torch.from_numpy(np.stack(dist)).float()
+    _assert_paper_matches(x, y)
+    # one photograph-distortion pair at a time, too (a batch of one)
+    for i in range(0, len(x), 5):
+        _assert_paper_matches(x[i : i + 1], y[i : i + 1])
+
+
+def test_paper_metrics_identical_images():
+    x = torch.from_numpy(np.stack([_photo(n, (32, 32), False) for n in PHOTOS])).float()
+    m = paper_metrics(x, x.clone())
+    assert float(m["ssim_paper"]) == pytest.approx(1.0, abs=1e-6)
+    assert float(m["psnr_batch"]) == pytest.approx(PSNR_MAX_DB, abs=1e-4)
+
+
+def test_paper_conventions_differ_from_ours_only_where_they_should():
+    """Inside the 5-px border band the two SSIM maps are the same numbers (same window, no padding reached);
+    on the band they differ, so the averaged values differ; batch PSNR is at most the mean per-image PSNR."""
+    rng = np.random.default_rng(14)
+    x = torch.from_numpy(np.stack([_photo(n, (32, 32), False) for n in PHOTOS])).float()
+    y = torch.from_numpy(np.stack([_distort(a.numpy(), "noise", rng) for a in x])).float()
+    ours, paper = ssim_map(x, y), ssim_paper_map(x, y)
+    torch.testing.assert_close(paper[..., 5:-5, 5:-5], ours[..., 5:-5, 5:-5], rtol=0, atol=ATOL)  # ours: float32
+    assert (paper - ours).abs().amax() > 1e-2
+    assert (ssim_paper_per_image(x, y) - ssim_per_image(x, y)).abs().min() > 1e-3
+    # Jensen: -log is convex, so the PSNR of the mean MSE is below the mean of the PSNRs
+    y2 = y.clone()
+    y2[0] = x[0] + 0.01  # one image much closer than the others
+    assert float(psnr_batch(x, y2)) < float(psnr_per_image(x, y2).mean()) - 1.0
+
+
+def test_paper_accumulator_weights_batches_by_size():
+    """Two batches of different sizes: the accumulator returns (3 * value_1 + 5 * value_2) / 8, as the
+    paper's AverageMeter.update(value, n=batch_size) does, for both metrics."""
+    g = torch.Generator().manual_seed(15)
+    x = torch.rand(8, 3, 32, 32, generator=g)
+    y = x.clone()
+    y[:3] = (x[:3] + 0.02 * torch.randn(3, 3, 32, 32, generator=g)).clamp(0, 1)   # close reconstructions
+    y[3:] = (x[3:] + 0.30 * torch.randn(5, 3, 32, 32, generator=g)).clamp(0, 1)   # poor ones
+
+    acc = PaperMetricAccumulator()
+    first = acc.update(x[:3], y[:3])
+    acc.update(x[3:], y[3:])
+    assert acc.count == 8 and acc.batches == 2
+    assert float(first["psnr_batch"]) == pytest.approx(_ref_psnr_batch(x[:3], y[:3]), abs=PAPER_ATOL)
+    got = acc.compute()
+    assert all(isinstance(v, float) for v in got.values())
+
+    s1, s2 = _ref_ssim_paper(x[:3], y[:3]), _ref_ssim_paper(x[3:], y[3:])
+    p1, p2 = _ref_psnr_batch(x[:3], y[:3]), _ref_psnr_batch(x[3:], y[3:])
+    assert got["ssim_paper"] == pytest.approx((3 * s1 + 5 * s2) / 8, abs=PAPER_ATOL)
+    assert got["psnr_batch"] == pytest.approx((3 * p1 + 5 * p2) / 8, abs=PAPER_ATOL)
+    # the weighting matters: the unweighted mean of the two batch values is far off
+    assert abs(got["psnr_batch"] - (p1 + p2) / 2) > 1.0
+    assert abs(got["ssim_paper"] - (s1 + s2) / 2) > 0.02
+    # weighted SSIM = the per-image mean over all eight, whatever the split; batch PSNR depends on the split
+    assert got["ssim_paper"] == pytest.approx(_ref_ssim_paper(x, y), abs=PAPER_ATOL)
+    whole = PaperMetricAccumulator()
+    whole.update(x, y)
+    assert whole.compute()["psnr_batch"] == pytest.approx(_ref_psnr_batch(x, y), abs=PAPER_ATOL)
+    assert abs(whole.compute()["psnr_batch"] - got["psnr_batch"]) > 1.0
+
+    empty = PaperMetricAccumulator().compute()
+    assert set(empty) == {"ssim_paper", "psnr_batch"} and all(math.isnan(v) for v in empty.values())
+
+
+def test_paper_metrics_bf16_inputs():
+    img = torch.from_numpy(np.stack([_photo(n, (32, 32), False) for n in PHOTOS]))
+    g = torch.Generator().manual_seed(16)
+    x = img.to(torch.bfloat16)
+    y = (img + 0.05 * torch.randn(img.shape, generator=g, dtype=img.dtype)).clamp(0, 1).to(torch.bfloat16)
+    _assert_paper_matches(x, y)  # the references see the same bf16 values, upcast
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_paper_metrics_cuda_no_sync():
+    g = torch.Generator().manual_seed(17)
+    x = torch.rand(4, 3, 32, 32, generator=g)
+    y = (x + 0.1 * torch.randn(x.shape, generator=g)).clamp(0, 1)
+    cpu = paper_metrics(x, y)
+    xc, yc = x.cuda(), y.cuda()
+    acc = PaperMetricAccumulator()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(0, 4, 3):  # batches of 3 and 1, no host sync inside
+            acc.update(xc[i : i + 3], yc[i : i + 3])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    gpu = paper_metrics(xc, yc)
+    for k in cpu:
+        assert gpu[k].device.type == "cuda"
+        assert float(gpu[k]) == pytest.approx(float(cpu[k]), abs=1e-5)
+    out = acc.compute()
+    want = (3 * float(psnr_batch(x[:3], y[:3])) + float(psnr_batch(x[3:], y[3:]))) / 4
+    assert out["psnr_batch"] == pytest.approx(want, abs=1e-5)

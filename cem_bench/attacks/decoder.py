@@ -3,7 +3,9 @@
 The attacker queries the frozen target encoder on its own images (``splits.attack_aux``), adds fresh
 N(0, sigma^2) noise to the features every batch, and trains a decoder from noisy features to the [0, 1]
 images with MSE. It is then evaluated on ``splits.attack_eval`` (images it never trained on) with fresh
-noise, in eval mode.
+noise, in eval mode, in batches of ``train.eval_batch_size``: cem-bench's per-image metrics (attack_mse,
+attack_psnr, attack_ssim) and the paper's per-batch ones (attack_ssim_paper, attack_psnr_batch; the latter
+depends on that batch size, the paper's was 256), see docs/metrics.md.
 
 Decoder: ``res_normN_AE(N=blocks, C=channels)`` of xiasong0501/CEM (identical to ResSFL's):
 ResBlock(in -> C) -> ReLU; N x [ResBlock(C -> C) -> ReLU]; log2(image/feature) x [ConvT(C, C, 3, s2, p1,
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from .. import models
 from ..data import eval_batches
 from ..keys import key
-from ..metrics import MetricAccumulator
+from ..metrics import MetricAccumulator, PaperMetricAccumulator
 from .base import Attack, AttackResult, register
 
 GALLERY_SIZE = 16
@@ -199,6 +201,7 @@ class DecoderAttack(Attack):
         # -- evaluation on images the decoder never saw, fresh noise, eval mode
         decoder.eval()
         acc = MetricAccumulator()
+        paper = PaperMetricAccumulator()  # the paper's per-batch conventions, over batches of eval_batch_size
         gallery_o, gallery_r = [], []
         n_gallery = 0
         with torch.no_grad():
@@ -209,13 +212,15 @@ class DecoderAttack(Attack):
                     recon = decoder(z)
                 recon = recon.float().clamp_(0.0, 1.0).contiguous()
                 acc.update(recon, target)
+                paper.update(recon, target)
                 if n_gallery < GALLERY_SIZE:
                     k = min(GALLERY_SIZE - n_gallery, len(target))
                     gallery_o.append(target[:k].cpu())
                     gallery_r.append(recon[:k].cpu())
                     n_gallery += k
-        m = acc.compute()
-        metrics = {"attack_mse": m["mse"], "attack_psnr": m["psnr"], "attack_ssim": m["ssim"]}
+        m, mp = acc.compute(), paper.compute()
+        metrics = {"attack_mse": m["mse"], "attack_psnr": m["psnr"], "attack_ssim": m["ssim"],
+                   "attack_ssim_paper": mp["ssim_paper"], "attack_psnr_batch": mp["psnr_batch"]}
         empty = torch.zeros(0, *image_shape)
         return AttackResult(metrics=metrics,
                             originals=torch.cat(gallery_o) if gallery_o else empty,
