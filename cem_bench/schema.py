@@ -46,7 +46,8 @@ PROVENANCE: tuple[str, ...] = ("git_sha", "package_version", "torch_version", "d
 EPOCH_COLUMNS: tuple[str, ...] = ("experiment", "trial_id", "epoch", "train_loss", "train_acc", "rob_loss",
                                   "test_acc", "test_acc_clean", "feature_spread", "epoch_s")
 # direction that means "more private" (a worse reconstruction)
-PRIVACY_MODES: dict[str, str] = {"attack_ssim": "min", "attack_mse": "max", "attack_psnr": "min"}
+PRIVACY_MODES: dict[str, str] = {"attack_ssim": "min", "attack_mse": "max", "attack_psnr": "min",
+                                 "attack_ssim_paper": "min", "attack_psnr_batch": "min"}
 
 # used when a results folder has no search_space.json; ref = the hypervolume reference point
 DEFAULT_OBJECTIVES: tuple[dict, ...] = (
