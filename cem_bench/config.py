@@ -12,6 +12,7 @@ Surrogate-specific keys default to ``None``: "use the chosen surrogate's own def
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -95,6 +96,12 @@ class TrainConfig:
     momentum: float = _f(0.9, "SGD momentum", lo=0.0, hi=1.0, hi_open=True)
     weight_decay: float = _f(5e-4, "SGD weight decay", lo=0.0)
     milestones: list = _f([0.25, 0.5, 0.75, 0.875], "lr milestones as fractions of the run (x gamma each)")
+    milestones_epochs: list[int] = _f([], "lr milestones as 1-based epochs with the reference's MultiStepLR "
+                                      "meaning: the lr is multiplied by gamma from each listed epoch on (the "
+                                      "reference: [60, 120, 180, 210] at 240 epochs, so epoch 60 already runs at "
+                                      "0.01); strictly increasing positive integers, may lie beyond the run; when "
+                                      "set it replaces train.milestones (empty = use train.milestones; "
+                                      "docs/reference.md §2, §11.7)")
     gamma: float = _f(0.2, "lr decay factor at each milestone", lo=0.0, hi=1.0, lo_open=True)
     augment: str = _f("crop_flip_rotate", "on-device augmentation: crop_flip_rotate (pad-4 crop, flip, "
                       "+-15 deg rotation), crop_flip, none", choices=("crop_flip_rotate", "crop_flip", "none"))
@@ -103,6 +110,13 @@ class TrainConfig:
     compile: bool = _f(False, "torch.compile the client and server")
     device: str = _f("auto", "auto (cuda if available), cpu, cuda, cuda:N")
     eval_batch_size: int = _f(1024, "batch size of evaluation passes", lo=1)
+    reference_warmup_lr0: bool = _f(False, "reproduce the reference's WarmUpLR misuse: epoch 1 runs at lr 0 for "
+                                    "client and server; the optimizers still step, so only the momentum buffers "
+                                    "and the BatchNorm running statistics move (docs/reference.md §2, §11.6)")
+    select_best_last: int = _f(0, "TEST-SET model selection as the reference does: attack and report the epoch "
+                               "with the best noisy test accuracy among the last N epochs (the reference: the "
+                               "last 40 of 240); the result records selected_epoch; 0 = off, the last epoch "
+                               "(docs/reference.md §2, §11.9)", lo=0)
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,11 @@ class AttackConfig:
     (cem_bench/attacks/); their values live in ``params`` and read as attributes."""
     kind: str = _f("decoder", "model-inversion attack")
     seed: int = _f(200, "seed of the attacker (the paper's main_test_MIA uses 200)")
+    min_accuracy_margin: float = _f(0.05, "utility gate: a trial whose final noisy test accuracy is below chance "
+                                    "(1/classes) + this margin skips the attack: its attack metrics are NaN and "
+                                    "attack_skipped says why (an encoder that carries no class information is "
+                                    "private for free, and attacking it only costs time); negative = always "
+                                    "attack", hi=1.0)
     params: dict = field(default_factory=dict, metadata={"internal": True})   # the attack's own keys
 
     def __getattr__(self, name: str):
@@ -203,6 +222,12 @@ class TrialConfig:
         ms = self.train.milestones
         if any((not isinstance(m, (int, float))) or not (0 < m <= 1) for m in ms) or list(ms) != sorted(ms):
             errors.append(f"train.milestones: {ms!r} must be increasing fractions of the run in (0, 1]")
+        me = self.train.milestones_epochs
+        if any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in me) or \
+                any(b <= a for a, b in zip(me, me[1:])):
+            errors.append(f"train.milestones_epochs: {me!r} must be strictly increasing positive integers (1-based "
+                          f"epochs from which the lr is multiplied by train.gamma), e.g. [60, 120, 180, 210]; "
+                          f"empty = use train.milestones")
         dev = self.train.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             errors.append(f"train.device: {dev!r}; allowed: auto, cpu, cuda, cuda:N")
@@ -261,7 +286,16 @@ def coerce(key_: str, value: Any, spec: KeySpec | None = None) -> Any:
         spec = key_specs().get(key_)
         if spec is None:
             raise ConfigError(_unknown_key_message(key_, key_specs()))
-    return coerce_value(key_, value, spec)
+    v = coerce_value(key_, value, spec)
+    if v is not None and typing.get_args(spec.type) == (int,):     # list[int]: whole numbers only, no booleans
+        raw = value
+        if isinstance(raw, str):
+            import yaml
+            raw = yaml.safe_load(raw)
+        if any(isinstance(x, bool) for x in raw) or any(not float(x).is_integer() for x in v):
+            raise ConfigError(f"{key_}: {value!r} is not a list of integers; allowed: a list of integers")
+        v = [int(x) for x in v]
+    return v
 
 
 def load_yaml_config(path: str) -> dict[str, Any]:

@@ -18,8 +18,11 @@ contributes no gradient at all (a gate on the surrogate's input zeroes it in the
 ``torch.where`` on the loss alone would still propagate 0 * inf = NaN) and is counted. Logs accumulate as
 device tensors and are read once per epoch: no host sync in a step. Deliberate differences from the
 reference (docs/reference.md §11): epoch 1 trains at the real lr (the reference's WarmUpLR misuse made it 0);
-lambda = 0 builds no surrogate and runs no clustering; the checkpoint kept is the last one (no model
-selection on the test set).
+milestones are fractions of the run; the gmm refit encodes the clean training split; lambda = 0 builds no
+surrogate and runs no clustering; the checkpoint kept is the last one (no model selection on the test set).
+Each of those but the lambda = 0 one has a switch that reproduces the reference, off by default
+(docs/reference.md "Switches that reproduce the reference"): ``train.reference_warmup_lr0``,
+``train.milestones_epochs``, ``cem.refit_augmented``, ``train.select_best_last``.
 """
 
 from __future__ import annotations
@@ -66,14 +69,30 @@ def resolve_device(name: str) -> torch.device:
 
 
 def lr_at(cfg: TrialConfig, epoch: int) -> float:
-    """Learning rate of 1-based ``epoch``: x gamma for each milestone fraction already passed.
+    """Scheduled learning rate of 1-based ``epoch``: x gamma for each milestone already passed.
 
-    Epoch e is decayed by the milestones f with (e - 1) / epochs >= f, so at 240 epochs the drops come at
-    epochs 61/121/181/211 (the reference: 60/120/180/210) and short runs keep their first epochs at full lr.
+    ``train.milestones_epochs`` (when set) has the reference's MultiStepLR meaning, stepped with the epoch
+    index: epoch e is decayed by every milestone m <= e (the reference's 60 puts epoch 60 at 0.01).
+    Otherwise epoch e is decayed by the fractions f of ``train.milestones`` with (e - 1) / epochs >= f, so at
+    240 epochs the drops come at epochs 61/121/181/211 and short runs keep their first epochs at full lr.
+    This is the rate s(eta) of the gradient injection uses; ``applied_lr`` is the one the optimizers step with.
     """
-    done = (epoch - 1) / cfg.train.epochs
-    k = sum(1 for f in cfg.train.milestones if done >= f - 1e-9)
+    if cfg.train.milestones_epochs:
+        k = sum(1 for m in cfg.train.milestones_epochs if epoch >= m)
+    else:
+        done = (epoch - 1) / cfg.train.epochs
+        k = sum(1 for f in cfg.train.milestones if done >= f - 1e-9)
     return cfg.train.lr * cfg.train.gamma ** k
+
+
+def applied_lr(cfg: TrialConfig, epoch: int) -> float:
+    """The rate the SGD optimizers step with in ``epoch``: ``lr_at``, except 0 in epoch 1 under
+    ``train.reference_warmup_lr0`` (the reference's WarmUpLR, built after the MultiStepLR, sets the rate to 0
+    in its constructor and is first stepped at the end of epoch 1; docs/reference.md §2). The steps still run:
+    momentum buffers (with weight decay) and BatchNorm running statistics move, the weights do not."""
+    if cfg.train.reference_warmup_lr0 and epoch == 1:
+        return 0.0
+    return lr_at(cfg, epoch)
 
 
 def estimator_sign(estimator_fit: str) -> float:
@@ -123,6 +142,10 @@ class Trainer:
             self._server_fwd = torch.compile(self.server)
         self.epoch = 0
         self.history: list[dict] = []
+        # train.select_best_last: the best epoch so far within the last N ({"epoch", "test_acc", "client",
+        # "server"}: device copies of the two state dicts), or None
+        self.best: dict | None = None
+        self.refit_augmented = bool(cfg.cem.params.get("refit_augmented", False))
 
     # ------------------------------------------------------------------------------------ one step
     def _autocast(self):
@@ -201,10 +224,11 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict:
         t0 = time.perf_counter()
-        lr = lr_at(self.cfg, epoch)
+        lr = lr_at(self.cfg, epoch)            # the scheduled rate: s(eta) of the injection uses it
+        step_lr = applied_lr(self.cfg, epoch)  # 0 in epoch 1 under train.reference_warmup_lr0
         for opt in (self.client_opt, self.server_opt):
             for group in opt.param_groups:
-                group["lr"] = lr
+                group["lr"] = step_lr
         cem_on = self.cem_active(epoch)
         if cem_on and self.surrogate.needs_refit and not self.surrogate.fitted:
             self.refit_surrogate()
@@ -228,7 +252,7 @@ class Trainer:
         if self.surrogate is not None and self.surrogate.needs_refit and (cem_on or self.cem_active(epoch + 1)):
             self.refit_surrogate()
         rec = {
-            "epoch": epoch, "lr": lr, "cem_active": cem_on,
+            "epoch": epoch, "lr": step_lr, "cem_active": cem_on,
             "train_loss": vals["ce_sum"] / max(vals["seen"], 1),
             "train_acc": vals["correct"] / max(vals["seen"], 1),
             "rob_loss": vals["rob_loss"] / steps if cem_on else 0.0,
@@ -247,9 +271,31 @@ class Trainer:
         batches = (x for x, _ in data_mod.eval_batches(split, self.splits, self.cfg.train.eval_batch_size))
         return models.encode(self._client_fwd, batches, self.device, self.amp)
 
+    @torch.no_grad()
+    def encode_augmented(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clean features and labels of one extra shuffled, augmented pass over the training split (eval mode,
+        no noise), drawn with the trainer's generator like a training epoch: the reference's epoch-end
+        feature pass, which consumed the training iterator (docs/reference.md §5.1, §10 item 7)."""
+        self.client.eval()
+        labels = []
+
+        def images():
+            for x, y in data_mod.BatchIterator(self.splits.train, self.splits, self.cfg.train.batch_size,
+                                               self.cfg.train.augment, self.gen):
+                labels.append(y)
+                yield x
+
+        feats = models.encode(self._client_fwd, images(), self.device, self.amp)
+        return feats, torch.cat(labels)
+
     def refit_surrogate(self) -> None:
-        feats = self.encode(self.splits.train)
-        self.surrogate.refit(feats, self.splits.train.labels)
+        """Refit the surrogate on the clean training split, or under ``cem.refit_augmented`` on an extra
+        augmented pass (which shifts the trainer's random stream, as the reference's extra pass did)."""
+        if self.refit_augmented:
+            feats, labels = self.encode_augmented()
+        else:
+            feats, labels = self.encode(self.splits.train), self.splits.train.labels
+        self.surrogate.refit(feats, labels)
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -280,12 +326,36 @@ class Trainer:
             t0 = time.perf_counter()
             rec = self.train_epoch(epoch)
             rec.update(self.evaluate())
+            self._track_best(rec)
             rec["epoch_s"] = time.perf_counter() - t0
             self.epoch = epoch
             self.history.append(rec)
             if on_epoch is not None:
                 on_epoch(rec)
         return self.history
+
+    # ------------------------------------------------------------------------------------ test-set selection
+    def _track_best(self, rec: dict) -> None:
+        """``train.select_best_last = N``: keep a copy of the models of the epoch with the best noisy test
+        accuracy among the last N epochs; the first of equal epochs wins (the reference's strict ``>``, its
+        running best reset at epoch 200 of 240). Test-set selection, as the reference did (§2, §11.9)."""
+        n = self.cfg.train.select_best_last
+        if n <= 0 or rec["epoch"] <= self.cfg.train.epochs - n:
+            return
+        if self.best is not None and not rec["test_acc"] > self.best["test_acc"]:
+            return
+        copy = lambda m: {k: v.detach().clone() for k, v in m.state_dict().items()}  # noqa: E731
+        self.best = {"epoch": rec["epoch"], "test_acc": rec["test_acc"], "client": copy(self.client),
+                     "server": copy(self.server)}
+
+    def select_best(self) -> int:
+        """Load the selected epoch's client and server (``train.select_best_last``) and return that epoch; the
+        last epoch when selection is off (or nothing was selected)."""
+        if self.best is None:
+            return self.epoch
+        self.client.load_state_dict(self.best["client"])
+        self.server.load_state_dict(self.best["server"])
+        return int(self.best["epoch"])
 
     # ------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -297,6 +367,7 @@ class Trainer:
             "surrogate_opt": self.surrogate_opt.state_dict() if self.surrogate_opt is not None else None,
             "gen": self.gen.get_state(),
             "surrogate_gen": (self.surrogate.rng(self.device).get_state() if self.surrogate is not None else None),
+            "best": self.best,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -312,6 +383,11 @@ class Trainer:
         self.gen.set_state(state["gen"].cpu() if self.device.type != "cuda" else state["gen"])
         if self.surrogate is not None and state.get("surrogate_gen") is not None:
             self.surrogate.rng(self.device).set_state(state["surrogate_gen"].cpu())
+        best = state.get("best")
+        if best is not None:
+            move = lambda sd: {k: v.to(self.device) for k, v in sd.items()}  # noqa: E731
+            best = {**best, "client": move(best["client"]), "server": move(best["server"])}
+        self.best = best
 
 
 def seed_everything(seed: int) -> None:

@@ -44,14 +44,30 @@ def build(cfg: TrialConfig, device: torch.device, splits: data.Splits | None = N
     return splits, Trainer(cfg, splits, client, server, surrogate, device)
 
 
+def attack_gate(test_acc: float, num_classes: int, margin: float) -> str:
+    """``attack.min_accuracy_margin``: why the attack is not run ("" = run it). An encoder whose noisy test
+    accuracy is below chance + margin carries no usable class information: it is private for free, and its
+    attack numbers would only put a useless model on the privacy side of the frontier. A negative margin
+    always attacks; so does a NaN accuracy (nothing to judge by)."""
+    chance = 1.0 / num_classes
+    if margin < 0 or not test_acc < chance + margin - 1e-9:   # 1e-9: 0.1 + 0.05 is 0.15000000000000002
+        return ""
+    where = f"within {margin:g} of" if test_acc >= chance else "below"
+    return (f"test accuracy {test_acc:.3f} is {where} chance ({chance:.3f}): the encoder carries no class "
+            f"information; the attack was not run (attack.min_accuracy_margin={margin:g})")
+
+
 def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_dir: str | None = None,
               resume_state: dict | None = None) -> dict[str, Any]:
     """Train with CEM, attack the trained encoder, and return metrics, costs and info.
 
     ``report(record, final, state_fn=...)`` is called after every epoch (``final=False``) and once at the
     end with the result (``final=True``). Every record carries every key of ``schema.OBJECTIVE_METRICS`` (attack
-    metrics are NaN until the attack has run). ``resume_state`` (a ``state_fn()`` value) continues a run
-    from its last finished epoch. With ``out_dir`` the gallery ``recon.png`` is written there.
+    metrics are NaN until the attack has run, and stay NaN when the utility gate ``attack.min_accuracy_margin``
+    skips it: ``attack_skipped`` then says why, else it is ""). With ``train.select_best_last`` the result's
+    accuracies and the attack are those of ``selected_epoch`` (test-set selection); otherwise
+    ``selected_epoch`` is the last epoch. ``resume_state`` (a ``state_fn()`` value) continues a run from its
+    last finished epoch. With ``out_dir`` the gallery ``recon.png`` is written there when the attack ran.
     """
     t_wall = time.perf_counter()
     cfg = build_config(config)
@@ -73,25 +89,37 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     trainer.fit(on_epoch, start_epoch=start)
     train_s = prior_train_s + (time.perf_counter() - t_train)
 
-    attack = attacks.build(cfg)
-    res = attack.run(trainer.client, splits, cfg.defense.noise_std, device)
+    # train.select_best_last: the epoch with the best noisy test accuracy of the last N (test-set selection, as
+    # the reference); its client and server are loaded, so the attack and the final state are that epoch's
+    selected_epoch = trainer.select_best()
     last = trainer.history[-1] if trainer.history else {}
+    chosen = next((r for r in trainer.history if r.get("epoch") == selected_epoch), last)
+    test_acc = chosen.get("test_acc", nan)
+    skipped = attack_gate(test_acc, splits.num_classes, cfg.attack.min_accuracy_margin)
+    res = None
+    if not skipped:
+        res = attacks.build(cfg).run(trainer.client, splits, cfg.defense.noise_std, device)
+    metrics = {k: nan for k in ATTACK_METRICS}
+    if res is not None:
+        metrics.update(res.metrics)
     result: dict[str, Any] = {
-        "test_acc": last.get("test_acc", nan),
-        "test_acc_clean": last.get("test_acc_clean", nan),
-        "feature_spread": last.get("feature_spread", nan),
-        **res.metrics,
+        "test_acc": test_acc,
+        "test_acc_clean": chosen.get("test_acc_clean", nan),
+        "feature_spread": chosen.get("feature_spread", nan),
+        **metrics,
+        "attack_skipped": skipped,
         "train_s": train_s,
-        "attack_s": res.seconds,
+        "attack_s": res.seconds if res is not None else 0.0,
         "wall_s": time.perf_counter() - t_wall,
         "epochs_done": trainer.epoch,
         "final_train_loss": last.get("train_loss", nan),
         "final_train_acc": last.get("train_acc", nan),
         "rob_nonfinite": sum(r.get("rob_nonfinite", 0) for r in trainer.history),
         "epoch": trainer.epoch,
+        "selected_epoch": selected_epoch,
     }
     gallery = None
-    if out_dir is not None:
+    if out_dir is not None and res is not None:
         os.makedirs(out_dir, exist_ok=True)
         from .attacks.decoder import save_gallery
         gallery = os.path.join(out_dir, GALLERY_FILE)
@@ -107,7 +135,7 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
         "surrogate_params": models.count_params(trainer.surrogate) if trainer.surrogate is not None else 0,
         "gallery": gallery,
         "history": trainer.history,
-        "attack_history": res.history,
+        "attack_history": res.history if res is not None else [],
     }
     if report is not None:
         report(result, True, state_fn=trainer.state_dict)

@@ -10,6 +10,9 @@ the reference's defects fixed:
 * k-means++ seeding samples with probability proportional to D^2 (the reference used D);
 * sigma = 0 works: the hinge sits at log(gamma).
 
+``cem.legacy_prior_indexing`` and ``cem.refit_augmented`` (both off by default) put the first and third
+defects back, for reproducing the reference (docs/reference.md "Switches that reproduce the reference").
+
 Everything runs on the training device, all classes at once: the refit on a (classes, members, D) padded
 tensor, the per-batch term with ``index_add_`` over (class, cluster) slots. The step has no host sync.
 """
@@ -41,6 +44,14 @@ class GMMKeys(SurrogateKeys):
     entropy: str = key("isotropic", "hinge on the scalar variance (the paper's code) or per dimension",
                        choices=("isotropic", "diag"))
     shrink: float = key(10.0, "s in alpha = min(0.99, s*n/(pi*N_c)), batch-vs-prior shrinkage", lo=0.0)
+    legacy_prior_indexing: bool = key(False, "reproduce the reference's lookup defect: each class present in the "
+                                      "batch takes pi, the prior variance and the cluster size from the class of the "
+                                      "label-sorted sample at its class ordinal (almost always class 0) instead of "
+                                      "its own (docs/reference.md §5.2, §11.1)")
+    refit_augmented: bool = key(False, "refit on an extra shuffled, augmented pass over the training split (eval "
+                                "mode, the trainer's augmentation and random stream) as the reference's epoch-end "
+                                "feature pass did, instead of the clean split in order (docs/reference.md §5.1, "
+                                "§11.4)")
 
 
 @register("gmm")
@@ -94,22 +105,41 @@ class GMM(Surrogate):
         ones = x.new_ones(b_sz)
         n = x.new_zeros(g * k).index_add_(0, slot, ones)
         n_safe = n.clamp(min=1)
-        alpha = (self.cfg.shrink * n / self.cluster_n.view(-1).clamp(min=1e-12)).clamp(max=0.99)
+        class_n = x.new_zeros(g).index_add_(0, y, ones)
+        pi, cluster_n, var_iso, var_diag = self.pi, self.cluster_n, self.var_iso, self.var_diag
+        if self.cfg.legacy_prior_indexing:
+            pi, cluster_n, var_iso, var_diag = self._legacy_tables(y, class_n)
+        alpha = (self.cfg.shrink * n / cluster_n.reshape(-1).clamp(min=1e-12)).clamp(max=0.99)
         t = self.hinge_level
         if self.cfg.entropy == "isotropic":
             b = x.new_zeros(g * k).index_add_(0, slot, sq.mean(1)) / n_safe
-            v_hat = alpha * b + (1 - alpha) * self.var_iso.view(-1)
+            v_hat = alpha * b + (1 - alpha) * var_iso.reshape(-1)
             term = F.relu(torch.log(v_hat + self.cfg.var_eps) - t)
         else:  # diag: the same hinge per dimension, averaged over dimensions (closer to the log-det)
             b = x.new_zeros(g * k, x.shape[1]).index_add_(0, slot, sq) / n_safe.unsqueeze(1)
-            v_hat = alpha.unsqueeze(1) * b + (1 - alpha.unsqueeze(1)) * self.var_diag.view(g * k, -1)
+            v_hat = alpha.unsqueeze(1) * b + (1 - alpha.unsqueeze(1)) * var_diag.reshape(g * k, -1)
             term = F.relu(torch.log(v_hat + self.cfg.var_eps) - t).mean(1)
-        term = self.pi.view(-1) * term * (n >= 1)
-        class_n = x.new_zeros(g).index_add_(0, y, ones)
+        term = pi.reshape(-1) * term * (n >= 1)
         counted = (class_n >= 2).to(x.dtype)                              # classes with M_c < 2 contribute nothing
         loss = (term.view(g, k).sum(1) * counted).sum() / counted.sum().clamp(min=1)
         logs = {"rob_loss": loss.detach(), "intra_mse": intra_class_mse(x, y, g)}
         return SurrogateOut(loss, logs)
+
+    def _legacy_tables(self, y: torch.Tensor, class_n: torch.Tensor):
+        """pi, cluster sizes and prior variances (G, K[, D]) as the reference's ``compute_class_means`` reads them
+        (docs/reference.md §5.2): it stacks the tables per sample in label order, then indexes that stack with
+        the ordinal of each class among the classes present in the batch. Class c, the o-th present class
+        (from 0, ascending), so gets the tables of the class of the o-th label-sorted sample: in a batch of 128
+        with about 13 per class, class 0's for every class. Centroids and assignments stay right. The cluster
+        size in alpha is pi (of that class) times the class's own size N_c, where the reference used pi times
+        a nominal class size the same for every class (docs/reference.md §11.5). Classes absent from the batch
+        get some class's tables; they contribute nothing. No host sync: sort, cumsum and gathers."""
+        present = (class_n >= 1).long()
+        ordinal = (torch.cumsum(present, 0) - 1).clamp(min=0, max=y.shape[0] - 1)   # (G,)
+        src = torch.sort(y).values[ordinal]                                          # (G,) the class read
+        own_size = self.cluster_n.sum(1, keepdim=True)                              # N_c (G, 1)
+        pi = self.pi[src]
+        return pi, pi * own_size, self.var_iso[src], (self.var_diag[src] if self.var_diag.numel() else self.var_diag)
 
     # ------------------------------------------------------------------------------------ epoch refit
     @torch.no_grad()
