@@ -474,3 +474,189 @@ def test_report_of_a_folder_on_object_storage(tmp_path, monkeypatch):
     with pytest.raises(ResultsError, match="no such folder"):
         build_report("test://nothing", tmp_path / "out2")
     assert not (tmp_path / "out2").exists()
+
+
+# ---------------------------------------------------------------- replicates: configurations, paper table, gate
+SKIP_REASON = "test_acc 0.100 at chance (gate 0.11)"
+# (surrogate, λ, mean test_acc, mean attack_ssim): all three on the front of the means
+REPLICATED = [(None, 0.0, 0.90, 0.80), ("gmm", 16.0, 0.88, 0.45), ("slot_cross", 16.0, 0.85, 0.30)]
+SEEDS = (125, 126)
+
+
+def write_replicates(root: Path, stored_configs: bool) -> Path:
+    """3 configurations x 2 seeds, an errored third gmm run, and a gated_attention run whose attack the utility
+    gate skipped (accuracy at chance). ``stored_configs``: trials.parquet has config_id and configs.parquet is
+    written (as results.write_tables does); else the report builds both."""
+    from cem_bench.aggregate import build_configs, config_ids
+
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def add(surrogate, lambd, seed, acc, ssim, status="ok", skipped=""):
+        i = len(rows)
+        rows.append({"experiment": "rep_exp", "trial_id": f"r{i:03d}", "status": status,
+                     "error": ERROR_TEXT if status == "error" else None, "trial_dir": f"exp/r{i:03d}",
+                     "config.seed": seed, "config.cem.surrogate": surrogate, "config.cem.lambd": lambd,
+                     "config.defense.noise_std": 0.05, "config.train.epochs": 3,
+                     "test_acc": acc, "test_acc_clean": acc, "feature_spread": 0.5,
+                     "attack_mse": np.nan if np.isnan(ssim) else 0.1 - ssim / 10,
+                     "attack_psnr": np.nan if np.isnan(ssim) else 10 + 10 * ssim, "attack_ssim": ssim,
+                     "train_s": 10.0, "attack_s": 0.0 if skipped else 3.0, "wall_s": 13.0, "attack_skipped": skipped,
+                     "git_sha": "abc1234", "device": "cpu",
+                     "finished_at": (pd.Timestamp("2024-05-01T12:00:00Z") + pd.Timedelta(minutes=i)).isoformat()})
+    for surrogate, lambd, acc, ssim in REPLICATED:
+        for k, seed in enumerate(SEEDS):
+            jitter = 0.01 * (1 if k else -1)
+            add(surrogate, lambd, seed, acc + jitter, ssim - 2 * jitter)
+    add("gmm", 16.0, 127, np.nan, np.nan, status="error")
+    add("gated_attention", 16.0, 125, 0.1, np.nan, skipped=SKIP_REASON)
+    trials = pd.DataFrame(rows)
+    if stored_configs:
+        trials.insert(2, "config_id", config_ids(trials))
+        build_configs(trials, THREE_OBJECTIVES[:2]).to_parquet(root / "configs.parquet")
+    trials.to_parquet(root / "trials.parquet")
+    (root / "search_space.json").write_text(json.dumps({"name": "rep_search", "objectives": THREE_OBJECTIVES[:2]}))
+    return root
+
+
+def _section(text: str, anchor: str) -> str:
+    """The HTML from ``id="anchor"`` to the next <h2>."""
+    start = text.index(f'id="{anchor}"')
+    end = text.find("<h2", start)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def _errorbars(fig) -> dict[str, dict[str, np.ndarray]]:
+    """Per legend label of the frontier's axes: the points drawn with error bars and their half-widths."""
+    from matplotlib.container import ErrorbarContainer
+
+    out = {}
+    for c in fig.axes[0].containers:
+        assert isinstance(c, ErrorbarContainer)
+        data, _, (xbars, ybars) = c.lines
+        xy = data.get_xydata()
+        xs = np.array([seg[1][0] - seg[0][0] for seg in xbars.get_segments()]) / 2
+        ys = np.array([seg[1][1] - seg[0][1] for seg in ybars.get_segments()]) / 2
+        out[c.get_label()] = {"xy": xy, "xerr": xs, "yerr": ys}
+    return out
+
+
+def _front_points(fig) -> set[tuple[float, float]]:
+    (line,) = [ln for ln in fig.axes[0].get_lines() if ln.get_gid() == "front"]
+    return {(round(float(x), 9), round(float(y), 9)) for x, y in line.get_xydata()}
+
+
+@pytest.mark.parametrize("stored_configs", [True, False], ids=["configs.parquet", "built"])
+def test_replicates_are_drawn_and_tabled_per_configuration(tmp_path, stored_configs):
+    from scipy import stats
+
+    from cem_bench.report import frontier_figure
+
+    root = write_replicates(tmp_path / "res", stored_configs)
+    res = load_results(root)
+    assert res.replicated and len(res.configs) == 4
+    trials = pd.read_parquet(root / "trials.parquet")
+    ok = trials[trials["status"] == "ok"]
+
+    # one point per configuration at its means, 95 % CI (t with n - 1 dof) as error bars on both axes
+    fig = frontier_figure(res, "attack_ssim", "min")
+    drawn = _errorbars(fig)
+    assert set(drawn) == {"gmm", "slot_cross", "λ=0 baseline"}  # not the gated run (no attack)
+    t = stats.t.ppf(0.975, 1)
+    for surrogate, lambd, _, _ in REPLICATED:
+        runs = ok[(ok["config.cem.lambd"] == lambd) & (ok["config.cem.surrogate"].fillna("") == (surrogate or ""))]
+        assert len(runs) == 2
+        got = drawn[surrogate or "λ=0 baseline"]
+        assert got["xy"] == pytest.approx(np.array([[runs["test_acc"].mean(), runs["attack_ssim"].mean()]]))
+        assert got["xerr"] == pytest.approx([t * runs["test_acc"].std(ddof=1) / np.sqrt(2)])
+        assert got["yerr"] == pytest.approx([t * runs["attack_ssim"].std(ddof=1) / np.sqrt(2)])
+    assert not [c for c in fig.axes[0].collections if c.get_offsets().shape[0] == len(ok)]  # no trial scatter
+    # the front's step line passes through the configurations of pareto_rank 0, at their means
+    front = res.configs[res.configs["pareto_rank"] == 0]
+    assert len(front) == 3
+    assert _front_points(fig) == {(round(a, 9), round(s, 9)) for a, s in zip(front["test_acc"], front["attack_ssim"])}
+    assert "mean ± 95 % CI over 2 seeds" in fig.axes[0].get_title()
+
+    index = build_report(root)
+    text = check_common(index)
+    assert "<figcaption>mean ± 95 % CI over 2 seeds</figcaption>" in text
+
+    # the front table: one row per configuration, mean ± std, runs
+    section = _section(text, "front-table")
+    assert "Configurations on the front of the means (3)" in section
+    assert section.split("<tbody>")[1].count("<tr>") == 3  # one row per configuration
+    for cid in front["config_id"]:
+        assert section.count(f"<td>{cid}</td>") == 1
+    assert "attack_ssim (mean ± std)" in section and " ± " in section and "3 (1 errored)" in section
+    assert "125, 126" in section
+    configs_csv = pd.read_csv(index.parent / "frontier_configs.csv")
+    assert set(configs_csv["config_id"]) == set(front["config_id"]) and "_label" not in configs_csv
+
+    # the paper-style table, after the front table
+    assert text.index('id="front-table"') < text.index('id="paper-table"')
+    paper = _section(text, "paper-table")
+    assert "_col" not in paper and paper.count("<thead>") == paper.count("<tr style") == 4  # one header row
+    for head in ("<th>λ=0</th>", "<th>λ=16 gmm</th>", "<th>λ=16 slot_cross</th>", "<th>λ=16 gated_attention</th>",
+                 "<th>σ=0.05</th>"):
+        assert head in paper, head
+    for metric in ("test_acc", "attack_ssim", "attack_psnr", "attack_mse"):
+        assert f"<h3>{metric}</h3>" in paper
+    base = ok[ok["config.cem.lambd"] == 0]["test_acc"]
+    assert f"{base.mean():.3f} ± {base.std(ddof=1):.3f} (2)" in paper
+
+    # the gated trial: listed apart, on no frontier, counted in the run facts
+    gated = trials.loc[trials["attack_skipped"] != "", "trial_id"].item()
+    skipped = _section(text, "attack-skipped")
+    assert "Attack not run (1)" in skipped and gated in skipped and f"attack not run: {SKIP_REASON}" in skipped
+    assert gated not in front_csv_ids(index.parent)
+    assert "attack not run (utility gate)</th>\n      <td>1 trial</td>" in _section(text, "run")
+    assert "configurations</th>\n      <td>4 (1–3 runs each, 7 ok runs)</td>" in _section(text, "run")
+
+
+def test_a_stored_configs_table_is_read_and_a_stale_one_rebuilt(tmp_path):
+    root = write_replicates(tmp_path / "res", stored_configs=True)
+    stored = pd.read_parquet(root / "configs.parquet")
+    stored["test_acc_std"] = 0.123  # recognisable, and about these trials (same configurations and runs)
+    stored.to_parquet(root / "configs.parquet")
+    assert (load_results(root).configs["test_acc_std"] == 0.123).all()
+    stored.iloc[:2].to_parquet(root / "configs.parquet")  # not about these trials: rebuilt from them
+    configs = load_results(root).configs
+    assert len(configs) == 4 and not (configs["test_acc_std"] == 0.123).any()
+
+
+def test_single_runs_keep_one_point_per_trial_and_skip_gated_attacks(tmp_path):
+    from cem_bench.report import frontier_figure
+
+    root = write_results(tmp_path / "res", n=8, baseline=1, errors=1, vary_params=False, epochs=False, recon=False)
+    trials = pd.read_parquet(root / "trials.parquet")
+    trials["attack_skipped"] = ""
+    gated = trials.index[(trials["status"] == "ok") & (trials["config.cem.lambd"] > 0)][-1]
+    trials.loc[gated, ["test_acc", "attack_skipped"]] = [0.1, "test_acc at chance"]
+    trials.loc[gated, ["attack_ssim", "attack_mse", "attack_psnr"]] = np.nan
+    trials.to_parquet(root / "trials.parquet")
+    gated_id = trials.loc[gated, "trial_id"]
+
+    res = load_results(root)
+    assert not res.replicated
+    fig = frontier_figure(res, "attack_ssim", "min")
+    assert not fig.axes[0].containers  # no error bars
+    xs = np.concatenate([c.get_offsets()[:, 0] for c in fig.axes[0].collections])
+    assert 0.1 not in xs and len(res.ok[~res.ok["_attack_skipped"]].dropna(subset=["attack_ssim"])) <= len(xs)
+
+    text = check_common(build_report(root))
+    assert "Trials on the front (" in text and "Configurations on the front" not in text
+    assert "mean ± 95 % CI" not in text and "frontier_configs.csv" not in text
+    assert "attack not run: test_acc at chance" in _section(text, "attack-skipped")
+    assert gated_id in _section(text, "attack-skipped")
+    assert gated_id not in front_csv_ids(root / "report")
+    assert "<td>1 trial</td>" in _section(text, "run")
+    assert 'id="paper-table"' in text  # a σ column: the paper-style table, one run per cell
+
+
+def test_no_paper_table_without_a_sigma_column(tmp_path):
+    root = write_results(tmp_path / "res", n=4, baseline=1, errors=0, vary_params=False, epochs=False, recon=False)
+    trials = pd.read_parquet(root / "trials.parquet").drop(columns=["config.defense.noise_std"])
+    trials.to_parquet(root / "trials.parquet")
+    text = check_common(build_report(root))
+    assert 'id="paper-table"' not in text and "Paper-style" not in text
+    assert 'id="attack-skipped"' not in text and "attack not run" not in text  # no gate column: no section

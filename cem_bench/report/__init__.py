@@ -1,8 +1,8 @@
 """Plots (matplotlib) and the self-contained HTML report of a results folder.
 
 ``build_report(results_dir)`` reads ``trials.parquet`` (built from the Ray experiment when missing; and, when
-present, ``epochs.parquet``, ``search_space.json`` and each trial's ``recon.png``) and writes into
-``results_dir/report``:
+present, ``configs.parquet``, ``epochs.parquet``, ``search_space.json`` and each trial's ``recon.png``) and
+writes into ``results_dir/report``:
 
 * ``frontier_<metric>.png``: the first objective (utility) against each privacy metric / objective
 * ``hypervolume.png``: hypervolume after each completed trial, overall and per surrogate
@@ -10,8 +10,14 @@ present, ``epochs.parquet``, ``search_space.json`` and each trial's ``recon.png`
   uses it; λ = 0 baselines only for λ and σ)
 * ``training_curves.png``: per-epoch curves of the front's trials
 * ``galleries/<trial>.png``: reconstruction galleries of the front and of the best λ=0 baseline
-* ``frontier.csv``: the front's trials (all columns)
+* ``frontier.csv``: the front's trials (all columns); with replicates also ``frontier_configs.csv``
 * ``index.html``: everything above, relative links only, inline CSS, no external resources
+
+With replicates (some configuration ran more than once: ``configs.parquet``, built from the trials when
+missing) the frontier plots draw one point per configuration at its means with 95 % CI error bars, the front
+table lists configurations (mean ± std), and a paper-style table (rows σ, columns λ × surrogate) follows it
+whenever the results have a σ column. Trials whose attack the utility gate skipped (``attack_skipped``) are
+listed apart and drawn on no privacy plot.
 
 A folder that does not exist, or holds neither ``trials.parquet`` nor a Ray experiment of ``cem-bench
 search``, raises ``cem_bench.errors.ResultsError`` before anything is written.
@@ -24,8 +30,15 @@ from cem_bench.schema import DEFAULT_OBJECTIVES, PRIVACY_MODES, load_objectives
 
 from .load import MAIN_PARAMS, Results, add_pareto_ranks, best_baseline, front_of, load_results
 from .page import build_report, copy_galleries
-from .plots import plot_frontier, plot_hypervolume, plot_param_effects, plot_training_curves, surrogate_keys
-from .summary import format_value, html_table, summary_sentence
+from .plots import (
+    frontier_figure,
+    plot_frontier,
+    plot_hypervolume,
+    plot_param_effects,
+    plot_training_curves,
+    surrogate_keys,
+)
+from .summary import format_value, html_table, paper_tables, summary_sentence
 
 __all__ = [
     "DEFAULT_OBJECTIVES",
@@ -38,12 +51,14 @@ __all__ = [
     "add_pareto_ranks",
     "best_baseline",
     "front_of",
+    "frontier_figure",
     "plot_frontier",
     "plot_hypervolume",
     "plot_param_effects",
     "plot_training_curves",
     "copy_galleries",
     "summary_sentence",
+    "paper_tables",
     "surrogate_keys",
     "html_table",
     "format_value",

@@ -1,9 +1,16 @@
 """Reading a results folder: ``trials.parquet`` (rebuilt from the Ray experiment when missing),
-``epochs.parquet`` and ``search_space.json``, normalised into a ``Results``.
+``configs.parquet`` (built from the trials when missing or not about these trials), ``epochs.parquet`` and
+``search_space.json``, normalised into a ``Results``.
 
 Conventions: a trial is "ok" when ``status == "ok"``; the front is recomputed over the ok trials with
 the search objectives (``pareto_rank`` 0; -1 for errored trials and trials with a NaN objective);
-λ = 0 trials (``config.cem.lambd == 0``) are the baseline and are not counted as any surrogate.
+λ = 0 trials (``config.cem.lambd == 0``) are the baseline and are not counted as any surrogate. A trial
+whose attack was skipped (``attack_skipped`` non-empty: the utility gate found its accuracy at chance) is
+ok, with NaN attack metrics; ``_attack_skipped`` marks it. Configurations (a trial's config without its
+seed, ``aggregate.build_configs``) carry the same helper columns and, under each metric's own name, its
+mean over the ok runs; their ``pareto_rank`` is recomputed on the means. A search is *replicated* when
+some configuration has more than one run: the frontier plots and the front table then show
+configurations (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -15,9 +22,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cem_bench.aggregate import CONFIG_ID, build_configs, config_columns, config_ids
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
 from cem_bench.schema import (
+    ATTACK_METRICS,
+    CONFIGS_FILE,
     COST_COLUMNS,
     EPOCHS_FILE,
     OBJECTIVE_METRICS,
@@ -40,6 +50,7 @@ MAIN_PARAMS: list[str] = [
 # the metric columns the report reads (objectives and costs; schema.py owns the lists)
 METRIC_COLUMNS: list[str] = list(OBJECTIVE_METRICS + COST_COLUMNS)
 
+SKIP_COL = "attack_skipped"  # why the attack did not run ("" when it ran); absent in older results
 SURROGATE_COL = "config.cem.surrogate"
 LAMBD_COL = "config.cem.lambd"
 NOISE_COL = "config.defense.noise_std"
@@ -64,6 +75,27 @@ class Results:
     epochs: pd.DataFrame | None
     surrogates: list[str] = field(default_factory=list)  # sorted, baseline excluded
     colors: dict[str, tuple] = field(default_factory=dict)
+    # one row per configuration (configs.parquet) with helper columns; None when the trials have no config
+    configs: pd.DataFrame | None = None
+
+    @property
+    def replicated(self) -> bool:
+        """Does some configuration have more than one run (replicates, one trial per seed)?"""
+        return self.configs is not None and bool((self.configs["runs"] > 1).any())
+
+    @property
+    def front_configs(self) -> pd.DataFrame:
+        """The configurations on the front of the means, best first objective first."""
+        if self.configs is None:
+            return pd.DataFrame()
+        first = self.objectives[0]
+        front = self.configs[self.configs["pareto_rank"] == 0]
+        return front.sort_values(first["metric"], ascending=first["mode"] == "min", kind="stable")
+
+    @property
+    def skipped(self) -> pd.DataFrame:
+        """The trials whose attack did not run (``attack_skipped`` non-empty)."""
+        return self.trials[self.trials["_attack_skipped"]]
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -99,7 +131,7 @@ def fetch_remote(uri: str, local: Path) -> Path:
         except Exception as exc:  # noqa: BLE001 - any failure means: nothing to report on
             raise ResultsError(f"{uri}: no {TRIALS_FILE} and none could be built ({exc}); {VALID_FOLDER}") from exc
     local.mkdir(parents=True, exist_ok=True)
-    for name in (TRIALS_FILE, EPOCHS_FILE, SPACE_FILE):
+    for name in (TRIALS_FILE, EPOCHS_FILE, CONFIGS_FILE, SPACE_FILE):
         data = src.read_bytes(name)
         if data is not None:
             (local / name).write_bytes(data)
@@ -171,6 +203,65 @@ def _numeric(series: pd.Series) -> pd.Series:
     return pd.to_numeric(series, errors="coerce").astype(float)
 
 
+def is_attack_metric(metric: str) -> bool:
+    """A metric the attack computes (NaN when the attack did not run; ``attack_s``, its time, is a cost)."""
+    return metric in ATTACK_METRICS
+
+
+def _label_columns(df: pd.DataFrame) -> None:
+    """``_surrogate``, ``_baseline`` (λ = 0) and ``_label`` of each row, in place."""
+    if SURROGATE_COL in df:
+        surrogate = df[SURROGATE_COL].astype(object).where(df[SURROGATE_COL].notna(), NO_SURROGATE)
+        df["_surrogate"] = surrogate.astype(str)
+    else:
+        df["_surrogate"] = NO_SURROGATE
+    if LAMBD_COL in df:
+        df["_baseline"] = (_numeric(df[LAMBD_COL]) == 0).fillna(False).astype(bool)
+    else:
+        df["_baseline"] = False
+    df["_label"] = df["_surrogate"].where(~df["_baseline"], BASELINE_LABEL)
+
+
+def _stored_configs(results_dir: Path, ids: pd.Series) -> pd.DataFrame | None:
+    """``configs.parquet`` when it describes exactly these trials (same configurations, as many runs)."""
+    path = results_dir / CONFIGS_FILE
+    if not path.is_file():
+        return None
+    try:
+        stored = pd.read_parquet(path)
+    except Exception:  # noqa: BLE001 - an unreadable table is rebuilt from the trials
+        return None
+    if not {CONFIG_ID, "runs", "runs_ok"} <= set(stored.columns):
+        return None
+    same = set(stored[CONFIG_ID].astype(str)) == set(ids) and int(stored["runs"].sum()) == len(ids)
+    return stored if same else None
+
+
+def load_configs(results_dir: Path, raw: pd.DataFrame, trials: pd.DataFrame,
+                 objectives: Sequence[dict]) -> pd.DataFrame | None:
+    """One row per configuration: ``configs.parquet`` when it matches the trials, else
+    ``aggregate.build_configs`` of ``raw`` (the table as read; statuses normalised like the report's). Adds
+    the helper columns, each metric's mean under the metric's own name, ``_ok`` (an ok run) and recomputes
+    ``pareto_rank`` on the means. None when the trials have no config columns (nothing to group by)."""
+    if not len(raw) or not config_columns(raw):
+        return None
+    ids = trials[CONFIG_ID].astype(str)
+    configs = _stored_configs(results_dir, ids)
+    if configs is None:
+        status = np.where(trials["_ok"].to_numpy(), "ok", "error")
+        configs = build_configs(raw.assign(**{CONFIG_ID: ids.to_numpy(), "status": status}), objectives)
+    configs = configs.copy().reset_index(drop=True)
+    configs[CONFIG_ID] = configs[CONFIG_ID].astype(str)
+    for col in ("runs", "runs_ok"):
+        configs[col] = pd.to_numeric(configs[col], errors="coerce").fillna(0).astype(int)
+    for m in dict.fromkeys([*METRIC_COLUMNS, *(o["metric"] for o in objectives)]):
+        configs[m] = _numeric(configs[f"{m}_mean"]) if f"{m}_mean" in configs else np.nan
+    configs["_ok"] = configs["runs_ok"] > 0
+    _label_columns(configs)
+    configs["pareto_rank"] = rank_table(configs, objectives, configs["_ok"].to_numpy()).astype(int)
+    return configs
+
+
 def add_pareto_ranks(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFrame:
     """Recompute ``pareto_rank`` over ok trials (errored trials and NaN objectives get -1)."""
     trials = trials.copy()
@@ -187,6 +278,9 @@ def load_results(results_dir: str | Path) -> Results:
     results_dir = check_results_dir(results_dir)
     objectives, name = load_objectives(results_dir)
     trials = _read_trials(results_dir).copy().reset_index(drop=True)
+    raw = trials.copy()  # as stored: configuration ids hash the config values before any coercion
+    if CONFIG_ID not in trials and len(trials) and config_columns(raw):
+        trials[CONFIG_ID] = config_ids(raw).astype(str)
 
     if "trial_id" not in trials:
         trials["trial_id"] = [f"trial_{i}" for i in range(len(trials))]
@@ -203,16 +297,18 @@ def load_results(results_dir: str | Path) -> Results:
         if col in trials:
             trials[col] = _numeric(trials[col])
 
-    if SURROGATE_COL in trials:
-        surrogate = trials[SURROGATE_COL].astype(object).where(trials[SURROGATE_COL].notna(), NO_SURROGATE)
-        trials["_surrogate"] = surrogate.astype(str)
+    _label_columns(trials)
+    if SKIP_COL in trials:
+        trials[SKIP_COL] = trials[SKIP_COL].astype(object).where(trials[SKIP_COL].notna(), "").astype(str)
+        trials["_attack_skipped"] = trials[SKIP_COL].str.strip() != ""
     else:
-        trials["_surrogate"] = NO_SURROGATE
-    if LAMBD_COL in trials:
-        trials["_baseline"] = (trials[LAMBD_COL] == 0).fillna(False).astype(bool)
-    else:
-        trials["_baseline"] = False
-    trials["_label"] = trials["_surrogate"].where(~trials["_baseline"], BASELINE_LABEL)
+        trials["_attack_skipped"] = False
+    skipped = trials["_attack_skipped"].to_numpy()
+    if skipped.any():  # no attack, no attack metric: NaN whatever was stored
+        for col in [c for c in trials.columns if is_attack_metric(c)]:
+            trials.loc[skipped, col] = np.nan
+            if col in raw:
+                raw.loc[skipped, col] = np.nan
 
     finished = trials["finished_at"] if "finished_at" in trials else pd.Series(pd.NaT, index=trials.index)
     trials["_finished"] = pd.to_datetime(finished, utc=True, errors="coerce", format="mixed")
@@ -241,7 +337,8 @@ def load_results(results_dir: str | Path) -> Results:
         "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd",
     ]  # fmt: skip
     colors = {s: palette[i % len(palette)] for i, s in enumerate(surrogates)}
-    return Results(results_dir, name, objectives, trials, _read_epochs(results_dir), surrogates, colors)
+    configs = load_configs(results_dir, raw, trials, objectives)
+    return Results(results_dir, name, objectives, trials, _read_epochs(results_dir), surrogates, colors, configs)
 
 
 def _ns(ts: pd.Series) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""``build_report``: the figures, galleries, ``frontier.csv`` and ``index.html`` (templates/index.html.j2)
-of a results folder."""
+"""``build_report``: the figures, galleries, ``frontier.csv`` (and, with replicates, ``frontier_configs.csv``)
+and ``index.html`` (templates/index.html.j2) of a results folder."""
 
 from __future__ import annotations
 
@@ -14,17 +14,36 @@ from cem_bench.errors import ResultsError
 from cem_bench.schema import GALLERY_FILE, PRIVACY_MODES, REPORT_DIR
 from cem_bench.storage import is_uri, write_bytes
 
-from .load import BASELINE_LABEL, SURROGATE_COL, Results, best_baseline, fetch_remote, front_of, load_results
-from .plots import param_columns, plot_frontier, plot_hypervolume, plot_param_effects, plot_training_curves
+from .load import (
+    BASELINE_LABEL,
+    METRIC_COLUMNS,
+    SURROGATE_COL,
+    Results,
+    best_baseline,
+    fetch_remote,
+    front_of,
+    load_results,
+)
+from .plots import (
+    param_columns,
+    plot_frontier,
+    plot_hypervolume,
+    plot_param_effects,
+    plot_training_curves,
+    replicate_caption,
+)
 from .summary import (
+    config_front_table,
     facts_table,
     format_value,
     html_table,
     metric_columns,
+    paper_tables,
     run_facts,
     safe_name,
     searched_columns,
     short,
+    skipped_table,
     summary_sentence,
     tail,
 )
@@ -99,8 +118,8 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     for metric, mode in PRIVACY_MODES.items():
         if metric not in {m for m, _ in pairs} and metric in ok and ok[metric].notna().any():
             pairs.append((metric, mode))
-    frontiers = [_figure(plot_frontier(res, m, mode, out_dir / f"frontier_{safe_name(m)}.png").name, f"frontier {m}")
-                 for m, mode in pairs]  # fmt: skip
+    frontiers = [_figure(plot_frontier(res, m, mode, out_dir / f"frontier_{safe_name(m)}.png").name, f"frontier {m}",
+                         replicate_caption(res, m) if res.replicated else None) for m, mode in pairs]  # fmt: skip
     hv_path, final_hv = plot_hypervolume(res, out_dir / "hypervolume.png")
     params = [_figure(plot_param_effects(res, c, out_dir / f"params_{safe_name(short(c))}.png").name,
                       f"effect of {short(c)}") for c in param_columns(res)]  # fmt: skip
@@ -110,6 +129,11 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     front = res.front
     public_cols = [c for c in res.trials.columns if not c.startswith("_")]
     front[public_cols].to_csv(out_dir / "frontier.csv", index=False)
+    if res.replicated:  # the front's configurations, as configs.parquet holds them (no helper columns)
+        aliases = set(METRIC_COLUMNS) | set(res.metrics)
+        fronts = res.front_configs
+        fronts[[c for c in fronts.columns if not c.startswith("_") and c not in aliases]].to_csv(
+            out_dir / "frontier_configs.csv", index=False)
 
     searched = [c for c in searched_columns(res) if c != SURROGATE_COL]
     metrics = metric_columns(res)
@@ -146,6 +170,17 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         errors_table = html_table(err, ["trial_id", "_label", *searched, "error"],
                                   ["trial", "surrogate", *[short(c) for c in searched], "error"], pre=["error"])
 
+    if res.replicated:
+        n_front = len(res.front_configs)
+        front_heading = f"Configurations on the front of the means ({n_front})"
+        front_table = config_front_table(res)
+        front_note = ("Each objective as mean ± std (sample standard deviation) over the ok runs of the "
+                      "configuration; the front is computed on the means.")  # fmt: skip
+    else:
+        front_heading = f"Trials on the front ({len(front)})"
+        front_table, front_note = html_table(front, table_cols, table_heads), None
+    skipped = res.skipped
+
     page = _ENV.get_template("index.html.j2").render(
         experiment=res.experiment,
         frontier=frontiers[0] if frontiers else None,
@@ -155,11 +190,16 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         params=params,
         curves=_figure(curves.name, "training curves") if curves is not None else None,
         gallery=shown,
-        n_front=len(front),
-        front_table=html_table(front, table_cols, table_heads),
+        front_heading=front_heading,
+        front_table=front_table,
+        front_note=front_note,
+        paper_tables=paper_tables(res),
         groups=groups,
+        n_skipped=len(skipped),
+        skipped_table=skipped_table(res, searched),
         n_errored=len(errored),
         errors_table=errors_table,
+        replicated=res.replicated,
         facts_table=facts_table(run_facts(res, final_hv)),
     )
     index = out_dir / "index.html"

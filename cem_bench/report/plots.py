@@ -14,7 +14,7 @@ from matplotlib.ticker import MaxNLocator
 
 from cem_bench.frontier import hypervolume_curve
 
-from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, _numeric, front_of
+from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, _numeric, front_of, is_attack_metric
 from .summary import better, format_value, short
 
 MAX_CURVES = 12  # front trials drawn in the training curves
@@ -95,9 +95,18 @@ def _front_line(ax, df: pd.DataFrame, x: str, y: str, x_mode: str, y_mode: str, 
 
 
 def plot_frontier(res: Results, y_metric: str, y_mode: str, path: Path) -> Path:
-    """First objective (x) against ``y_metric``: points by surrogate, overall and per-surrogate fronts."""
+    """First objective (x) against ``y_metric`` (``frontier_figure``), saved to ``path``."""
+    return _save(frontier_figure(res, y_metric, y_mode), path)
+
+
+def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
+    """First objective (x) against ``y_metric``: one point per trial, or, when the search has replicates, one
+    point per configuration at its means with the 95 % CI as error bars (``configs_drawn``); coloured by
+    surrogate, the overall front (black step line, ``gid="front"``) and each surrogate's own front."""
+    if res.replicated:
+        return _config_frontier_figure(res, y_metric, y_mode)
     x_metric, x_mode = res.objectives[0]["metric"], res.objectives[0]["mode"]
-    ok = res.ok.dropna(subset=[x_metric, y_metric])
+    ok = trials_drawn(res, y_metric)
     fig = _new_figure(7.5, 5.0)
     ax = fig.add_subplot()
     handles = []
@@ -114,7 +123,8 @@ def plot_frontier(res: Results, y_metric: str, y_mode: str, path: Path) -> Path:
         ax.scatter(base[x_metric], base[y_metric], s=80, marker="X", color="black", zorder=4)
         handles.append(Line2D([], [], color="black", marker="X", lw=0, markersize=8, label=BASELINE_LABEL))
     if not ok.empty:
-        _front_line(ax, ok, x_metric, y_metric, x_mode, y_mode, color="black", lw=2.2, alpha=0.9, zorder=5)
+        _front_line(ax, ok, x_metric, y_metric, x_mode, y_mode, color="black", lw=2.2, alpha=0.9, zorder=5,
+                    gid="front")  # fmt: skip
         front = front_of(ok, [x_metric, y_metric], [x_mode, y_mode])
         ax.scatter(front[x_metric], front[y_metric], s=90, facecolors="none", edgecolors="black", lw=1.3, zorder=6)
         handles.append(Line2D([], [], color="black", lw=2.2, label="front (all trials)"))
@@ -126,7 +136,93 @@ def plot_frontier(res: Results, y_metric: str, y_mode: str, path: Path) -> Path:
     ax.grid(alpha=0.3)
     if handles:
         ax.legend(handles=handles, fontsize=8, loc="best", framealpha=0.85)
-    return _save(fig, path)
+    return fig
+
+
+def _without_skipped_attacks(df: pd.DataFrame, *metrics: str) -> pd.DataFrame:
+    """``df`` less the rows whose attack did not run, when one of ``metrics`` is an attack metric."""
+    if "_attack_skipped" in df and any(is_attack_metric(m) for m in metrics):
+        return df[~df["_attack_skipped"]]
+    return df
+
+
+def trials_drawn(res: Results, y_metric: str) -> pd.DataFrame:
+    """The trials a single-run frontier plot of ``y_metric`` draws: ok, both metrics known, the attack run."""
+    x_metric = res.objectives[0]["metric"]
+    return _without_skipped_attacks(res.ok, x_metric, y_metric).dropna(subset=[x_metric, y_metric])
+
+
+def configs_drawn(res: Results, y_metric: str) -> pd.DataFrame:
+    """The configurations a replicated frontier plot of ``y_metric`` draws: an ok run, both means known (a
+    configuration whose attacks were all skipped has NaN attack means)."""
+    if res.configs is None:
+        return pd.DataFrame()
+    x_metric = res.objectives[0]["metric"]
+    return res.configs[res.configs["_ok"]].dropna(subset=[x_metric, y_metric])
+
+
+def replicate_caption(res: Results, y_metric: str | None = None, spread: str = "95 % CI") -> str:
+    """"mean ± 95 % CI over N seeds": N the ok runs of the configurations drawn against ``y_metric`` (all
+    configurations with an ok run without it); a range when they differ."""
+    if res.configs is None:
+        return f"mean ± {spread} over the seeds"
+    cfg = configs_drawn(res, y_metric) if y_metric is not None else res.configs[res.configs["_ok"]]
+    if cfg.empty:
+        return f"mean ± {spread} over the seeds"
+    lo, hi = int(cfg["runs_ok"].min()), int(cfg["runs_ok"].max())
+    n = str(lo) if lo == hi else f"{lo}–{hi}"
+    return f"mean ± {spread} over {n} seed{'s' * (hi != 1)}"
+
+
+def _ci(df: pd.DataFrame, metric: str) -> np.ndarray:
+    """Half-widths of the 95 % CI of ``metric``'s mean (0 where unknown: a single run draws no bar)."""
+    col = f"{metric}_ci95"
+    if col not in df:
+        return np.zeros(len(df))
+    return np.nan_to_num(_numeric(df[col]).to_numpy(), nan=0.0)
+
+
+def _errorbar(ax, df: pd.DataFrame, x: str, y: str, **kw) -> None:
+    ax.errorbar(df[x].to_numpy(dtype=float), df[y].to_numpy(dtype=float), xerr=_ci(df, x), yerr=_ci(df, y),
+                linestyle="none", elinewidth=0.9, capsize=2.5, **kw)  # fmt: skip
+
+
+def _config_frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
+    x_metric, x_mode = res.objectives[0]["metric"], res.objectives[0]["mode"]
+    cfg = configs_drawn(res, y_metric)
+    fig = _new_figure(7.5, 5.0)
+    ax = fig.add_subplot()
+    handles = []
+    for s in res.surrogates:
+        sub = cfg[(cfg["_surrogate"] == s) & ~cfg["_baseline"]]
+        if sub.empty:
+            continue
+        color = res.colors[s]
+        _errorbar(ax, sub, x_metric, y_metric, marker="o", markersize=5, color=color, alpha=0.8, zorder=3, label=s)
+        _front_line(ax, sub, x_metric, y_metric, x_mode, y_mode, color=color, lw=1.0, alpha=0.8, zorder=2)
+        handles.append(Line2D([], [], color=color, marker="o", lw=1.0, label=s))
+    base = cfg[cfg["_baseline"]]
+    if not base.empty:
+        _errorbar(ax, base, x_metric, y_metric, marker="X", markersize=9, color="black", zorder=4,
+                  label=BASELINE_LABEL)  # fmt: skip
+        handles.append(Line2D([], [], color="black", marker="X", lw=0, markersize=8, label=BASELINE_LABEL))
+    if not cfg.empty:
+        # the front of the means (for the search's two objectives: the configurations of pareto_rank 0)
+        _front_line(ax, cfg, x_metric, y_metric, x_mode, y_mode, color="black", lw=2.2, alpha=0.9, zorder=5,
+                    gid="front")  # fmt: skip
+        front = front_of(cfg, [x_metric, y_metric], [x_mode, y_mode])
+        ax.scatter(front[x_metric], front[y_metric], s=90, facecolors="none", edgecolors="black", lw=1.3, zorder=6)
+        handles.append(Line2D([], [], color="black", lw=2.2, label="front (configuration means)"))
+    else:
+        _no_data(ax, "no configuration with an ok run and these metrics")
+    ax.set_xlabel(better(x_metric, x_mode) + (" →" if x_mode == "max" else " ←"))
+    ax.set_ylabel(better(y_metric, y_mode))
+    ax.set_title(f"{res.experiment}: {x_metric} vs {y_metric} ({len(cfg)} configurations, {replicate_caption(res, y_metric)})",
+                 fontsize=9)  # fmt: skip
+    ax.grid(alpha=0.3)
+    if handles:
+        ax.legend(handles=handles, fontsize=8, loc="best", framealpha=0.85)
+    return fig
 
 
 def _hv_curve(df: pd.DataFrame, res: Results) -> np.ndarray:

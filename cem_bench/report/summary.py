@@ -1,5 +1,6 @@
 """The report's text: number formatting, the HTML tables (``DataFrame.to_html``, escaped), the summary
-sentence and the run facts."""
+sentence and the run facts; with replicates, the front of configurations (mean ± std) and the paper-style
+tables (``cem_bench.table.paper_table``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
 from cem_bench.schema import PRIVACY_MODES
+from cem_bench.table import DEFAULT_METRICS, SIGMA, paper_table
 
-from .load import MAIN_PARAMS, METRIC_COLUMNS, SURROGATE_COL, Results, best_baseline
+from .load import MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, best_baseline, is_attack_metric
 
 _NEWLINE = "\x1f"  # stands for a line break inside a cell: to_html would print "\n" as a backslash and an n
 
@@ -79,10 +82,11 @@ def _to_html(df: pd.DataFrame, **kw) -> str:
 
 
 def html_table(df: pd.DataFrame, columns: Sequence[str], headers: Sequence[str] | None = None,
-               pre: Sequence[str] = ()) -> str:
+               pre: Sequence[str] = (), classes: Sequence[str] = ()) -> str:
     """An HTML table of ``df[columns]`` with formatted numbers; every cell is escaped.
 
-    ``pre`` columns keep their line breaks in a monospace font; they must be the last columns."""
+    ``pre`` columns keep their line breaks in a monospace font; they must be the last columns. ``classes``:
+    more CSS classes of the table."""
     headers = list(headers) if headers is not None else [short(c) for c in columns]
     columns = list(columns)
     if pre and set(columns[len(columns) - len(pre) :]) != set(pre):
@@ -90,7 +94,7 @@ def html_table(df: pd.DataFrame, columns: Sequence[str], headers: Sequence[str] 
     shown = pd.DataFrame({i: [_cell(v, c) for v in (df[c] if c in df else [None] * len(df))]
                           for i, c in enumerate(columns)}, index=range(len(df)))  # fmt: skip
     shown.columns = headers
-    classes = ["results"] + ([f"pre{len(pre)}"] if pre else [])
+    classes = ["results"] + ([f"pre{len(pre)}"] if pre else []) + list(classes)
     return _to_html(shown, index=False, classes=classes)
 
 
@@ -180,12 +184,28 @@ def metric_columns(res: Results) -> list[str]:
     return cols
 
 
+def _range(values: pd.Series) -> str:
+    lo, hi = int(values.min()), int(values.max())
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
 def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
     t = res.trials
     facts = [
         ("experiment", res.experiment),
         ("trials", f"{len(t)} ({int(t['_ok'].sum())} ok, {int((~t['_ok']).sum())} errored)"),
         ("trials on the front", str(int((t["pareto_rank"] == 0).sum()))),
+    ]
+    if SKIP_COL in t:
+        k = int(t["_attack_skipped"].sum())
+        facts.append(("attack not run (utility gate)", f"{k} trial{'s' * (k != 1)}"))
+    if res.replicated:
+        c = res.configs
+        facts += [
+            ("configurations", f"{len(c)} ({_range(c['runs'])} runs each, {int(c['runs_ok'].sum())} ok runs)"),
+            ("configurations on the front (means)", str(int((c["pareto_rank"] == 0).sum()))),
+        ]
+    facts += [
         (
             "objectives",
             "; ".join(f"{o['metric']} ({o['mode']}, ref {format_value(o['ref'])})" for o in res.objectives),
@@ -208,6 +228,93 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
             values = sorted({str(v) for v in t[col].dropna()})
             facts.append((label, ", ".join(values) if values else "—"))
     return facts
+
+
+# ================================================================= replicates: configurations
+def mean_std(row: pd.Series, metric: str) -> str:
+    """``mean ± std`` of ``metric`` in a configuration row (the mean alone for a single run)."""
+    mean, std = row.get(metric), row.get(f"{metric}_std")
+    if _is_missing(mean):
+        return "—"
+    text = format_value(float(mean), metric)
+    return text if _is_missing(std) else f"{text} ± {format_value(float(std), metric)}"
+
+
+def _runs(row: pd.Series) -> str:
+    runs, ok = int(row["runs"]), int(row["runs_ok"])
+    return str(runs) if ok == runs else f"{runs} ({runs - ok} errored)"
+
+
+def _seeds(value) -> str:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return ", ".join(str(int(v)) for v in value) or "—"
+    return "—" if _is_missing(value) else str(value)
+
+
+def config_searched_columns(res: Results) -> list[str]:
+    """The config columns (the seed excepted) that vary across configurations, else the main ones present."""
+    c = res.configs
+    cfg = [col for col in c.columns if col.startswith("config.") and col != SEED_COLUMN]
+    varying = [col for col in cfg if c[col].dropna().astype(str).nunique() >= 2]
+    return varying or [col for col in [SURROGATE_COL, *MAIN_PARAMS] if col in c]
+
+
+def config_front_table(res: Results) -> str:
+    """The configurations on the front of the means, one row each: id, surrogate, the varying config keys,
+    ``mean ± std`` of each objective over the ok runs, the runs and their seeds."""
+    front = res.front_configs
+    searched = [c for c in config_searched_columns(res) if c != SURROGATE_COL]
+    shown = front.copy()
+    rows = [r for _, r in front.iterrows()]
+    for m in res.metrics:
+        shown[f"_ms_{m}"] = [mean_std(r, m) for r in rows]
+    shown["_runs"] = [_runs(r) for r in rows]
+    shown["_seeds"] = [_seeds(r.get("seeds")) for r in rows]
+    columns = [CONFIG_ID, "_label", *searched, *(f"_ms_{m}" for m in res.metrics), "_runs", "_seeds"]
+    headers = ["configuration", "surrogate", *(short(c) for c in searched),
+               *(f"{m} (mean ± std)" for m in res.metrics), "runs", "seeds"]  # fmt: skip
+    return html_table(shown, columns, headers)
+
+
+PAPER_ALWAYS = ("test_acc", "attack_ssim")  # the paper's two tables; PSNR and MSE when they hold a value
+
+
+def paper_tables(res: Results) -> list[dict] | None:
+    """``cem_bench.table.paper_table`` of test_acc and attack_ssim (and attack_psnr, attack_mse when they hold
+    a value) as escaped HTML: ``[{metric, table, error}]``; None without a σ column (not a CEM grid)."""
+    c = res.configs
+    if c is None or SIGMA not in c:
+        return None
+    out = []
+    for m in DEFAULT_METRICS:
+        col = f"{m}_mean"
+        if col not in c or (m not in PAPER_ALWAYS and not c[col].notna().any()):
+            continue
+        try:
+            table = paper_table(c, m)
+        except Exception as exc:  # noqa: BLE001 - one table that cannot be built must not sink the report
+            out.append({"metric": m, "table": None, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        table = table.copy()
+        table.columns.name, table.index.name = m, None  # one header row: the metric above the σ labels
+        out.append({"metric": m, "table": _to_html(table, classes=["paper"]), "error": None})
+    return out
+
+
+# ================================================================= trials whose attack did not run
+def skipped_table(res: Results, searched: Sequence[str]) -> str | None:
+    """The trials whose attack did not run: id, surrogate, ``searched`` keys, utility metrics and
+    "attack not run: <reason>"; None when there is none."""
+    skipped = res.skipped
+    if skipped.empty:
+        return None
+    shown = skipped.copy()
+    shown["_why"] = "attack not run: " + skipped[SKIP_COL].str.strip()
+    utility = [m for m in dict.fromkeys([*res.metrics, "test_acc", "test_acc_clean"])
+               if m in skipped and not is_attack_metric(m)]  # fmt: skip
+    columns = ["trial_id", "_label", *searched, *utility, "_why"]
+    headers = ["trial", "surrogate", *(short(c) for c in searched), *utility, "attack"]
+    return html_table(shown, columns, headers, classes=["skipped"])
 
 
 def tail(text, limit: int = 3000):
