@@ -103,6 +103,10 @@ class TrainConfig:
                                       "set it replaces train.milestones (empty = use train.milestones; "
                                       "docs/reference.md §2, §11.7)")
     gamma: float = _f(0.2, "lr decay factor at each milestone", lo=0.0, hi=1.0, lo_open=True)
+    warmup_lr_epochs: float = _f(0.0, "linear learning-rate warm-up over the first N epochs, per step from lr/steps "
+                                 "to the scheduled lr (what the reference's WarmUpLR was meant to do over its "
+                                 "first epoch; 0 = none); the injection scale s(eta) keeps the scheduled lr",
+                                 lo=0.0)
     augment: str = _f("crop_flip_rotate", "on-device augmentation: crop_flip_rotate (pad-4 crop, flip, "
                       "+-15 deg rotation), crop_flip, none", choices=("crop_flip_rotate", "crop_flip", "none"))
     amp: str = _f("auto", "bf16 autocast: auto (on for CUDA), on, off; surrogates always run in fp32",

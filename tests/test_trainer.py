@@ -189,7 +189,8 @@ def test_a_trial_at_chance_skips_the_attack_and_says_why(monkeypatch, tmp_path):
     monkeypatch.setattr(trainer.Trainer, "evaluate", _evaluate_at(0.1))   # 10 classes: chance
     monkeypatch.setattr(attacks, "build", no_attack)
     finals = []
-    res = run_trial({**TINY, "train.epochs": 1}, lambda rec, final, **kw: finals.append(rec) if final else None,
+    gated = {**TINY, "train.epochs": 1, "attack.min_accuracy_margin": 0.05}     # the default gate
+    res = run_trial(gated, lambda rec, final, **kw: finals.append(rec) if final else None,
                     out_dir=str(tmp_path))
     assert res["attack_skipped"] == ("test accuracy 0.100 is within 0.05 of chance (0.100): the encoder carries "
                                      "no class information; the attack was not run "
@@ -234,7 +235,29 @@ def test_a_tiny_trial_that_learns_is_attacked():
     import math
 
     from cem_bench.trial import run_trial
-    res = run_trial({**TINY, "train.epochs": 3, "train.batch_size": 32, "data.train_size": 1024, "train.lr": 0.02,
+    res = run_trial({**TINY, "attack.min_accuracy_margin": 0.05, "train.epochs": 3, "train.batch_size": 32,
+                     "data.train_size": 1024, "train.lr": 0.02,
                      "train.augment": "none", "model.width": 0.25})
     assert res["test_acc"] >= 0.15, "precondition: this configuration should learn above chance + margin"
     assert res["attack_skipped"] == "" and math.isfinite(res["attack_ssim"])
+
+
+def test_linear_lr_warm_up_per_step(monkeypatch):
+    """train.warmup_lr_epochs = 1.5: the SGD rate climbs linearly per step over one and a half epochs, then
+    follows the schedule; the injection scale keeps the scheduled rate."""
+    from cem_bench.trainer import Trainer
+    t = _trainer(**{"train.warmup_lr_epochs": 1.5, "train.epochs": 3, "cem.lambd": 0})
+    seen = []
+    real = Trainer.step
+
+    def spy(self, x, y, cem_on, lr, acc):
+        seen.append((self.client_opt.param_groups[0]["lr"], self.server_opt.param_groups[0]["lr"], lr))
+        return real(self, x, y, cem_on, lr, acc)
+    monkeypatch.setattr(Trainer, "step", spy)
+    t.fit()
+    per_epoch = len(seen) // 3                     # 256 images, batch 64: 4 steps an epoch
+    warm = 1.5 * per_epoch
+    for k, (client_lr, server_lr, scheduled) in enumerate(seen):
+        want = scheduled * min(1.0, (k + 1) / warm)
+        assert client_lr == pytest.approx(want) and server_lr == pytest.approx(want), k
+    assert seen[0][0] < seen[1][0] < seen[int(warm) - 1][0] and seen[0][0] == pytest.approx(seen[0][2] / warm)
