@@ -246,7 +246,7 @@ def test_linear_lr_warm_up_per_step(monkeypatch):
     """train.warmup_lr_epochs = 1.5: the SGD rate climbs linearly per step over one and a half epochs, then
     follows the schedule; the injection scale keeps the scheduled rate."""
     from cem_bench.trainer import Trainer
-    t = _trainer(**{"train.warmup_lr_epochs": 1.5, "train.epochs": 3, "cem.lambd": 0})
+    t = _trainer(**{"train.warmup_lr_epochs": 1.5, "train.epochs": 3, "train.milestones": [0.9], "cem.lambd": 0})
     seen = []
     real = Trainer.step
 
