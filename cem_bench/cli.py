@@ -60,7 +60,8 @@ def cmd_train(args) -> int:
     write_json(os.path.join(out, "metrics.json"), result)
     from .storage import jsonable
     print(json.dumps(jsonable(summary), indent=2))
-    print(f"metrics: {os.path.join(out, 'metrics.json')}\ngallery: {result['info']['gallery']}\n"
+    gallery = result["info"]["gallery"] or f"none (attack not run: {result.get('attack_skipped') or 'no images'})"
+    print(f"metrics: {os.path.join(out, 'metrics.json')}\ngallery: {gallery}\n"
           f"checkpoint: {os.path.join(out, 'checkpoint.pt')}")
     return 0
 
