@@ -193,16 +193,12 @@ def image_metrics(x: Tensor, y: Tensor) -> dict[str, Tensor]:
     return {"mse": mse, "psnr": _psnr_from_mse(mse), "ssim": ssim_per_image(x, y)}
 
 
-class MetricAccumulator:
-    """Running image-weighted means of MSE, PSNR and SSIM.
+class _SumAccumulator:
+    """Weighted sums of a batch's metrics kept on the device (no host sync in ``update``); ``compute`` syncs
+    once and divides by the images added. Subclasses say which metrics (``KEYS``) and how a batch adds
+    (``_batch_sums``)."""
 
-    ``update`` only adds device tensors (no host sync); ``compute`` returns
-    Python floats. PSNR is the mean of per-image PSNR (cem-bench convention);
-    the paper's code averaged per-batch PSNR instead, which depends on the
-    batch size and is not comparable.
-    """
-
-    KEYS = ("mse", "psnr", "ssim")
+    KEYS: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.reset()
@@ -210,31 +206,51 @@ class MetricAccumulator:
     def reset(self) -> None:
         self._sums: dict[str, Tensor] | None = None
         self._count: int = 0
+        self._batches: int = 0
 
     @property
     def count(self) -> int:
+        """Images added."""
         return self._count
 
+    @property
+    def batches(self) -> int:
+        """Batches added."""
+        return self._batches
+
+    def _batch_sums(self, x: Tensor, y: Tensor, acc_dtype) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        raise NotImplementedError  # pragma: no cover - abstract
+
     def update(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        """Add a batch; returns its per-image metrics (device tensors)."""
-        m = image_metrics(x, y)
-        # float64 sums where the backend has it (not on MPS).
-        acc_dtype = torch.float32 if x.device.type == "mps" else torch.float64
-        batch = {k: m[k].to(acc_dtype).sum() for k in self.KEYS}
+        """Add a batch; returns its metrics (device tensors)."""
+        acc_dtype = torch.float32 if x.device.type == "mps" else torch.float64   # float64 where the backend has it
+        m, batch = self._batch_sums(x, y, acc_dtype)
         if self._sums is None:
             self._sums = batch
         else:
             for k in self.KEYS:
                 self._sums[k] = self._sums[k] + batch[k]
         self._count += int(x.shape[0])
+        self._batches += 1
         return m
 
     def compute(self) -> dict[str, float]:
-        """Image-weighted means; NaN for every key if nothing was added."""
+        """The weighted means; NaN for every key if nothing was added."""
         if self._sums is None or self._count == 0:
             return {k: math.nan for k in self.KEYS}
         stacked = torch.stack([self._sums[k] for k in self.KEYS]).cpu()
         return {k: float(v) / self._count for k, v in zip(self.KEYS, stacked.tolist())}
+
+
+class MetricAccumulator(_SumAccumulator):
+    """Running image-weighted means of MSE, PSNR and SSIM (per image, then averaged: cem-bench's
+    convention, which does not depend on the batch size; the paper's are ``PaperMetricAccumulator``)."""
+
+    KEYS = ("mse", "psnr", "ssim")
+
+    def _batch_sums(self, x, y, acc_dtype):
+        m = image_metrics(x, y)
+        return m, {k: m[k].to(acc_dtype).sum() for k in self.KEYS}
 
 
 # ------------------------------------------------------------------ the paper's conventions
@@ -304,7 +320,7 @@ def paper_metrics(x: Tensor, y: Tensor) -> dict[str, Tensor]:
     return {"ssim_paper": ssim_paper(x, y), "psnr_batch": psnr_batch(x, y)}
 
 
-class PaperMetricAccumulator:
+class PaperMetricAccumulator(_SumAccumulator):
     """Per-batch ``ssim_paper`` and ``psnr_batch``, averaged over batches weighted by batch size, as
     the paper's ``AverageMeter.update(value, n=batch_size)`` does.
 
@@ -316,42 +332,6 @@ class PaperMetricAccumulator:
 
     KEYS = ("ssim_paper", "psnr_batch")
 
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self._sums: dict[str, Tensor] | None = None
-        self._count: int = 0
-        self._batches: int = 0
-
-    @property
-    def count(self) -> int:
-        """Images added."""
-        return self._count
-
-    @property
-    def batches(self) -> int:
-        """Batches added."""
-        return self._batches
-
-    def update(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        """Add one evaluation batch; returns its two values (0-dim device tensors)."""
+    def _batch_sums(self, x, y, acc_dtype):
         m = paper_metrics(x, y)
-        n = int(x.shape[0])
-        acc_dtype = torch.float32 if x.device.type == "mps" else torch.float64
-        batch = {k: m[k].to(acc_dtype) * n for k in self.KEYS}
-        if self._sums is None:
-            self._sums = batch
-        else:
-            for k in self.KEYS:
-                self._sums[k] = self._sums[k] + batch[k]
-        self._count += n
-        self._batches += 1
-        return m
-
-    def compute(self) -> dict[str, float]:
-        """Batch-size-weighted means over the batches; NaN for every key if nothing was added."""
-        if self._sums is None or self._count == 0:
-            return {k: math.nan for k in self.KEYS}
-        stacked = torch.stack([self._sums[k] for k in self.KEYS]).cpu()
-        return {k: float(v) / self._count for k, v in zip(self.KEYS, stacked.tolist())}
+        return m, {k: m[k].to(acc_dtype) * int(x.shape[0]) for k in self.KEYS}
