@@ -151,6 +151,15 @@ def _gaussian_filter_same(z: Tensor) -> Tensor:
     return F.conv2d(z, k.view(1, 1, 1, -1))
 
 
+def _ssim_from_moments(stats: Tensor) -> Tensor:
+    """The SSIM map from the filtered moments ``cat([x, y, x*x, y*y, x*y])`` (population (co)variances,
+    K1 = 0.01, K2 = 0.03 for data in [0, 1]); the two conventions differ only in how they filter."""
+    ux, uy, uxx, uyy, uxy = stats.chunk(5, dim=0)
+    vx, vy, vxy = uxx - ux * ux, uyy - uy * uy, uxy - ux * uy
+    c1, c2 = _SSIM_K1**2, _SSIM_K2**2
+    return ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
+
+
 def ssim_map(x: Tensor, y: Tensor) -> Tensor:
     """Full SSIM map ``(N, C, H, W)`` (float32), as scikit-image's ``full=True``
     output with ``gaussian_weights=True, sigma=1.5, use_sample_covariance=False,
@@ -163,18 +172,7 @@ def ssim_map(x: Tensor, y: Tensor) -> Tensor:
     y = y.reshape(n * c, 1, h, w)
     # One filtering pass for the five moment images.
     stats = _gaussian_filter_same(torch.cat([x, y, x * x, y * y, x * y], dim=0))
-    ux, uy, uxx, uyy, uxy = stats.chunk(5, dim=0)
-    vx = uxx - ux * ux
-    vy = uyy - uy * uy
-    vxy = uxy - ux * uy
-    c1 = _SSIM_K1**2
-    c2 = _SSIM_K2**2
-    a1 = 2 * ux * uy + c1
-    a2 = 2 * vxy + c2
-    b1 = ux * ux + uy * uy + c1
-    b2 = vx + vy + c2
-    s = (a1 * a2) / (b1 * b2)
-    return s.reshape(n, c, h, w)
+    return _ssim_from_moments(stats).reshape(n, c, h, w)
 
 
 def ssim_per_image(x: Tensor, y: Tensor) -> Tensor:
@@ -288,14 +286,7 @@ def _ssim_paper_map_work(x: Tensor, y: Tensor) -> Tensor:
     z = torch.cat([x, y, x * x, y * y, x * y], dim=0)
     z = F.conv2d(z, k.view(1, 1, -1, 1), padding=(p, 0))
     z = F.conv2d(z, k.view(1, 1, 1, -1), padding=(0, p))
-    ux, uy, uxx, uyy, uxy = z.chunk(5, dim=0)
-    vx = uxx - ux * ux
-    vy = uyy - uy * uy
-    vxy = uxy - ux * uy
-    c1 = _SSIM_K1**2
-    c2 = _SSIM_K2**2
-    s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
-    return s.reshape(n, c, h, w)
+    return _ssim_from_moments(z).reshape(n, c, h, w)
 
 
 def ssim_paper_per_image(x: Tensor, y: Tensor) -> Tensor:
