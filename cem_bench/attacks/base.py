@@ -21,6 +21,42 @@ class AttackResult:
     seconds: float = 0.0
 
 
+GALLERY_SIZE = 16   # images shown in recon.png
+
+
+class Scorer:
+    """Scores reconstructions of the evaluation images batch by batch: both metric conventions (per image,
+    and the paper's per-batch ones) and the first ``GALLERY_SIZE`` images for the gallery."""
+
+    def __init__(self, image_shape: tuple[int, ...]):
+        from ..metrics import MetricAccumulator, PaperMetricAccumulator
+        self.image_shape = tuple(image_shape)
+        self.acc, self.paper = MetricAccumulator(), PaperMetricAccumulator()
+        self.originals: list[torch.Tensor] = []
+        self.reconstructions: list[torch.Tensor] = []
+        self.n_gallery = 0
+
+    def add(self, recon: torch.Tensor, target: torch.Tensor) -> None:
+        """``recon`` and ``target`` in [0, 1], (n, C, H, W), on the device."""
+        self.acc.update(recon, target)
+        self.paper.update(recon, target)
+        if self.n_gallery < GALLERY_SIZE:
+            k = min(GALLERY_SIZE - self.n_gallery, len(target))
+            self.originals.append(target[:k].cpu())
+            self.reconstructions.append(recon[:k].detach().cpu())
+            self.n_gallery += k
+
+    def result(self, history: list[dict], seconds: float) -> AttackResult:
+        m, mp = self.acc.compute(), self.paper.compute()
+        metrics = {"attack_mse": m["mse"], "attack_psnr": m["psnr"], "attack_ssim": m["ssim"],
+                   "attack_ssim_paper": mp["ssim_paper"], "attack_psnr_batch": mp["psnr_batch"]}
+        empty = torch.zeros(0, *self.image_shape)
+        return AttackResult(metrics=metrics,
+                            originals=torch.cat(self.originals) if self.originals else empty,
+                            reconstructions=torch.cat(self.reconstructions) if self.reconstructions else empty,
+                            history=history, seconds=seconds)
+
+
 class Attack:
     """``run(encoder, splits, noise_std, device) -> AttackResult``: invert the frozen encoder's features."""
 

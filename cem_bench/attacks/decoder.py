@@ -34,10 +34,8 @@ import torch.nn.functional as F
 from .. import models
 from ..data import eval_batches
 from ..keys import key
-from ..metrics import MetricAccumulator, PaperMetricAccumulator
-from .base import Attack, AttackResult, register
+from .base import Attack, AttackResult, Scorer, register
 
-GALLERY_SIZE = 16
 ETA_MIN = 1e-5
 
 
@@ -200,32 +198,15 @@ class DecoderAttack(Attack):
 
         # -- evaluation on images the decoder never saw, fresh noise, eval mode
         decoder.eval()
-        acc = MetricAccumulator()
-        paper = PaperMetricAccumulator()  # the paper's per-batch conventions, over batches of eval_batch_size
-        gallery_o, gallery_r = [], []
-        n_gallery = 0
+        scorer = Scorer(image_shape)   # both metric conventions (the paper's per batch of eval_batch_size)
         with torch.no_grad():
             for i in range(0, len(z_eval), cfg.train.eval_batch_size):
                 z = noisy(z_eval[i:i + cfg.train.eval_batch_size])
                 target = splits.attack_eval.images[i:i + cfg.train.eval_batch_size].to(device).float().div_(255.0)
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                     recon = decoder(z)
-                recon = recon.float().clamp_(0.0, 1.0).contiguous()
-                acc.update(recon, target)
-                paper.update(recon, target)
-                if n_gallery < GALLERY_SIZE:
-                    k = min(GALLERY_SIZE - n_gallery, len(target))
-                    gallery_o.append(target[:k].cpu())
-                    gallery_r.append(recon[:k].cpu())
-                    n_gallery += k
-        m, mp = acc.compute(), paper.compute()
-        metrics = {"attack_mse": m["mse"], "attack_psnr": m["psnr"], "attack_ssim": m["ssim"],
-                   "attack_ssim_paper": mp["ssim_paper"], "attack_psnr_batch": mp["psnr_batch"]}
-        empty = torch.zeros(0, *image_shape)
-        return AttackResult(metrics=metrics,
-                            originals=torch.cat(gallery_o) if gallery_o else empty,
-                            reconstructions=torch.cat(gallery_r) if gallery_r else empty,
-                            history=history, seconds=time.perf_counter() - t0)
+                scorer.add(recon.float().clamp_(0.0, 1.0).contiguous(), target)
+        return scorer.result(history, time.perf_counter() - t0)
 
     def train(self, decoder, z_aux, images_u8, noisy, gen, device, amp) -> list[dict]:
         """Train ``decoder`` for ``attack.epochs`` epochs from the features ``z_aux`` (``noisy`` adds the
