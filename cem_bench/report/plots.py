@@ -103,36 +103,46 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
     """First objective (x) against ``y_metric``: one point per trial, or, when the search has replicates, one
     point per configuration at its means with the 95 % CI as error bars (``configs_drawn``); coloured by
     surrogate, the overall front (black step line, ``gid="front"``) and each surrogate's own front."""
-    if res.replicated:
-        return _config_frontier_figure(res, y_metric, y_mode)
     x_metric, x_mode = res.objectives[0]["metric"], res.objectives[0]["mode"]
-    ok = trials_drawn(res, y_metric)
+    if res.replicated:
+        data = configs_drawn(res, y_metric)
+        points = lambda ax, df, color, label, base: _errorbar(  # noqa: E731
+            ax, df, x_metric, y_metric, marker="X" if base else "o", markersize=9 if base else 5, color=color,
+            alpha=1.0 if base else 0.8, zorder=4 if base else 3, label=label)
+        front_label, empty = "front (configuration means)", "no configuration with an ok run and these metrics"
+        title = f"{len(data)} configurations, {replicate_caption(res, y_metric)}"
+    else:
+        data = trials_drawn(res, y_metric)
+        points = lambda ax, df, color, label, base: ax.scatter(  # noqa: E731
+            df[x_metric], df[y_metric], s=80 if base else 28, marker="X" if base else "o", color=color,
+            alpha=1.0 if base else 0.75, edgecolors="none", zorder=4 if base else 3)
+        front_label, empty, title = "front (all trials)", None, f"{len(data)} ok trials"
     fig = _new_figure(7.5, 5.0)
     ax = fig.add_subplot()
     handles = []
     for s in res.surrogates:
-        sub = ok[(ok["_surrogate"] == s) & ~ok["_baseline"]]
+        sub = data[(data["_surrogate"] == s) & ~data["_baseline"]]
         if sub.empty:
             continue
         color = res.colors[s]
-        ax.scatter(sub[x_metric], sub[y_metric], s=28, color=color, alpha=0.75, edgecolors="none", zorder=3)
+        points(ax, sub, color, s, False)
         _front_line(ax, sub, x_metric, y_metric, x_mode, y_mode, color=color, lw=1.0, alpha=0.8, zorder=2)
         handles.append(Line2D([], [], color=color, marker="o", lw=1.0, label=s))
-    base = ok[ok["_baseline"]]
+    base = data[data["_baseline"]]
     if not base.empty:
-        ax.scatter(base[x_metric], base[y_metric], s=80, marker="X", color="black", zorder=4)
+        points(ax, base, "black", BASELINE_LABEL, True)
         handles.append(Line2D([], [], color="black", marker="X", lw=0, markersize=8, label=BASELINE_LABEL))
-    if not ok.empty:
-        _front_line(ax, ok, x_metric, y_metric, x_mode, y_mode, color="black", lw=2.2, alpha=0.9, zorder=5,
+    if not data.empty:
+        _front_line(ax, data, x_metric, y_metric, x_mode, y_mode, color="black", lw=2.2, alpha=0.9, zorder=5,
                     gid="front")  # fmt: skip
-        front = front_of(ok, [x_metric, y_metric], [x_mode, y_mode])
+        front = front_of(data, [x_metric, y_metric], [x_mode, y_mode])
         ax.scatter(front[x_metric], front[y_metric], s=90, facecolors="none", edgecolors="black", lw=1.3, zorder=6)
-        handles.append(Line2D([], [], color="black", lw=2.2, label="front (all trials)"))
+        handles.append(Line2D([], [], color="black", lw=2.2, label=front_label))
     else:
-        _no_data(ax)
+        _no_data(ax, empty) if empty else _no_data(ax)
     ax.set_xlabel(better(x_metric, x_mode) + (" →" if x_mode == "max" else " ←"))
     ax.set_ylabel(better(y_metric, y_mode))
-    ax.set_title(f"{res.experiment}: {x_metric} vs {y_metric} ({len(ok)} ok trials)")
+    ax.set_title(f"{res.experiment}: {x_metric} vs {y_metric} ({title})", fontsize=9 if res.replicated else None)
     ax.grid(alpha=0.3)
     if handles:
         ax.legend(handles=handles, fontsize=8, loc="best", framealpha=0.85)
@@ -185,44 +195,6 @@ def _ci(df: pd.DataFrame, metric: str) -> np.ndarray:
 def _errorbar(ax, df: pd.DataFrame, x: str, y: str, **kw) -> None:
     ax.errorbar(df[x].to_numpy(dtype=float), df[y].to_numpy(dtype=float), xerr=_ci(df, x), yerr=_ci(df, y),
                 linestyle="none", elinewidth=0.9, capsize=2.5, **kw)  # fmt: skip
-
-
-def _config_frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
-    x_metric, x_mode = res.objectives[0]["metric"], res.objectives[0]["mode"]
-    cfg = configs_drawn(res, y_metric)
-    fig = _new_figure(7.5, 5.0)
-    ax = fig.add_subplot()
-    handles = []
-    for s in res.surrogates:
-        sub = cfg[(cfg["_surrogate"] == s) & ~cfg["_baseline"]]
-        if sub.empty:
-            continue
-        color = res.colors[s]
-        _errorbar(ax, sub, x_metric, y_metric, marker="o", markersize=5, color=color, alpha=0.8, zorder=3, label=s)
-        _front_line(ax, sub, x_metric, y_metric, x_mode, y_mode, color=color, lw=1.0, alpha=0.8, zorder=2)
-        handles.append(Line2D([], [], color=color, marker="o", lw=1.0, label=s))
-    base = cfg[cfg["_baseline"]]
-    if not base.empty:
-        _errorbar(ax, base, x_metric, y_metric, marker="X", markersize=9, color="black", zorder=4,
-                  label=BASELINE_LABEL)  # fmt: skip
-        handles.append(Line2D([], [], color="black", marker="X", lw=0, markersize=8, label=BASELINE_LABEL))
-    if not cfg.empty:
-        # the front of the means (for the search's two objectives: the configurations of pareto_rank 0)
-        _front_line(ax, cfg, x_metric, y_metric, x_mode, y_mode, color="black", lw=2.2, alpha=0.9, zorder=5,
-                    gid="front")  # fmt: skip
-        front = front_of(cfg, [x_metric, y_metric], [x_mode, y_mode])
-        ax.scatter(front[x_metric], front[y_metric], s=90, facecolors="none", edgecolors="black", lw=1.3, zorder=6)
-        handles.append(Line2D([], [], color="black", lw=2.2, label="front (configuration means)"))
-    else:
-        _no_data(ax, "no configuration with an ok run and these metrics")
-    ax.set_xlabel(better(x_metric, x_mode) + (" →" if x_mode == "max" else " ←"))
-    ax.set_ylabel(better(y_metric, y_mode))
-    ax.set_title(f"{res.experiment}: {x_metric} vs {y_metric} ({len(cfg)} configurations, {replicate_caption(res, y_metric)})",
-                 fontsize=9)  # fmt: skip
-    ax.grid(alpha=0.3)
-    if handles:
-        ax.legend(handles=handles, fontsize=8, loc="best", framealpha=0.85)
-    return fig
 
 
 def _hv_curve(df: pd.DataFrame, res: Results) -> np.ndarray:
