@@ -28,7 +28,6 @@ Each of those but the lambda = 0 one has a switch that reproduces the reference,
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable
 
@@ -245,15 +244,11 @@ class Trainer:
         warm_steps = self.cfg.train.warmup_lr_epochs * len(it)   # linear warm-up: steps 1..warm_steps
         done_before = (epoch - 1) * len(it)
         for x, y in it:
-            if done_before + steps < warm_steps:
-                frac = (done_before + steps + 1) / warm_steps
+            if done_before + steps < warm_steps:     # its last step reaches the full rate (frac = 1)
+                frac = min(1.0, (done_before + steps + 1) / warm_steps)
                 for opt in (self.client_opt, self.server_opt):
                     for group in opt.param_groups:
                         group["lr"] = step_lr * frac
-            elif warm_steps and done_before + steps == math.ceil(warm_steps):
-                for opt in (self.client_opt, self.server_opt):
-                    for group in opt.param_groups:
-                        group["lr"] = step_lr
             self.step(x, y, cem_on, lr, acc)
             steps += 1
         # end of epoch: one host sync to read the logs

@@ -261,3 +261,18 @@ def test_linear_lr_warm_up_per_step(monkeypatch):
         want = scheduled * min(1.0, (k + 1) / warm)
         assert client_lr == pytest.approx(want) and server_lr == pytest.approx(want), k
     assert seen[0][0] < seen[1][0] < seen[int(warm) - 1][0] and seen[0][0] == pytest.approx(seen[0][2] / warm)
+
+
+def test_a_fractional_warm_up_never_exceeds_the_scheduled_rate(monkeypatch):
+    from cem_bench.trainer import Trainer
+    t = _trainer(**{"train.warmup_lr_epochs": 1.3, "train.epochs": 2, "train.milestones": [0.9], "cem.lambd": 0})
+    seen = []
+    real = Trainer.step
+
+    def spy(self, x, y, cem_on, lr, acc):
+        seen.append((self.client_opt.param_groups[0]["lr"], lr))
+        return real(self, x, y, cem_on, lr, acc)
+    monkeypatch.setattr(Trainer, "step", spy)
+    t.fit()
+    assert all(applied <= scheduled + 1e-12 for applied, scheduled in seen)
+    assert seen[-1][0] == pytest.approx(seen[-1][1])          # full rate once the warm-up is over
