@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .schema import COST_COLUMNS, OBJECTIVE_METRICS, rank_table
+from .schema import ATTACK_METRICS, COST_COLUMNS, OBJECTIVE_METRICS, STRONGEST_SUFFIX, per_attack_columns, rank_table
 
 SEED_COLUMN = "config.seed"
 CONFIG_ID = "config_id"
@@ -61,6 +61,18 @@ def t_quantile(n: int, level: float = 0.95) -> float:
     return float(t.ppf(0.5 + level / 2, n - 1))
 
 
+def strongest_summary(names: pd.Series) -> str:
+    """The attacks that set a worst-case metric over a configuration's runs: ``rmle`` when it set it in
+    every run that attacked, else each with its share (``rmle 2/3, decoder 1/3``); "" when none did."""
+    names = names[names.notna() & (names.astype(str) != "")].astype(str)
+    if names.empty:
+        return ""
+    counts = names.value_counts(sort=True)
+    if len(counts) == 1:
+        return str(counts.index[0])
+    return ", ".join(f"{k} {v}/{len(names)}" for k, v in counts.items())
+
+
 def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFrame:
     """``configs.parquet``: per configuration its id, the config columns, ``runs`` (trials), ``runs_ok``,
     ``seeds``, and per metric ``<m>_mean``, ``<m>_std``, ``<m>_ci95`` (half-width), plus ``pareto_rank`` of
@@ -71,7 +83,9 @@ def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFr
     if CONFIG_ID not in trials:
         trials[CONFIG_ID] = config_ids(trials)
     cols = config_columns(trials)
-    metrics = [m for m in dict.fromkeys([*AGGREGATED, *(o["metric"] for o in objectives)]) if m in trials]
+    metrics = [m for m in dict.fromkeys([*AGGREGATED, *(o["metric"] for o in objectives),
+                                         *per_attack_columns(trials.columns)]) if m in trials]
+    winners = [m + STRONGEST_SUFFIX for m in ATTACK_METRICS if m + STRONGEST_SUFFIX in trials]
     rows = []
     for cid, group in trials.groupby(CONFIG_ID, sort=False):
         ok = group[group["status"] == "ok"] if "status" in group else group
@@ -84,6 +98,8 @@ def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFr
             row[f"{m}_std"] = float(vals.std(ddof=1)) if n > 1 else float("nan")
             row[f"{m}_ci95"] = t_quantile(n) * row[f"{m}_std"] / math.sqrt(n) if n > 1 else float("nan")
             row[f"{m}_n"] = n
+        for w in winners:
+            row[w] = strongest_summary(ok[w])
         rows.append(row)
     configs = pd.DataFrame(rows)
     means = configs.rename(columns={f"{o['metric']}_mean": o["metric"] for o in objectives})

@@ -85,15 +85,18 @@ def cmd_attack(args) -> int:
     device = resolve_device(cfg.train.device)
     splits, trainer = build(cfg, device)          # the same data and models as the trial
     trainer.client.load_state_dict(ckpt["trainer"]["client"])
-    res = attacks.build(cfg).run(trainer.client, splits, cfg.defense.noise_std, device)
-    out = os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out, exist_ok=True)
-    from .attacks.decoder import save_gallery
-    save_gallery(res.originals, res.reconstructions, os.path.join(out, "recon.png"))
-    write_json(os.path.join(out, "attack.json"),
-               {**res.metrics, "attack_s": res.seconds, "config": cfg.to_flat(), "history": res.history})
-    print(json.dumps({**res.metrics, "attack_s": res.seconds}, indent=2))
-    print(f"attack results: {out}")
+    res = attacks.run_all(cfg, trainer.client, splits, cfg.defense.noise_std, device)
+    out = stamp = os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S"))
+    k = 1
+    while os.path.exists(out):          # two re-attacks in one second: never over an earlier one
+        k += 1
+        out = f"{stamp}-{k}"
+    os.makedirs(out)
+    res.save_gallery(os.path.join(out, "recon.png"))
+    metrics = {**res.metrics(), "attack_s": res.seconds}
+    write_json(os.path.join(out, "attack.json"), {**metrics, "config": cfg.to_flat(), "history": res.history()})
+    print(json.dumps(metrics, indent=2))
+    print(f"attack results: {out} (recon.png: the originals, then a row per attack: {', '.join(cfg.attack.names)})")
     return 0
 
 
@@ -155,7 +158,8 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="output folder (default results/runs/<time>)")
     t.set_defaults(func=cmd_train)
 
-    a = sub.add_parser("attack", help="re-run the attack on a saved run", epilog=EPILOG)
+    a = sub.add_parser("attack", help="re-attack a saved run (any attacks: --set attack.names=[rmle])",
+                       epilog=EPILOG)
     a.add_argument("run_dir", help="the --out folder of `cem-bench train`")
     a.add_argument("--set", action="append", default=[], metavar="attack.KEY=VALUE")
     a.set_defaults(func=cmd_attack)

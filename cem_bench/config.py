@@ -127,7 +127,10 @@ class TrainConfig:
 class AttackConfig:
     """The keys every attack has. Each attack declares its own keys beside its ``@register``
     (cem_bench/attacks/); their values live in ``params`` and read as attributes."""
-    kind: str = _f("decoder", "model-inversion attack")
+    names: list[str] = _f(["decoder", "rmle"], "the model-inversion attacks run on every trained encoder (a list: "
+                          "`cem-bench keys` shows the registered ones). Each one's metrics are recorded under "
+                          "its name (attack_ssim__rmle, ...); attack_ssim/attack_psnr/attack_mse are the "
+                          "worst case for privacy over them, and attack_ssim_by/... name the attack that set it")
     seed: int = _f(200, "seed of the attacker (the paper's main_test_MIA uses 200)")
     min_accuracy_margin: float = _f(0.05, "utility gate: a trial whose final noisy test accuracy is below chance "
                                     "(1/classes) + this margin skips the attack: its attack metrics are NaN and "
@@ -161,6 +164,9 @@ class TrialConfig:
     def from_flat(cls, flat: dict | None = None, base: TrialConfig | None = None) -> TrialConfig:
         """Build from ``{"cem.lambd": 8, ...}``. Unknown keys and bad values raise ``ConfigError``."""
         flat = dict(flat or {})
+        if "attack.kind" in flat:      # before attack.names (results and checkpoints of older versions)
+            kind = flat.pop("attack.kind")
+            flat.setdefault("attack.names", [kind] if isinstance(kind, str) else kind)
         base = base or cls()
         specs = key_specs()
         errors = []
@@ -219,10 +225,16 @@ class TrialConfig:
         """Cross-field checks the per-key checks cannot do."""
         errors = []
         _load_plugins()
-        for key_, value in (("cem.surrogate", self.cem.surrogate), ("attack.kind", self.attack.kind)):
-            kind, known = registered_names(key_)
-            if value not in known:
-                errors.append(f"{key_}: unknown {kind} {value!r}; known: {', '.join(known)}")
+        kind, known = registered_names("cem.surrogate")
+        if self.cem.surrogate not in known:
+            errors.append(f"cem.surrogate: unknown {kind} {self.cem.surrogate!r}; known: {', '.join(known)}")
+        kind, known = registered_names("attack.names")
+        names = list(self.attack.names)
+        bad = [n for n in names if n not in known]
+        if not names or bad or len(set(names)) != len(names):
+            why = (f"unknown {kind} {', '.join(map(repr, bad))}" if bad else
+                   "is empty" if not names else "names an attack twice")
+            errors.append(f"attack.names: {names!r} {why}; allowed: a list of {', '.join(known)}")
         ms = self.train.milestones
         if any((not isinstance(m, (int, float))) or not (0 < m <= 1) for m in ms) or list(ms) != sorted(ms):
             errors.append(f"train.milestones: {ms!r} must be increasing fractions of the run in (0, 1]")

@@ -182,12 +182,19 @@ def coerce_value(key: str, value: Any, spec: KeySpec) -> Any:
                 value = yaml.safe_load(value)
             except yaml.YAMLError:
                 raise bad("is not a list") from None
-        if not isinstance(value, (list, tuple)):
-            raise bad("is not a list")
-        try:
-            v = [float(x) for x in value]
-        except (TypeError, ValueError):
-            raise bad("is not a list of numbers") from None
+        if typing.get_args(tp) == (str,):           # list[str]: a bare name is a list of one
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) and x.strip() for x in value):
+                raise bad("is not a list of names")
+            v = [x.strip() for x in value]
+        else:
+            if not isinstance(value, (list, tuple)):
+                raise bad("is not a list")
+            try:
+                v = [float(x) for x in value]
+            except (TypeError, ValueError):
+                raise bad("is not a list of numbers") from None
     else:  # pragma: no cover - every field uses one of the types above
         v = value
     if spec.choices is not None and v not in spec.choices:

@@ -20,10 +20,14 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, package: str, key: str, skip: tuple[str, ...] = ()):
+    def __init__(self, kind: str, package: str, key: str, skip: tuple[str, ...] = (), shared_keys: bool = True):
         """``package``: where the plug-ins live (every module in it but ``skip`` is imported to register
-        them); ``key``: the config key whose values are the registered names (``cem.surrogate``)."""
+        them); ``key``: the config key whose values are the registered names (``cem.surrogate``).
+        ``shared_keys=False``: no two plug-ins may declare the same key (attacks run together in one trial,
+        so one ``attack.lr`` could not mean two things)."""
         self.kind, self.package, self.key, self.skip = kind, package, key, skip
+        self.shared_keys = shared_keys
+        self._owners: dict[str, str] = {}
         self.section = key.split(".", 1)[0]
         self._items: dict[str, type[T]] = {}
         self._loaded = False
@@ -34,6 +38,14 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             cls.name = name
             keys_cls = getattr(cls, "Keys", None)
+            if keys_cls is not None and not self.shared_keys:
+                import dataclasses
+                for f in dataclasses.fields(keys_cls):
+                    if f.name in self._owners:
+                        raise ValueError(f"{self.section}.{f.name}: {self.kind} {name!r} declares it, but "
+                                         f"{self._owners[f.name]!r} already does; {self.kind}s run together, "
+                                         f"so each needs its own keys (prefix it, e.g. {name}_{f.name})")
+                    self._owners[f.name] = name
             cls.keys = keys_mod.declare(self.section, name, keys_cls) if keys_cls is not None else ()
             keys_mod.declare_name(self.key, self.kind, name)
             self._items[name] = cls

@@ -39,8 +39,9 @@ COST_COLUMNS: tuple[str, ...] = ("train_s", "attack_s", "wall_s")
 # every final metric of a trial row
 METRIC_COLUMNS: tuple[str, ...] = OBJECTIVE_METRICS + COST_COLUMNS + (
     "epochs_done", "final_train_loss", "final_train_acc", "rob_nonfinite", "resumed_from_epoch")
-# text columns of a trial row: why the attack did not run (empty when it did)
-NOTE_COLUMNS: tuple[str, ...] = ("attack_skipped",)
+# text columns of a trial row: why the attacks did not run (empty when they did), and which attack set each
+# worst-case attack metric
+NOTE_COLUMNS: tuple[str, ...] = ("attack_skipped",) + tuple(f"{m}_by" for m in ATTACK_METRICS)
 PROVENANCE: tuple[str, ...] = ("git_sha", "package_version", "torch_version", "device", "node_id", "hostname",
                                "started_at", "finished_at")
 EPOCH_COLUMNS: tuple[str, ...] = ("experiment", "trial_id", "epoch", "train_loss", "train_acc", "rob_loss",
@@ -48,6 +49,35 @@ EPOCH_COLUMNS: tuple[str, ...] = ("experiment", "trial_id", "epoch", "train_loss
 # direction that means "more private" (a worse reconstruction)
 PRIVACY_MODES: dict[str, str] = {"attack_ssim": "min", "attack_mse": "max", "attack_psnr": "min",
                                  "attack_ssim_paper": "min", "attack_psnr_batch": "min"}
+
+# Several attacks per trial (attack.names): each attack's own metrics are columns ``<metric>__<attack>``
+# (attack_ssim__rmle, and its seconds attack_s__rmle); the ATTACK_METRICS columns are the worst case for privacy
+# over the attacks that ran, and ``<metric>_by`` names the attack that set it (cem_bench.attacks.worst_case).
+PER_ATTACK_SEP = "__"
+STRONGEST_SUFFIX = "_by"
+
+
+def base_metric(column: str) -> str:
+    """``attack_ssim__rmle`` -> ``attack_ssim``; any other column unchanged."""
+    head, sep, _ = column.partition(PER_ATTACK_SEP)
+    return head if sep and head in ATTACK_METRICS + ("attack_s",) else column
+
+
+def attack_of(column: str) -> str | None:
+    """``attack_ssim__rmle`` -> ``rmle``; None for a column that is not one attack's own."""
+    head, sep, tail = column.partition(PER_ATTACK_SEP)
+    return tail if sep and tail and head in ATTACK_METRICS + ("attack_s",) else None
+
+
+def privacy_mode(metric: str) -> str | None:
+    """The direction that means "more private" of an attack metric (also of one attack's own column)."""
+    return PRIVACY_MODES.get(base_metric(metric))
+
+
+def per_attack_columns(columns) -> list[str]:
+    """The columns among ``columns`` that are one attack's own metric or seconds."""
+    return [c for c in columns if attack_of(c) is not None]
+
 
 # used when a results folder has no search_space.json; ref = the hypervolume reference point
 DEFAULT_OBJECTIVES: tuple[dict, ...] = (

@@ -59,15 +59,19 @@ def attack_gate(test_acc: float, num_classes: int, margin: float) -> str:
 
 def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_dir: str | None = None,
               resume_state: dict | None = None) -> dict[str, Any]:
-    """Train with CEM, attack the trained encoder, and return metrics, costs and info.
+    """Train with CEM, attack the trained encoder with every attack of ``attack.names``, and return metrics,
+    costs and info.
 
     ``report(record, final, state_fn=...)`` is called after every epoch (``final=False``) and once at the
-    end with the result (``final=True``). Every record carries every key of ``schema.OBJECTIVE_METRICS`` (attack
-    metrics are NaN until the attack has run, and stay NaN when the utility gate ``attack.min_accuracy_margin``
-    skips it: ``attack_skipped`` then says why, else it is ""). With ``train.select_best_last`` the result's
-    accuracies and the attack are those of ``selected_epoch`` (test-set selection); otherwise
-    ``selected_epoch`` is the last epoch. ``resume_state`` (a ``state_fn()`` value) continues a run from its
-    last finished epoch. With ``out_dir`` the gallery ``recon.png`` is written there when the attack ran.
+    end with the result (``final=True``). Every record carries every key of ``schema.OBJECTIVE_METRICS``
+    (attack metrics are NaN until the attacks have run, and stay NaN when the utility gate
+    ``attack.min_accuracy_margin`` skips them: ``attack_skipped`` then says why, else it is ""). The final
+    record also has each attack's own metrics and seconds (``attack_ssim__rmle``, ``attack_s__rmle``); the
+    objective attack metrics are their worst case for privacy, and ``attack_ssim_by``, ... name the attack
+    that set each. With ``train.select_best_last`` the result's accuracies and the attacks are those of
+    ``selected_epoch`` (test-set selection); otherwise ``selected_epoch`` is the last epoch. ``resume_state``
+    (a ``state_fn()`` value) continues a run from its last finished epoch. With ``out_dir`` the gallery
+    ``recon.png`` (the originals, then a row per attack) is written there when the attacks ran.
     """
     t_wall = time.perf_counter()
     cfg = build_config(config)
@@ -97,11 +101,14 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     test_acc = chosen.get("test_acc", nan)
     skipped = attack_gate(test_acc, splits.num_classes, cfg.attack.min_accuracy_margin)
     res = None
+    metrics: dict[str, Any] = {k: nan for k in ATTACK_METRICS}
+    for name in cfg.attack.names:          # the same columns whether the attacks ran or the gate skipped them
+        metrics.update({attacks.per_attack_column(k, name): nan for k in ATTACK_METRICS})
+        metrics[attacks.per_attack_column("attack_s", name)] = 0.0
+    metrics.update({attacks.strongest_column(k): "" for k in ATTACK_METRICS})
     if not skipped:
-        res = attacks.build(cfg).run(trainer.client, splits, cfg.defense.noise_std, device)
-    metrics = {k: nan for k in ATTACK_METRICS}
-    if res is not None:
-        metrics.update(res.metrics)
+        res = attacks.run_all(cfg, trainer.client, splits, cfg.defense.noise_std, device)
+        metrics.update(res.metrics())
     result: dict[str, Any] = {
         "test_acc": test_acc,
         "test_acc_clean": chosen.get("test_acc_clean", nan),
@@ -121,9 +128,7 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     gallery = None
     if out_dir is not None and res is not None:
         os.makedirs(out_dir, exist_ok=True)
-        from .attacks.decoder import save_gallery
-        gallery = os.path.join(out_dir, GALLERY_FILE)
-        save_gallery(res.originals, res.reconstructions, gallery)
+        gallery = res.save_gallery(os.path.join(out_dir, GALLERY_FILE))
     result["info"] = {
         "config": cfg.to_flat(),
         "device": device_name(device),
@@ -135,7 +140,7 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
         "surrogate_params": models.count_params(trainer.surrogate) if trainer.surrogate is not None else 0,
         "gallery": gallery,
         "history": trainer.history,
-        "attack_history": res.history if res is not None else [],
+        "attack_history": res.history() if res is not None else [],
     }
     if report is not None:
         report(result, True, state_fn=trainer.state_dict)

@@ -10,15 +10,16 @@ import pytest
 import torch
 
 from cem_bench import data, models
-from cem_bench.attacks import AttackResult, build, names
-from cem_bench.attacks.decoder import DecoderAttack, InversionDecoder, save_gallery
+from cem_bench.attacks import AttackResult, build, names, save_gallery
+from cem_bench.attacks.decoder import DecoderAttack, InversionDecoder
 from cem_bench.config import ModelConfig, TrialConfig
 from cem_bench.schema import ATTACK_METRICS
 
 
 def tiny_cfg(**flat) -> TrialConfig:
     base = {"data.train_size": 64, "data.test_size": 200, "model.width": 0.125, "attack.epochs": 0,
-            "attack.blocks": 0, "attack.channels": 4, "attack.batch_size": 32, "train.eval_batch_size": 64}
+            "attack.blocks": 0, "attack.channels": 4, "attack.batch_size": 32, "train.eval_batch_size": 64,
+            "attack.names": ["decoder"]}
     base.update(flat)
     return TrialConfig.from_flat(base)
 

@@ -13,11 +13,11 @@ from cem_bench.metrics import ssim_per_image
 from cem_bench.schema import ATTACK_METRICS
 from cem_bench.trial import build, build_config
 
-FAST = {"attack.iterations": 40, "attack.epochs": 1, "data.test_size": 160}   # 16 evaluation images
+FAST = {"attack.rmle_iterations": 40, "attack.epochs": 1, "data.test_size": 160}   # 16 evaluation images
 
 
 def setup(kind: str, **flat):
-    cfg = build_config({**TINY, **FAST, "attack.kind": kind, "cem.lambd": 0, **flat})
+    cfg = build_config({**TINY, **FAST, "attack.names": [kind], "cem.lambd": 0, **flat})
     splits, trainer = build(cfg, torch.device("cpu"))
     return cfg, splits, trainer.client
 
@@ -40,22 +40,22 @@ def _ssim(x, y) -> float:
     return float(ssim_per_image(x, y).mean())
 
 
-def test_rmle_reconstructs_more_than_noise_and_moves_from_its_start():
-    """On an untrained encoder at sigma = 0.01 the reconstruction is far from random pixels and has moved away
-    from its grey start. (Beating a constant grey image needs a trained encoder: on the demo-budget lambda = 0
-    encoder at sigma = 0.1 rmle scored SSIM 0.34 against 0.27 for grey and 0.665 for the decoder; see the
-    closing note of the attacks issue. Not a test here: training one takes minutes.)"""
-    cfg, splits, client = setup("rmle", **{"defense.noise_std": 0.01, "attack.iterations": 150})
+def test_rmle_beats_a_constant_image_and_noise():
+    """On an undefended (here untrained) encoder at sigma = 0.01, rmle's reconstructions are closer (SSIM) to the
+    images than each image's own mean colour (the best constant image) and than random pixels. Measured with
+    these defaults: 0.41 against 0.31 for the constant; on a trained lambda = 0 encoder 0.59 (docs/attacks.md)."""
+    cfg, splits, client = setup("rmle", **{"defense.noise_std": 0.01, "attack.rmle_iterations": 150})
     res = attacks.build(cfg).run(client, splits, 0.01, "cpu")
     target = res.originals
     noise = torch.rand(target.shape, generator=torch.Generator().manual_seed(0))
+    constant = target.mean(dim=(2, 3), keepdim=True).expand_as(target)
     got = _ssim(res.reconstructions, target)
-    assert got > _ssim(noise, target) + 0.05, got
-    assert (res.reconstructions - 0.5).abs().mean() > 0.02
+    assert got > _ssim(constant, target) + 0.03, (got, _ssim(constant, target))
+    assert got > _ssim(noise, target) + 0.2, got
 
 
 def test_rmle_is_worse_with_more_noise():
-    quiet_cfg, splits, client = setup("rmle", **{"attack.iterations": 100})
+    quiet_cfg, splits, client = setup("rmle", **{"attack.rmle_iterations": 100})
     quiet = attacks.build(quiet_cfg).run(client, splits, 0.01, "cpu").metrics["attack_ssim"]
     loud = attacks.build(quiet_cfg).run(client, splits, 1.0, "cpu").metrics["attack_ssim"]
     assert loud < quiet - 0.02, (quiet, loud)
@@ -63,7 +63,7 @@ def test_rmle_is_worse_with_more_noise():
 
 def test_rmle_keeps_the_best_restart():
     from cem_bench.attacks.rmle import RMLEAttack
-    cfg, splits, client = setup("rmle", **{"attack.restarts": 3, "attack.iterations": 20})
+    cfg, splits, client = setup("rmle", **{"attack.rmle_restarts": 3, "attack.rmle_iterations": 20})
     client.eval().requires_grad_(False)
     x = splits.normalize(splits.attack_eval.images[:4])
     z = client(x).float()
@@ -71,6 +71,87 @@ def test_rmle_keeps_the_best_restart():
     att = RMLEAttack(cfg)
     norm = lambda im: (im - splits.mean) / splits.std  # noqa: E731
     _, fit3 = att.invert(client, z, norm, (3, 32, 32), gen, 0.01)
-    one = RMLEAttack(build_config({**TINY, **FAST, "attack.kind": "rmle", "attack.iterations": 20}))
+    one = RMLEAttack(build_config({**TINY, **FAST, "attack.names": ["rmle"], "attack.rmle_iterations": 20}))
     _, fit1 = one.invert(client, z, norm, (3, 32, 32), torch.Generator().manual_seed(0), 0.01)
     assert (fit3 <= fit1 + 1e-6).all()                         # the grey start is one of the three
+
+
+# ------------------------------------------------------------------------------------- several attacks per trial
+def test_worst_case_takes_the_strongest_attack_per_metric():
+    per = {"decoder": {"attack_ssim": 0.6, "attack_psnr": 14.0, "attack_mse": 0.05, "attack_ssim_paper": 0.5},
+           "rmle": {"attack_ssim": 0.3, "attack_psnr": 16.0, "attack_mse": 0.04, "attack_ssim_paper": math.nan}}
+    worst, by = attacks.worst_case(per)
+    assert worst == {"attack_ssim": 0.6, "attack_psnr": 16.0, "attack_mse": 0.04, "attack_ssim_paper": 0.5}
+    assert by == {"attack_ssim": "decoder", "attack_psnr": "rmle", "attack_mse": "rmle",
+                  "attack_ssim_paper": "decoder"}                 # a NaN never wins
+    worst, by = attacks.worst_case({"a": {"attack_ssim": math.nan}, "b": {"attack_ssim": math.nan}})
+    assert math.isnan(worst["attack_ssim"]) and by["attack_ssim"] == ""
+    _, by = attacks.worst_case({"b": {"attack_mse": 0.1}, "a": {"attack_mse": 0.1}})
+    assert by["attack_mse"] == "b"                                 # a tie goes to the first listed
+
+
+def test_attacks_cannot_share_a_key(monkeypatch):
+    from dataclasses import dataclass
+
+    from cem_bench import keys as keys_mod
+    from cem_bench.keys import key
+    from cem_bench.registry import Registry
+    monkeypatch.setattr(keys_mod, "_PLUGIN_SPECS", {})      # a private key table: nothing leaks into the real one
+    monkeypatch.setattr(keys_mod, "_NAMES", {})
+    reg = Registry("attack", "cem_bench.attacks", key="attack.test_names", shared_keys=False)
+
+    @dataclass(frozen=True)
+    class K:
+        lr: float = key(0.1, "lr")
+
+    reg.register("one")(type("One", (), {"Keys": K}))
+    with pytest.raises(ValueError, match="attack.lr: attack 'two' declares it, but 'one' already does"):
+        reg.register("two")(type("Two", (), {"Keys": K}))
+
+
+def test_a_trial_runs_every_attack_and_records_the_worst_case(tmp_path):
+    from PIL import Image
+
+    from cem_bench.trial import run_trial
+    res = run_trial({**TINY, "cem.lambd": 0, "attack.names": ["rmle", "decoder"]}, out_dir=str(tmp_path))
+    for m in ATTACK_METRICS:
+        own = {a: res[attacks.per_attack_column(m, a)] for a in ("decoder", "rmle")}
+        assert all(math.isfinite(v) for v in own.values())
+        strongest = min(own.values()) if m == "attack_mse" else max(own.values())
+        assert res[m] == strongest and own[res[attacks.strongest_column(m)]] == strongest
+    assert res["attack_s"] == pytest.approx(res["attack_s__decoder"] + res["attack_s__rmle"])
+    assert {h["attack"] for h in res["info"]["attack_history"]} == {"decoder", "rmle"}
+    # the gallery: the originals, then rmle's row, then the decoder's (attack.names order), 2x scale + padding
+    h = Image.open(res["info"]["gallery"]).size[1]
+    assert h == 3 * (2 * 32 + 2) + 2
+
+
+def test_a_skipped_attack_still_has_every_column():
+    from cem_bench.trial import run_trial
+    res = run_trial({**TINY, "cem.lambd": 0, "attack.min_accuracy_margin": 1.0})
+    assert res["attack_skipped"]
+    for a in ("decoder", "rmle"):
+        assert math.isnan(res[attacks.per_attack_column("attack_ssim", a)])
+        assert res[attacks.per_attack_column("attack_s", a)] == 0.0
+    assert res["attack_ssim_by"] == ""
+
+
+def test_one_attacks_metric_is_an_objective():
+    from cem_bench.errors import ConfigError
+    from cem_bench.spaces import parse_space
+    doc = {"name": "x", "objectives": [{"metric": "test_acc", "mode": "max"},
+                                       {"metric": "attack_ssim__decoder", "mode": "min"}],
+           "num_samples": 1, "params": {"cem.lambd": {"choice": [0, 8]}}}
+    assert [o.metric for o in parse_space(doc).objectives] == ["test_acc", "attack_ssim__decoder"]
+    doc["objectives"][1]["metric"] = "attack_ssim__nope"
+    with pytest.raises(ConfigError, match="unknown metric 'attack_ssim__nope'.*<attack metric>__<attack>"):
+        parse_space(doc)
+
+
+def test_configs_name_the_strongest_attack_over_runs():
+    import pandas as pd
+
+    from cem_bench.aggregate import strongest_summary
+    assert strongest_summary(pd.Series(["rmle", "rmle", ""])) == "rmle"
+    assert strongest_summary(pd.Series(["rmle", "decoder", "rmle", None])) == "rmle 2/3, decoder 1/3"
+    assert strongest_summary(pd.Series(["", None], dtype=object)) == ""

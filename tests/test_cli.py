@@ -34,6 +34,14 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     assert len(runs) == 1
     again = json.loads((out / runs[0] / "attack.json").read_text())
     assert again["config"]["attack.epochs"] == 2 and math.isfinite(again["attack_ssim"])
+    assert again["attack_ssim"] == max(again["attack_ssim__decoder"], again["attack_ssim__rmle"])
+    # any attack on a saved run: rmle alone, into a second folder (never over the first)
+    assert main(["attack", str(out), "--set", "attack.names=[rmle]", "--set", "attack.rmle_iterations=5"]) == 0
+    runs = sorted((d for d in os.listdir(out) if d.startswith("attack-")), key=lambda d: (len(d), d))
+    assert len(runs) == 2
+    rmle = json.loads((out / runs[1] / "attack.json").read_text())
+    assert rmle["config"]["attack.names"] == ["rmle"] and "attack_ssim__decoder" not in rmle
+    assert rmle["attack_ssim"] == rmle["attack_ssim__rmle"] and rmle["attack_ssim_by"] == "rmle"
     assert main(["attack", str(out), "--set", "cem.lambd=3"]) == 2
 
 

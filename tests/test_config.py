@@ -27,7 +27,7 @@ def test_flat_round_trip():
     assert set(c.to_flat()) == set(core_key_specs()) | {"cem.num_slots"}
     for name in surrogates.names():
         r = build_config(c.replace(**{"cem.surrogate": name}))
-        own = set(surrogates.get(name).keys) | set(attacks.get("decoder").keys)
+        own = set(surrogates.get(name).keys) | {k for a in c.attack.names for k in attacks.get(a).keys}
         assert set(r.to_flat()) == set(core_key_specs()) | own
         assert own <= set(key_specs())
         assert TrialConfig.from_flat(r.to_flat()) == r
@@ -40,6 +40,10 @@ def test_flat_round_trip():
     ({"train.epochs": 2.5}, ["train.epochs", "not an integer"]),
     ({"data.dataset": "mnist"}, ["data.dataset", "synthetic, cifar10, cifar100"]),
     ({"cem.surrogate": "slotcross"}, ["unknown surrogate 'slotcross'", "gmm", "slot_cross"]),
+    ({"attack.names": "[decoder, rmel]"}, ["attack.names", "unknown attack 'rmel'", "a list of decoder, rmle"]),
+    ({"attack.names": "[]"}, ["attack.names", "is empty", "a list of decoder, rmle"]),
+    ({"attack.names": "[rmle, rmle]"}, ["attack.names", "names an attack twice"]),
+    ({"attack.names": "[1, 2]"}, ["attack.names", "not a list of names"]),
     ({"cem.grad_mode": "both"}, ["cem.grad_mode", "inject, fused"]),
     ({"train.milestones": "[0.9, 0.1]"}, ["train.milestones", "increasing"]),
     ({"model.sigmoid": "maybe"}, ["model.sigmoid", "not a boolean"]),

@@ -209,7 +209,8 @@ def test_select_best_last_attacks_the_best_test_epoch_of_the_window(last, monkey
     with selection off the last epoch is."""
     monkeypatch.setattr(Trainer, "evaluate", _scripted_evaluate([0.95, 0.9, 0.6]))
     spy = _SpyAttack()
-    monkeypatch.setattr(attacks, "build", lambda cfg: spy)
+    monkeypatch.setattr(attacks, "run_all", lambda cfg, encoder, splits, noise_std, device: attacks.AttackSet(
+        {"decoder": spy.run(encoder, splits, noise_std, device)}))
     clients = {}
 
     def report(rec, final, state_fn=None):

@@ -3,8 +3,24 @@
 Importing the package registers every attack module in it.
 """
 
-from .base import _REGISTRY, Attack, AttackResult, build, get, names, register, resolve
+from .base import (
+    _REGISTRY,
+    Attack,
+    AttackResult,
+    AttackSet,
+    build,
+    get,
+    names,
+    per_attack_column,
+    register,
+    resolve,
+    run_all,
+    save_gallery,
+    strongest_column,
+    worst_case,
+)
 
 _REGISTRY.load()
 
-__all__ = ["Attack", "AttackResult", "build", "get", "names", "register", "resolve"]
+__all__ = ["Attack", "AttackResult", "AttackSet", "build", "get", "names", "per_attack_column", "register", "resolve",
+           "run_all", "save_gallery", "strongest_column", "worst_case"]

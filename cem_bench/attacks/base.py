@@ -76,20 +76,121 @@ class Attack:
         raise NotImplementedError
 
 
-_REGISTRY: Registry[Attack] = Registry("attack", "cem_bench.attacks", key="attack.kind", skip=("base",))
+_REGISTRY: Registry[Attack] = Registry("attack", "cem_bench.attacks", key="attack.names", skip=("base",),
+                                       shared_keys=False)
 register, names, get = _REGISTRY.register, _REGISTRY.names, _REGISTRY.get
 
 
 def resolve(cfg: TrialConfig) -> TrialConfig:
-    """The config with every key of the chosen attack filled in (its ``Keys`` defaults, then ``complete``);
-    keys of other attacks are dropped."""
-    klass = get(cfg.attack.kind)
-    if klass.Keys is None:
-        return dataclasses.replace(cfg, attack=dataclasses.replace(cfg.attack, params={}))
-    own = {f.name: getattr(klass.Keys(), f.name) for f in dataclasses.fields(klass.Keys)}
-    params = klass.complete({**own, **{k: v for k, v in cfg.attack.params.items() if k in own}}, cfg)
+    """The config with every key of the chosen attacks filled in (their ``Keys`` defaults, then
+    ``complete``); keys of other attacks are dropped."""
+    params: dict = {}
+    for name in cfg.attack.names:
+        klass = get(name)
+        if klass.Keys is None:
+            continue
+        own = {f.name: getattr(klass.Keys(), f.name) for f in dataclasses.fields(klass.Keys)}
+        params.update(klass.complete({**own, **{k: v for k, v in cfg.attack.params.items() if k in own}}, cfg))
     return dataclasses.replace(cfg, attack=dataclasses.replace(cfg.attack, params=params))
 
 
-def build(cfg: TrialConfig) -> Attack:
-    return get(cfg.attack.kind)(cfg)
+def build(cfg: TrialConfig, name: str | None = None) -> Attack:
+    """The attack ``name`` (default: the only one of ``attack.names``)."""
+    if name is None:
+        if len(cfg.attack.names) != 1:
+            raise ValueError(f"attack.names lists {cfg.attack.names}: say which one to build")
+        name = cfg.attack.names[0]
+    return get(name)(cfg)
+
+
+# ------------------------------------------------------------------------------------------ several attacks
+def per_attack_column(metric: str, attack: str) -> str:
+    """``attack_ssim`` of attack ``rmle`` -> ``attack_ssim__rmle`` (a plain Parquet/pandas column name)."""
+    return f"{metric}__{attack}"
+
+
+def strongest_column(metric: str) -> str:
+    """The column naming the attack that set the worst-case ``metric``: ``attack_ssim_by``."""
+    return f"{metric}_by"
+
+
+def worst_case(per_attack: dict[str, dict[str, float]]) -> tuple[dict[str, float], dict[str, str]]:
+    """The worst case for privacy over several attacks' metrics: per metric, the value of the strongest attack
+    (highest SSIM/PSNR, lowest MSE: ``schema.PRIVACY_MODES`` reversed) and its name. A NaN value never
+    wins; a metric NaN for every attack stays NaN with no name. Ties go to the first attack listed."""
+    from ..schema import PRIVACY_MODES
+    metrics: dict[str, float] = {}
+    by: dict[str, str] = {}
+    names = list(per_attack)
+    for metric in dict.fromkeys(m for res in per_attack.values() for m in res):
+        higher_is_stronger = PRIVACY_MODES.get(metric, "min") == "min"
+        best_name, best = "", float("nan")
+        for name in names:
+            v = float(per_attack[name].get(metric, float("nan")))
+            if v != v:
+                continue
+            if best != best or (v > best if higher_is_stronger else v < best):
+                best_name, best = name, v
+        metrics[metric], by[metric] = best, best_name
+    return metrics, by
+
+
+@dataclass
+class AttackSet:
+    """The results of every attack of a trial, and their worst case."""
+    results: dict[str, AttackResult]
+
+    def metrics(self) -> dict[str, float | str]:
+        """The worst-case metrics, each attack's own (``attack_ssim__rmle``), the strongest attack per metric
+        (``attack_ssim_by``) and each attack's seconds (``attack_s__rmle``)."""
+        worst, by = worst_case({n: r.metrics for n, r in self.results.items()})
+        out: dict[str, float | str] = dict(worst)
+        out.update({strongest_column(m): name for m, name in by.items()})
+        for name, res in self.results.items():
+            out.update({per_attack_column(m, name): v for m, v in res.metrics.items()})
+            out[per_attack_column("attack_s", name)] = res.seconds
+        return out
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.results.values())
+
+    def history(self) -> list[dict]:
+        return [{"attack": name, **h} for name, r in self.results.items() for h in r.history]
+
+    def save_gallery(self, path, scale: int = 2) -> str:
+        """One PNG: the evaluation images in the top row, then one row per attack in ``attack.names`` order."""
+        first = next(iter(self.results.values()))
+        return save_gallery(first.originals, [r.reconstructions for r in self.results.values()], path, scale)
+
+
+def run_all(cfg: TrialConfig, encoder: torch.nn.Module, splits, noise_std: float, device) -> AttackSet:
+    """Run every attack of ``attack.names`` on the frozen encoder, in that order."""
+    return AttackSet({name: build(cfg, name).run(encoder, splits, noise_std, device) for name in cfg.attack.names})
+
+
+def save_gallery(originals: torch.Tensor, reconstructions, path, scale: int = 2) -> str:
+    """A PNG with the originals in the top row and below them one row per reconstruction batch
+    (``reconstructions``: one (n, C, H, W) tensor or a list of them), each image ×``scale`` (nearest).
+
+    For n images of HxW and r rows of reconstructions the file is ((r+1)*(scale*H + 2) + 2) high and
+    (n*(scale*W + 2) + 2) wide.
+    """
+    import os
+
+    import torch.nn.functional as F
+    from torchvision.utils import save_image
+
+    rows = [reconstructions] if isinstance(reconstructions, torch.Tensor) else list(reconstructions)
+    if originals.dim() != 4 or len(originals) == 0 or not rows or any(r.shape != originals.shape for r in rows):
+        raise ValueError(f"save_gallery needs a non-empty (n, C, H, W) batch of originals and reconstructions of "
+                         f"the same shape; got {tuple(originals.shape)} and {[tuple(r.shape) for r in rows]}")
+    grid = torch.cat([originals, *rows]).detach().float().cpu().clamp(0, 1)
+    if scale != 1:
+        grid = F.interpolate(grid, scale_factor=scale, mode="nearest")
+    path = os.fspath(path)
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    save_image(grid, path, nrow=len(originals), padding=2)
+    return path

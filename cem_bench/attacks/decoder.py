@@ -22,7 +22,6 @@ reference's per-epoch "validation" ran in train mode on the test set), and bf16 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -243,25 +242,3 @@ class DecoderAttack(Attack):
             sched.step()
             history.append({"epoch": epoch + 1, "train_mse": float(total) / max(seen, 1), "lr": lr})
         return history
-
-
-# ---------------------------------------------------------------------------------------- gallery
-def save_gallery(originals: torch.Tensor, reconstructions: torch.Tensor, path, scale: int = 2) -> str:
-    """A PNG with the originals in the top row and their reconstructions below (x``scale`` nearest).
-
-    For n images of HxW the file is (2*(scale*H + 2) + 2) high and (n*(scale*W + 2) + 2) wide.
-    """
-    from torchvision.utils import save_image
-
-    if originals.shape != reconstructions.shape or originals.dim() != 4 or len(originals) == 0:
-        raise ValueError(f"save_gallery needs two equal, non-empty (n, C, H, W) batches; got "
-                         f"{tuple(originals.shape)} and {tuple(reconstructions.shape)}")
-    grid = torch.cat([originals, reconstructions]).detach().float().cpu().clamp(0, 1)
-    if scale != 1:
-        grid = F.interpolate(grid, scale_factor=scale, mode="nearest")
-    path = os.fspath(path)
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    save_image(grid, path, nrow=len(originals), padding=2)
-    return path

@@ -7,10 +7,12 @@ total-variation prior:
 
     x̂ = argmin_x  mean_d (f(x) − z̃)² / (2 s²)  +  w_tv · TV(x),      s = max(σ, 0.01)
 
-where TV is the mean absolute difference of neighbouring pixels. Pixels are kept in range by optimising
-logits: x = sigmoid(u). Adam on a whole batch of images at once, ``attack.iterations`` steps from a grey
-image (u ≈ 0, jittered by 0.01); with ``attack.restarts`` > 1 the later starts are random (u ~ N(0, 1) from the attack's
-generator) and each image keeps the start whose final data term is lowest. No training images are needed:
+where TV is the mean absolute difference of neighbouring pixels, and w_tv defaults to 0.6·s^-1.5 (measured:
+a fixed weight fades against the 1/(2s²) data term as σ falls; see ``auto_tv_weight``). Pixels are kept in
+range by optimising logits: x = sigmoid(u). Adam on a whole batch of images at once,
+``attack.rmle_iterations`` steps from a grey image (u ≈ 0, jittered by 0.01); with ``attack.rmle_restarts``
+> 1 the later starts are random (u ~ N(0, 1) from the attack's generator) and each image keeps the start
+whose final data term is lowest. No training images are needed:
 the attack is scored on the same evaluation images as the decoder (``attack_eval``), each image's noise
 drawn once. No host sync inside the optimisation loop.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -28,17 +31,30 @@ from ..keys import key
 from .base import Attack, AttackResult, Scorer, register
 
 MIN_NOISE_STD = 0.01   # the data term's scale when σ is smaller (σ = 0 would make it infinite)
+TV_COEF = 0.6          # the default prior weight is TV_COEF · s^-1.5 (measured, see auto_tv_weight)
 GREY_JITTER = 0.01     # logit noise of the grey start
 
 
 @dataclass(frozen=True)
 class RMLEKeys:
-    iterations: int = key(300, "rmle: Adam steps of the optimisation of each batch of images", lo=1)
-    lr: float = key(0.05, "Adam learning rate", lo=0.0, lo_open=True)
-    tv_weight: float = key(0.05, "rmle: weight of the total-variation prior (mean |neighbour difference|)", lo=0.0)
-    restarts: int = key(1, "rmle: starts per image (the first grey, the others random); the best data fit is kept",
-                        lo=1, hi=16)
-    batch_size: int = key(256, "attack batch size", lo=1)
+    # prefixed: attacks run together in one trial, so they cannot share a key (attack.lr is the decoder's)
+    rmle_iterations: int = key(150, "rmle: Adam steps of the optimisation of each batch of images", lo=1)
+    rmle_lr: float = key(0.1, "rmle: Adam learning rate on the image logits", lo=0.0, lo_open=True)
+    rmle_tv_weight: Optional[float] = key(None, "rmle: weight of the total-variation prior (mean |neighbour "
+                                          "difference|) beside the noise-scaled data term; empty = "
+                                          f"{TV_COEF:g}·s^-1.5, s = max(σ, {MIN_NOISE_STD:g}) (measured best "
+                                          "over σ 0.01..0.15, docs/attacks.md)", lo=0.0)
+    rmle_restarts: int = key(1, "rmle: starts per image (the first grey, the others random); the best data fit "
+                             "is kept", lo=1, hi=16)
+    rmle_batch_size: int = key(256, "rmle: images optimised at once", lo=1)
+
+
+def auto_tv_weight(noise_std: float) -> float:
+    """The default TV weight at noise σ: ``TV_COEF · s^-1.5``, s = max(σ, MIN_NOISE_STD). The data term is
+    scaled by 1/(2s²), so a fixed prior weight fades as σ falls and the inversion fills the encoder's null
+    space with noise; the best weight measured on a λ = 0 synthetic encoder (SSIM; docs/attacks.md) was
+    ≈ 500 at σ 0.01, 200 at 0.025, 20 at 0.1 and 10 at 0.15, which this power law follows within ×1.3."""
+    return TV_COEF * max(float(noise_std), MIN_NOISE_STD) ** -1.5
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
@@ -54,6 +70,14 @@ class RMLEAttack(Attack):
 
     Keys = RMLEKeys
 
+    @classmethod
+    def complete(cls, params: dict, cfg) -> dict:
+        """An empty ``attack.rmle_tv_weight`` becomes the measured rule's value at ``defense.noise_std`` (so the
+        recorded config holds the weight that was used)."""
+        if params.get("rmle_tv_weight") is None:
+            params = {**params, "rmle_tv_weight": auto_tv_weight(cfg.defense.noise_std)}
+        return params
+
     def invert(self, encoder: nn.Module, z_noisy: torch.Tensor, normalize, image_shape, gen: torch.Generator,
                noise_std: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Reconstructions in [0, 1] (n, C, H, W) of the noisy features ``z_noisy`` and each one's final data
@@ -61,19 +85,20 @@ class RMLEAttack(Attack):
         acfg = self.cfg.attack
         n = z_noisy.shape[0]
         scale = 2.0 * max(float(noise_std), MIN_NOISE_STD) ** 2
+        tv_weight = acfg.rmle_tv_weight if acfg.rmle_tv_weight is not None else auto_tv_weight(noise_std)
         best = best_fit = None
-        for r in range(acfg.restarts):
+        for r in range(acfg.rmle_restarts):
             shape = (n, *image_shape)
             # grey (with a 0.01 logit jitter: at an exactly grey, normalised-to-zero image an encoder whose
             # biases are zero sits at ReLU(0) and gets no gradient), then random starts
             jitter = torch.randn(shape, generator=gen, device=z_noisy.device)
             u = (GREY_JITTER * jitter if r == 0 else jitter).requires_grad_(True)
-            opt = torch.optim.Adam([u], lr=acfg.lr)
-            for _ in range(acfg.iterations):
+            opt = torch.optim.Adam([u], lr=acfg.rmle_lr)
+            for _ in range(acfg.rmle_iterations):
                 opt.zero_grad(set_to_none=True)
                 x = torch.sigmoid(u)
                 fit = (encoder(normalize(x)).float() - z_noisy).pow(2).flatten(1).mean(1) / scale
-                loss = (fit + acfg.tv_weight * total_variation(x)).sum()
+                loss = (fit + tv_weight * total_variation(x)).sum()
                 loss.backward()
                 opt.step()
             with torch.no_grad():
@@ -100,13 +125,13 @@ class RMLEAttack(Attack):
         try:
             encoder.eval()
             encoder.requires_grad_(False)        # the gradient is taken with respect to the image only
-            for i, (x, _) in enumerate(eval_batches(splits.attack_eval, splits, acfg.batch_size)):
+            for i, (x, _) in enumerate(eval_batches(splits.attack_eval, splits, acfg.rmle_batch_size)):
                 x = x.to(device)
                 with torch.no_grad():
                     z = encoder(x).float()
                     if noise_std > 0:
                         z = z + noise_std * torch.randn(z.shape, generator=gen, device=device)
-                target = splits.attack_eval.images[i * acfg.batch_size:(i + 1) * acfg.batch_size].to(device)
+                target = splits.attack_eval.images[i * acfg.rmle_batch_size:(i + 1) * acfg.rmle_batch_size].to(device)
                 target = target.float().div_(255.0)
                 recon, fit = self.invert(encoder, z, lambda im: (im - splits.mean) / splits.std, image_shape, gen,
                                          noise_std)

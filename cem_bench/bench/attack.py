@@ -47,7 +47,7 @@ def bench_attack(device: torch.device, sizes: Sizes) -> list[dict]:
                                             blocks=cfg.attack.blocks, channels=cfg.attack.channels).to(device)
     if device.type == "cuda":
         decoder = decoder.to(memory_format=torch.channels_last)
-    attack = build_attack(cfg)
+    attack = build_attack(cfg, "decoder")
     gen = torch.Generator(device=device).manual_seed(0)
     noise_std = cfg.defense.noise_std
 

@@ -33,6 +33,7 @@ from cem_bench.schema import (
     OBJECTIVE_METRICS,
     SPACE_FILE,
     TRIALS_FILE,
+    base_metric,
     load_objectives,
     rank_table,
 )
@@ -205,7 +206,7 @@ def _numeric(series: pd.Series) -> pd.Series:
 
 def is_attack_metric(metric: str) -> bool:
     """A metric the attack computes (NaN when the attack did not run; ``attack_s``, its time, is a cost)."""
-    return metric in ATTACK_METRICS
+    return base_metric(metric) in ATTACK_METRICS
 
 
 def _label_columns(df: pd.DataFrame) -> None:

@@ -3,6 +3,7 @@ and ``index.html`` (templates/index.html.j2) of a results folder."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from urllib.parse import quote
@@ -11,7 +12,7 @@ import jinja2
 import pandas as pd
 
 from cem_bench.errors import ResultsError
-from cem_bench.schema import GALLERY_FILE, PRIVACY_MODES, REPORT_DIR
+from cem_bench.schema import GALLERY_FILE, PRIVACY_MODES, REPORT_DIR, STRONGEST_SUFFIX, privacy_mode
 from cem_bench.storage import is_uri, write_bytes
 
 from .load import (
@@ -91,6 +92,27 @@ def copy_galleries(res: Results, out_dir: Path) -> list[dict]:
     return shown
 
 
+def _set_by(row: pd.Series, metric: str) -> str:
+    """`` (rmle)``: the attack that set a worst-case metric of a trial, when recorded."""
+    by = row.get(metric + STRONGEST_SUFFIX)
+    return f" ({by})" if isinstance(by, str) and by else ""
+
+
+def attack_rows(row: pd.Series) -> list[str]:
+    """The attacks of a trial's gallery rows, in order (``config.attack.names``; older results: the one
+    ``config.attack.kind``)."""
+    names = row.get("config.attack.names")
+    if isinstance(names, str):
+        try:
+            names = json.loads(names)
+        except ValueError:
+            names = [names]
+    if names is None or (isinstance(names, float) and names != names):
+        kind = row.get("config.attack.kind")
+        return [kind] if isinstance(kind, str) and kind else []
+    return [str(n) for n in list(names)]
+
+
 # ================================================================= the report
 def _figure(src: str, alt: str, caption: str | None = None) -> dict:
     return {"src": quote(src), "alt": alt, "caption": caption}
@@ -137,15 +159,23 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
 
     searched = [c for c in searched_columns(res) if c != SURROGATE_COL]
     metrics = metric_columns(res)
-    table_cols = ["trial_id", "_label", *searched, *metrics]
-    table_heads = ["trial", "surrogate", *[short(c) for c in searched], *metrics]
+    # which attack set each worst-case privacy objective (several attacks per trial: attack.names)
+    strongest = [m + STRONGEST_SUFFIX for m in res.metrics if m + STRONGEST_SUFFIX in res.trials
+                 and res.trials[m + STRONGEST_SUFFIX].fillna("").astype(str).str.len().gt(0).any()]
+    table_cols = ["trial_id", "_label", *searched, *metrics, *strongest]
+    table_heads = ["trial", "surrogate", *[short(c) for c in searched], *metrics,
+                   *[f"strongest attack ({c[: -len(STRONGEST_SUFFIX)]})" for c in strongest]]
 
     shown = []
     for g in gallery:
         row = g["row"]
         caption = f"{row['trial_id']} · {row['_label']} · " + ", ".join(
-            f"{m} {format_value(row[m], m)}" for m in metrics if m in PRIVACY_MODES or m in res.metrics
+            f"{m} {format_value(row[m], m)}{_set_by(row, m)}" for m in metrics
+            if privacy_mode(m) is not None or m in res.metrics
         )
+        rows = attack_rows(row)
+        if rows:
+            caption += " · rows: original, " + ", ".join(rows)
         alt = f"reconstructions of {row['trial_id']}"
         shown.append(_figure(g["src"], alt, caption) if g["src"] else {"src": None, "alt": alt, "caption": caption})
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
-from cem_bench.schema import PRIVACY_MODES
+from cem_bench.schema import privacy_mode
 from cem_bench.table import DEFAULT_METRICS, SIGMA, paper_table
 
 from .load import MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, best_baseline, is_attack_metric
@@ -60,7 +60,7 @@ def short(column: str) -> str:
 
 def better(metric: str, mode: str) -> str:
     """An axis label that says which direction is better (or more private)."""
-    if metric in PRIVACY_MODES:
+    if privacy_mode(metric) is not None:
         return f"{metric} ({'lower' if mode == 'min' else 'higher'} = more private)"
     return f"{metric} ({'higher' if mode == 'max' else 'lower'} is better)"
 
@@ -270,9 +270,11 @@ def config_front_table(res: Results) -> str:
         shown[f"_ms_{m}"] = [mean_std(r, m) for r in rows]
     shown["_runs"] = [_runs(r) for r in rows]
     shown["_seeds"] = [_seeds(r.get("seeds")) for r in rows]
-    columns = [CONFIG_ID, "_label", *searched, *(f"_ms_{m}" for m in res.metrics), "_runs", "_seeds"]
+    strongest = [m + "_by" for m in res.metrics if m + "_by" in front]   # aggregate.strongest_summary
+    columns = [CONFIG_ID, "_label", *searched, *(f"_ms_{m}" for m in res.metrics), *strongest, "_runs", "_seeds"]
     headers = ["configuration", "surrogate", *(short(c) for c in searched),
-               *(f"{m} (mean ± std)" for m in res.metrics), "runs", "seeds"]  # fmt: skip
+               *(f"{m} (mean ± std)" for m in res.metrics), *(f"strongest attack ({c[:-3]})" for c in strongest),
+               "runs", "seeds"]  # fmt: skip
     return html_table(shown, columns, headers)
 
 

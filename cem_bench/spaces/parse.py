@@ -202,6 +202,16 @@ class _Parser(_ParamStages):
             return str(value)
         return value
 
+    @staticmethod
+    def one_attacks_metric(metric) -> bool:
+        """``attack_ssim__decoder``: a registered attack's own metric (the trial records it when that attack is
+        in ``attack.names``)."""
+        from ..schema import attack_of, base_metric
+        if not isinstance(metric, str) or attack_of(metric) is None or base_metric(metric) == "attack_s":
+            return False
+        from ..attacks import names
+        return attack_of(metric) in names()
+
     def objectives(self, value) -> list[Objective]:
         if not isinstance(value, list):
             self.err("objectives", f"expected a list of {{metric, mode, ref}}, got {value!r}")
@@ -219,10 +229,11 @@ class _Parser(_ParamStages):
                     self.err(f"{where}.{k}", "unknown field; known: metric, mode, ref")
             metric, mode, ref = o.get("metric"), o.get("mode"), o.get("ref")
             ok = True
-            if metric not in METRICS:
+            if metric not in METRICS and not self.one_attacks_metric(metric):
                 close = difflib.get_close_matches(str(metric), METRICS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
-                self.err(f"{where}.metric", f"unknown metric {metric!r}{hint}; known: {', '.join(METRICS)}")
+                self.err(f"{where}.metric", f"unknown metric {metric!r}{hint}; known: {', '.join(METRICS)}, or one "
+                         f"attack's own: <attack metric>__<attack> (attack_ssim__decoder)")
                 ok = False
             elif metric in seen:
                 self.err(f"{where}.metric", f"{metric!r} is listed twice")

@@ -7,7 +7,7 @@ and fixed keys); it uses the parser's ``doc``, ``specs``, ``pinned``, ``errors``
 reported at once.
 
 The surrogate and attack registries import torch, so they are imported here only inside the checks that
-need them (a ``cem.surrogate`` or ``attack.kind`` choice, and the combination check), never at import time.
+need them (a ``cem.surrogate`` choice, and the combination check), never at import time.
 """
 
 from __future__ import annotations
@@ -166,11 +166,6 @@ class _ParamStages:
                 from ..surrogates import names
                 if cv not in names():
                     self.err(f"{where}.choice", f"unknown surrogate {cv!r}; known: {', '.join(names())}")
-                    good = False
-            if key == "attack.kind" and good:
-                from ..attacks import names as attack_names
-                if cv not in attack_names():
-                    self.err(f"{where}.choice", f"unknown attack {cv!r}; known: {', '.join(attack_names())}")
                     good = False
             if good and cv in out:
                 self.err(f"{where}.choice", f"{v!r} is listed twice")
