@@ -112,6 +112,10 @@ class TrainConfig:
     amp: str = _f("auto", "bf16 autocast: auto (on for CUDA), on, off; surrogates always run in fp32",
                   choices=("auto", "on", "off"))
     compile: bool = _f(False, "torch.compile the client and server")
+    cuda_graph: str = _f("auto", "capture the training step (forward, noise, CE, CEM loss, backward, optimizer "
+                         "steps) as one CUDA graph and replay it: auto (on for CUDA without train.compile), "
+                         "on, off; the CPU always runs the eager step (docs/performance.md)",
+                         choices=("auto", "on", "off"))
     device: str = _f("auto", "auto (cuda if available), cpu, cuda, cuda:N")
     eval_batch_size: int = _f(1024, "batch size of evaluation passes", lo=1)
     reference_warmup_lr0: bool = _f(False, "reproduce the reference's WarmUpLR misuse: epoch 1 runs at lr 0 for "
@@ -245,6 +249,9 @@ class TrialConfig:
                           f"epochs from which the lr is multiplied by train.gamma), e.g. [60, 120, 180, 210]; "
                           f"empty = use train.milestones")
         dev = self.train.device
+        if self.train.cuda_graph == "on" and dev == "cpu":
+            errors.append("train.cuda_graph: 'on' needs a CUDA device but train.device is cpu; allowed here: auto "
+                          "(graphs on CUDA only) or off")
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             errors.append(f"train.device: {dev!r}; allowed: auto, cpu, cuda, cuda:N")
         if self.data.test_size is not None and self.data.attack_split == "inference" and self.data.test_size < 20:

@@ -60,6 +60,15 @@ class _GradGate(torch.autograd.Function):
         return torch.where(ctx.ok, grad, torch.zeros_like(grad)), None
 
 
+def graph_mode(cfg: TrialConfig, device: torch.device) -> bool:
+    """Whether the training step runs as a CUDA graph (``train.cuda_graph``)."""
+    mode = cfg.train.cuda_graph
+    if mode == "on" and device.type != "cuda":
+        raise ConfigError(f"train.cuda_graph=on needs a CUDA device; the trial runs on {device}. Use "
+                          f"train.cuda_graph=auto (graphs on CUDA, the eager step elsewhere) or off")
+    return mode == "on" or (mode == "auto" and device.type == "cuda" and not cfg.train.compile)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -118,6 +127,7 @@ class Trainer:
             torch.backends.cudnn.benchmark = True
             self.client.to(memory_format=torch.channels_last)
             self.server.to(memory_format=torch.channels_last)
+        self.graphed = graph_mode(cfg, device)
         opt_kw = dict(lr=cfg.train.lr, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay)
         if cuda:
             opt_kw["fused"] = True
@@ -128,8 +138,12 @@ class Trainer:
             surrogate.to(device)
             params = [p for p in surrogate.parameters() if p.requires_grad]
             if params:
-                self.surrogate_opt = torch.optim.Adam(params, lr=cfg.cem.surrogate_lr,
-                                                      **({"fused": True} if cuda else {}))
+                adam_kw = {"fused": True, "capturable": self.graphed} if cuda else {}
+                self.surrogate_opt = torch.optim.Adam(params, lr=cfg.cem.surrogate_lr, **adam_kw)
+        # the learning rate as a device tensor (filled in place) where the step is a graph: a graph replays
+        # what it captured, so a float assigned to the param group later would be silently ignored
+        self._lr_tensor = torch.tensor(float(cfg.train.lr), device=device) if self.graphed else None
+        self._install_lr()
         self.client_params = [p for p in self.client.parameters() if p.requires_grad]
         self.surrogate_params = list(self.surrogate_opt.param_groups[0]["params"]) if self.surrogate_opt else []
         self.gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -146,24 +160,69 @@ class Trainer:
         # "server"}: device copies of the two state dicts), or None
         self.best: dict | None = None
         self.refit_augmented = bool(cfg.cem.params.get("refit_augmented", False))
+        self._acc: dict[str, torch.Tensor] | None = None      # the epoch's log accumulators, reused in place
+        self._graph = None
+        if self.graphed:
+            from .graphs import GraphedStep
+            self._graph = GraphedStep(self)
+
+    def _install_lr(self) -> None:
+        if self._lr_tensor is not None:
+            for opt in (self.client_opt, self.server_opt):
+                for group in opt.param_groups:
+                    group["lr"] = self._lr_tensor
+
+    def set_lr(self, lr: float) -> None:
+        """The rate the client's and server's SGD step with from now on."""
+        if self._lr_tensor is not None:
+            self._lr_tensor.fill_(lr)
+            return
+        for opt in (self.client_opt, self.server_opt):
+            for group in opt.param_groups:
+                group["lr"] = lr
 
     # ------------------------------------------------------------------------------------ one step
     def _autocast(self):
         if self.amp is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp)
+        # a graph must not capture autocast's cast cache (torch.cuda.graphs docs): it would replay stale casts
+        return torch.autocast(self.device.type, dtype=self.amp, cache_enabled=not self.graphed)
 
-    def _noise(self, z: torch.Tensor) -> torch.Tensor:
+    def _noise(self, z: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
         """z + sigma * N(0, 1) in fp32 whatever the autocast: a bf16 step near z = 1 is 0.004, which at
         sigma = 0.01 would quantise the defense noise to a few levels."""
         sigma = self.cfg.defense.noise_std
         z = z.float()
         if sigma == 0:
             return z
-        return z + sigma * torch.randn(z.shape, generator=self.gen, device=z.device, dtype=torch.float32)
+        return z + sigma * torch.randn(z.shape, generator=gen if gen is not None else self.gen, device=z.device,
+                                       dtype=torch.float32)
+
+    def cem_scales(self, lr: float) -> tuple[float, float]:
+        """(scale, factor) of a CEM step at scheduled rate ``lr``: the encoder descends CE + scale·L, and the
+        surrogate's own gradient (scale·dL/dθ after the backward) is multiplied by factor. fused: scale = λ;
+        inject: λ·s(lr), whose backward equals the paper's g_CE + λ·s·g_CEM (its code ran two backward passes
+        through the encoder for the same sum). joint keeps the gradient (fused, as the seeds) or divides the
+        scale out (inject: g_CEM); adversarial turns it into -dL/dθ (gradient ascent). Adam is invariant to a
+        constant scale, so only the sign matters."""
+        fused = self.cfg.cem.grad_mode == "fused"
+        scale = self.lambd if fused else self.lambd * inject_scale(lr)
+        sign = estimator_sign(self.cfg.cem.estimator_fit)
+        factor = 1.0 if (fused and sign > 0) else sign / scale
+        return scale, factor
 
     def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
-        """One training step on a normalised batch; adds its logs to the device tensors in ``acc``."""
+        """One training step on a normalised batch; adds its logs to the device tensors in ``acc``. With
+        ``train.cuda_graph`` on, a replay of the captured step (``graphs.GraphedStep``); else eager."""
+        if self._graph is not None:
+            self._graph.step(x, y, cem_on, lr, acc)
+            return
+        scale, factor = self.cem_scales(lr) if cem_on else (0.0, 1.0)
+        self.step_body(x, y, cem_on, scale, factor, acc)
+
+    def step_body(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, scale, factor, acc: dict) -> None:
+        """The step itself, with ``scale`` and ``factor`` (``cem_scales``) as floats or 0-dim device tensors
+        (the graph's: no host value enters a captured step). No host sync, no allocation that outlives it."""
         if self.device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
         self.client_opt.zero_grad(set_to_none=True)
@@ -192,20 +251,10 @@ class Trainer:
         if rob is None:
             ce.backward()
         else:
-            # fused: CE + lambda*L. inject: encoder grad = g_CE + lambda*s(lr)*g_CEM; the CEM loss depends only
-            # on the encoder and the surrogate, so one backward of CE + scale*rob gives exactly that (the
-            # paper's code runs two backward passes through the encoder for the same sum).
-            fused = self.cfg.cem.grad_mode == "fused"
-            scale = self.lambd if fused else self.lambd * inject_scale(lr)
-            (ce + scale * rob).backward()
-            # The surrogate's own gradient is then scale * dL/dtheta. joint keeps it (fused, as the seeds) or
-            # divides the scale out (inject: g_CEM); adversarial turns it into -dL/dtheta (gradient ascent).
-            # Adam is invariant to a constant scale, so only the sign matters.
-            sign = estimator_sign(self.cfg.cem.estimator_fit)
-            factor = 1.0 if (fused and sign > 0) else sign / scale
+            (ce + scale * rob).backward()           # see cem_scales
             for p in self.surrogate_params:
                 if p.grad is not None:
-                    if factor != 1.0:
+                    if isinstance(factor, torch.Tensor) or factor != 1.0:
                         p.grad.mul_(factor)
                     p.grad = torch.where(finite, p.grad, torch.zeros_like(p.grad))
         self.client_opt.step()
@@ -219,6 +268,17 @@ class Trainer:
             acc["ce_nonfinite"] += (~torch.isfinite(ce)).float()
 
     # ------------------------------------------------------------------------------------ epochs
+    ACC_KEYS = ("ce_sum", "correct", "seen", "ce_nonfinite", "rob_loss", "rob_nonfinite")
+
+    def epoch_acc(self) -> dict[str, torch.Tensor]:
+        """The log accumulators of an epoch, zeroed: the same tensors every epoch (a captured step adds into
+        the ones it was captured with)."""
+        if self._acc is None:
+            self._acc = {k: torch.zeros((), device=self.device) for k in self.ACC_KEYS}
+        for v in self._acc.values():
+            v.zero_()
+        return self._acc
+
     def cem_active(self, epoch: int) -> bool:
         return self.surrogate is not None and self.lambd > 0 and epoch > (self.cfg.cem.warmup_epochs or 0)
 
@@ -226,9 +286,7 @@ class Trainer:
         t0 = time.perf_counter()
         lr = lr_at(self.cfg, epoch)            # the scheduled rate: s(eta) of the injection uses it
         step_lr = applied_lr(self.cfg, epoch)  # 0 in epoch 1 under train.reference_warmup_lr0
-        for opt in (self.client_opt, self.server_opt):
-            for group in opt.param_groups:
-                group["lr"] = step_lr
+        self.set_lr(step_lr)
         cem_on = self.cem_active(epoch)
         if cem_on and self.surrogate.needs_refit and not self.surrogate.fitted:
             self.refit_surrogate()
@@ -236,8 +294,7 @@ class Trainer:
         self.server.train()
         if self.surrogate is not None:
             self.surrogate.train()
-        zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
-        acc = {k: zero() for k in ("ce_sum", "correct", "seen", "ce_nonfinite", "rob_loss", "rob_nonfinite")}
+        acc = self.epoch_acc()
         it = data_mod.BatchIterator(self.splits.train, self.splits, self.cfg.train.batch_size,
                                     self.cfg.train.augment, self.gen)
         steps = 0
@@ -245,10 +302,7 @@ class Trainer:
         done_before = (epoch - 1) * len(it)
         for x, y in it:
             if done_before + steps < warm_steps:     # its last step reaches the full rate (frac = 1)
-                frac = min(1.0, (done_before + steps + 1) / warm_steps)
-                for opt in (self.client_opt, self.server_opt):
-                    for group in opt.param_groups:
-                        group["lr"] = step_lr * frac
+                self.set_lr(step_lr * min(1.0, (done_before + steps + 1) / warm_steps))
             self.step(x, y, cem_on, lr, acc)
             steps += 1
         # end of epoch: one host sync to read the logs
@@ -268,6 +322,8 @@ class Trainer:
         for k, v in vals.items():
             if k.startswith("surr_"):
                 rec[k] = v / steps
+        if self._graph is not None:
+            rec.update(self._graph.stats())
         rec["train_s"] = time.perf_counter() - t0
         return rec
 
@@ -312,16 +368,24 @@ class Trainer:
         correct_noisy = torch.zeros((), device=self.device)
         correct_clean = torch.zeros((), device=self.device)
         feats = []
-        gen_state = self.gen.get_state()  # evaluation noise must not shift the training noise stream
+        # evaluation noise must not shift the training noise stream: the eager trainer borrows its generator
+        # and restores it; a graphed one (whose generator the graph's replays advance) uses its own, seeded
+        # from the trial seed and the epoch
+        gen, gen_state = self.gen, None
+        if self.graphed:
+            gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed * 1000003 + len(self.history) + 1)
+        else:
+            gen_state = self.gen.get_state()
         for x, y in data_mod.eval_batches(self.splits.test, self.splits, self.cfg.train.eval_batch_size):
             if self.device.type == "cuda":
                 x = x.contiguous(memory_format=torch.channels_last)
             with self._autocast():
                 z = self._client_fwd(x)
                 correct_clean += (self._server_fwd(z).argmax(1) == y).sum()
-                correct_noisy += (self._server_fwd(self._noise(z)).argmax(1) == y).sum()
+                correct_noisy += (self._server_fwd(self._noise(z, gen)).argmax(1) == y).sum()
             feats.append(z.float().flatten(1))
-        self.gen.set_state(gen_state)
+        if gen_state is not None:
+            self.gen.set_state(gen_state)
         n = len(self.splits.test)
         spread = intra_class_mse(torch.cat(feats), self.splits.test.labels, self.splits.num_classes)
         return {"test_acc": float(correct_noisy) / n, "test_acc_clean": float(correct_clean) / n,
@@ -385,6 +449,11 @@ class Trainer:
             self.surrogate.load_state_dict(state["surrogate"])
         self.client_opt.load_state_dict(state["client_opt"])
         self.server_opt.load_state_dict(state["server_opt"])
+        for opt in (self.client_opt, self.server_opt):    # a rate saved as a tensor (a graphed run) reads back
+            for group in opt.param_groups:
+                if isinstance(group["lr"], torch.Tensor):
+                    group["lr"] = float(group["lr"])
+        self._install_lr()
         if self.surrogate_opt is not None and state.get("surrogate_opt") is not None:
             self.surrogate_opt.load_state_dict(state["surrogate_opt"])
         self.gen.set_state(state["gen"].cpu() if self.device.type != "cuda" else state["gen"])

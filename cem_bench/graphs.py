@@ -1,0 +1,165 @@
+"""The training step as one CUDA graph (``train.cuda_graph``; docs/performance.md "CUDA graphs").
+
+A training step of this model launches a few hundred small kernels; on a fast GPU the card waits for
+Python to launch them (the H200 ran the λ = 0 step at 2 % of its bf16 peak). ``GraphedStep`` captures the
+whole step — forward, noise, CE, the CEM loss, backward and the optimizer steps — once, and then replays it
+with one launch per batch.
+
+What makes the step capturable (``Trainer.step_body``):
+
+* static shapes: every training batch has ``train.batch_size`` images (``data.BatchIterator`` drops the short
+  last batch), and the surrogates pad per class to the batch size, never to the batch's contents (no host
+  sync anywhere in a step: ``surrogates.base.group_by_class``);
+* host values as device tensors filled in place: the learning rate (the SGD param groups hold one tensor;
+  fused SGD reads it on the device) and the CEM scale and surrogate-gradient factor of ``cem_scales``
+  (they change with the lr), so an lr drop or the warm-up needs no new capture;
+* graph-safe random numbers: the noise generator and the surrogate's generator are registered with the
+  graph (``CUDAGraph.register_generator_state``), the default generator (dropout) is handled by PyTorch,
+  so every replay draws fresh noise and the eager code between replays (shuffling, augmentation) shares
+  the same streams;
+* the log accumulators are the same tensors every epoch (``Trainer.epoch_acc``); autocast's cast cache is
+  off; the surrogate's Adam is ``capturable``.
+
+A new capture is made when the step's structure changes — the CEM loss switching on after its warm-up, a
+surrogate whose state tensors were reallocated, another accumulator dict — after ``WARMUP_STEPS`` eager
+steps on a side stream (PyTorch's recipe: they create the optimizer state and the gradients, run cuDNN's
+autotuning and the lazy initialisations that must not happen during a capture). Those steps are real
+training steps. Refit and evaluation run eagerly between replays. Under ``train.cuda_graph=auto`` a failed
+capture is reported once and the trial goes on with eager steps; under ``on`` it is an error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+WARMUP_STEPS = 3
+
+
+class GraphedStep:
+    """``step(x, y, cem_on, lr, acc)``: ``Trainer.step`` as a replay of a captured graph."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        dev = trainer.device
+        self.scale = torch.zeros((), device=dev)
+        self.factor = torch.ones((), device=dev)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.key = None
+        self.warm_left = WARMUP_STEPS
+        self.x: torch.Tensor | None = None
+        self.y: torch.Tensor | None = None
+        self.captures = 0
+        self.replays = 0
+        self.eager_steps = 0
+        self.failed: str | None = None        # why capturing failed (auto mode then runs eager steps)
+
+    def _signature(self, x: torch.Tensor, cem_on: bool, acc: dict) -> tuple:
+        s = self.trainer.surrogate
+        state = tuple(t.data_ptr() for t in s.state_dict().values()) if (cem_on and s is not None) else ()
+        return (cem_on, tuple(x.shape), id(acc), tuple(acc), state)
+
+    def _eager(self, x, y, cem_on: bool, acc: dict, side_stream: bool) -> None:
+        self.eager_steps += 1
+        if not side_stream:
+            self.trainer.step_body(x, y, cem_on, self.scale, self.factor, acc)
+            return
+        stream = torch.cuda.Stream(device=self.trainer.device)
+        stream.wait_stream(torch.cuda.current_stream(self.trainer.device))
+        with torch.cuda.stream(stream):
+            self.trainer.step_body(x, y, cem_on, self.scale, self.factor, acc)
+        torch.cuda.current_stream(self.trainer.device).wait_stream(stream)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
+        tr = self.trainer
+        scale, factor = tr.cem_scales(lr) if cem_on else (0.0, 1.0)
+        self.scale.fill_(scale)
+        self.factor.fill_(factor)
+        if self.failed is not None:
+            self._eager(x, y, cem_on, acc, side_stream=False)
+            return
+        key = self._signature(x, cem_on, acc)
+        if key != self.key:
+            self.key, self.graph, self.warm_left = key, None, WARMUP_STEPS
+        if self.graph is None:
+            if self.warm_left > 0:
+                self.warm_left -= 1
+                self._eager(x, y, cem_on, acc, side_stream=True)
+                return
+            try:
+                self._capture(x, y, cem_on, acc)
+            except Exception as e:  # noqa: BLE001 - auto mode falls back to the eager step
+                if tr.cfg.train.cuda_graph == "on":
+                    raise
+                self.failed = f"{type(e).__name__}: {e}"
+                print(f"[cem-bench] train.cuda_graph=auto: capturing the training step failed ({self.failed}); "
+                      f"this trial continues with eager steps", flush=True)
+                self._eager(x, y, cem_on, acc, side_stream=False)
+                return
+        self.x.copy_(x)
+        self.y.copy_(y)
+        self.graph.replay()
+        self.replays += 1
+
+    def _capture(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, acc: dict) -> None:
+        tr = self.trainer
+        self.x = x.detach().clone(memory_format=torch.channels_last)
+        self.y = y.detach().clone()
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(tr.gen)
+        if cem_on and tr.surrogate is not None:
+            graph.register_generator_state(tr.surrogate.rng(tr.device))
+        torch.cuda.synchronize(tr.device)
+        with torch.cuda.graph(graph):
+            tr.step_body(self.x, self.y, cem_on, self.scale, self.factor, acc)
+        self.graph = graph
+        self.captures += 1
+
+    def stats(self) -> dict:
+        return {"cuda_graph_captures": self.captures, "cuda_graph_replays": self.replays,
+                "cuda_graph_eager_steps": self.eager_steps, "cuda_graph_failed": self.failed or ""}
+
+
+def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random: bool = False) -> dict:
+    """Train two copies of one trial config for ``steps`` steps on the same batches, one with the graphed
+    step and one eager, and return the largest difference of their client and server parameters, with the
+    graphed copy's step counts. ``random=False`` switches off what draws random numbers in a step (the
+    defense noise and the classifier's dropout), so that the two must agree to rounding; with ``random=True``
+    they agree only if the graph's replays draw the numbers the eager steps draw. Used by the CUDA test and
+    by the GPU check script."""
+    from . import data
+    from .trial import build, build_config
+
+    dev = torch.device(device)
+    out = {}
+    params = {}
+    for mode in ("on", "off"):
+        cfg = build_config({**flat, "train.cuda_graph": mode, "train.device": device,
+                            **({} if random else {"defense.noise_std": 0.0})})
+        splits, tr = build(cfg, dev)
+        if not random:
+            for mod in tr.server.modules():
+                if isinstance(mod, torch.nn.Dropout):
+                    mod.p = 0.0
+        cem_on = tr.surrogate is not None
+        if cem_on and tr.surrogate.needs_refit:
+            tr.refit_surrogate()
+        for m in (tr.client, tr.server, *([tr.surrogate] if cem_on else [])):
+            m.train()
+        acc = tr.epoch_acc()
+        gen = torch.Generator(device=dev).manual_seed(0)
+        batches = data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)
+        done = 0
+        while done < steps:
+            for x, y in batches:
+                tr.step(x, y, cem_on, cfg.train.lr, acc)
+                done += 1
+                if done == steps:
+                    break
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        params[mode] = [p.detach().float().clone() for m in (tr.client, tr.server) for p in m.parameters()]
+        if tr._graph is not None:
+            out.update(tr._graph.stats())
+    out["max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(params["on"], params["off"]))
+    out["max_abs_param"] = max(float(a.abs().max()) for a in params["off"])
+    return out

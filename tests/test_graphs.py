@@ -1,0 +1,95 @@
+"""The capturable training step (train.cuda_graph, cem_bench/graphs.py).
+
+On the CPU: the static form of the step that a CUDA graph captures — learning rate, CEM scale and surrogate
+gradient factor as device tensors, the same accumulators every step — trains exactly as the eager step with
+Python floats, for every surrogate and both gradient modes. On CUDA (skipped here): the graphed trainer
+equals the eager one after its warm-up, capture and replays.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY
+
+from cem_bench import data, surrogates
+from cem_bench.config import ConfigError, TrialConfig
+from cem_bench.trainer import graph_mode, lr_at
+from cem_bench.trial import build, build_config
+
+CASES = [(s, g) for s in surrogates.names() for g in ("inject", "fused")]
+
+
+def _trainer(flat):
+    cfg = build_config({**TINY, **flat})
+    splits, tr = build(cfg, torch.device("cpu"))
+    if tr.surrogate is not None and tr.surrogate.needs_refit:
+        tr.refit_surrogate()
+    for m in (tr.client, tr.server, tr.surrogate):
+        if m is not None:
+            m.train()
+    return cfg, splits, tr
+
+
+@pytest.mark.parametrize("name, grad_mode", CASES)
+def test_static_step_equals_the_eager_step(name, grad_mode):
+    flat = {"cem.surrogate": name, "cem.lambd": 4.0, "cem.grad_mode": grad_mode, "defense.noise_std": 0.1}
+    cfg, splits, eager = _trainer(flat)
+    _, _, static = _trainer(flat)
+    lr = lr_at(cfg, 1) * 0.5
+    static._lr_tensor = torch.tensor(lr)          # what a graphed trainer holds
+    static._install_lr()
+    eager.set_lr(lr)
+    scale, factor = static.cem_scales(lr)
+    scale_t, factor_t = torch.tensor(scale), torch.tensor(factor)
+    acc_e, acc_s = eager.epoch_acc(), static.epoch_acc()
+    gen = torch.Generator().manual_seed(1)
+    batches = [b for _, b in zip(range(3), data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none",
+                                                               gen))]
+    torch.manual_seed(5)                          # the server's dropout draws from the global generator
+    for x, y in batches:
+        eager.step(x, y, True, lr, acc_e)
+    torch.manual_seed(5)
+    for x, y in batches:
+        static.step_body(x, y, True, scale_t, factor_t, acc_s)
+    for a, b in zip([*eager.client.parameters(), *eager.server.parameters(), *eager.surrogate.parameters()],
+                    [*static.client.parameters(), *static.server.parameters(), *static.surrogate.parameters()]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert set(acc_e) == set(acc_s) and all(torch.allclose(acc_e[k], acc_s[k]) for k in acc_e)
+    assert float(acc_e["seen"]) == 3 * cfg.train.batch_size
+
+
+def test_lr_tensor_follows_the_schedule_in_place():
+    cfg, _, tr = _trainer({"cem.lambd": 0})
+    tr._lr_tensor = torch.tensor(1.0)
+    tr._install_lr()
+    tr.set_lr(0.01)
+    assert all(g["lr"] is tr._lr_tensor for o in (tr.client_opt, tr.server_opt) for g in o.param_groups)
+    assert float(tr._lr_tensor) == pytest.approx(0.01)
+    state = tr.state_dict()                      # a graphed run's checkpoint resumes anywhere
+    _, _, other = _trainer({"cem.lambd": 0})
+    other.load_state_dict(state)
+    assert all(isinstance(g["lr"], float) for g in other.client_opt.param_groups)
+
+
+def test_graph_mode_follows_the_key_and_the_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    auto = TrialConfig.from_flat({})
+    assert not graph_mode(auto, cpu) and graph_mode(auto, cuda)
+    assert not graph_mode(auto.replace(**{"train.compile": True}), cuda)
+    assert not graph_mode(auto.replace(**{"train.cuda_graph": "off"}), cuda)
+    with pytest.raises(ConfigError, match="train.cuda_graph=on needs a CUDA device"):
+        graph_mode(auto.replace(**{"train.cuda_graph": "on"}), cpu)
+    with pytest.raises(ConfigError, match="train.cuda_graph: 'on' needs a CUDA device but train.device is cpu"):
+        TrialConfig.from_flat({"train.cuda_graph": "on", "train.device": "cpu"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", ["lambda=0", *surrogates.names()])
+def test_graphed_step_equals_eager_on_cuda(name):
+    from cem_bench.graphs import WARMUP_STEPS, compare_with_eager
+    flat = {**TINY, "train.amp": "off",
+            **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
+    res = compare_with_eager(flat, steps=WARMUP_STEPS + 5)
+    assert res["cuda_graph_captures"] == 1 and res["cuda_graph_replays"] == 5 and not res["cuda_graph_failed"]
+    assert res["max_abs_diff"] <= 1e-4 * max(1.0, res["max_abs_param"]), res
