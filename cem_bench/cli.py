@@ -174,6 +174,9 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus-per-trial", type=float, help="override resources.gpu (fractional allowed)")
     s.add_argument("--cpus-per-trial", type=float, help="override resources.cpu")
     s.add_argument("--resume", action="store_true", help="continue an interrupted search (Tuner.restore)")
+    s.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                   help="CUDA MPS for trials sharing a GPU on this machine: auto (when resources.gpu < 1 and a "
+                        "GPU is visible), on (an error if it cannot start), off")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a fixed config key")
     s.set_defaults(func=cmd_search)
 

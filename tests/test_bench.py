@@ -128,14 +128,15 @@ def test_ray_row_times_a_real_search():
     assert trial["met"] is None  # a tiny trial is not checked against the demo-size target
 
 
-CHEAP_GROUPS = ("data", "step", "refit", "attack")  # run for real at tiny sizes; "ray" by its own test
+CHEAP_GROUPS = ("data", "step", "refit", "attack", "epoch", "pack")  # run for real at tiny sizes (pack: CUDA only,
+# one note row on the CPU); "ray" by its own test
 
 
 def test_every_registered_group_is_in_groups_and_run(monkeypatch):
     pytest.importorskip("sklearn")
     groups = harness.registered()
     names = [g.group for g in groups]
-    assert names == ["data", "step", "refit", "attack", "ray"]  # the fixed order of the table
+    assert names == ["data", "step", "refit", "attack", "epoch", "ray", "pack"]  # the fixed order of the table
     assert bench.GROUPS == tuple(names) + ("flops",)
     assert set(CHEAP_GROUPS) | {"ray"} == set(names)
     calls = []
@@ -178,3 +179,19 @@ def test_flop_count_of_one_step():
     # backward = the weight gradients plus the input gradients of every layer but the first: just under 2x
     assert fwd > 0 and 2.5 * fwd < total < 3.0 * fwd
     assert all(p.grad is None for p in tr.client.parameters())
+
+
+@pytest.mark.slow
+def test_packed_workers_pin_their_threads_and_report_their_epochs():
+    """The ``pack`` row's workers (run here on the CPU): started together, each with OMP_NUM_THREADS = its
+    share of the CPUs, each reporting every epoch's time; the throughput drops each worker's first epoch."""
+    import os
+
+    from cem_bench.bench.pack import run_workers, throughput, worker_flat
+    flat = {**worker_flat(128, 3), "train.device": "cpu", "model.width": 0.0625, "data.test_size": 40,
+            "train.batch_size": 64}
+    res = run_workers(2, flat, timeout=300)
+    assert [len(r["epoch_s"]) for r in res] == [3, 3] and not any(r["graphed"] for r in res)
+    assert all(r["threads"] == max(1, (os.cpu_count() or 1) // 2) for r in res)
+    want = sum(2 / sum(r["epoch_s"][1:]) for r in res) * 128 / 50000
+    assert throughput(res, 128) == pytest.approx(want)

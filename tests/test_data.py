@@ -78,6 +78,22 @@ def test_batch_iterator_covers_the_split_without_repeats():
     assert len(_hashes((xs * 1000).round().to(torch.int64))) == 96
 
 
+@pytest.mark.parametrize("augment", ["none", "crop_flip_rotate"])
+def test_chunked_batches_are_the_same_epoch(augment):
+    """CUDA gathers and augments several batches at once: the same permutation, every batch full-size, each
+    image with its own label; without augmentation the very same batches as batch by batch."""
+    cfg = TrialConfig.from_flat({"data.train_size": 200, "data.test_size": 20})
+    s = data.load(cfg.data)
+    one = list(data.BatchIterator(s.train, s, 32, augment, torch.Generator().manual_seed(0), chunk_batches=1))
+    four = list(data.BatchIterator(s.train, s, 32, augment, torch.Generator().manual_seed(0), chunk_batches=4))
+    assert len(one) == len(four) == 6 and all(x.shape == (32, 3, 32, 32) for x, _ in four)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(one, four))           # the same images in the same order
+    if augment == "none":
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(one, four))
+    else:                                        # augmented: the per-image draws come in another order
+        assert not all(torch.equal(a[0], b[0]) for a, b in zip(one, four))
+
+
 def _write_cifar(root, n_train_per_batch=6, n_test=8, cifar100=False):
     rng = np.random.default_rng(0)
     if cifar100:

@@ -23,7 +23,7 @@ itself with ``harness.row``, run in this order:
 
 from __future__ import annotations
 
-from . import attack, data, ray, refit, step  # noqa: F401 - importing a row module registers its group
+from . import attack, data, epoch, pack, ray, refit, step  # noqa: F401 - importing a row module registers its group
 from .attack import bench_attack
 from .data import bench_data
 from .harness import ROWS, Sizes, format_table, group_names, header, main, registered, row, run_bench, sizes_for

@@ -54,6 +54,8 @@ class Sizes:
     ray_trial: dict          # the trial config (flat keys) of the Ray row
     ray_kind: str            # "tiny" or "demo-size": the Ray target is only checked on a demo-size trial
     ray_trials: int          # direct runs and Tune trials (each)
+    epoch_images: int = 512  # training split of the epoch rows (a whole epoch: augmentation, steps, evaluation)
+    epoch_test: int = 200    # its test split (evaluated every epoch)
 
 
 TINY_TRIAL = {"data.train_size": 256, "data.test_size": 100, "model.width": 0.125, "train.epochs": 2,
@@ -85,18 +87,20 @@ def sizes_for(device: torch.device, quick: bool, tiny: bool) -> Sizes:
         return Sizes("tiny (test only: numbers not comparable)", repeats=3, step_repeats=3, warmup=1, width=0.125,
                      batch_size=64, data_images=512, step_images=256, refit_images=256, attack_test=160,
                      attack_blocks=1, attack_channels=8, ray_trial=dict(TINY_TRIAL, **{"train.epochs": 1}),
-                     ray_kind="tiny", ray_trials=1)
+                     ray_kind="tiny", ray_trials=1, epoch_images=256, epoch_test=100)
     cuda = device.type == "cuda"
     if quick:
         return Sizes("quick", repeats=3, step_repeats=5, warmup=1, width=1.0, batch_size=128,
                      data_images=8192 if cuda else 2048, step_images=1024, refit_images=16384 if cuda else 1024,
                      attack_test=2560 if cuda else 285, attack_blocks=8, attack_channels=64,
-                     ray_trial=dict(TINY_TRIAL), ray_kind="tiny", ray_trials=3)
+                     ray_trial=dict(TINY_TRIAL), ray_kind="tiny", ray_trials=3,
+                     epoch_images=50000 if cuda else 512, epoch_test=10000 if cuda else 200)
     return Sizes("full", repeats=7 if cuda else 5, step_repeats=10 if cuda else 7, warmup=2 if cuda else 1,
                  width=1.0, batch_size=128, data_images=50000 if cuda else 8192, step_images=1024,
                  refit_images=50000 if cuda else 4096,
                  attack_test=10000 if cuda else 1138, attack_blocks=8, attack_channels=64,
-                 ray_trial=demo_trial(), ray_kind="demo-size", ray_trials=3)
+                 ray_trial=demo_trial(), ray_kind="demo-size", ray_trials=3,
+                 epoch_images=50000 if cuda else 2048, epoch_test=10000 if cuda else 1000)
 
 
 # ------------------------------------------------------------------------------------------- timing
@@ -220,6 +224,9 @@ class RowGroup:
 
 
 ROWS: dict[str, RowGroup] = {}
+# figures one row group measures and a later one builds on (the paper-trial estimate of ``epoch`` uses the
+# attack's per-image times); cleared by ``run_bench``
+MEASURED: dict[str, float] = {}
 
 
 def row(group: str, label: str, *, order: int, options: dict[str, str] | None = None):
@@ -283,6 +290,7 @@ def run_bench(device: str = "cpu", quick: bool = False, only: list[str] | tuple[
     if unknown:
         raise ValueError(f"unknown bench rows {unknown}; known: {', '.join(known)}")
     sizes = sizes_for(dev, quick, tiny)
+    MEASURED.clear()
     head = header(dev, sizes)
     t_all = time.perf_counter()
     rows: list[dict] = []

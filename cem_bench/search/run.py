@@ -172,6 +172,14 @@ def overrides_from_args(args) -> dict:
     return ov
 
 
+def _gpu_visible() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def search_command(args) -> dict:
     """``cem-bench search`` without the report: validate, search, write the tables, print what was done.
 
@@ -183,7 +191,12 @@ def search_command(args) -> dict:
     stats: dict[str, Any] = {}
     print(f"cem-bench search: {spec.name}: {spec.num_samples} trials, {spec.max_concurrent} at a time, "
           f"objectives {', '.join(f'{o.metric} ({o.mode})' for o in spec.objectives)}", flush=True)
-    exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume), stats=stats)
+    from .. import mps
+    # MPS on this machine for a local search whose trials share a GPU (a cluster starts it in cluster.yaml)
+    mode = (getattr(args, "mps", None) or "auto") if args.address is None else "off"
+    with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _gpu_visible()):
+        exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
+                         stats=stats)
 
     t_write = time.perf_counter()
     from .. import results

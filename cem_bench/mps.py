@@ -1,0 +1,98 @@
+"""CUDA MPS (Multi-Process Service) for trials that share a GPU (docs/performance.md "Packing").
+
+Several trial processes on one card each get their own CUDA context; without MPS the card time-slices
+between the contexts, and the small kernels of this model cannot overlap. Under MPS their kernels run
+concurrently: measured on one H200, 8 trials at once ran each epoch in 4.3-4.9 s under MPS against 6.2-7.1
+s without (3.8 s alone). ``start()`` starts the control daemon (``nvidia-cuda-mps-control -d``) unless one
+already runs, and says whether it did, so that ``stop()`` stops only a daemon this process started.
+
+``cem-bench search --mps auto|on|off`` (auto: on when trials share a GPU, i.e. ``resources.gpu`` < 1, and a
+GPU is visible) starts it before Ray and stops it at the end; ``cluster.yaml`` starts it on every GPU node.
+Where it cannot start (no ``nvidia-cuda-mps-control``, no GPU, no permission) ``auto`` prints why and
+goes on without it; ``on`` is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from .errors import ConfigError
+
+CONTROL = "nvidia-cuda-mps-control"
+
+
+class MPSError(ConfigError):
+    """MPS was asked for (``--mps on``) and cannot start: the CLI prints the reason (exit 2)."""
+
+
+def pipe_dir() -> str:
+    return os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+
+
+def running() -> bool:
+    """A control daemon answers on the pipe directory (the default, or CUDA_MPS_PIPE_DIRECTORY)."""
+    return os.path.exists(os.path.join(pipe_dir(), "control"))
+
+
+def start() -> bool:
+    """Start the MPS control daemon; True if this call started it, False if one was running. Raises
+    ``MPSError`` with the reason when it cannot."""
+    if running():
+        return False
+    exe = shutil.which(CONTROL)
+    if exe is None:
+        raise MPSError(f"{CONTROL} is not on PATH (it ships with the NVIDIA driver; MPS needs a Linux GPU node)")
+    try:
+        proc = subprocess.run([exe, "-d"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise MPSError(f"{CONTROL} -d failed: {e}") from None
+    if proc.returncode != 0:
+        raise MPSError(f"{CONTROL} -d exited with {proc.returncode}: {(proc.stderr or proc.stdout).strip()}")
+    return True
+
+
+def stop() -> None:
+    """Ask the control daemon to quit (clients finish first)."""
+    exe = shutil.which(CONTROL)
+    if exe is None or not running():
+        return
+    subprocess.run([exe], input="quit\n", capture_output=True, text=True, timeout=60)
+
+
+def wanted(mode: str, gpu_per_trial: float, gpu_visible: bool) -> bool:
+    """Whether ``--mps mode`` asks for MPS: ``on``; ``auto`` when trials share a visible GPU."""
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"--mps {mode!r}; allowed: auto, on, off")
+    return mode == "on" or (mode == "auto" and gpu_visible and 0 < gpu_per_trial < 1)
+
+
+class Session:
+    """``with mps.Session(mode, gpu_per_trial, gpu_visible):`` MPS for the duration, started and stopped here
+    when this process started it. ``state`` says what happened (for the log and the results)."""
+
+    def __init__(self, mode: str, gpu_per_trial: float, gpu_visible: bool, log=print):
+        self.mode, self.want = mode, wanted(mode, gpu_per_trial, gpu_visible)
+        self.started, self.state, self.log = False, "off", log
+
+    def __enter__(self) -> Session:
+        if not self.want:
+            return self
+        try:
+            self.started = start()
+            self.state = "started" if self.started else "already running"
+        except MPSError as e:
+            if self.mode == "on":
+                raise
+            self.state = f"not started: {e}"
+            self.log(f"[cem-bench] --mps auto: trials share a GPU but CUDA MPS could not start ({e}); the "
+                     f"trials run without it (slower when packed)")
+            return self
+        self.log(f"[cem-bench] CUDA MPS {self.state} (pipe directory {pipe_dir()})")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.started:
+            stop()
+            self.log("[cem-bench] CUDA MPS stopped")

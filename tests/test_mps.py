@@ -1,0 +1,48 @@
+"""CUDA MPS for packed trials (cem_bench/mps.py): when it is wanted, and what happens where it cannot start."""
+
+from __future__ import annotations
+
+import pytest
+
+from cem_bench import mps
+
+
+def test_wanted_when_trials_share_a_visible_gpu():
+    assert mps.wanted("auto", 0.25, True)
+    assert not mps.wanted("auto", 1.0, True)          # a whole card per trial: nothing to share
+    assert not mps.wanted("auto", 0.25, False)        # no GPU here
+    assert not mps.wanted("auto", 0.0, True)
+    assert mps.wanted("on", 1.0, False) and not mps.wanted("off", 0.25, True)
+    with pytest.raises(ValueError, match="allowed: auto, on, off"):
+        mps.wanted("sometimes", 0.5, True)
+
+
+def test_auto_goes_on_without_mps_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))    # no daemon answers there
+    monkeypatch.setattr(mps.shutil, "which", lambda name: None)
+    said = []
+    with mps.Session("auto", 0.25, True, log=said.append) as s:
+        assert not s.started and s.state.startswith("not started: nvidia-cuda-mps-control is not on PATH")
+    assert said and "could not start" in said[0]
+    with pytest.raises(mps.MPSError, match="not on PATH"), mps.Session("on", 0.25, True, log=said.append):
+        pass
+
+
+def test_a_running_daemon_is_kept(monkeypatch, tmp_path):
+    (tmp_path / "control").write_text("")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(mps, "stop", lambda: calls.append("stop"))
+    with mps.Session("auto", 0.5, True, log=lambda *_: None) as s:
+        assert s.state == "already running" and not s.started
+    assert calls == []                                  # not ours: not stopped
+
+
+def test_a_daemon_started_here_is_stopped_here(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    monkeypatch.setattr(mps.shutil, "which", lambda name: "/bin/true")
+    calls = []
+    monkeypatch.setattr(mps, "stop", lambda: calls.append("stop"))
+    with mps.Session("on", 0.5, True, log=lambda *_: None) as s:
+        assert s.started and s.state == "started"
+    assert calls == ["stop"]
