@@ -197,6 +197,8 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu", help="cpu or cuda")
     b.add_argument("--quick", action="store_true", help="smallest sizes (CI)")
     b.add_argument("--json", help="also write the table as JSON here")
+    b.add_argument("--only", nargs="+", metavar="GROUP", help="only these row groups (data step refit attack epoch "
+                   "ray pack flops); default: all")
     b.set_defaults(func=cmd_bench)
 
     k = sub.add_parser("keys", help="list every configuration key with default, allowed values and help")

@@ -396,7 +396,7 @@ def format_table(result: dict) -> str:
 
 
 def main(args) -> int:
-    """``cem-bench bench [--device cpu|cuda] [--quick] [--json FILE]``."""
+    """``cem-bench bench [--device cpu|cuda] [--quick] [--json FILE] [--only GROUP ...]``."""
     from ..storage import write_json
     device = getattr(args, "device", "cpu") or "cpu"
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -406,7 +406,11 @@ def main(args) -> int:
         print(f"cem-bench bench: --device {device} but CUDA is not available here; use --device cpu",
               file=sys.stderr)
         return 2
-    result = run_bench(device=device, quick=bool(getattr(args, "quick", False)))
+    try:
+        result = run_bench(device=device, quick=bool(getattr(args, "quick", False)), only=getattr(args, "only", None))
+    except ValueError as e:                      # an unknown --only group, named with the known ones
+        print(f"cem-bench bench: {e}", file=sys.stderr)
+        return 2
     print(format_table(result), flush=True)
     path = getattr(args, "json", None)
     if path:

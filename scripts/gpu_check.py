@@ -1,0 +1,139 @@
+"""Every CUDA measurement of the GPU-throughput work in one run (docs/performance.md "Measured on a GPU").
+
+Run on a GPU machine from the repository root, without installing (no Ray or Optuna needed):
+
+    OUT=/some/folder PYTHONPATH=. python3 scripts/gpu_check.py [--budget-s 480]
+
+Stages, each time-boxed, each writing ``$OUT/<stage>.json`` (or ``.txt``) as soon as it ends, so that a run
+cut short still returns what it measured: ``env``; ``equivalence`` (graphed vs eager trainer, every
+surrogate); ``bench`` (``cem-bench bench --device cuda --quick`` rows data, step, flops, refit, attack,
+epoch); ``trial`` (a 50k-image gmm trial with both attacks, graphed, and its epochs eager); ``pack`` (k
+trials on one card, with and without MPS). On a machine without CUDA it runs the same stages on the CPU at
+tiny sizes (a dry run of the script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+OUT = os.environ.get("OUT") or "/tmp/cem_gpu_check"
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+T0 = time.perf_counter()
+
+
+def write(name: str, obj) -> None:
+    os.makedirs(OUT, exist_ok=True)
+    path = os.path.join(OUT, name)
+    with open(path, "w") as f:
+        f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2, default=str))
+    print(f"[gpu_check {time.perf_counter() - T0:6.1f} s] wrote {path}", flush=True)
+
+
+def stage(name: str, fn, budget_left: float) -> None:
+    if budget_left < 20:
+        write(f"{name}.skipped.txt", f"skipped: {budget_left:.0f} s of the budget left")
+        return
+    t = time.perf_counter()
+    try:
+        fn(budget_left)
+    except Exception:  # noqa: BLE001 - the next stage still runs
+        write(f"{name}.error.txt", traceback.format_exc())
+    print(f"[gpu_check] {name}: {time.perf_counter() - t:.1f} s", flush=True)
+
+
+def run_cli(args: list[str], timeout: float, log: str) -> int:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)}
+    try:
+        p = subprocess.run([sys.executable, "-m", "cem_bench.cli", *args], capture_output=True, text=True,
+                           timeout=timeout, env=env)
+        write(log, p.stdout[-20000:] + "\n--- stderr ---\n" + p.stderr[-8000:])
+        return p.returncode
+    except subprocess.TimeoutExpired as e:
+        write(log, f"TIMEOUT after {timeout:.0f} s\n{(e.stdout or b'')[-20000:]!r}")
+        return 124
+
+
+def env(_):
+    info = {"torch": torch.__version__, "cuda": CUDA, "python": sys.version.split()[0],
+            "cpus": os.cpu_count(), "has_register_generator_state":
+            hasattr(torch.cuda, "CUDAGraph") and hasattr(torch.cuda.CUDAGraph, "register_generator_state")}
+    if CUDA:
+        info["device"] = torch.cuda.get_device_name(0)
+        info["mps_control"] = subprocess.run(["which", "nvidia-cuda-mps-control"], capture_output=True,
+                                             text=True).stdout.strip()
+    write("env.json", info)
+
+
+def equivalence(_):
+    from cem_bench import surrogates
+    from cem_bench.graphs import WARMUP_STEPS, compare_with_eager
+    tiny = {"model.width": 0.125, "data.train_size": 512, "data.test_size": 100, "train.batch_size": 64,
+            "train.amp": "off", "attack.names": ["decoder"]}
+    out = {}
+    for name in ["lambda=0", *surrogates.names()]:
+        flat = {**tiny, **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
+        for random in (False, True):
+            key = f"{name}{' (noise+dropout)' if random else ''}"
+            try:
+                out[key] = compare_with_eager(flat, steps=WARMUP_STEPS + 5, device=DEV, random=random) \
+                    if CUDA else "no CUDA: the graphed trainer needs a GPU"
+            except Exception as e:  # noqa: BLE001
+                out[key] = f"{type(e).__name__}: {e}"
+        if not CUDA:
+            break
+    write("equivalence.json", out)
+
+
+def bench(left):
+    groups = ["data", "step", "flops", "refit", "attack", "epoch"] if CUDA else ["step", "attack", "epoch"]
+    run_cli(["bench", "--device", DEV, "--quick", "--json", os.path.join(OUT, "bench.json"), "--only", *groups],
+            timeout=min(left - 10, 300), log="bench.txt")
+
+
+def trial(left):
+    n = 50000 if CUDA else 512
+    base = ["--set", "data.dataset=synthetic", "--set", f"data.train_size={n}", "--set",
+            f"data.test_size={10000 if CUDA else 200}", "--set", "model.width=" + ("1" if CUDA else "0.125"),
+            "--set", "cem.surrogate=gmm", "--set", "cem.lambd=16", "--set", "cem.warmup_epochs=1",
+            "--set", "train.epochs=4", "--set", f"train.device={DEV}"]
+    # graphed, with both attacks (2 decoder epochs): the whole trial path, a recapture when CEM switches on
+    run_cli(["train", *base, "--set", "attack.epochs=2", "--set", "attack.min_accuracy_margin=-1",
+             "--out", os.path.join(OUT, "trial_graphed")],
+            timeout=min(left - 10, 240), log="trial_graphed.txt")
+    left = BUDGET - (time.perf_counter() - T0)
+    if left > 60:   # the same epochs eager, attacks skipped by the utility gate (margin 1: always)
+        run_cli(["train", *base, "--set", "train.cuda_graph=off", "--set", "attack.min_accuracy_margin=1",
+                 "--out", os.path.join(OUT, "trial_eager")], timeout=min(left - 10, 200), log="trial_eager.txt")
+    for d in ("trial_graphed", "trial_eager"):
+        for junk in ("checkpoint.pt",):
+            p = os.path.join(OUT, d, junk)
+            if os.path.exists(p):
+                os.remove(p)
+
+
+def pack(left):
+    if not CUDA:
+        write("pack.txt", "no CUDA: the pack row is CUDA only")
+        return
+    run_cli(["bench", "--device", "cuda", "--quick", "--json", os.path.join(OUT, "bench_pack.json"),
+             "--only", "pack"], timeout=max(30, left - 10), log="bench_pack.txt")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "bench", "trial", "pack"])
+    a = ap.parse_args()
+    BUDGET = a.budget_s
+    for s in a.stages:
+        stage(s, globals()[s], BUDGET - (time.perf_counter() - T0))
+    print(f"[gpu_check] done in {time.perf_counter() - T0:.0f} s", flush=True)
