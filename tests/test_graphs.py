@@ -92,4 +92,6 @@ def test_graphed_step_equals_eager_on_cuda(name):
             **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
     res = compare_with_eager(flat, steps=WARMUP_STEPS + 5)
     assert res["cuda_graph_captures"] == 1 and res["cuda_graph_replays"] == 5 and not res["cuda_graph_failed"]
-    assert res["max_abs_diff"] <= 1e-4 * max(1.0, res["max_abs_param"]), res
+    # TF32 and autotuning are off in both copies; what remains is the kernels' own run-to-run difference
+    # (atomics): measured on an H200, 0 for lambda = 0 and 1e-7..4e-3 for the surrogates, like two eager runs
+    assert res["max_abs_diff"] <= max(10 * res["eager_floor"], 1e-5 * max(1.0, res["max_abs_param"])), res

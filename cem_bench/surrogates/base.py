@@ -100,7 +100,10 @@ class Surrogate(nn.Module):
 
         Drawing from the global RNG instead would shift the classifier's dropout masks, so a CEM run and its
         lambda = 0 baseline would differ by more than the CEM loss."""
-        if self._stream is None or self._stream.device != torch.device(device):
+        # "cuda" and "cuda:0" are one device: compared as given, a trainer asking with its torch.device("cuda")
+        # and a forward asking with a tensor's cuda:0 replaced the stream with a freshly seeded one (every
+        # checkpoint re-seeded it; inside a CUDA graph capture it is an error)
+        if self._stream is None or not _same_device(self._stream.device, device):
             self._stream = torch.Generator(device=device).manual_seed(self.seed + RNG_OFFSET)
         return self._stream
 
@@ -122,6 +125,15 @@ class Surrogate(nn.Module):
 
 
 RNG_OFFSET = 7919   # the surrogate's stream is seed + this, apart from the trainer's (seed) and gmm's k-means
+
+
+def _same_device(a, b) -> bool:
+    def norm(d):
+        d = torch.device(d)
+        if d.type == "cuda" and d.index is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return d
+    return norm(a) == norm(b)
 
 
 _REGISTRY: Registry[Surrogate] = Registry("surrogate", "cem_bench.surrogates", key="cem.surrogate",
