@@ -93,5 +93,7 @@ def test_graphed_step_equals_eager_on_cuda(name):
     res = compare_with_eager(flat, steps=WARMUP_STEPS + 5)
     assert res["cuda_graph_captures"] == 1 and res["cuda_graph_replays"] == 5 and not res["cuda_graph_failed"]
     # TF32 and autotuning are off in both copies; what remains is the kernels' own run-to-run difference
-    # (atomics): measured on an H200, 0 for lambda = 0 and 1e-7..4e-3 for the surrogates, like two eager runs
-    assert res["max_abs_diff"] <= max(10 * res["eager_floor"], 1e-5 * max(1.0, res["max_abs_param"])), res
+    # (atomics), which itself varies between runs: measured on an H200, graphed vs eager 0 for lambda = 0 and
+    # 1e-8..3.4e-4 for the surrogates, two eager runs 0..1.7e-4 (parameters of size 1). A step gone wrong
+    # (a stale rate, a missed update) moves parameters by ~lr * grad = 1e-2 per step.
+    assert res["max_abs_diff"] <= max(10 * res["eager_floor"], 1e-3 * max(1.0, res["max_abs_param"])), res
