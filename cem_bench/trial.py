@@ -124,6 +124,7 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
         "rob_nonfinite": sum(r.get("rob_nonfinite", 0) for r in trainer.history),
         "epoch": trainer.epoch,
         "selected_epoch": selected_epoch,
+        "torch_threads": torch.get_num_threads(),   # a packed trial's CPU share (the search pins it)
     }
     gallery = None
     if out_dir is not None and res is not None:

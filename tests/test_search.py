@@ -158,6 +158,7 @@ def test_cli_local_search_end_to_end(tmp_path, monkeypatch, capsys):
     assert set(trials["pareto_rank"]) <= {0, 1} and (trials["pareto_rank"] == 0).any()
     assert trials["config.cem.lambd"].between(1, 32).all()
     assert trials["node_id"].notna().all() and trials["finished_at"].notna().all()
+    assert (trials["torch_threads"] == 1).all()      # resources.cpu = 1: each trial's torch threads pinned to it
     epochs = pd.read_parquet(exp / "epochs.parquet")
     assert sorted(epochs.groupby("trial_id")["epoch"].apply(list).tolist()) == [[1, 2], [1, 2]]
     for d in trials["trial_dir"]:
