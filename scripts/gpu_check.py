@@ -93,6 +93,24 @@ def equivalence(_):
     write("equivalence.json", out)
 
 
+def decoder(_):
+    """The decoder attack graphed vs eager on one encoder: per-epoch training MSE, metrics and seconds."""
+    from cem_bench import attacks, models
+    from cem_bench.trial import build, build_config
+    out = {}
+    for mode in ("on", "off"):
+        cfg = build_config({"data.dataset": "synthetic", "data.train_size": 256, "data.test_size": 2560,
+                            "model.width": 1.0, "attack.names": ["decoder"], "attack.epochs": 4,
+                            "attack.blocks": 8, "attack.channels": 64, "train.device": DEV,
+                            "train.cuda_graph": mode if CUDA else "off", "defense.noise_std": 0.05})
+        splits, tr = build(cfg, torch.device(DEV))
+        t = time.perf_counter()
+        res = attacks.build(cfg, "decoder").run(tr.client, splits, 0.05, DEV)
+        out[mode] = {"seconds": time.perf_counter() - t, "metrics": res.metrics, "history": res.history,
+                     "client_params": models.count_params(tr.client)}
+    write("decoder.json", out)
+
+
 def bench(left):
     groups = ["data", "step", "flops", "refit", "attack", "epoch"] if CUDA else ["step", "attack", "epoch"]
     run_cli(["bench", "--device", DEV, "--quick", "--json", os.path.join(OUT, "bench.json"), "--only", *groups],
@@ -131,7 +149,7 @@ def pack(left):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=480.0)
-    ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "bench", "trial", "pack"])
+    ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "decoder", "bench", "trial", "pack"])
     a = ap.parse_args()
     BUDGET = a.budget_s
     for s in a.stages:

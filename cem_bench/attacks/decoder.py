@@ -209,36 +209,94 @@ class DecoderAttack(Attack):
 
     def train(self, decoder, z_aux, images_u8, noisy, gen, device, amp) -> list[dict]:
         """Train ``decoder`` for ``attack.epochs`` epochs from the features ``z_aux`` (``noisy`` adds the
-        defense noise per batch) to ``images_u8`` / 255; returns one record per epoch."""
+        defense noise per batch) to ``images_u8`` / 255; returns one record per epoch. On CUDA with
+        ``train.cuda_graph`` on (auto), the full-size batches replay one captured step (``DecoderStepGraph``);
+        a short last batch runs eagerly."""
+        from ..trainer import graph_mode
         acfg = self.cfg.attack
         if acfg.epochs == 0:
             return []
+        graphed = device.type == "cuda" and graph_mode(self.cfg, device)
         kw = {"fused": True} if device.type == "cuda" else {}
-        opt = torch.optim.Adam(decoder.parameters(), lr=acfg.lr, weight_decay=acfg.weight_decay, **kw)
+        lr = torch.tensor(acfg.lr, device=device) if graphed else acfg.lr   # filled in place by the scheduler
+        opt = torch.optim.Adam(decoder.parameters(), lr=lr, weight_decay=acfg.weight_decay,
+                               **kw, **({"capturable": True} if graphed else {}))
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=acfg.epochs, eta_min=ETA_MIN)
         n = len(z_aux)
         bs = min(acfg.batch_size, n)
         history = []
         decoder.train()
+
+        def step(idx: torch.Tensor, total: torch.Tensor) -> None:
+            z = noisy(z_aux[idx])
+            target = images_u8[idx].to(device).float().div_(255.0)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp, cache_enabled=not graphed):
+                recon = decoder(z)
+            loss = F.mse_loss(recon.float(), target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.detach() * len(idx)
+
+        total = torch.zeros((), device=device)
+        graph = DecoderStepGraph(step, bs, total, gen, device) if graphed else None
         for epoch in range(acfg.epochs):
             perm = torch.randperm(n, generator=gen, device=device)
-            total = torch.zeros((), device=device)
+            total.zero_()
             seen = 0
             for i in range(0, n, bs):
                 idx = perm[i:i + bs]
                 if len(idx) < 2 < n:  # a lone trailing sample: BatchNorm may not normalise a single value
                     continue
-                z = noisy(z_aux[idx])
-                target = images_u8[idx].to(device).float().div_(255.0)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                    recon = decoder(z)
-                loss = F.mse_loss(recon.float(), target)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                total += loss.detach() * len(idx)
+                if graph is not None and len(idx) == bs:
+                    graph.step(idx)
+                else:
+                    step(idx, total)
                 seen += len(idx)
-            lr = opt.param_groups[0]["lr"]
+            lr_now = float(opt.param_groups[0]["lr"])
             sched.step()
-            history.append({"epoch": epoch + 1, "train_mse": float(total) / max(seen, 1), "lr": lr})
+            if graphed and opt.param_groups[0]["lr"] is not lr:   # a scheduler that assigns instead of fills
+                lr.fill_(float(opt.param_groups[0]["lr"]))
+                opt.param_groups[0]["lr"] = lr
+            history.append({"epoch": epoch + 1, "train_mse": float(total) / max(seen, 1), "lr": lr_now})
+        if graph is not None:
+            history[-1].update(graph.stats())
         return history
+
+
+class DecoderStepGraph:
+    """The decoder's training step as one CUDA graph (the trainer's recipe, cem_bench/graphs.py): 3 eager
+    steps on a side stream, one capture reading the batch indices from a static tensor, then a replay per
+    full batch. The noise generator is registered with the graph; the lr is a device tensor."""
+
+    WARMUP_STEPS = 3
+
+    def __init__(self, step, batch_size: int, total: torch.Tensor, gen: torch.Generator, device):
+        self.body, self.total, self.gen, self.device = step, total, gen, device
+        self.idx = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.graph = None
+        self.warm_left = self.WARMUP_STEPS
+        self.replays = 0
+
+    def step(self, idx: torch.Tensor) -> None:
+        if self.graph is None and self.warm_left > 0:
+            self.warm_left -= 1
+            stream = torch.cuda.Stream(device=self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self.body(idx, self.total)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            return
+        if self.graph is None:
+            graph = torch.cuda.CUDAGraph()
+            graph.register_generator_state(self.gen)
+            torch.cuda.synchronize(self.device)
+            with torch.cuda.graph(graph):
+                self.body(self.idx, self.total)
+            self.graph = graph
+        self.idx.copy_(idx)
+        self.graph.replay()
+        self.replays += 1
+
+    def stats(self) -> dict:
+        return {"cuda_graph_replays": self.replays}
