@@ -660,3 +660,22 @@ def test_no_paper_table_without_a_sigma_column(tmp_path):
     text = check_common(build_report(root))
     assert 'id="paper-table"' not in text and "Paper-style" not in text
     assert 'id="attack-skipped"' not in text and "attack not run" not in text  # no gate column: no section
+
+
+def test_the_strongest_attack_is_named_on_the_front_and_in_the_gallery(tmp_path):
+    """Several attacks per trial: the front table has a "strongest attack" column for the privacy objective,
+    and each gallery caption names the attack that set each privacy value and the gallery's rows."""
+    root = write_results(tmp_path / "res", vary_params=False)
+    trials = pd.read_parquet(root / "trials.parquet")
+    trials["attack_ssim_by"] = ["rmle" if i % 2 else "decoder" for i in range(len(trials))]
+    trials["attack_ssim__decoder"] = trials["attack_ssim"]
+    trials["attack_ssim__rmle"] = trials["attack_ssim"] - 0.01
+    trials["config.attack.names"] = [["decoder", "rmle"]] * len(trials)
+    trials.to_parquet(root / "trials.parquet")
+    text = build_report(root).read_text()
+    assert "strongest attack (attack_ssim)" in text
+    front = _section(text, "front-table")
+    assert ">rmle<" in front or ">decoder<" in front
+    gallery = _section(text, "galleries")
+    assert "rows: original, decoder, rmle" in gallery
+    assert "(rmle)" in gallery or "(decoder)" in gallery
