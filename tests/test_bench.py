@@ -195,3 +195,12 @@ def test_packed_workers_pin_their_threads_and_report_their_epochs():
     assert all(r["threads"] == max(1, (os.cpu_count() or 1) // 2) for r in res)
     want = sum(2 / sum(r["epoch_s"][1:]) for r in res) * 128 / 50000
     assert throughput(res, 128) == pytest.approx(want)
+
+
+def test_the_demo_fallback_matches_the_demo_space():
+    """The bench's copy of demo.yaml's fixed keys (used where the file is absent) is the file's."""
+    from cem_bench.bench.harness import DEMO_FALLBACK, DEMO_SPACE
+    from cem_bench.spaces import load_space
+    fixed = dict(load_space(DEMO_SPACE).fixed)
+    fixed.pop("train.device", None)
+    assert fixed == DEMO_FALLBACK

@@ -68,8 +68,9 @@ DEMO_SPACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pat
                           "search_spaces", "demo.yaml")
 DEMO_PINNED = {"cem.surrogate": "gmm", "cem.lambd": 16.0}
 DEMO_FALLBACK = {"data.dataset": "synthetic", "data.train_size": 4096, "data.test_size": 1280, "model.width": 0.125,
-                 "train.epochs": 8, "train.milestones": [0.75], "cem.warmup_epochs": 1, "attack.epochs": 4,
-                 "attack.blocks": 2, "attack.channels": 32}
+                 "train.epochs": 8, "train.milestones": [0.75], "train.warmup_lr_epochs": 1, "train.batch_size": 64,
+                 "train.augment": "none", "cem.warmup_epochs": 1, "attack.epochs": 4, "attack.blocks": 2,
+                 "attack.channels": 32, "attack.batch_size": 32}
 
 
 def demo_trial() -> dict:
