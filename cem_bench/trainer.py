@@ -16,7 +16,9 @@ estimator looks for the spread the encoder must remove), ``joint`` descends it l
 seeds' literal design, which lets the estimator switch itself off). A step whose CEM loss is not finite
 contributes no gradient at all (a gate on the surrogate's input zeroes it in the backward pass, where a
 ``torch.where`` on the loss alone would still propagate 0 * inf = NaN) and is counted. Logs accumulate as
-device tensors and are read once per epoch: no host sync in a step. Deliberate differences from the
+device tensors and are read once per epoch: no host sync in a step. On CUDA the step is captured as one CUDA
+graph and replayed (``train.cuda_graph``, graphs.py): ``step_body`` takes its host values (lr, CEM scale,
+surrogate factor) as floats or device tensors for that reason. Deliberate differences from the
 reference (docs/reference.md §11): epoch 1 trains at the real lr (the reference's WarmUpLR misuse made it 0);
 milestones are fractions of the run; the gmm refit encodes the clean training split; lambda = 0 builds no
 surrogate and runs no clustering; the checkpoint kept is the last one (no model selection on the test set).
