@@ -126,18 +126,22 @@ def test_random_noise_images(shape):
     _assert_matches(x, torch.rand(shape, generator=g))
 
 
-@pytest.mark.parametrize("gray", [False, True], ids=["rgb", "gray"])
-@pytest.mark.parametrize("size", [(64, 64), (32, 32), (32, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_photographs_vs_distortions(size, gray):
-    rng = np.random.default_rng(1)
+def _photo_pairs(size, gray: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every photograph of PHOTOS at ``size``, each once per distortion of DISTORTIONS: (clean, distorted)."""
+    rng = np.random.default_rng(seed)
     clean, dist = [], []
     for name in PHOTOS:
         img = _photo(name, size, gray)
         for kind in DISTORTIONS:
             clean.append(img)
             dist.append(_distort(img, kind, rng))
-    x = torch.from_numpy(np.stack(clean)).float()
-    y = torch.from_numpy(np.stack(dist)).float()
+    return torch.from_numpy(np.stack(clean)).float(), torch.from_numpy(np.stack(dist)).float()
+
+
+@pytest.mark.parametrize("gray", [False, True], ids=["rgb", "gray"])
+@pytest.mark.parametrize("size", [(64, 64), (32, 32), (32, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_photographs_vs_distortions(size, gray):
+    x, y = _photo_pairs(size, gray, seed=1)
     assert x.shape == (len(PHOTOS) * len(DISTORTIONS), 1 if gray else 3, *size)
     _assert_matches(x, y)
     # the ordering is sensible: every distortion lowers SSIM below 1
@@ -364,15 +368,7 @@ def test_paper_metrics_random_images(shape):
 @pytest.mark.parametrize("gray", [False, True], ids=["rgb", "gray"])
 @pytest.mark.parametrize("size", [(32, 32), (64, 64), (32, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_paper_metrics_photographs_vs_distortions(size, gray):
-    rng = np.random.default_rng(13)
-    clean, dist = [], []
-    for name in PHOTOS:
-        img = _photo(name, size, gray)
-        for kind in DISTORTIONS:
-            clean.append(img)
-            dist.append(_distort(img, kind, rng))
-    x = torch.from_numpy(np.stack(clean)).float()
-    y = torch.from_numpy(np.stack(dist)).float()
+    x, y = _photo_pairs(size, gray, seed=13)
     _assert_paper_matches(x, y)
     # one photograph-distortion pair at a time, too (a batch of one)
     for i in range(0, len(x), 5):

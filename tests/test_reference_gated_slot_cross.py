@@ -51,17 +51,23 @@ def gate_term(surr, mu, var):
     return (g * h * p).mean()
 
 
+def classes_with_pairs(x, y):
+    """(class, its rows of x) for every class with at least two members, in class order (a loop, as written
+    without the vectorised layout under test)."""
+    for cls in range(NUM_CLASSES):
+        xc = x[y == cls]
+        if len(xc) >= 2:
+            yield cls, xc
+
+
 # ------------------------------------------------------------------------------------ gated_attention
 def reference_gated(surr, z, y):
     c = surr.cfg
     x = z.flatten(1).float()
     b = len(x)
     num = den = 0.0
-    for cls in range(NUM_CLASSES):
-        xc = x[y == cls]
+    for _, xc in classes_with_pairs(x, y):
         m = len(xc)
-        if m < 2:
-            continue
         u = F.layer_norm(xc, (xc.shape[1],))
         a = torch.stack([surr.attn_w(torch.tanh(surr.attn_v(uj)) * torch.sigmoid(surr.attn_u(uj)))[0] for uj in u])
         alpha = torch.softmax(a, 0)
@@ -127,11 +133,8 @@ def reference_slot_cross(surr, z, y, noise):
     b = len(x)
     beta = surr.log_assign_beta.exp()
     num = den = 0.0
-    for cls in range(NUM_CLASSES):
-        xc = x[y == cls]
+    for cls, xc in classes_with_pairs(x, y):
         m = len(xc)
-        if m < 2:
-            continue
         e = surr.proj_in(F.layer_norm(xc, (xc.shape[1],)))
         slots = reference_slot_attention(surr.slot_attn, e, noise[cls])
         yt = reference_cross(surr.cross, e, slots)
