@@ -30,9 +30,32 @@ capture is reported once and the trial goes on with eager steps; under ``on`` it
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 WARMUP_STEPS = 3
+
+
+def on_side_stream(fn, device) -> None:
+    """Run ``fn()`` on a fresh CUDA stream, ordered after and before the current one (PyTorch's warm-up for a
+    capture: lazy initialisations must not land on the stream that is captured later)."""
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
+def capture(fn, device, generators=()) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``fn()`` (recorded, not run), drawing from ``generators`` graph-safely."""
+    graph = torch.cuda.CUDAGraph()
+    for gen in generators:
+        graph.register_generator_state(gen)
+    torch.cuda.synchronize(device)
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 class GraphedStep:
@@ -54,20 +77,18 @@ class GraphedStep:
         self.failed: str | None = None        # why capturing failed (auto mode then runs eager steps)
 
     def _signature(self, x: torch.Tensor, cem_on: bool, acc: dict) -> tuple:
-        s = self.trainer.surrogate
-        state = tuple(t.data_ptr() for t in s.state_dict().values()) if (cem_on and s is not None) else ()
+        s = self.trainer.surrogate          # every step: parameters and buffers, not a state_dict
+        state = tuple(t.data_ptr() for t in itertools.chain(s.parameters(), s.buffers())) \
+            if (cem_on and s is not None) else ()
         return (cem_on, tuple(x.shape), id(acc), tuple(acc), state)
 
     def _eager(self, x, y, cem_on: bool, acc: dict, side_stream: bool) -> None:
         self.eager_steps += 1
-        if not side_stream:
-            self.trainer.step_body(x, y, cem_on, self.scale, self.factor, acc)
-            return
-        stream = torch.cuda.Stream(device=self.trainer.device)
-        stream.wait_stream(torch.cuda.current_stream(self.trainer.device))
-        with torch.cuda.stream(stream):
-            self.trainer.step_body(x, y, cem_on, self.scale, self.factor, acc)
-        torch.cuda.current_stream(self.trainer.device).wait_stream(stream)
+        body = lambda: self.trainer.step_body(x, y, cem_on, self.scale, self.factor, acc)  # noqa: E731
+        if side_stream:
+            on_side_stream(body, self.trainer.device)
+        else:
+            body()
 
     def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
         tr = self.trainer
@@ -104,14 +125,9 @@ class GraphedStep:
         tr = self.trainer
         self.x = x.detach().clone(memory_format=torch.channels_last)
         self.y = y.detach().clone()
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(tr.gen)
-        if cem_on and tr.surrogate is not None:
-            graph.register_generator_state(tr.surrogate.rng(tr.device))
-        torch.cuda.synchronize(tr.device)
-        with torch.cuda.graph(graph):
-            tr.step_body(self.x, self.y, cem_on, self.scale, self.factor, acc)
-        self.graph = graph
+        gens = [tr.gen] + ([tr.surrogate.rng(tr.device)] if cem_on and tr.surrogate is not None else [])
+        self.graph = capture(lambda: tr.step_body(self.x, self.y, cem_on, self.scale, self.factor, acc),
+                             tr.device, gens)
         self.captures += 1
 
     def stats(self) -> dict:

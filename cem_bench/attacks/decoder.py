@@ -269,31 +269,22 @@ class DecoderStepGraph:
     steps on a side stream, one capture reading the batch indices from a static tensor, then a replay per
     full batch. The noise generator is registered with the graph; the lr is a device tensor."""
 
-    WARMUP_STEPS = 3
-
     def __init__(self, step, batch_size: int, total: torch.Tensor, gen: torch.Generator, device):
         self.body, self.total, self.gen, self.device = step, total, gen, device
         self.idx = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.graph = None
-        self.warm_left = self.WARMUP_STEPS
+        from ..graphs import WARMUP_STEPS
+        self.warm_left = WARMUP_STEPS
         self.replays = 0
 
     def step(self, idx: torch.Tensor) -> None:
+        from ..graphs import capture, on_side_stream
         if self.graph is None and self.warm_left > 0:
             self.warm_left -= 1
-            stream = torch.cuda.Stream(device=self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self.body(idx, self.total)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
+            on_side_stream(lambda: self.body(idx, self.total), self.device)
             return
         if self.graph is None:
-            graph = torch.cuda.CUDAGraph()
-            graph.register_generator_state(self.gen)
-            torch.cuda.synchronize(self.device)
-            with torch.cuda.graph(graph):
-                self.body(self.idx, self.total)
-            self.graph = graph
+            self.graph = capture(lambda: self.body(self.idx, self.total), self.device, [self.gen])
         self.idx.copy_(idx)
         self.graph.replay()
         self.replays += 1
