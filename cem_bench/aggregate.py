@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .schema import ATTACK_METRICS, COST_COLUMNS, OBJECTIVE_METRICS, STRONGEST_SUFFIX, per_attack_columns, rank_table
+from .schema import ATTACK_METRICS, COST_COLUMNS, OBJECTIVE_METRICS, per_attack_columns, rank_table, strongest_column
 
 SEED_COLUMN = "config.seed"
 CONFIG_ID = "config_id"
@@ -85,7 +85,7 @@ def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFr
     cols = config_columns(trials)
     metrics = [m for m in dict.fromkeys([*AGGREGATED, *(o["metric"] for o in objectives),
                                          *per_attack_columns(trials.columns)]) if m in trials]
-    winners = [m + STRONGEST_SUFFIX for m in ATTACK_METRICS if m + STRONGEST_SUFFIX in trials]
+    winners = [strongest_column(m) for m in ATTACK_METRICS if strongest_column(m) in trials]
     rows = []
     for cid, group in trials.groupby(CONFIG_ID, sort=False):
         ok = group[group["status"] == "ok"] if "status" in group else group

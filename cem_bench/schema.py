@@ -41,7 +41,7 @@ METRIC_COLUMNS: tuple[str, ...] = OBJECTIVE_METRICS + COST_COLUMNS + (
     "epochs_done", "final_train_loss", "final_train_acc", "rob_nonfinite", "resumed_from_epoch")
 # text columns of a trial row: why the attacks did not run (empty when they did), and which attack set each
 # worst-case attack metric
-NOTE_COLUMNS: tuple[str, ...] = ("attack_skipped",) + tuple(f"{m}_by" for m in ATTACK_METRICS)
+NOTE_COLUMNS: tuple[str, ...] = ("attack_skipped",) + tuple(f"{m}_by" for m in ATTACK_METRICS)   # strongest_column
 PROVENANCE: tuple[str, ...] = ("git_sha", "package_version", "torch_version", "device", "node_id", "hostname",
                                "started_at", "finished_at")
 EPOCH_COLUMNS: tuple[str, ...] = ("experiment", "trial_id", "epoch", "train_loss", "train_acc", "rob_loss",
@@ -55,6 +55,16 @@ PRIVACY_MODES: dict[str, str] = {"attack_ssim": "min", "attack_mse": "max", "att
 # over the attacks that ran, and ``<metric>_by`` names the attack that set it (cem_bench.attacks.worst_case).
 PER_ATTACK_SEP = "__"
 STRONGEST_SUFFIX = "_by"
+
+
+def per_attack_column(metric: str, attack: str) -> str:
+    """``attack_ssim`` of attack ``rmle`` -> ``attack_ssim__rmle`` (a plain Parquet/pandas column name)."""
+    return f"{metric}{PER_ATTACK_SEP}{attack}"
+
+
+def strongest_column(metric: str) -> str:
+    """The column naming the attack that set the worst-case ``metric``: ``attack_ssim_by``."""
+    return metric + STRONGEST_SUFFIX
 
 
 def base_metric(column: str) -> str:

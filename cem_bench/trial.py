@@ -101,14 +101,10 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     test_acc = chosen.get("test_acc", nan)
     skipped = attack_gate(test_acc, splits.num_classes, cfg.attack.min_accuracy_margin)
     res = None
-    metrics: dict[str, Any] = {k: nan for k in ATTACK_METRICS}
-    for name in cfg.attack.names:          # the same columns whether the attacks ran or the gate skipped them
-        metrics.update({attacks.per_attack_column(k, name): nan for k in ATTACK_METRICS})
-        metrics[attacks.per_attack_column("attack_s", name)] = 0.0
-    metrics.update({attacks.strongest_column(k): "" for k in ATTACK_METRICS})
+    metrics = attacks.AttackSet.skipped_metrics(cfg.attack.names)   # the same columns whether or not they ran
     if not skipped:
         res = attacks.run_all(cfg, trainer.client, splits, cfg.defense.noise_std, device)
-        metrics.update(res.metrics())
+        metrics = res.metrics()
     result: dict[str, Any] = {
         "test_acc": test_acc,
         "test_acc_clean": chosen.get("test_acc_clean", nan),

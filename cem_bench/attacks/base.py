@@ -10,6 +10,7 @@ import torch
 
 from ..config import TrialConfig
 from ..registry import Registry
+from ..schema import per_attack_column, strongest_column
 
 
 @dataclass
@@ -104,16 +105,6 @@ def build(cfg: TrialConfig, name: str | None = None) -> Attack:
 
 
 # ------------------------------------------------------------------------------------------ several attacks
-def per_attack_column(metric: str, attack: str) -> str:
-    """``attack_ssim`` of attack ``rmle`` -> ``attack_ssim__rmle`` (a plain Parquet/pandas column name)."""
-    return f"{metric}__{attack}"
-
-
-def strongest_column(metric: str) -> str:
-    """The column naming the attack that set the worst-case ``metric``: ``attack_ssim_by``."""
-    return f"{metric}_by"
-
-
 def worst_case(per_attack: dict[str, dict[str, float]]) -> tuple[dict[str, float], dict[str, str]]:
     """The worst case for privacy over several attacks' metrics: per metric, the value of the strongest attack
     (highest SSIM/PSNR, lowest MSE: ``schema.PRIVACY_MODES`` reversed) and its name. A NaN value never
@@ -149,6 +140,18 @@ class AttackSet:
         for name, res in self.results.items():
             out.update({per_attack_column(m, name): v for m, v in res.metrics.items()})
             out[per_attack_column("attack_s", name)] = res.seconds
+        return out
+
+    @staticmethod
+    def skipped_metrics(names) -> dict[str, float | str]:
+        """The same columns as ``metrics()`` for attacks that did not run (the utility gate): NaN metrics,
+        0 seconds, no strongest attack."""
+        from ..schema import ATTACK_METRICS
+        out: dict[str, float | str] = {k: float("nan") for k in ATTACK_METRICS}
+        out.update({strongest_column(k): "" for k in ATTACK_METRICS})
+        for name in names:
+            out.update({per_attack_column(k, name): float("nan") for k in ATTACK_METRICS})
+            out[per_attack_column("attack_s", name)] = 0.0
         return out
 
     @property

@@ -12,7 +12,7 @@ import jinja2
 import pandas as pd
 
 from cem_bench.errors import ResultsError
-from cem_bench.schema import GALLERY_FILE, PRIVACY_MODES, REPORT_DIR, STRONGEST_SUFFIX, privacy_mode
+from cem_bench.schema import GALLERY_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
 from cem_bench.storage import is_uri, write_bytes
 
 from .load import (
@@ -94,7 +94,7 @@ def copy_galleries(res: Results, out_dir: Path) -> list[dict]:
 
 def _set_by(row: pd.Series, metric: str) -> str:
     """`` (rmle)``: the attack that set a worst-case metric of a trial, when recorded."""
-    by = row.get(metric + STRONGEST_SUFFIX)
+    by = row.get(strongest_column(metric))
     return f" ({by})" if isinstance(by, str) and by else ""
 
 
@@ -160,11 +160,11 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     searched = [c for c in searched_columns(res) if c != SURROGATE_COL]
     metrics = metric_columns(res)
     # which attack set each worst-case privacy objective (several attacks per trial: attack.names)
-    strongest = [m + STRONGEST_SUFFIX for m in res.metrics if m + STRONGEST_SUFFIX in res.trials
-                 and res.trials[m + STRONGEST_SUFFIX].fillna("").astype(str).str.len().gt(0).any()]
-    table_cols = ["trial_id", "_label", *searched, *metrics, *strongest]
+    by_metric = {m: strongest_column(m) for m in res.metrics if strongest_column(m) in res.trials
+                 and res.trials[strongest_column(m)].fillna("").astype(str).str.len().gt(0).any()}
+    table_cols = ["trial_id", "_label", *searched, *metrics, *by_metric.values()]
     table_heads = ["trial", "surrogate", *[short(c) for c in searched], *metrics,
-                   *[f"strongest attack ({c[: -len(STRONGEST_SUFFIX)]})" for c in strongest]]
+                   *[f"strongest attack ({m})" for m in by_metric]]
 
     shown = []
     for g in gallery:

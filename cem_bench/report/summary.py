@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
-from cem_bench.schema import privacy_mode
+from cem_bench.schema import privacy_mode, strongest_column
 from cem_bench.table import DEFAULT_METRICS, SIGMA, paper_table
 
 from .load import MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, best_baseline, is_attack_metric
@@ -270,10 +270,11 @@ def config_front_table(res: Results) -> str:
         shown[f"_ms_{m}"] = [mean_std(r, m) for r in rows]
     shown["_runs"] = [_runs(r) for r in rows]
     shown["_seeds"] = [_seeds(r.get("seeds")) for r in rows]
-    strongest = [m + "_by" for m in res.metrics if m + "_by" in front]   # aggregate.strongest_summary
-    columns = [CONFIG_ID, "_label", *searched, *(f"_ms_{m}" for m in res.metrics), *strongest, "_runs", "_seeds"]
+    by_metric = {m: strongest_column(m) for m in res.metrics if strongest_column(m) in front}  # strongest_summary
+    columns = [CONFIG_ID, "_label", *searched, *(f"_ms_{m}" for m in res.metrics), *by_metric.values(), "_runs",
+               "_seeds"]
     headers = ["configuration", "surrogate", *(short(c) for c in searched),
-               *(f"{m} (mean ± std)" for m in res.metrics), *(f"strongest attack ({c[:-3]})" for c in strongest),
+               *(f"{m} (mean ± std)" for m in res.metrics), *(f"strongest attack ({m})" for m in by_metric),
                "runs", "seeds"]  # fmt: skip
     return html_table(shown, columns, headers)
 
