@@ -172,14 +172,6 @@ def overrides_from_args(args) -> dict:
     return ov
 
 
-def _gpu_visible() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
-
-
 def search_command(args) -> dict:
     """``cem-bench search`` without the report: validate, search, write the tables, print what was done.
 
@@ -194,7 +186,7 @@ def search_command(args) -> dict:
     from .. import mps
     # MPS on this machine for a local search whose trials share a GPU (a cluster starts it in cluster.yaml)
     mode = (getattr(args, "mps", None) or "auto") if args.address is None else "off"
-    with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _gpu_visible()):
+    with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _detect_gpus() > 0):
         exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
                          stats=stats)
 
