@@ -128,7 +128,7 @@ def test_ray_row_times_a_real_search():
     assert trial["met"] is None  # a tiny trial is not checked against the demo-size target
 
 
-CHEAP_GROUPS = ("data", "step", "refit", "attack", "epoch", "pack")  # run for real at tiny sizes (pack: CUDA only,
+CHEAP_GROUPS = ("data", "step", "kernels", "refit", "attack", "epoch", "pack")  # run for real at tiny sizes (pack: CUDA only,
 # one note row on the CPU); "ray" by its own test
 
 
@@ -136,7 +136,7 @@ def test_every_registered_group_is_in_groups_and_run(monkeypatch):
     pytest.importorskip("sklearn")
     groups = harness.registered()
     names = [g.group for g in groups]
-    assert names == ["data", "step", "refit", "attack", "epoch", "ray", "pack"]  # the fixed order of the table
+    assert names == ["data", "step", "kernels", "refit", "attack", "epoch", "ray", "pack"]  # the table's order
     assert bench.GROUPS == tuple(names) + ("flops",)
     assert set(CHEAP_GROUPS) | {"ray"} == set(names)
     calls = []
@@ -204,3 +204,38 @@ def test_the_demo_fallback_matches_the_demo_space():
     fixed = dict(load_space(DEMO_SPACE).fixed)
     fixed.pop("train.device", None)
     assert fixed == DEMO_FALLBACK
+
+
+def test_op_counter_counts_kernels_not_views():
+    from cem_bench.bench.kernels import OpCounter
+
+    x = torch.randn(4, 6, requires_grad=True)
+    with OpCounter() as c:
+        v = x.view(2, 12).t().unsqueeze(0)[0]          # views only
+        torch.empty(3)
+    assert c.total == 0, c.counts
+    with OpCounter() as c:
+        loss = (x.float() * 2 + 1).sum()               # float() of fp32 is not an operator
+        loss.backward()
+    # forward mul, add, sum; backward: the seed (ones_like), sum's backward is a view (expand), mul's a mul
+    assert c.counts == {"mul": 2, "add": 1, "sum": 1, "ones_like": 1}, c.counts
+    assert v.shape == (12, 2)
+
+
+def test_kernel_count_of_each_step_is_exact_and_ordered():
+    """The count is the same for the same code (it is what later changes are measured by), lambda = 0 runs the
+    fewest, and every surrogate's row predicts a ratio above 1 from its extra operators."""
+    from cem_bench.bench import kernels
+
+    sizes = harness.sizes_for(torch.device("cpu"), quick=True, tiny=True)
+    a = kernels.count_configs(torch.device("cpu"), sizes, ["lambda=0", "gmm", "slot_cross"])
+    b = kernels.count_configs(torch.device("cpu"), sizes, ["lambda=0", "gmm", "slot_cross"])
+    assert a == b
+    total = {k: sum(v.values()) for k, v in a.items()}
+    assert 0 < total["lambda=0"] < total["gmm"] < total["slot_cross"]
+    assert a["lambda=0"]["convolution"] > 0 and a["lambda=0"]["convolution_backward"] > 0
+    rows = kernels.bench_kernels(torch.device("cpu"), sizes)
+    assert [r["name"] for r in rows] == ["kernels per step: lambda=0"] + [f"kernels per step: {s}"
+                                                                        for s in surrogates.names()]
+    for r in rows[1:]:
+        assert r["ratio"] == pytest.approx(kernels.predicted_ratio(r["value"] - r["baseline"])) and r["ratio"] > 1

@@ -11,10 +11,12 @@ itself with ``harness.row``, run in this order:
 2. ``step`` (step.py): ``Trainer.step`` with lambda = 0 and with each registered surrogate, against the
    lambda = 0 step; ``flops`` (CUDA): achieved TFLOP/s of the lambda = 0 step, FLOPs counted by
    ``torch.utils.flop_counter``.
-3. ``refit`` (refit.py): the ``gmm`` refit from cold against scikit-learn's ``KMeans`` per class.
-4. ``attack`` (attack.py): a decoder-attack epoch on cached features against the same epoch plus an
+3. ``kernels`` (kernels.py): the kernel-launching operators of one eager step per configuration, counted
+   by a ``TorchDispatchMode`` on any device, and the H200 step ratio they predict.
+4. ``refit`` (refit.py): the ``gmm`` refit from cold against scikit-learn's ``KMeans`` per class.
+5. ``attack`` (attack.py): a decoder-attack epoch on cached features against the same epoch plus an
    encoder pass.
-5. ``ray`` (ray.py): a trial under Ray Tune against ``run_trial`` directly; Ray's start-up.
+6. ``ray`` (ray.py): a trial under Ray Tune against ``run_trial`` directly; Ray's start-up.
 
 ``run_bench(device, quick, only=..., tiny=...)`` returns ``{"header": {...}, "rows": [...]}``;
 ``format_table`` prints it; a row group that fails is an error row, the rest of the table is still measured.
@@ -23,7 +25,7 @@ itself with ``harness.row``, run in this order:
 
 from __future__ import annotations
 
-from . import attack, data, epoch, pack, ray, refit, step  # noqa: F401 - importing a row module registers its group
+from . import attack, data, epoch, kernels, pack, ray, refit, step  # noqa: F401 - importing a row module registers its group
 from .attack import bench_attack
 from .data import bench_data
 from .harness import ROWS, Sizes, format_table, group_names, header, main, registered, row, run_bench, sizes_for

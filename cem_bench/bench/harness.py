@@ -319,7 +319,7 @@ def run_bench(device: str = "cpu", quick: bool = False, only: list[str] | tuple[
 def _num(v: float | None, unit: str = "") -> str:
     if v is None:
         return "-"
-    if unit == "img/s":
+    if unit in ("img/s", "ops"):
         s = f"{v:,.0f}"
     elif unit in ("s", "s/step", "s/epoch", "s/trial"):
         s = f"{v:.3f}" if v < 10 else f"{v:.1f}"
