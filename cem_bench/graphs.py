@@ -11,8 +11,8 @@ What makes the step capturable (``Trainer.step_body``):
   last batch), and the surrogates pad per class to the batch size, never to the batch's contents (no host
   sync anywhere in a step: ``surrogates.base.group_by_class``);
 * host values as device tensors filled in place: the learning rate (the SGD param groups hold one tensor;
-  fused SGD reads it on the device) and the CEM scale and surrogate-gradient factor of ``cem_scales``
-  (they change with the lr), so an lr drop or the warm-up needs no new capture;
+  fused SGD reads it on the device) and the CEM loss's weight and the encoder's multiplier of
+  ``cem_scales`` (they change with the lr), so an lr drop or the warm-up needs no new capture;
 * graph-safe random numbers: the noise generator and the surrogate's generator are registered with the
   graph (``CUDAGraph.register_generator_state``), the default generator (dropout) is handled by PyTorch,
   so every replay draws fresh noise and the eager code between replays (shuffling, augmentation) shares
@@ -64,8 +64,8 @@ class GraphedStep:
     def __init__(self, trainer):
         self.trainer = trainer
         dev = trainer.device
-        self.scale = torch.zeros((), device=dev)
-        self.factor = torch.ones((), device=dev)
+        self.weight = torch.zeros((), device=dev)
+        self.mult = torch.ones((), device=dev)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key = None
         self.warm_left = WARMUP_STEPS
@@ -84,7 +84,7 @@ class GraphedStep:
 
     def _eager(self, x, y, cem_on: bool, acc: dict, side_stream: bool) -> None:
         self.eager_steps += 1
-        body = lambda: self.trainer.step_body(x, y, cem_on, self.scale, self.factor, acc)  # noqa: E731
+        body = lambda: self.trainer.step_body(x, y, cem_on, self.weight, self.mult, acc)  # noqa: E731
         if side_stream:
             on_side_stream(body, self.trainer.device)
         else:
@@ -92,9 +92,9 @@ class GraphedStep:
 
     def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
         tr = self.trainer
-        scale, factor = tr.cem_scales(lr) if cem_on else (0.0, 1.0)
-        self.scale.fill_(scale)
-        self.factor.fill_(factor)
+        weight, mult = tr.cem_scales(lr) if cem_on else (0.0, 1.0)
+        self.weight.fill_(weight)
+        self.mult.fill_(mult)
         if self.failed is not None:
             self._eager(x, y, cem_on, acc, side_stream=False)
             return
@@ -126,7 +126,7 @@ class GraphedStep:
         self.x = x.detach().clone(memory_format=torch.channels_last)
         self.y = y.detach().clone()
         gens = [tr.gen] + ([tr.surrogate.rng(tr.device)] if cem_on and tr.surrogate is not None else [])
-        self.graph = capture(lambda: tr.step_body(self.x, self.y, cem_on, self.scale, self.factor, acc),
+        self.graph = capture(lambda: tr.step_body(self.x, self.y, cem_on, self.weight, self.mult, acc),
                              tr.device, gens)
         self.captures += 1
 

@@ -15,16 +15,18 @@ direction ``cem.estimator_fit`` says (docs/estimators.md): ``adversarial`` ascen
 estimator looks for the spread the encoder must remove), ``joint`` descends it like the encoder (the
 seeds' literal design, which lets the estimator switch itself off). A step whose CEM loss is not finite
 contributes no gradient at all (a gate on the surrogate's input zeroes it in the backward pass, where a
-``torch.where`` on the loss alone would still propagate 0 * inf = NaN) and is counted. Logs accumulate as
+``torch.where`` on the loss alone would still propagate 0 * inf = NaN; the surrogate's own Adam step is
+skipped, as ``GradScaler`` skips an overflowed step) and is counted. Logs accumulate as
 device tensors and are read once per epoch: no host sync in a step. On CUDA the step is captured as one CUDA
-graph and replayed (``train.cuda_graph``, graphs.py): ``step_body`` takes its host values (lr, CEM scale,
-surrogate factor) as floats or device tensors for that reason. Deliberate differences from the
-reference (docs/reference.md §11): epoch 1 trains at the real lr (the reference's WarmUpLR misuse made it 0);
-milestones are fractions of the run; the gmm refit encodes the clean training split; lambda = 0 builds no
-surrogate and runs no clustering; the checkpoint kept is the last one (no model selection on the test set).
-Each of those but the lambda = 0 one has a switch that reproduces the reference, off by default
-(docs/reference.md "Switches that reproduce the reference"): ``train.reference_warmup_lr0``,
-``train.milestones_epochs``, ``cem.refit_augmented``, ``train.select_best_last``.
+graph and replayed (``train.cuda_graph``, graphs.py): ``step_body`` takes its host values (lr, the CEM
+loss's weight and the encoder's multiplier of ``cem_scales``) as floats or device tensors for that reason.
+Deliberate differences from the reference (docs/reference.md §11): epoch 1 trains at the real lr (the
+reference's WarmUpLR misuse made it 0); milestones are fractions of the run; the gmm refit encodes the clean
+training split; lambda = 0 builds no surrogate and runs no clustering; the checkpoint kept is the last one (no
+model selection on the test set). Each of those but the lambda = 0 one has a switch that reproduces the
+reference, off by default (docs/reference.md "Switches that reproduce the reference"):
+``train.reference_warmup_lr0``, ``train.milestones_epochs``, ``cem.refit_augmented``,
+``train.select_best_last``.
 """
 
 from __future__ import annotations
@@ -49,17 +51,21 @@ INJECT_LR_KNEE = 4.1e-4  # the reference's s(eta) switches to 1 below this lr
 
 
 class _GradGate(torch.autograd.Function):
-    """Identity forward; the backward passes the gradient only where ``ok`` (a 0-dim bool tensor that the
-    caller fills in *after* the forward) is true. ``torch.where`` selects, so a NaN gradient becomes 0."""
+    """Identity forward; the backward passes ``mult`` x the gradient only where ``ok`` (a 0-dim bool tensor that
+    the caller fills in *after* the forward) is true. ``torch.where`` selects, so a NaN gradient becomes 0.
+    ``mult`` (a float or a 0-dim tensor) is ``cem_scales``' encoder multiplier."""
 
     @staticmethod
-    def forward(ctx, x, ok):
+    def forward(ctx, x, ok, mult):
         ctx.ok = ok          # not save_for_backward: it is written in place after this forward, by design
+        ctx.mult = mult
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return torch.where(ctx.ok, grad, torch.zeros_like(grad)), None
+        if isinstance(ctx.mult, torch.Tensor) or ctx.mult != 1.0:
+            grad = grad * ctx.mult
+        return torch.where(ctx.ok, grad, 0.0), None, None
 
 
 def graph_mode(cfg: TrialConfig, device: torch.device) -> bool:
@@ -206,17 +212,20 @@ class Trainer:
                                        dtype=torch.float32)
 
     def cem_scales(self, lr: float) -> tuple[float, float]:
-        """(scale, factor) of a CEM step at scheduled rate ``lr``: the encoder descends CE + scale·L, and the
-        surrogate's own gradient (scale·dL/dθ after the backward) is multiplied by factor. fused: scale = λ;
-        inject: λ·s(lr), whose backward equals the paper's g_CE + λ·s·g_CEM (its code ran two backward passes
-        through the encoder for the same sum). joint keeps the gradient (fused, as the seeds) or divides the
-        scale out (inject: g_CEM); adversarial turns it into -dL/dθ (gradient ascent). Adam is invariant to a
-        constant scale, so only the sign matters."""
+        """(weight, mult) of a CEM step at scheduled rate ``lr``. The backward seeds the CEM loss L with weight,
+        so the surrogate's own parameters get weight·dL/dθ, and the gate on the surrogate's input multiplies
+        the encoder's share by mult: the encoder descends CE + scale·L with scale = weight·mult. fused: scale
+        = λ; inject: λ·s(lr), whose backward equals the paper's g_CE + λ·s·g_CEM (its code ran two backward
+        passes through the encoder for the same sum). The surrogate's gradient: joint keeps λ·dL/dθ (fused, as
+        the seeds) or drops the scale (inject: g_CEM, weight 1); adversarial turns it into -dL/dθ (gradient
+        ascent, weight -1). Adam is invariant to a constant scale, so only the sign matters. One multiplication
+        of z's gradient instead of one per surrogate parameter: a graphed step's time is its kernel count
+        (bench ``kernels``)."""
         fused = self.cfg.cem.grad_mode == "fused"
         scale = self.lambd if fused else self.lambd * inject_scale(lr)
         sign = estimator_sign(self.cfg.cem.estimator_fit)
-        factor = 1.0 if (fused and sign > 0) else sign / scale
-        return scale, factor
+        weight = scale if (fused and sign > 0) else sign
+        return weight, scale / weight
 
     def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
         """One training step on a normalised batch; adds its logs to the device tensors in ``acc``. With
@@ -224,11 +233,11 @@ class Trainer:
         if self._graph is not None:
             self._graph.step(x, y, cem_on, lr, acc)
             return
-        scale, factor = self.cem_scales(lr) if cem_on else (0.0, 1.0)
-        self.step_body(x, y, cem_on, scale, factor, acc)
+        weight, mult = self.cem_scales(lr) if cem_on else (0.0, 1.0)
+        self.step_body(x, y, cem_on, weight, mult, acc)
 
-    def step_body(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, scale, factor, acc: dict) -> None:
-        """The step itself, with ``scale`` and ``factor`` (``cem_scales``) as floats or 0-dim device tensors
+    def step_body(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, weight, mult, acc: dict) -> None:
+        """The step itself, with ``weight`` and ``mult`` (``cem_scales``) as floats or 0-dim device tensors
         (the graph's: no host value enters a captured step). No host sync, no allocation that outlives it."""
         if self.device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
@@ -240,10 +249,10 @@ class Trainer:
         if cem_on:
             ok = torch.ones((), dtype=torch.bool, device=z.device)
             with torch.autocast(self.device.type, enabled=False):  # surrogate statistics in fp32
-                out = self.surrogate(_GradGate.apply(z.float(), ok), y)
+                out = self.surrogate(_GradGate.apply(z.float(), ok, mult), y)
             finite = torch.isfinite(out.loss)
             ok.copy_(finite)
-            rob = torch.where(finite, out.loss, torch.zeros_like(out.loss)) * self.loss_scale
+            rob = torch.where(finite, out.loss, 0.0) * self.loss_scale
             acc["rob_nonfinite"] += (~finite).float()
             acc["rob_loss"] += rob.detach()
             for k, v in out.logs.items():
@@ -258,15 +267,13 @@ class Trainer:
         if rob is None:
             ce.backward()
         else:
-            (ce + scale * rob).backward()           # see cem_scales
-            for p in self.surrogate_params:
-                if p.grad is not None:
-                    if isinstance(factor, torch.Tensor) or factor != 1.0:
-                        p.grad.mul_(factor)
-                    p.grad = torch.where(finite, p.grad, torch.zeros_like(p.grad))
+            (ce + weight * rob).backward()           # see cem_scales
         self.client_opt.step()
         self.server_opt.step()
         if rob is not None and self.surrogate_opt is not None:
+            # a non-finite loss skips the step in the fused kernel (GradScaler's mechanism; its gradients may be
+            # NaN): one flag for every parameter, no pass over them
+            self.surrogate_opt.found_inf = (~finite).float()
             self.surrogate_opt.step()
         with torch.no_grad():
             acc["ce_sum"] += ce.detach() * y.shape[0]

@@ -1,7 +1,7 @@
 """The capturable training step (train.cuda_graph, cem_bench/graphs.py).
 
-On the CPU: the static form of the step that a CUDA graph captures — learning rate, CEM scale and surrogate
-gradient factor as device tensors, the same accumulators every step — trains exactly as the eager step with
+On the CPU: the static form of the step that a CUDA graph captures — learning rate, the CEM loss's weight and
+the encoder's multiplier as device tensors, the same accumulators every step — trains exactly as the eager step with
 Python floats, for every surrogate and both gradient modes. On CUDA (skipped here): the graphed trainer
 equals the eager one after its warm-up, capture and replays.
 """
@@ -40,8 +40,8 @@ def test_static_step_equals_the_eager_step(name, grad_mode):
     static._lr_tensor = torch.tensor(lr)          # what a graphed trainer holds
     static._install_lr()
     eager.set_lr(lr)
-    scale, factor = static.cem_scales(lr)
-    scale_t, factor_t = torch.tensor(scale), torch.tensor(factor)
+    weight, mult = static.cem_scales(lr)
+    weight_t, mult_t = torch.tensor(weight), torch.tensor(mult)
     acc_e, acc_s = eager.epoch_acc(), static.epoch_acc()
     gen = torch.Generator().manual_seed(1)
     batches = [b for _, b in zip(range(3), data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none",
@@ -51,7 +51,7 @@ def test_static_step_equals_the_eager_step(name, grad_mode):
         eager.step(x, y, True, lr, acc_e)
     torch.manual_seed(5)
     for x, y in batches:
-        static.step_body(x, y, True, scale_t, factor_t, acc_s)
+        static.step_body(x, y, True, weight_t, mult_t, acc_s)
     for a, b in zip([*eager.client.parameters(), *eager.server.parameters(), *eager.surrogate.parameters()],
                     [*static.client.parameters(), *static.server.parameters(), *static.surrogate.parameters()]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

@@ -75,7 +75,34 @@ def test_non_finite_cem_loss_contributes_no_gradient(mode, monkeypatch):
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
     for p, p0 in zip(t.surrogate_params, surr_before):
-        assert torch.isfinite(p).all() and torch.equal(p, p0)      # Adam's first step with a zero gradient
+        assert torch.isfinite(p).all() and torch.equal(p, p0)      # the surrogate's step is skipped
+
+
+def test_non_finite_cem_loss_skips_the_surrogate_step(monkeypatch):
+    """After a finite step Adam has momentum: a zeroed gradient would still move the surrogate; the skipped
+    step (fused Adam's found_inf) leaves its parameters and its step count as they were."""
+    flat = {"cem.surrogate": "slot_cross", "cem.hidden_dim": 16, "cem.num_heads": 2}
+    t = _trainer(**flat)
+    x, y = _batch(t)
+    acc = _acc(t)
+    t.step(x, y, True, 0.05, acc)
+    forward = type(t.surrogate).forward
+
+    def poisoned(self, z, labels, *a, **k):
+        out = forward(self, z, labels, *a, **k)
+        out.loss = out.loss * torch.tensor(float("inf"))
+        return out
+
+    monkeypatch.setattr(type(t.surrogate), "forward", poisoned)
+    before = [p.detach().clone() for p in t.surrogate_params]
+    steps = [float(t.surrogate_opt.state[p]["step"]) for p in t.surrogate_params]
+    t.step(x, y, True, 0.05, acc)
+    assert acc["rob_nonfinite"] == 1
+    assert all(torch.equal(p, p0) for p, p0 in zip(t.surrogate_params, before))
+    assert [float(t.surrogate_opt.state[p]["step"]) for p in t.surrogate_params] == steps == [1.0] * len(steps)
+    monkeypatch.setattr(type(t.surrogate), "forward", forward)
+    t.step(x, y, True, 0.05, acc)                                  # a finite step trains it again
+    assert any(not torch.equal(p, p0) for p, p0 in zip(t.surrogate_params, before))
 
 
 def test_smashed_data_and_noise_are_fp32_under_autocast():

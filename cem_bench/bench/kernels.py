@@ -40,7 +40,8 @@ NO_KERNEL = frozenset({
 # (the surrogate's extra operators counted here), least squares through 0 over the five surrogates as the
 # H200 ran them (commits 0936307..f648ac6, surrogates unchanged), whose extra operators this row counts as
 # 104 / 252 / 603 / 816 / 984 (gmm / gated_attention / attention_centroid / slot_cross / serial_enhanced)
-# for 0.20 / 0.63 / 2.03 / 2.15 / 2.82 ms measured; the fit predicts 1.18 / 1.44 / 2.05 / 2.41 / 2.71 for 1.12 / 1.38 / 2.23 / 2.30 / 2.71 measured.
+# for 0.20 / 0.63 / 2.03 / 2.15 / 2.82 ms measured; the fit predicts the ratios 1.18 / 1.44 / 2.05 / 2.41 /
+# 2.71 for 1.12 / 1.38 / 2.23 / 2.30 / 2.71 measured.
 STEP0_MS = 1.65
 US_PER_OP = 2.86
 
