@@ -174,6 +174,7 @@ class Trainer:
         self.best: dict | None = None
         self.refit_augmented = bool(cfg.cem.params.get("refit_augmented", False))
         self._acc: dict[str, torch.Tensor] | None = None      # the epoch's log accumulators, reused in place
+        self.surr_log_names: tuple[str, ...] | None = None    # the order of acc["surr"]
         self._graph = None
         if self.graphed:
             from .graphs import GraphedStep
@@ -253,12 +254,10 @@ class Trainer:
             finite = torch.isfinite(out.loss)
             ok.copy_(finite)
             rob = torch.where(finite, out.loss, 0.0) * self.loss_scale
-            acc["rob_nonfinite"] += (~finite).float()
+            nonfinite = (~finite).float()
+            acc["rob_nonfinite"] += nonfinite
             acc["rob_loss"] += rob.detach()
-            for k, v in out.logs.items():
-                if k != "rob_loss":
-                    acc.setdefault("surr_" + k, torch.zeros((), device=self.device))
-                    acc["surr_" + k] += v.detach().float()
+            self._add_surrogate_logs(acc, out.logs)
             if self.surrogate_opt is not None:
                 self.surrogate_opt.zero_grad(set_to_none=True)
         with self._autocast():
@@ -273,13 +272,28 @@ class Trainer:
         if rob is not None and self.surrogate_opt is not None:
             # a non-finite loss skips the step in the fused kernel (GradScaler's mechanism; its gradients may be
             # NaN): one flag for every parameter, no pass over them
-            self.surrogate_opt.found_inf = (~finite).float()
+            self.surrogate_opt.found_inf = nonfinite
             self.surrogate_opt.step()
         with torch.no_grad():
             acc["ce_sum"] += ce.detach() * y.shape[0]
             acc["correct"] += (logits.argmax(1) == y).sum()
             acc["seen"] += y.shape[0]
             acc["ce_nonfinite"] += (~torch.isfinite(ce)).float()
+
+    def _add_surrogate_logs(self, acc: dict, logs: dict) -> None:
+        """Add the surrogate's logs (but rob_loss, which the step scales) to ``acc["surr"]``, one vector in the
+        order of ``self.surr_log_names``: one kernel, not one per log."""
+        names = tuple(k for k in logs if k != "rob_loss")
+        if not names:
+            return
+        if self.surr_log_names is None:
+            self.surr_log_names = names
+        elif names != self.surr_log_names:
+            raise RuntimeError(f"surrogate {self.cfg.cem.surrogate!r} changed its logs from "
+                               f"{self.surr_log_names} to {names}; a surrogate's logs must be the same every step")
+        if "surr" not in acc:
+            acc["surr"] = torch.zeros(len(names), device=self.device)
+        acc["surr"] += torch.stack([logs[k].detach().float() for k in names])
 
     # ------------------------------------------------------------------------------------ epochs
     ACC_KEYS = ("ce_sum", "correct", "seen", "ce_nonfinite", "rob_loss", "rob_nonfinite")
@@ -320,7 +334,9 @@ class Trainer:
             self.step(x, y, cem_on, lr, acc)
             steps += 1
         # end of epoch: one host sync to read the logs
-        vals = {k: float(v) for k, v in acc.items()}
+        vals = {k: float(v) for k, v in acc.items() if k != "surr"}
+        if "surr" in acc:
+            vals.update(zip(("surr_" + k for k in self.surr_log_names), acc["surr"].tolist()))
         if vals["ce_nonfinite"] > 0:
             raise TrialDiverged(f"the classification loss became non-finite in epoch {epoch} "
                                 f"({int(vals['ce_nonfinite'])} of {steps} steps); lower train.lr or cem.lambd")

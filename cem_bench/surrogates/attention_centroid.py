@@ -105,8 +105,8 @@ class AttentionCentroid(Surrogate):
         with torch.no_grad():
             logs = {
                 "rob_loss": loss.detach(),
-                "intra_mse": intra_class_mse(z.flatten(1), y, g),
-                "embed_intra_mse": intra_class_mse(f, y, g),           # spread of f in h-space
+                "intra_mse": intra_class_mse(z.flatten(1), y, g, counts),
+                "embed_intra_mse": intra_class_mse(f, y, g, counts),   # spread of f in h-space
                 "cluster_var": ((w * var).sum(1) * counted).sum() / n_counted,
                 "active_slots": ((n > 0.5).to(f.dtype).sum(1) * counted).sum() / n_counted,
             }

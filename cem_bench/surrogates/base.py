@@ -225,14 +225,17 @@ def soft_cell_stats(x: torch.Tensor, y: torch.Tensor, r: torch.Tensor, num_class
     return mass, mean, var
 
 
-def intra_class_mse(x: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+def intra_class_mse(x: torch.Tensor, y: torch.Tensor, num_classes: int,
+                    counts: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over samples (of classes with >= 2 members) of the per-dimension mean squared distance to
-    the class mean. ``x`` is (B, D). Detached; no host sync."""
+    the class mean. ``x`` is (B, D); ``counts`` (G,), the class sizes, where the caller has them already.
+    Detached; no host sync."""
     with torch.no_grad():
         x = x.float()
-        onehot = torch.nn.functional.one_hot(y, num_classes).float()
-        counts = onehot.sum(0)
+        onehot = torch.nn.functional.one_hot(y, num_classes).to(x.dtype)
+        if counts is None:
+            counts = onehot.sum(0)
         means = (onehot.t() @ x) / counts.clamp(min=1).unsqueeze(1)
-        sq = ((x - means[y]) ** 2).mean(1)
-        keep = (counts[y] >= 2).float()
+        sq = torch.nn.functional.mse_loss(x, means.index_select(0, y), reduction="none").mean(1)
+        keep = (counts >= 2).to(x.dtype).index_select(0, y)
         return (sq * keep).sum() / keep.sum().clamp(min=1)

@@ -75,15 +75,15 @@ class GatedAttention(Surrogate):
         weight = frac.pow(c.slot_power) * counted
         loss = (weight * class_gate * gate.term).sum() / weight.sum().clamp(min=1e-30)
 
-        n_counted = counted.sum().clamp(min=1)
-        avg = lambda v: ((v * counted).sum() / n_counted).detach()  # noqa: E731  mean over counted classes
+        with torch.no_grad():   # the logs: means over the counted classes, all in one batch (few kernels)
+            pool_max = x.new_zeros(g_cls).scatter_reduce(0, y, alpha, "amax")
+            per_class = torch.cat([torch.stack([gate.dim_gate, gate.snr_gate, gate.penalty]).mean(-1),
+                                   torch.stack([class_gate, pool_max])])                              # (5, G)
+            means = (per_class * counted).sum(1) / counted.sum().clamp(min=1)
         logs = {
             "rob_loss": loss.detach(),
-            "intra_mse": intra_class_mse(x, y, g_cls),
-            "gate_dim": avg(gate.dim_gate.mean(-1)),
-            "gate_snr": avg(gate.snr_gate.mean(-1)),
-            "gate_class": avg(class_gate),
-            "hinge": avg(gate.penalty.mean(-1)),
-            "pool_max": avg(x.new_zeros(g_cls).scatter_reduce(0, y, alpha.detach(), "amax")),
+            "intra_mse": intra_class_mse(x, y, g_cls, counts),
+            "gate_dim": means[0], "gate_snr": means[1], "gate_class": means[3], "hinge": means[2],
+            "pool_max": means[4],
         }
         return SurrogateOut(loss, logs)

@@ -122,7 +122,7 @@ class GMM(Surrogate):
         term = pi.reshape(-1) * term * (n >= 1)
         counted = (class_n >= 2).to(x.dtype)                              # classes with M_c < 2 contribute nothing
         loss = (term.view(g, k).sum(1) * counted).sum() / counted.sum().clamp(min=1)
-        logs = {"rob_loss": loss.detach(), "intra_mse": intra_class_mse(x, y, g)}
+        logs = {"rob_loss": loss.detach(), "intra_mse": intra_class_mse(x, y, g, class_n)}
         return SurrogateOut(loss, logs)
 
     def _legacy_tables(self, y: torch.Tensor, class_n: torch.Tensor):

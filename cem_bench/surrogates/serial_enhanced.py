@@ -141,8 +141,8 @@ class SerialEnhanced(Surrogate):
             occupied = (n > 0).to(feat.dtype).view(g, k)
             logs = {
                 "rob_loss": loss.detach(),
-                "intra_mse": intra_class_mse(x, y, g),
-                "enh_intra_mse": intra_class_mse(feat, y, g),          # spread of y in h-space
+                "intra_mse": intra_class_mse(x, y, g, counts),
+                "enh_intra_mse": intra_class_mse(feat, y, g, counts),  # spread of y in h-space
                 "gate_mean": gate.mean(),                              # multi-scale gate G
                 "cluster_var": (w * (pi * (var - VAR_FLOOR).mean(1).view(g, k)).sum(1)).sum(),
                 "active_slots": (occupied.sum(1) * counted).sum() / n_counted,
@@ -166,8 +166,8 @@ class SerialEnhanced(Surrogate):
             n_counted = counted.sum().clamp(min=1)
             logs = {
                 "rob_loss": loss.detach(),
-                "intra_mse": intra_class_mse(x, y, g),
-                "enh_intra_mse": intra_class_mse(feat, y, g),
+                "intra_mse": intra_class_mse(x, y, g, counts),
+                "enh_intra_mse": intra_class_mse(feat, y, g, counts),
                 "gate_mean": gate.mean(),
                 "cluster_var": (w * (pi * var.mean(-1)).sum(1)).sum(),
                 "active_slots": ((mass > 0.5).to(x.dtype).sum(1) * counted).sum() / n_counted,

@@ -116,18 +116,17 @@ class SlotCross(Surrogate):
         weight = frac * counted
         loss = (weight * class_gate * class_loss).sum() / weight.sum().clamp(min=1e-30)
 
-        n_counted = counted.sum().clamp(min=1)
-        avg = lambda v: ((v * counted).sum() / n_counted).detach()  # noqa: E731  mean over counted classes
+        with torch.no_grad():   # the logs: means over the counted classes, all in one batch (few kernels)
+            gated = (pi * torch.stack([gate.dim_gate, gate.snr_gate, gate.penalty]).mean(-1)).sum(-1)   # (3, G)
+            per_class = torch.cat([gated, class_gate.unsqueeze(0), pi.amax(1).unsqueeze(0)])          # (5, G)
+            means = (per_class * counted).sum(1) / counted.sum().clamp(min=1)
+            alphas = torch.tanh(torch.stack([self.cross.alpha_xattn, self.cross.alpha_ffn]))
         logs = {
             "rob_loss": loss.detach(),
-            "intra_mse": intra_class_mse(x, y, g_cls),
-            "gate_dim": avg((pi * gate.dim_gate.mean(-1)).sum(1)),
-            "gate_snr": avg((pi * gate.snr_gate.mean(-1)).sum(1)),
-            "gate_class": avg(class_gate),
-            "hinge": avg((pi * gate.penalty.mean(-1)).sum(1)),
-            "slot_weight_max": avg(pi.detach().amax(1)),
+            "intra_mse": intra_class_mse(x, y, g_cls, counts),
+            "gate_dim": means[0], "gate_snr": means[1], "gate_class": means[3], "hinge": means[2],
+            "slot_weight_max": means[4],
             "assign_beta": self.log_assign_beta.detach().exp(),
-            "alpha_xattn": torch.tanh(self.cross.alpha_xattn.detach()),
-            "alpha_ffn": torch.tanh(self.cross.alpha_ffn.detach()),
+            "alpha_xattn": alphas[0], "alpha_ffn": alphas[1],
         }
         return SurrogateOut(loss, logs)
