@@ -116,6 +116,9 @@ class TrainConfig:
                          "steps) as one CUDA graph and replay it: auto (on for CUDA without train.compile), "
                          "on, off; the CPU always runs the eager step (docs/performance.md)",
                          choices=("auto", "on", "off"))
+    surrogate_stream: bool = _f(False, "run the surrogate's forward and backward on a second CUDA stream, "
+                                "concurrently with the server's (a parallel branch of the step's graph); CUDA "
+                                "only, the CPU ignores it; not yet measured on a GPU (docs/performance.md)")
     device: str = _f("auto", "auto (cuda if available), cpu, cuda, cuda:N")
     eval_batch_size: int = _f(1024, "batch size of evaluation passes", lo=1)
     reference_warmup_lr0: bool = _f(False, "reproduce the reference's WarmUpLR misuse: epoch 1 runs at lr 0 for "

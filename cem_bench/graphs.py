@@ -135,14 +135,16 @@ class GraphedStep:
                 "cuda_graph_eager_steps": self.eager_steps, "cuda_graph_failed": self.failed or ""}
 
 
-def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random: bool = False) -> dict:
+def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random: bool = False,
+                       eager_flat: dict | None = None) -> dict:
     """Train two copies of one trial config for ``steps`` steps on the same batches, one with the graphed
     step and one eager, and return the largest difference of their client and server parameters, with the
     graphed copy's step counts, and the difference between two eager copies (``eager_floor``: run-to-run
     non-determinism of CUDA kernels). ``random=False`` switches off what draws random numbers in a step (the
     defense noise and the classifier's dropout), so that the two must agree to rounding; with ``random=True``
     they agree only if the graph's replays draw the numbers the eager steps draw. Used by the CUDA test and
-    by the GPU check script."""
+    by the GPU check script. ``eager_flat``: keys that only the two eager copies change (e.g. the graphed copy
+    with ``train.surrogate_stream`` against one-stream eager steps)."""
     from . import data
     from .trial import build, build_config
 
@@ -152,7 +154,8 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     # "off" twice: two eager runs differ too where CUDA kernels add with atomics (index_add_, the scatter in
     # the backward of a gather): that difference is the floor the graphed run is compared against
     for mode in ("on", "off", "off again"):
-        cfg = build_config({**flat, "train.cuda_graph": mode.split()[0], "train.device": device,
+        cfg = build_config({**flat, **((eager_flat or {}) if mode != "on" else {}),
+                            "train.cuda_graph": mode.split()[0], "train.device": device,
                             **({} if random else {"defense.noise_std": 0.0})})
         splits, tr = build(cfg, dev)
         if dev.type == "cuda":   # the same arithmetic in both copies: no TF32, no autotuned algorithm choice

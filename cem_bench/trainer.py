@@ -136,6 +136,9 @@ class Trainer:
             self.client.to(memory_format=torch.channels_last)
             self.server.to(memory_format=torch.channels_last)
         self.graphed = graph_mode(cfg, device)
+        # train.surrogate_stream: the surrogate's own CUDA stream (None: the current one)
+        self._side = torch.cuda.Stream(device) if (cuda and cfg.train.surrogate_stream and surrogate is not None) \
+            else None
         # fused (one multi-tensor kernel per optimizer) on the CPU too: on the CPU the same arithmetic as the
         # per-parameter loop (SGD bit-identical, measured), and one code path whose kernel count the bench's
         # ``kernels`` group can count here for the GPU (docs/performance.md)
@@ -246,11 +249,17 @@ class Trainer:
         self.server_opt.zero_grad(set_to_none=True)
         with self._autocast():
             z = self._client_fwd(x)
-        rob = finite = None
+        rob = finite = out = None
         if cem_on:
             ok = torch.ones((), dtype=torch.bool, device=z.device)
-            with torch.autocast(self.device.type, enabled=False):  # surrogate statistics in fp32
-                out = self.surrogate(_GradGate.apply(z.float(), ok, mult), y)
+            zin = _GradGate.apply(z.float(), ok, mult)
+            with self._surrogate_stream(zin, y), torch.autocast(self.device.type, enabled=False):
+                out = self.surrogate(zin, y)               # statistics in fp32
+        with self._autocast():
+            logits = self._server_fwd(self._noise(z))
+            ce = F.cross_entropy(logits.float(), y)
+        if cem_on:
+            self._join_surrogate_stream(out)
             finite = torch.isfinite(out.loss)
             ok.copy_(finite)
             rob = torch.where(finite, out.loss, 0.0) * self.loss_scale
@@ -260,9 +269,6 @@ class Trainer:
             self._add_surrogate_logs(acc, out.logs)
             if self.surrogate_opt is not None:
                 self.surrogate_opt.zero_grad(set_to_none=True)
-        with self._autocast():
-            logits = self._server_fwd(self._noise(z))
-            ce = F.cross_entropy(logits.float(), y)
         if rob is None:
             ce.backward()
         else:
@@ -279,6 +285,30 @@ class Trainer:
             acc["correct"] += (logits.argmax(1) == y).sum()
             acc["seen"] += y.shape[0]
             acc["ce_nonfinite"] += (~torch.isfinite(ce)).float()
+
+    def _surrogate_stream(self, *inputs: torch.Tensor):
+        """The context the surrogate's forward runs in: with ``train.surrogate_stream`` on CUDA a second stream,
+        forked from the current one, so that the surrogate's small kernels (and, by autograd's rule that a
+        backward op runs on its forward op's stream, its backward) run beside the server's; a captured step
+        holds them as a parallel branch. ``inputs`` made on the current stream are marked as used on the side
+        one (the allocator must not hand out their memory while the side stream may still read it)."""
+        if self._side is None:
+            return contextlib.nullcontext()
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        for t in inputs:
+            t.record_stream(self._side)
+        return torch.cuda.stream(self._side)
+
+    def _join_surrogate_stream(self, out) -> None:
+        """The current stream waits for the surrogate's forward; its outputs are marked as used here. The
+        backward needs no join: the engine syncs each gradient that crosses streams, and the leaf gradients
+        with the stream that called ``backward``."""
+        if self._side is None:
+            return
+        cur = torch.cuda.current_stream(self.device)
+        cur.wait_stream(self._side)
+        for t in (out.loss, *out.logs.values()):
+            t.record_stream(cur)
 
     def _add_surrogate_logs(self, acc: dict, logs: dict) -> None:
         """Add the surrogate's logs (but rob_loss, which the step scales) to ``acc["surr"]``, one vector in the

@@ -5,11 +5,12 @@ Run on a GPU machine from the repository root, without installing (no Ray or Opt
     OUT=/some/folder PYTHONPATH=. python3 scripts/gpu_check.py [--budget-s 480]
 
 Stages, each time-boxed, each writing ``$OUT/<stage>.json`` (or ``.txt``) as soon as it ends, so that a run
-cut short still returns what it measured: ``env``; ``equivalence`` (graphed vs eager trainer, every
-surrogate); ``bench`` (``cem-bench bench --device cuda --quick`` rows data, step, flops, refit, attack,
-epoch); ``trial`` (a 50k-image gmm trial with both attacks, graphed, and its epochs eager); ``pack`` (k
-trials on one card, with and without MPS). On a machine without CUDA it runs the same stages on the CPU at
-tiny sizes (a dry run of the script itself).
+cut short still returns what it measured: ``env``; ``equivalence`` (graphed vs eager trainer, every surrogate,
+also on its own stream); ``bench`` (``cem-bench bench --device cuda --quick`` rows data, step (graphed, eager,
+and on the surrogate's own stream), flops, kernels (counted on CUDA, against the CPU count), refit, attack,
+epoch); ``trial`` (a 50k-image gmm trial with both attacks, graphed, and its epochs eager); ``pack`` (k trials
+on one card, with and without MPS). On a machine without CUDA it runs the same stages on the CPU at tiny sizes
+(a dry run of the script itself).
 """
 
 from __future__ import annotations
@@ -81,10 +82,14 @@ def equivalence(_):
     out = {}
     for name in ["lambda=0", *surrogates.names()]:
         flat = {**tiny, **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
-        for random in (False, True):
-            key = f"{name}{' (noise+dropout)' if random else ''}"
+        # the surrogates also on their own stream (train.surrogate_stream): graphed two-stream vs one-stream eager
+        variants = [(False, False), (True, False)] + ([(False, True)] if name != "lambda=0" else [])
+        for random, stream in variants:
+            key = f"{name}{' (noise+dropout)' if random else ''}{' (stream)' if stream else ''}"
             try:
-                out[key] = compare_with_eager(flat, steps=WARMUP_STEPS + 5, device=DEV, random=random) \
+                out[key] = compare_with_eager({**flat, "train.surrogate_stream": stream}, steps=WARMUP_STEPS + 5,
+                                              device=DEV, random=random,
+                                              eager_flat={"train.surrogate_stream": False}) \
                     if CUDA else "no CUDA: the graphed trainer needs a GPU"
             except Exception as e:  # noqa: BLE001
                 out[key] = f"{type(e).__name__}: {e}"
@@ -112,7 +117,7 @@ def decoder(_):
 
 
 def bench(left):
-    groups = ["data", "step", "flops", "refit", "attack", "epoch"] if CUDA else ["step", "attack", "epoch"]
+    groups = ["data", "step", "flops", "kernels", "refit", "attack", "epoch"] if CUDA else ["step", "kernels"]
     run_cli(["bench", "--device", DEV, "--quick", "--json", os.path.join(OUT, "bench.json"), "--only", *groups],
             timeout=min(left - 10, 300), log="bench.txt")
 

@@ -99,6 +99,34 @@ def test_graphed_step_equals_eager_on_cuda(name):
     assert res["max_abs_diff"] <= max(10 * res["eager_floor"], 1e-3 * max(1.0, res["max_abs_param"])), res
 
 
+def test_surrogate_stream_is_ignored_on_the_cpu():
+    """train.surrogate_stream is CUDA only: on the CPU the step is the one-stream step, to the bit."""
+    flat = {"cem.surrogate": "slot_cross", "cem.lambd": 4.0, "defense.noise_std": 0.1}
+    runs = []
+    for on in (False, True):
+        cfg, splits, tr = _trainer({**flat, "train.surrogate_stream": on})
+        assert tr._side is None
+        gen = torch.Generator().manual_seed(1)
+        torch.manual_seed(5)
+        for _, (x, y) in zip(range(2), data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)):
+            tr.step(x, y, True, lr_at(cfg, 1), tr.epoch_acc())
+        runs.append([p.detach().clone() for m in (tr.client, tr.server, tr.surrogate) for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", surrogates.names())
+def test_surrogate_stream_step_equals_one_stream_on_cuda(name):
+    """The surrogate on its own stream (train.surrogate_stream), graphed, trains as the one-stream eager step:
+    streams change when kernels run, not what they compute; and so does its eager two-stream step."""
+    from cem_bench.graphs import WARMUP_STEPS, compare_with_eager
+    flat = {**TINY, "train.amp": "off", "cem.surrogate": name, "cem.lambd": 4.0, "train.surrogate_stream": True}
+    for eager_flat in ({"train.surrogate_stream": False}, None):
+        res = compare_with_eager(flat, steps=WARMUP_STEPS + 5, eager_flat=eager_flat)
+        assert res["cuda_graph_captures"] == 1 and res["cuda_graph_replays"] == 5 and not res["cuda_graph_failed"]
+        assert res["max_abs_diff"] <= max(10 * res["eager_floor"], 1e-3 * max(1.0, res["max_abs_param"])), res
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_graphed_decoder_attack_equals_eager_on_cuda():
     """The decoder's graphed training step draws the eager step's noise and gives its losses (measured on an

@@ -30,6 +30,7 @@ TARGET_STEP = ("le", 1.5)           # attention surrogates (issue: <= 1.5x of la
 TARGET_STEP_GMM = ("le", 1.15)
 TARGET_STEP_MS = ("le", 2.0)        # lambda = 0 step at batch 128 on an H100/H200, graphed (ms)
 EAGER = "(eager)"
+STREAM = "(stream)"      # graphed, with train.surrogate_stream: the surrogate beside the server (CUDA only)
 
 
 def _zero_acc(device: torch.device) -> dict:
@@ -70,16 +71,20 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
     base_flat = step_config(sizes, device, **{"data.train_size": sizes.step_images, "data.test_size": 20})
     splits = synthetic_splits(sizes.step_images, 20, device)
     plain = ["lambda=0"] + surrogates.names()
-    # on CUDA every configuration twice: the graphed step (train.cuda_graph auto) and the eager one
-    names = plain + ([f"{n} {EAGER}" for n in plain] if device.type == "cuda" else [])
+    # on CUDA every configuration twice, the graphed step (train.cuda_graph auto) and the eager one, and each
+    # surrogate a third time graphed on its own stream (train.surrogate_stream)
+    names = plain + ([f"{n} {EAGER}" for n in plain] + [f"{n} {STREAM}" for n in plain[1:]]
+                     if device.type == "cuda" else [])
     runs: dict[str, dict] = {}
     rows: list[dict] = []
     for name in names:
         try:
-            base_name = name.removesuffix(f" {EAGER}")
+            base_name = name.removesuffix(f" {EAGER}").removesuffix(f" {STREAM}")
             flat = dict(base_flat, **({"cem.lambd": 0.0} if base_name == "lambda=0" else {"cem.surrogate": base_name}))
             if name.endswith(EAGER):
                 flat["train.cuda_graph"] = "off"
+            if name.endswith(STREAM):
+                flat["train.surrogate_stream"] = True
             cfg = build_config(flat)
             _, tr = build(cfg, device, splits)
             if tr.surrogate is not None and tr.surrogate.needs_refit:
@@ -154,6 +159,15 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
             rows.append(make_row(f"train step (eager): {base_name}", med, "s/step", ref,
                                  "eager lambda=0 step" if ref else None, med / ref if ref else None,
                                  "x lambda=0" if ref else "", note=setting_g + speed, samples=run["times"]))
+        elif name.endswith(STREAM):
+            base_name = name.removesuffix(f" {STREAM}")
+            one_stream = runs.get(base_name)
+            vs = (f"; {statistics.median(one_stream['times']) / med:.2f}x the one-stream graphed step"
+                  if one_stream is not None else "")
+            rows.append(make_row(f"train step (stream): {base_name}", med, "s/step", base, "lambda=0 step",
+                                 med / base, "x lambda=0", TARGET_STEP_GMM if base_name == "gmm" else TARGET_STEP,
+                                 note=f"{setting_g}; train.surrogate_stream (its own CUDA stream){vs}",
+                                 samples=run["times"]))
         elif name == "lambda=0":
             note = (f"{setting_g}; no surrogate; {train_flops / 1e9:.0f} GFLOP/step counted ({counted}) "
                     f"-> {train_flops / med / 1e9:.1f} GFLOP/s achieved")
