@@ -116,6 +116,55 @@ def decoder(_):
     write("decoder.json", out)
 
 
+def profile(_):
+    """Where a surrogate's step spends GPU time: one eager step per configuration under ``torch.profiler``
+    (after 3 warm-up steps), kernels per step, the sum of their durations (busy time; a graphed step's time
+    minus this is latency between kernels), and the operators with the most GPU time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from cem_bench.bench import harness, kernels
+    from cem_bench.trainer import lr_at
+    from cem_bench.trial import build, build_config
+
+    dev = torch.device(DEV)
+    sizes = harness.sizes_for(dev, quick=True, tiny=not CUDA)
+    splits = harness.synthetic_splits(512, 20, dev)
+    x, y = splits.normalize(splits.train.images[:sizes.batch_size]), splits.train.labels[:sizes.batch_size]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    out = {}
+    for name in ("lambda=0", "slot_cross", "serial_enhanced", "attention_centroid", "gmm"):
+        flat = harness.step_config(sizes, dev, **{"data.train_size": 512, "data.test_size": 20,
+                                                  "train.cuda_graph": "off"},
+                                   **({"cem.lambd": 0.0} if name == "lambda=0" else {"cem.surrogate": name}))
+        cfg = build_config(flat)
+        _, tr = build(cfg, dev, splits)
+        if tr.surrogate is not None and tr.surrogate.needs_refit:
+            tr.refit_surrogate()
+        cem_on, lr, acc = tr.surrogate is not None, lr_at(cfg, 1), tr.epoch_acc()
+        for _ in range(3):
+            tr.step(x, y, cem_on, lr, acc)
+        if CUDA:
+            torch.cuda.synchronize()
+        steps = 5
+        with torch_profile(activities=activities) as prof:
+            for _ in range(steps):
+                tr.step(x, y, cem_on, lr, acc)
+            if CUDA:
+                torch.cuda.synchronize()
+        events = prof.key_averages()
+        on_gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy_us = sum(getattr(e, "device_time", 0.0) for e in on_gpu)
+        out[name] = {
+            "kernels_per_step": len(on_gpu) / steps,
+            "ops_counted_per_step": sum(kernels.count_step(tr, x, y, cem_on, lr).values()),
+            "kernel_busy_us_per_step": busy_us / steps,
+            "top": events.table(sort_by="cuda_time_total" if CUDA else "cpu_time_total", row_limit=25),
+        }
+        write(f"profile_{name.replace('=', '')}.txt", out[name]["top"])
+    write("profile.json", {k: {kk: vv for kk, vv in v.items() if kk != "top"} for k, v in out.items()})
+
+
 def bench(left):
     groups = ["data", "step", "flops", "kernels", "refit", "attack", "epoch"] if CUDA else ["step", "kernels"]
     run_cli(["bench", "--device", DEV, "--quick", "--json", os.path.join(OUT, "bench.json"), "--only", *groups],
@@ -154,7 +203,8 @@ def pack(left):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=480.0)
-    ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "decoder", "bench", "trial", "pack"])
+    ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "profile", "decoder", "bench", "trial",
+                                                    "pack"])
     a = ap.parse_args()
     BUDGET = a.budget_s
     for s in a.stages:
