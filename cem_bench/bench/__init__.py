@@ -33,7 +33,7 @@ from .ray import RAY_TRIALS_PER_SEARCH, bench_ray
 from .refit import bench_refit
 from .step import bench_steps, count_step_flops
 
-GROUPS = group_names()  # ("data", "step", "refit", "attack", "ray", "flops")
+GROUPS = group_names()  # ("data", "step", "kernels", "refit", "attack", "epoch", "ray", "pack", "flops")
 
 __all__ = ["GROUPS", "RAY_TRIALS_PER_SEARCH", "ROWS", "Sizes", "bench_attack", "bench_data", "bench_ray",
            "bench_refit", "bench_steps", "count_step_flops", "format_table", "group_names", "header", "main",
