@@ -15,8 +15,12 @@ itself with ``harness.row``, run in this order:
    by a ``TorchDispatchMode`` on any device, and the H200 step ratio they predict.
 4. ``refit`` (refit.py): the ``gmm`` refit from cold against scikit-learn's ``KMeans`` per class.
 5. ``attack`` (attack.py): a decoder-attack epoch on cached features against the same epoch plus an
-   encoder pass.
-6. ``ray`` (ray.py): a trial under Ray Tune against ``run_trial`` directly; Ray's start-up.
+   encoder pass; the 50-epoch decoder on 50k images and rmle per 1,000 images, estimated from them.
+6. ``epoch`` (epoch.py): whole epochs (augmentation, steps, evaluation) scaled to 50k images, and one
+   paper trial estimated from them.
+7. ``ray`` (ray.py): a trial under Ray Tune against ``run_trial`` directly; Ray's start-up.
+8. ``pack`` (pack.py, CUDA): paper trials per GPU-hour with k = 1, 2, 4, 8 trial processes on one card,
+   with and without MPS.
 
 ``run_bench(device, quick, only=..., tiny=...)`` returns ``{"header": {...}, "rows": [...]}``;
 ``format_table`` prints it; a row group that fails is an error row, the rest of the table is still measured.
