@@ -154,7 +154,7 @@ def profile(_):
                 torch.cuda.synchronize()
         events = prof.key_averages()
         on_gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        busy_us = sum(getattr(e, "device_time", 0.0) for e in on_gpu)
+        busy_us = sum(e.device_time_total for e in on_gpu)     # a kernel event: its own duration
         out[name] = {
             "kernels_per_step": len(on_gpu) / steps,
             "ops_counted_per_step": sum(kernels.count_step(tr, x, y, cem_on, lr).values()),
