@@ -184,18 +184,19 @@ def build(cfg: TrialConfig, feature_shape, num_classes: int) -> Surrogate:
 def group_by_class(x: torch.Tensor, y: torch.Tensor, num_classes: int):
     """Lay a batch out per class without a host sync.
 
-    Returns ``padded`` (G, B, D) with class c's members in rows [0, M_c) of ``padded[c]``, ``mask`` (G, B)
-    bool and ``counts`` (G,) float, G = ``num_classes``. The padded length is the batch size (the worst
-    case), which costs memory but needs no ``.item()``.
+    Returns ``padded`` (G, B, D) with class c's members in rows [0, M_c) of ``padded[c]`` (in batch order),
+    ``mask`` (G, B) bool, ``counts`` (G,) float and ``pos`` (B,), each sample's row in its class (sample j
+    sits at ``padded[y[j], pos[j]]``, so ``rows(result, y, pos)`` maps a padded result back to the samples);
+    G = ``num_classes``. The padded length is the batch size (the worst case), which costs memory but needs
+    no ``.item()``.
     """
     b = x.shape[0]
     onehot = torch.nn.functional.one_hot(y, num_classes).to(x.dtype)        # (B, G)
     pos = (onehot.cumsum(0) - 1).gather(1, y.view(-1, 1)).squeeze(1).long()  # rank within its class
-    padded = x.new_zeros(num_classes, b, *x.shape[1:])
-    padded = padded.index_put((y, pos), x)
-    mask = torch.zeros(num_classes, b, dtype=torch.bool, device=x.device).index_put((y, pos),
-                                                                                   torch.ones_like(y, dtype=torch.bool))
-    return padded, mask, onehot.sum(0)
+    counts = onehot.sum(0)
+    padded = x.new_zeros(num_classes, b, *x.shape[1:]).index_put((y, pos), x)
+    mask = torch.arange(b, device=x.device) < counts.unsqueeze(1)           # rows [0, M_c) of each class
+    return padded, mask, counts, pos
 
 
 def rows(t: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:

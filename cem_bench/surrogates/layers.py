@@ -6,8 +6,7 @@
   (the slots) and the result is written back through ``tanh(alpha)`` gates that start almost closed.
 * ``VarianceGates``: the gate/penalty block of §2 step 4 (dimension gate, SNR gate, softplus hinge), used
   per class by ``gated_attention`` and per (class, slot) by ``slot_cross``.
-* ``class_softmax`` / ``class_positions``: per-class softmax over samples and the padded-layout position
-  of each sample (the inverse of ``base.group_by_class``), both without a host sync.
+* ``class_softmax``: per-class softmax over samples, without a host sync.
 
 Everything works on whole batches of sets at once; the only Python loop is over SlotAttention iterations.
 """
@@ -213,13 +212,6 @@ def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator) -> 
         return x
     keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) >= p
     return x * keep / (1 - p)
-
-
-def class_positions(y: Tensor, num_classes: int) -> Tensor:
-    """Rank of each sample within its class: sample j sits at ``padded[y[j], pos[j]]`` in
-    ``base.group_by_class``'s layout (same formula), so ``padded[y, pos]`` maps a padded result back."""
-    onehot = F.one_hot(y, num_classes)
-    return (onehot.cumsum(0) - 1).gather(1, y.view(-1, 1)).squeeze(1)
 
 
 def class_softmax(logits: Tensor, y: Tensor, num_classes: int) -> Tensor:

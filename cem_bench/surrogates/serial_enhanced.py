@@ -117,7 +117,7 @@ class SerialEnhanced(Surrogate):
         x = z.flatten(1).float()
         b = x.shape[0]
         u, gate = self.gated_tokens(x)
-        padded, mask, counts = group_by_class(u, y, g)                 # (G, B, h), (G, B), (G,)
+        padded, mask, counts, _ = group_by_class(u, y, g)              # (G, B, h), (G, B), (G,)
         class_slots, _ = self.slot_attn(padded, mask, generator=self.rng(x.device))                  # (G, K, h): slots per class
         slots = rows(class_slots, y)                                         # (B, K, h): each sample's class slots
         feat = self.enhance(u, slots)                                  # (B, h)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from ..config import ConfigError
 from ..keys import key
 from .base import SlotKeys, Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
-from .layers import GatedCrossAttention, GateKeys, SlotAttention, build_gates, class_positions
+from .layers import GatedCrossAttention, GateKeys, SlotAttention, build_gates
 
 ASSIGN_BETA_INIT = 10.0   # cosine logits in [-10, 10] at the start: clearly, not hard, assigned
 MIN_MASS = 1e-12
@@ -95,14 +95,13 @@ class SlotCross(Surrogate):
         g_cls = self.num_classes
         x = z.flatten(1)
         b_sz = x.shape[0]
-        padded, mask, counts = group_by_class(self.tokens(x), y, g_cls)            # (G, B, h), (G, B), (G,)
+        padded, mask, counts, pos = group_by_class(self.tokens(x), y, g_cls)       # (G, B, h), (G, B), (G,), (B,)
         slots, _ = self.slot_attn(padded, mask, noise=slot_noise, generator=self.rng(x.device))                   # (G, K, h)
         y_tok = self.cross(padded, slots, mask)                                     # (G, B, h)
         resp = self.responsibilities(y_tok, slots)                                  # (G, B, K)
 
-        pos = class_positions(y, g_cls)                                             # back to the samples
-        r = rows(resp, y, pos)                                                            # (B, K)
-        s = x if c.stats_on == "raw" else rows(y_tok, y, pos)                             # (B, S)
+        r = rows(resp, y, pos)                                                      # (B, K), back to the samples
+        s = x if c.stats_on == "raw" else rows(y_tok, y, pos)                       # (B, S)
         mass, mu, var = soft_cell_stats(s, y, r, g_cls, MIN_MASS)                   # (G, K), (G, K, S) x 2
         gate = self.gates(mu, var)                                                  # term (G, K)
 
