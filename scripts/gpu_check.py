@@ -9,8 +9,9 @@ cut short still returns what it measured: ``env``; ``equivalence`` (graphed vs e
 also on its own stream); ``bench`` (``cem-bench bench --device cuda --quick`` rows data, step (graphed, eager,
 and on the surrogate's own stream), flops, kernels (counted on CUDA, against the CPU count), refit, attack,
 epoch); ``trial`` (a 50k-image gmm trial with both attacks, graphed, and its epochs eager); ``pack`` (k trials
-on one card, with and without MPS). On a machine without CUDA it runs the same stages on the CPU at tiny sizes
-(a dry run of the script itself).
+on one card, with and without MPS); ``summary`` (``summary.md``: every target met or not, the surrogates' one-
+and two-stream steps beside their kernel counts, the equivalence checks, the profile). On a machine without
+CUDA it runs the same stages on the CPU at tiny sizes (a dry run of the script itself).
 """
 
 from __future__ import annotations
@@ -200,13 +201,74 @@ def pack(left):
              "--only", "pack"], timeout=max(30, left - 10), log="bench_pack.txt")
 
 
+def _load(name: str):
+    path = os.path.join(OUT, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _g(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def summary(_):
+    """``summary.md`` from what the other stages wrote: every bench row that has a target (met or not), the
+    surrogates' one-stream and two-stream graphed steps side by side with their kernel counts and the time per
+    extra kernel (the count model of docs/performance.md), and the equivalence checks against their floor."""
+    lines = [f"# gpu_check summary ({'CUDA' if CUDA else 'CPU dry run'}, torch {torch.__version__})", ""]
+    rows = []
+    for name in ("bench.json", "bench_pack.json"):
+        rows += (_load(name) or {}).get("rows", [])
+    by_name = {r["name"]: r for r in rows}
+    lines += ["## Targets", "", "| row | value | ratio | target | met |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("target") or r.get("error"):
+            t = r.get("target") or {}
+            lines.append(f"| {r['name']} | {_g(r.get('value'))} {r.get('unit', '')} | {_g(r.get('ratio'))} "
+                         f"{r.get('ratio_name', '')} | {t.get('op', '')} {t.get('value', '')} | "
+                         f"{r.get('met') if not r.get('error') else 'ERROR ' + r['error']} |")
+    base = by_name.get("train step: lambda=0")
+    kbase = by_name.get("kernels per step: lambda=0")
+    lines += ["", "## Surrogate steps: one stream, own stream, kernels", "",
+              "| surrogate | graphed ÷ λ=0 | own stream ÷ λ=0 | kernels (this device's count) | µs per extra kernel |",
+              "|---|---|---|---|---|"]
+    from cem_bench import surrogates
+    for name in surrogates.names():
+        one, two = by_name.get(f"train step: {name}"), by_name.get(f"train step (stream): {name}")
+        kern = by_name.get(f"kernels per step: {name}")
+        per = ""
+        if base and one and kern and kbase and kern["value"] > kbase["value"]:
+            per = f"{(one['value'] - base['value']) * 1e6 / (kern['value'] - kbase['value']):.2f}"
+        lines.append(f"| {name} | {_g(one and one.get('ratio'))} | {_g(two and two.get('ratio'))} | "
+                     f"{kern and kern['value']} (λ=0: {kbase and kbase['value']}) | {per} |")
+    eq = _load("equivalence.json") or {}
+    lines += ["", "## Graphed vs eager", "", "| configuration | max diff | eager floor | within |", "|---|---|---|---|"]
+    for key, res in eq.items():
+        if isinstance(res, dict):
+            ok = res["max_abs_diff"] <= max(10 * res["eager_floor"], 1e-3 * max(1.0, res["max_abs_param"]))
+            lines.append(f"| {key} | {res['max_abs_diff']:.3g} | {res['eager_floor']:.3g} | {ok} |")
+        else:
+            lines.append(f"| {key} | {res} | | |")
+    prof = _load("profile.json") or {}
+    if prof:
+        lines += ["", "## Profile (one eager step)", "", "| configuration | CUDA kernels | busy µs | ops counted |",
+                  "|---|---|---|---|"]
+        for key, res in prof.items():
+            lines.append(f"| {key} | {res['kernels_per_step']} | {res['kernel_busy_us_per_step']:.0f} | "
+                         f"{res['ops_counted_per_step']} |")
+    write("summary.md", "\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "profile", "decoder", "bench", "trial",
-                                                    "pack"])
+                                                    "pack", "summary"])
     a = ap.parse_args()
     BUDGET = a.budget_s
     for s in a.stages:
-        stage(s, globals()[s], BUDGET - (time.perf_counter() - T0))
+        # the summary reads what the others wrote and takes no time: it runs whatever budget is left
+        stage(s, globals()[s], BUDGET - (time.perf_counter() - T0) if s != "summary" else BUDGET)
     print(f"[gpu_check] done in {time.perf_counter() - T0:.0f} s", flush=True)
