@@ -126,7 +126,6 @@ def profile(_):
 
     from cem_bench.bench import harness, kernels
     from cem_bench.trainer import lr_at
-    from cem_bench.trial import build, build_config
 
     dev = torch.device(DEV)
     sizes = harness.sizes_for(dev, quick=True, tiny=not CUDA)
@@ -136,12 +135,8 @@ def profile(_):
     out = {}
     for name in ("lambda=0", "slot_cross", "serial_enhanced", "attention_centroid", "gmm"):
         flat = harness.step_config(sizes, dev, **{"data.train_size": 512, "data.test_size": 20,
-                                                  "train.cuda_graph": "off"},
-                                   **({"cem.lambd": 0.0} if name == "lambda=0" else {"cem.surrogate": name}))
-        cfg = build_config(flat)
-        _, tr = build(cfg, dev, splits)
-        if tr.surrogate is not None and tr.surrogate.needs_refit:
-            tr.refit_surrogate()
+                                                  "train.cuda_graph": "off"}, **harness.named_config(name))
+        cfg, tr = harness.step_trainer(flat, dev, splits)
         cem_on, lr, acc = tr.surrogate is not None, lr_at(cfg, 1), tr.epoch_acc()
         for _ in range(3):
             tr.step(x, y, cem_on, lr, acc)

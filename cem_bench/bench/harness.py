@@ -194,6 +194,25 @@ def step_config(sizes: Sizes, device: torch.device, **extra) -> dict:
             "train.batch_size": sizes.batch_size, "train.device": device.type, "seed": 0, **extra}
 
 
+def named_config(name: str) -> dict:
+    """The keys of a configuration the step rows name: ``"lambda=0"`` (no CEM) or a surrogate at its defaults."""
+    return {"cem.lambd": 0.0} if name == "lambda=0" else {"cem.surrogate": name}
+
+
+def step_trainer(flat: dict, device: torch.device, splits):
+    """``(cfg, trainer)`` of ``flat`` ready to step as in an epoch: built on ``splits``, a surrogate with a refit
+    refitted (the epoch-end refit, not part of a step), every module in train mode."""
+    from ..trial import build, build_config
+    cfg = build_config(flat)
+    _, tr = build(cfg, device, splits)
+    if tr.surrogate is not None and tr.surrogate.needs_refit:
+        tr.refit_surrogate()
+    for m in (tr.client, tr.server, tr.surrogate):
+        if m is not None:
+            m.train()
+    return cfg, tr
+
+
 def synthetic_splits(train_images: int, test_images: int, device: torch.device):
     """Synthetic splits on ``device``; large training splits are generated in chunks (memory)."""
     from .. import data

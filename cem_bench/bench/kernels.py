@@ -27,7 +27,7 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .harness import Sizes, error_row, make_row, row, step_config, synthetic_splits
+from .harness import Sizes, error_row, make_row, named_config, row, step_config, step_trainer, synthetic_splits
 
 # operators that launch no kernel (views are recognised by their schema, ``OpOverload.is_view``)
 NO_KERNEL = frozenset({
@@ -82,43 +82,37 @@ def predicted_ratio(extra_ops: int) -> float:
     return 1.0 + extra_ops * US_PER_OP / 1e3 / STEP0_MS
 
 
-def count_configs(device: torch.device, sizes: Sizes, names: list[str] | None = None) -> dict[str, Counter]:
-    """``{"lambda=0": ops, surrogate: ops, ...}`` for one step of each configuration at ``sizes``."""
+def count_configs(device: torch.device, sizes: Sizes, names: list[str] | None = None,
+                  errors: dict[str, BaseException] | None = None) -> dict[str, Counter]:
+    """``{"lambda=0": ops, surrogate: ops, ...}`` for one step of each configuration at ``sizes`` (default:
+    lambda = 0 and every surrogate), all on the same batch. With ``errors`` a configuration that fails is
+    recorded there and the others are still counted; without, it raises."""
     from .. import data, surrogates
     from ..trainer import lr_at
-    from ..trial import build, build_config
 
     images = max(2 * sizes.batch_size, 256)
     splits = synthetic_splits(images, 20, device)
     gen = torch.Generator(device=device).manual_seed(0)
     x, y = next(iter(data.BatchIterator(splits.train, splits, sizes.batch_size, "crop_flip_rotate", gen)))
+    base = step_config(sizes, device, **{"data.train_size": images, "data.test_size": 20, "train.cuda_graph": "off"})
     out: dict[str, Counter] = {}
     for name in names or ["lambda=0"] + surrogates.names():
-        flat = step_config(sizes, device, **{"data.train_size": images, "data.test_size": 20,
-                                             "train.cuda_graph": "off"},
-                           **({"cem.lambd": 0.0} if name == "lambda=0" else {"cem.surrogate": name}))
-        cfg = build_config(flat)
-        _, tr = build(cfg, device, splits)
-        if tr.surrogate is not None and tr.surrogate.needs_refit:
-            tr.refit_surrogate()
-        for m in (tr.client, tr.server, tr.surrogate):
-            if m is not None:
-                m.train()
-        out[name] = count_step(tr, x, y, tr.surrogate is not None, lr_at(cfg, 1))
+        try:
+            cfg, tr = step_trainer({**base, **named_config(name)}, device, splits)
+            out[name] = count_step(tr, x, y, tr.surrogate is not None, lr_at(cfg, 1))
+        except Exception as e:  # noqa: BLE001 - one broken surrogate must not hide the others
+            if errors is None:
+                raise
+            errors[name] = e
     return out
 
 
 @row("kernels", "kernels per step", order=25)
 def bench_kernels(device: torch.device, sizes: Sizes) -> list[dict]:
     """Kernel-launching operators of one eager step, per configuration, and the H200 ratio they predict."""
-    from .. import surrogates
-
-    rows, counts = [], {}
-    for name in ["lambda=0"] + surrogates.names():
-        try:
-            counts.update(count_configs(device, sizes, [name]))
-        except Exception as e:  # noqa: BLE001 - one broken surrogate must not hide the others
-            rows.append(error_row(f"kernels per step: {name}", e))
+    errors: dict[str, BaseException] = {}
+    counts = count_configs(device, sizes, errors=errors)
+    rows = [error_row(f"kernels per step: {name}", e) for name, e in errors.items()]
     if "lambda=0" not in counts:
         return rows
     base = sum(counts["lambda=0"].values())

@@ -24,18 +24,23 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .harness import Sizes, error_row, make_row, row, step_config, synthetic_splits, timed
+from .harness import (
+    Sizes,
+    error_row,
+    make_row,
+    named_config,
+    row,
+    step_config,
+    step_trainer,
+    synthetic_splits,
+    timed,
+)
 
 TARGET_STEP = ("le", 1.5)           # attention surrogates (issue: <= 1.5x of lambda = 0 with graphs)
 TARGET_STEP_GMM = ("le", 1.15)
 TARGET_STEP_MS = ("le", 2.0)        # lambda = 0 step at batch 128 on an H100/H200, graphed (ms)
 EAGER = "(eager)"
 STREAM = "(stream)"      # graphed, with train.surrogate_stream: the surrogate beside the server (CUDA only)
-
-
-def _zero_acc(device: torch.device) -> dict:
-    return {k: torch.zeros((), device=device)
-            for k in ("ce_sum", "correct", "seen", "ce_nonfinite", "rob_loss", "rob_nonfinite")}
 
 
 def count_step_flops(trainer, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
@@ -65,7 +70,6 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
     """``Trainer.step`` with lambda = 0 and each surrogate, round-robin, seconds per step."""
     from .. import data, surrogates
     from ..trainer import lr_at
-    from ..trial import build, build_config
 
     flops = flops and device.type == "cuda"
     base_flat = step_config(sizes, device, **{"data.train_size": sizes.step_images, "data.test_size": 20})
@@ -80,20 +84,13 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
     for name in names:
         try:
             base_name = name.removesuffix(f" {EAGER}").removesuffix(f" {STREAM}")
-            flat = dict(base_flat, **({"cem.lambd": 0.0} if base_name == "lambda=0" else {"cem.surrogate": base_name}))
+            flat = dict(base_flat, **named_config(base_name))
             if name.endswith(EAGER):
                 flat["train.cuda_graph"] = "off"
             if name.endswith(STREAM):
                 flat["train.surrogate_stream"] = True
-            cfg = build_config(flat)
-            _, tr = build(cfg, device, splits)
-            if tr.surrogate is not None and tr.surrogate.needs_refit:
-                tr.refit_surrogate()  # the epoch-end refit (row group refit), not part of the step
-            tr.client.train()
-            tr.server.train()
-            if tr.surrogate is not None:
-                tr.surrogate.train()
-            runs[name] = {"trainer": tr, "cfg": cfg, "lr": lr_at(cfg, 1), "acc": _zero_acc(device),
+            cfg, tr = step_trainer(flat, device, splits)
+            runs[name] = {"trainer": tr, "cfg": cfg, "lr": lr_at(cfg, 1), "acc": tr.epoch_acc(),
                           "times": [], "cem_on": tr.surrogate is not None}
         except Exception as e:  # noqa: BLE001 - one broken surrogate must not hide the others
             rows.append(error_row(f"train step: {name}", e))
