@@ -151,42 +151,52 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     dev = torch.device(device)
     out = {}
     params = {}
-    # "off" twice: two eager runs differ too where CUDA kernels add with atomics (index_add_, the scatter in
-    # the backward of a gather): that difference is the floor the graphed run is compared against
-    for mode in ("on", "off", "off again"):
-        cfg = build_config({**flat, **((eager_flat or {}) if mode != "on" else {}),
-                            "train.cuda_graph": mode.split()[0], "train.device": device,
-                            **({} if random else {"defense.noise_std": 0.0})})
-        splits, tr = build(cfg, dev)
-        if dev.type == "cuda":   # the same arithmetic in both copies: no TF32, no autotuned algorithm choice
-            torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
-            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-        if not random:
-            for mod in tr.server.modules():
-                if isinstance(mod, torch.nn.Dropout):
-                    mod.p = 0.0
-        cem_on = tr.surrogate is not None
-        if cem_on and tr.surrogate.needs_refit:
-            tr.refit_surrogate()
-        for m in (tr.client, tr.server, *([tr.surrogate] if cem_on else [])):
-            m.train()
-        acc = tr.epoch_acc()
-        gen = torch.Generator(device=dev).manual_seed(0)
-        batches = data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)
-        done = 0
-        while done < steps:
-            for x, y in batches:
-                tr.step(x, y, cem_on, cfg.train.lr, acc)
-                done += 1
-                if done == steps:
-                    break
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        params[mode] = [p.detach().float().clone() for m in (tr.client, tr.server) for p in m.parameters()]
-        if tr._graph is not None:
-            out.update(tr._graph.stats())
+    flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
+             torch.backends.cuda.matmul.allow_tf32)
+    try:
+        # "off" twice: two eager runs differ too where CUDA kernels add with atomics (index_add_, the scatter in
+        # the backward of a gather): that difference is the floor the graphed run is compared against
+        for mode in ("on", "off", "off again"):
+            cfg = build_config({**flat, **((eager_flat or {}) if mode != "on" else {}),
+                                "train.cuda_graph": mode.split()[0], "train.device": device,
+                                **({} if random else {"defense.noise_std": 0.0})})
+            splits, tr = build(cfg, dev)
+            if dev.type == "cuda":   # the same arithmetic in both copies: no TF32, no autotuned algorithm choice
+                torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+                torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+            if not random:
+                for mod in tr.server.modules():
+                    if isinstance(mod, torch.nn.Dropout):
+                        mod.p = 0.0
+            cem_on = tr.surrogate is not None
+            tr.prepare_steps(cem_on)
+            acc = tr.epoch_acc()
+            gen = torch.Generator(device=dev).manual_seed(0)
+            batches = data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)
+            done = 0
+            while done < steps:
+                for x, y in batches:
+                    tr.step(x, y, cem_on, cfg.train.lr, acc)
+                    done += 1
+                    if done == steps:
+                        break
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            params[mode] = [p.detach().float().clone() for m in (tr.client, tr.server) for p in m.parameters()]
+            if tr._graph is not None:
+                out.update(tr._graph.stats())
+    finally:   # the process's own settings again (a GPU check times other things after this)
+        (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
+         torch.backends.cuda.matmul.allow_tf32) = flags
     diff = lambda a, b: max(float((x - y).abs().max()) for x, y in zip(params[a], params[b]))  # noqa: E731
     out["max_abs_diff"] = diff("on", "off")
     out["eager_floor"] = diff("off", "off again")
     out["max_abs_param"] = max(float(a.abs().max()) for a in params["off"])
     return out
+
+
+def within_eager_floor(res: dict) -> bool:
+    """Whether a ``compare_with_eager`` result agrees with eager: within 10x the two eager runs' own
+    difference, or 1e-3 of the largest parameter (a step gone wrong, a stale rate or a missed update, moves
+    parameters by ~lr * grad = 1e-2 per step)."""
+    return res["max_abs_diff"] <= max(10 * res["eager_floor"], 1e-3 * max(1.0, res["max_abs_param"]))

@@ -337,6 +337,15 @@ class Trainer:
             v.zero_()
         return self._acc
 
+    def prepare_steps(self, cem_on: bool) -> None:
+        """Before training steps: a surrogate that needs a refit and has none is fitted (when CEM is on), and
+        every module is in train mode."""
+        if cem_on and self.surrogate.needs_refit and not self.surrogate.fitted:
+            self.refit_surrogate()
+        for m in (self.client, self.server, self.surrogate):
+            if m is not None:
+                m.train()
+
     def cem_active(self, epoch: int) -> bool:
         return self.surrogate is not None and self.lambd > 0 and epoch > (self.cfg.cem.warmup_epochs or 0)
 
@@ -346,12 +355,7 @@ class Trainer:
         step_lr = applied_lr(self.cfg, epoch)  # 0 in epoch 1 under train.reference_warmup_lr0
         self.set_lr(step_lr)
         cem_on = self.cem_active(epoch)
-        if cem_on and self.surrogate.needs_refit and not self.surrogate.fitted:
-            self.refit_surrogate()
-        self.client.train()
-        self.server.train()
-        if self.surrogate is not None:
-            self.surrogate.train()
+        self.prepare_steps(cem_on)
         acc = self.epoch_acc()
         it = data_mod.BatchIterator(self.splits.train, self.splits, self.cfg.train.batch_size,
                                     self.cfg.train.augment, self.gen)

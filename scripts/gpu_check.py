@@ -238,11 +238,12 @@ def summary(_):
             per = f"{(one['value'] - base['value']) * 1e6 / (kern['value'] - kbase['value']):.2f}"
         lines.append(f"| {name} | {_g(one and one.get('ratio'))} | {_g(two and two.get('ratio'))} | "
                      f"{kern and kern['value']} (λ=0: {kbase and kbase['value']}) | {per} |")
+    from cem_bench.graphs import within_eager_floor
     eq = _load("equivalence.json") or {}
     lines += ["", "## Graphed vs eager", "", "| configuration | max diff | eager floor | within |", "|---|---|---|---|"]
     for key, res in eq.items():
         if isinstance(res, dict):
-            ok = res["max_abs_diff"] <= max(10 * res["eager_floor"], 1e-3 * max(1.0, res["max_abs_param"]))
+            ok = within_eager_floor(res)
             lines.append(f"| {key} | {res['max_abs_diff']:.3g} | {res['eager_floor']:.3g} | {ok} |")
         else:
             lines.append(f"| {key} | {res} | | |")

@@ -200,16 +200,12 @@ def named_config(name: str) -> dict:
 
 
 def step_trainer(flat: dict, device: torch.device, splits):
-    """``(cfg, trainer)`` of ``flat`` ready to step as in an epoch: built on ``splits``, a surrogate with a refit
-    refitted (the epoch-end refit, not part of a step), every module in train mode."""
+    """``(cfg, trainer)`` of ``flat`` ready to step as in an epoch (``Trainer.prepare_steps``: a surrogate with a
+    refit fitted, which is not part of a step; every module in train mode), built on ``splits``."""
     from ..trial import build, build_config
     cfg = build_config(flat)
     _, tr = build(cfg, device, splits)
-    if tr.surrogate is not None and tr.surrogate.needs_refit:
-        tr.refit_surrogate()
-    for m in (tr.client, tr.server, tr.surrogate):
-        if m is not None:
-            m.train()
+    tr.prepare_steps(tr.surrogate is not None)
     return cfg, tr
 
 
