@@ -60,7 +60,11 @@ class Splits:
         return tuple(self.train.images.shape[1:])
 
     def normalize(self, images_uint8: torch.Tensor) -> torch.Tensor:
-        return (images_uint8.float() / 255.0 - self.mean) / self.std
+        return self.standardize(images_uint8.float() / 255.0)
+
+    def standardize(self, images01: torch.Tensor) -> torch.Tensor:
+        """Float images in [0, 1] as the encoder takes them (the dataset's mean and std)."""
+        return (images01 - self.mean) / self.std
 
 
 # ---------------------------------------------------------------------------------------- loading
@@ -282,7 +286,7 @@ class BatchIterator:
             x = self.split.images[idx].float().div_(255.0)
             if self.augment != "none":
                 x = augment_batch(x, self.augment, self.gen)
-            x = (x - self.splits.mean) / self.splits.std
+            x = self.splits.standardize(x)
             y = self.split.labels[idx]
             for j in range(k):
                 yield x[j * bs:(j + 1) * bs], y[j * bs:(j + 1) * bs]

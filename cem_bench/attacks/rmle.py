@@ -133,8 +133,7 @@ class RMLEAttack(Attack):
                         z = z + noise_std * torch.randn(z.shape, generator=gen, device=device)
                 target = splits.attack_eval.images[i * acfg.rmle_batch_size:(i + 1) * acfg.rmle_batch_size].to(device)
                 target = target.float().div_(255.0)
-                recon, fit = self.invert(encoder, z, lambda im: (im - splits.mean) / splits.std, image_shape, gen,
-                                         noise_std)
+                recon, fit = self.invert(encoder, z, splits.standardize, image_shape, gen, noise_std)
                 scorer.add(recon.float().clamp_(0.0, 1.0).contiguous(), target)
                 history.append({"batch": i, "images": len(target), "final_fit": fit.mean()})
         finally:

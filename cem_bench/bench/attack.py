@@ -104,9 +104,9 @@ def _rmle_rows(device: torch.device, client, splits, cfg) -> list[dict]:
     with torch.no_grad():
         z = client(x).float()
     gen = torch.Generator(device=device).manual_seed(0)
-    norm = lambda im: (im - splits.mean) / splits.std  # noqa: E731
     image_shape = tuple(splits.attack_eval.images.shape[1:])
-    times = median_time(lambda: att.invert(client, z, norm, image_shape, gen, cfg.defense.noise_std), device, 3, 1)
+    times = median_time(lambda: att.invert(client, z, splits.standardize, image_shape, gen, cfg.defense.noise_std),
+                        device, 3, 1)
     per_image = statistics.median(times) * iters / run_iters / len(z)
     MEASURED["rmle_s_per_image"] = per_image
     return [make_row(f"attack: rmle, {iters} iterations", per_image * 1000, "s/1k images",
