@@ -39,9 +39,6 @@ COST_COLUMNS: tuple[str, ...] = ("train_s", "attack_s", "wall_s")
 # every final metric of a trial row
 METRIC_COLUMNS: tuple[str, ...] = OBJECTIVE_METRICS + COST_COLUMNS + (
     "epochs_done", "final_train_loss", "final_train_acc", "rob_nonfinite", "resumed_from_epoch")
-# text columns of a trial row: why the attacks did not run (empty when they did), and which attack set each
-# worst-case attack metric
-NOTE_COLUMNS: tuple[str, ...] = ("attack_skipped",) + tuple(f"{m}_by" for m in ATTACK_METRICS)   # strongest_column
 PROVENANCE: tuple[str, ...] = ("git_sha", "package_version", "torch_version", "device", "node_id", "hostname",
                                "started_at", "finished_at")
 EPOCH_COLUMNS: tuple[str, ...] = ("experiment", "trial_id", "epoch", "train_loss", "train_acc", "rob_loss",
