@@ -185,18 +185,19 @@ class Trainer:
 
     def _install_lr(self) -> None:
         if self._lr_tensor is not None:
-            for opt in (self.client_opt, self.server_opt):
-                for group in opt.param_groups:
-                    group["lr"] = self._lr_tensor
+            self._set_group_lr(self._lr_tensor)
 
-    def set_lr(self, lr: float) -> None:
-        """The rate the client's and server's SGD step with from now on."""
-        if self._lr_tensor is not None:
-            self._lr_tensor.fill_(lr)
-            return
+    def _set_group_lr(self, lr) -> None:
         for opt in (self.client_opt, self.server_opt):
             for group in opt.param_groups:
                 group["lr"] = lr
+
+    def set_lr(self, lr: float) -> None:
+        """The rate the client's and server's SGD step with from now on (a graphed trainer's tensor, in place)."""
+        if self._lr_tensor is not None:
+            self._lr_tensor.fill_(lr)
+        else:
+            self._set_group_lr(lr)
 
     # ------------------------------------------------------------------------------------ one step
     def _autocast(self):
@@ -513,11 +514,9 @@ class Trainer:
             self.surrogate.load_state_dict(state["surrogate"])
         self.client_opt.load_state_dict(state["client_opt"])
         self.server_opt.load_state_dict(state["server_opt"])
-        for opt in (self.client_opt, self.server_opt):    # a rate saved as a tensor (a graphed run) reads back
-            for group in opt.param_groups:
-                if isinstance(group["lr"], torch.Tensor):
-                    group["lr"] = float(group["lr"])
-        self._install_lr()
+        # a graphed run saves its rate as a tensor: back to this trainer's kind (train_epoch sets the value)
+        saved = float(self.client_opt.param_groups[0]["lr"])
+        self._set_group_lr(self._lr_tensor if self._lr_tensor is not None else saved)
         if self.surrogate_opt is not None and state.get("surrogate_opt") is not None:
             self.surrogate_opt.load_state_dict(state["surrogate_opt"])
         self.gen.set_state(state["gen"].cpu() if self.device.type != "cuda" else state["gen"])
