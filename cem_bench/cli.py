@@ -197,7 +197,7 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu", help="cpu or cuda")
     b.add_argument("--quick", action="store_true", help="smallest sizes (CI)")
     b.add_argument("--json", help="also write the table as JSON here")
-    b.add_argument("--only", nargs="+", metavar="GROUP", help="only these row groups (data step refit attack epoch "
+    b.add_argument("--only", nargs="+", metavar="GROUP", help="only these row groups (data step kernels refit attack epoch "
                    "ray pack flops); default: all")
     b.set_defaults(func=cmd_bench)
 
