@@ -119,6 +119,9 @@ class TrainConfig:
     surrogate_stream: bool = _f(False, "run the surrogate's forward and backward on a second CUDA stream, "
                                 "concurrently with the server's (a parallel branch of the step's graph); CUDA "
                                 "only, the CPU ignores it; not yet measured on a GPU (docs/performance.md)")
+    compile_surrogate: bool = _f(False, "torch.compile the surrogate's training forward (and so its backward): "
+                                 "fewer, fused kernels, also inside train.cuda_graph; compiled during the first "
+                                 "CEM steps, its random draws stay eager (docs/performance.md)")
     device: str = _f("auto", "auto (cuda if available), cpu, cuda, cuda:N")
     eval_batch_size: int = _f(1024, "batch size of evaluation passes", lo=1)
     reference_warmup_lr0: bool = _f(False, "reproduce the reference's WarmUpLR misuse: epoch 1 runs at lr 0 for "

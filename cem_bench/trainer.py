@@ -170,6 +170,11 @@ class Trainer:
         if cfg.train.compile:
             self._client_fwd = torch.compile(self.client)
             self._server_fwd = torch.compile(self.server)
+        # train.compile_surrogate: the training forward only (refit and evaluation call the module itself);
+        # static shapes (the step's batch is fixed), so one compile for the trial
+        self._surrogate_fwd = surrogate
+        if surrogate is not None and cfg.train.compile_surrogate:
+            self._surrogate_fwd = torch.compile(surrogate, dynamic=False)
         self.epoch = 0
         self.history: list[dict] = []
         # train.select_best_last: the best epoch so far within the last N ({"epoch", "test_acc", "client",
@@ -255,7 +260,7 @@ class Trainer:
             ok = torch.ones((), dtype=torch.bool, device=z.device)
             zin = _GradGate.apply(z.float(), ok, mult)
             with self._surrogate_stream(zin, y), torch.autocast(self.device.type, enabled=False):
-                out = self.surrogate(zin, y)               # statistics in fp32
+                out = self._surrogate_fwd(zin, y)          # statistics in fp32
         with self._autocast():
             logits = self._server_fwd(self._noise(z))
             ce = F.cross_entropy(logits.float(), y)

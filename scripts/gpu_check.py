@@ -30,6 +30,7 @@ OUT = os.environ.get("OUT") or "/tmp/cem_gpu_check"
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 T0 = time.perf_counter()
+BENCH_GROUPS: list[str] | None = None
 
 
 def write(name: str, obj) -> None:
@@ -78,20 +79,29 @@ def env(_):
 def equivalence(_):
     from cem_bench import surrogates
     from cem_bench.graphs import WARMUP_STEPS, compare_with_eager
-    tiny = {"model.width": 0.125, "data.train_size": 512, "data.test_size": 100, "train.batch_size": 64,
-            "train.amp": "off", "attack.names": ["decoder"]}
+    # the surrogate's shapes as in the bench's step rows (batch 128, 8 channels at the cut): a compiled
+    # surrogate (train.compile_surrogate) reuses the bench's compiled kernels from the on-disk cache
+    tiny = {"model.width": 0.125, "model.bottleneck_channels": 8, "data.train_size": 512, "data.test_size": 100,
+            "train.batch_size": 128, "train.amp": "off", "attack.names": ["decoder"]}
     out = {}
     for name in ["lambda=0", *surrogates.names()]:
         flat = {**tiny, **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
-        # the surrogates also on their own stream (train.surrogate_stream): graphed two-stream vs one-stream eager
-        variants = [(False, False), (True, False)] + ([(False, True)] if name != "lambda=0" else [])
-        for random, stream in variants:
-            key = f"{name}{' (noise+dropout)' if random else ''}{' (stream)' if stream else ''}"
+        # the surrogates also on their own stream (train.surrogate_stream): graphed two-stream vs one-stream
+        # eager; and compiled (train.compile_surrogate) on their own stream, against compiled eager steps
+        variants = [(False, False, False), (True, False, False)] + \
+            ([(False, True, False), (True, True, True)] if name != "lambda=0" else [])
+        for random, stream, comp in variants:
+            key = f"{name}{' (noise+dropout)' if random else ''}{' (stream)' if stream else ''}" \
+                  f"{' (compiled)' if comp else ''}"
+            t = time.perf_counter()
             try:
-                out[key] = compare_with_eager({**flat, "train.surrogate_stream": stream}, steps=WARMUP_STEPS + 5,
+                out[key] = compare_with_eager({**flat, "train.surrogate_stream": stream,
+                                               "train.compile_surrogate": comp}, steps=WARMUP_STEPS + 5,
                                               device=DEV, random=random,
                                               eager_flat={"train.surrogate_stream": False}) \
                     if CUDA else "no CUDA: the graphed trainer needs a GPU"
+                if isinstance(out[key], dict):
+                    out[key]["seconds"] = time.perf_counter() - t
             except Exception as e:  # noqa: BLE001
                 out[key] = f"{type(e).__name__}: {e}"
         if not CUDA:
@@ -133,9 +143,13 @@ def profile(_):
     x, y = splits.normalize(splits.train.images[:sizes.batch_size]), splits.train.labels[:sizes.batch_size]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
     out = {}
-    for name in ("lambda=0", "slot_cross", "serial_enhanced", "attention_centroid", "gmm"):
+    for name in ("lambda=0", "slot_cross", "serial_enhanced", "attention_centroid", "gmm", "slot_cross (compiled)",
+                 "serial_enhanced (compiled)", "attention_centroid (compiled)"):
+        base_name = name.removesuffix(" (compiled)")
         flat = harness.step_config(sizes, dev, **{"data.train_size": 512, "data.test_size": 20,
-                                                  "train.cuda_graph": "off"}, **harness.named_config(name))
+                                                  "train.cuda_graph": "off",
+                                                  "train.compile_surrogate": name != base_name},
+                                   **harness.named_config(base_name))
         cfg, tr = harness.step_trainer(flat, dev, splits)
         cem_on, lr, acc = tr.surrogate is not None, lr_at(cfg, 1), tr.epoch_acc()
         for _ in range(3):
@@ -153,18 +167,20 @@ def profile(_):
         busy_us = sum(e.device_time_total for e in on_gpu)     # a kernel event: its own duration
         out[name] = {
             "kernels_per_step": len(on_gpu) / steps,
+            # the counter's dispatch mode runs a compiled surrogate eagerly: the count is the uncompiled one
             "ops_counted_per_step": sum(kernels.count_step(tr, x, y, cem_on, lr).values()),
             "kernel_busy_us_per_step": busy_us / steps,
             "top": events.table(sort_by="cuda_time_total" if CUDA else "cpu_time_total", row_limit=25),
         }
-        write(f"profile_{name.replace('=', '')}.txt", out[name]["top"])
+        write(f"profile_{name.replace('=', '').replace(' (compiled)', '_compiled')}.txt", out[name]["top"])
     write("profile.json", {k: {kk: vv for kk, vv in v.items() if kk != "top"} for k, v in out.items()})
 
 
 def bench(left):
-    groups = ["data", "step", "flops", "kernels", "refit", "attack", "epoch"] if CUDA else ["step", "kernels"]
+    groups = BENCH_GROUPS or (["data", "step", "flops", "kernels", "refit", "attack", "epoch"] if CUDA
+                              else ["step", "kernels"])
     run_cli(["bench", "--device", DEV, "--quick", "--json", os.path.join(OUT, "bench.json"), "--only", *groups],
-            timeout=min(left - 10, 300), log="bench.txt")
+            timeout=min(left - 10, 380), log="bench.txt")
 
 
 def trial(left):
@@ -226,17 +242,21 @@ def summary(_):
                          f"{r.get('met') if not r.get('error') else 'ERROR ' + r['error']} |")
     base = by_name.get("train step: lambda=0")
     kbase = by_name.get("kernels per step: lambda=0")
-    lines += ["", "## Surrogate steps: one stream, own stream, kernels", "",
-              "| surrogate | graphed ÷ λ=0 | own stream ÷ λ=0 | kernels (this device's count) | µs per extra kernel |",
-              "|---|---|---|---|---|"]
     from cem_bench import surrogates
+    from cem_bench.bench.step import COMPILED, STREAM, STREAM_COMPILED
+    variants = (STREAM, COMPILED, STREAM_COMPILED)
+    lines += ["", "## Surrogate steps: graphed, own stream, compiled, kernels", "",
+              "| surrogate | graphed ÷ λ=0 | " + " | ".join(f"{v} ÷ λ=0" for v in variants) +
+              " | kernels (this device's count) | µs per extra kernel |", "|---|---|---|---|---|---|---|"]
     for name in surrogates.names():
-        one, two = by_name.get(f"train step: {name}"), by_name.get(f"train step (stream): {name}")
+        one = by_name.get(f"train step: {name}")
+        others = [by_name.get(f"train step {v}: {name}") for v in variants]
         kern = by_name.get(f"kernels per step: {name}")
         per = ""
         if base and one and kern and kbase and kern["value"] > kbase["value"]:
             per = f"{(one['value'] - base['value']) * 1e6 / (kern['value'] - kbase['value']):.2f}"
-        lines.append(f"| {name} | {_g(one and one.get('ratio'))} | {_g(two and two.get('ratio'))} | "
+        lines.append(f"| {name} | {_g(one and one.get('ratio'))} | "
+                     + "".join(f"{_g(o and o.get('ratio'))} | " for o in others) +
                      f"{kern and kern['value']} (λ=0: {kbase and kbase['value']}) | {per} |")
     from cem_bench.graphs import within_eager_floor
     eq = _load("equivalence.json") or {}
@@ -260,10 +280,17 @@ def summary(_):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--bench-groups", nargs="+", default=None,
+                    help="the bench stage's groups (default: data step flops kernels refit attack epoch on CUDA)")
     ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "profile", "decoder", "bench", "trial",
                                                     "pack", "summary"])
     a = ap.parse_args()
     BUDGET = a.budget_s
+    BENCH_GROUPS = a.bench_groups
+    # train.compile_surrogate across many configurations in one process: more than Dynamo's default of 8
+    # compiled variants of one function (each configuration's shapes are one), so none falls back to eager
+    import torch._dynamo
+    torch._dynamo.config.recompile_limit = 64
     for s in a.stages:
         # the summary reads what the others wrote and takes no time: it runs whatever budget is left
         stage(s, globals()[s], BUDGET - (time.perf_counter() - T0) if s != "summary" else BUDGET)

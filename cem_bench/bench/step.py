@@ -41,6 +41,24 @@ TARGET_STEP_GMM = ("le", 1.15)
 TARGET_STEP_MS = ("le", 2.0)        # lambda = 0 step at batch 128 on an H100/H200, graphed (ms)
 EAGER = "(eager)"
 STREAM = "(stream)"      # graphed, with train.surrogate_stream: the surrogate beside the server (CUDA only)
+COMPILED = "(compiled)"  # graphed, with train.compile_surrogate: the surrogate's kernels fused (CUDA only)
+STREAM_COMPILED = "(stream, compiled)"
+# the CUDA variants of a configuration: the suffix of its row name and the keys it sets; each surrogate variant
+# is compared with the lambda = 0 step (its target) and with the plain graphed step of the same surrogate
+VARIANTS = {EAGER: {"train.cuda_graph": "off"}, STREAM: {"train.surrogate_stream": True},
+            COMPILED: {"train.compile_surrogate": True},
+            STREAM_COMPILED: {"train.surrogate_stream": True, "train.compile_surrogate": True}}
+VARIANT_NOTES = {STREAM: "train.surrogate_stream (its own CUDA stream)",
+                 COMPILED: "train.compile_surrogate (torch.compile; compiled in the untimed warm-up)",
+                 STREAM_COMPILED: "train.surrogate_stream and train.compile_surrogate"}
+
+
+def split_variant(name: str) -> tuple[str, str | None]:
+    """``"slot_cross (stream)"`` -> ``("slot_cross", "(stream)")``; a plain name -> ``(name, None)``."""
+    for suffix in VARIANTS:
+        if name.endswith(f" {suffix}"):
+            return name.removesuffix(f" {suffix}"), suffix
+    return name, None
 
 
 def count_step_flops(trainer, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
@@ -76,19 +94,16 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
     splits = synthetic_splits(sizes.step_images, 20, device)
     plain = ["lambda=0"] + surrogates.names()
     # on CUDA every configuration twice, the graphed step (train.cuda_graph auto) and the eager one, and each
-    # surrogate a third time graphed on its own stream (train.surrogate_stream)
-    names = plain + ([f"{n} {EAGER}" for n in plain] + [f"{n} {STREAM}" for n in plain[1:]]
+    # surrogate graphed again on its own stream, compiled, and both (VARIANTS)
+    names = plain + ([f"{n} {EAGER}" for n in plain] + [f"{n} {v}" for v in (STREAM, COMPILED, STREAM_COMPILED)
+                                                        for n in plain[1:]]
                      if device.type == "cuda" else [])
     runs: dict[str, dict] = {}
     rows: list[dict] = []
     for name in names:
         try:
-            base_name = name.removesuffix(f" {EAGER}").removesuffix(f" {STREAM}")
-            flat = dict(base_flat, **named_config(base_name))
-            if name.endswith(EAGER):
-                flat["train.cuda_graph"] = "off"
-            if name.endswith(STREAM):
-                flat["train.surrogate_stream"] = True
+            base_name, variant = split_variant(name)
+            flat = dict(base_flat, **named_config(base_name), **VARIANTS.get(variant, {}))
             cfg, tr = step_trainer(flat, device, splits)
             runs[name] = {"trainer": tr, "cfg": cfg, "lr": lr_at(cfg, 1), "acc": tr.epoch_acc(),
                           "times": [], "cem_on": tr.surrogate is not None}
@@ -138,6 +153,7 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
         if name not in runs:
             continue
         run = runs[name]
+        base_name, variant = split_variant(name)
         med = statistics.median(run["times"])
         bad = int(float(run["acc"]["ce_nonfinite"]))
         cfg = run["cfg"]
@@ -147,8 +163,7 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
                 (f"; capture FAILED: {graph.failed}" if graph.failed else "") + ")"
         else:
             setting_g = setting + ("; eager" if device.type == "cuda" else "")
-        if name.endswith(EAGER):
-            base_name = name.removesuffix(f" {EAGER}")
+        if variant == EAGER:
             ref = eager_base if base_name != "lambda=0" else None
             graphed = runs.get(base_name)
             speed = (f"; graphed step {med / statistics.median(graphed['times']):.2f}x faster"
@@ -156,15 +171,13 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
             rows.append(make_row(f"train step (eager): {base_name}", med, "s/step", ref,
                                  "eager lambda=0 step" if ref else None, med / ref if ref else None,
                                  "x lambda=0" if ref else "", note=setting_g + speed, samples=run["times"]))
-        elif name.endswith(STREAM):
-            base_name = name.removesuffix(f" {STREAM}")
-            one_stream = runs.get(base_name)
-            vs = (f"; {statistics.median(one_stream['times']) / med:.2f}x the one-stream graphed step"
-                  if one_stream is not None else "")
-            rows.append(make_row(f"train step (stream): {base_name}", med, "s/step", base, "lambda=0 step",
+        elif variant is not None:
+            plain_run = runs.get(base_name)
+            vs = (f"; the plain graphed step takes {statistics.median(plain_run['times']) / med:.2f}x as long"
+                  if plain_run is not None else "")
+            rows.append(make_row(f"train step {variant}: {base_name}", med, "s/step", base, "lambda=0 step",
                                  med / base, "x lambda=0", TARGET_STEP_GMM if base_name == "gmm" else TARGET_STEP,
-                                 note=f"{setting_g}; train.surrogate_stream (its own CUDA stream){vs}",
-                                 samples=run["times"]))
+                                 note=f"{setting_g}; {VARIANT_NOTES[variant]}{vs}", samples=run["times"]))
         elif name == "lambda=0":
             note = (f"{setting_g}; no surrogate; {train_flops / 1e9:.0f} GFLOP/step counted ({counted}) "
                     f"-> {train_flops / med / 1e9:.1f} GFLOP/s achieved")

@@ -85,7 +85,7 @@ class SlotAttention(nn.Module):
         if noise is None:
             if not self.training:
                 return mu
-            noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+            noise = draw(torch.randn, mu.shape, generator, mu.device, mu.dtype)
         return mu + torch.exp(self.slots_log_sigma) * noise
 
     def forward(self, inputs: Tensor, mask: Tensor | None = None, noise: Tensor | None = None,
@@ -210,8 +210,16 @@ def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator) -> 
     """Inverted dropout drawing its mask from ``generator`` (``F.dropout`` can only use the global RNG)."""
     if not training or p == 0:
         return x
-    keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) >= p
+    keep = draw(torch.rand, x.shape, generator, x.device, x.dtype) >= p
     return x * keep / (1 - p)
+
+
+@torch.compiler.disable
+def draw(fn: Callable, shape, generator: torch.Generator, device, dtype) -> Tensor:
+    """``fn(shape, generator=...)`` (``torch.randn``, ``torch.rand``), kept out of a ``torch.compile`` graph
+    (``train.compile_surrogate``): Dynamo cannot trace a ``torch.Generator``, so the draw runs eagerly, from
+    the same stream and in the same order as without compile, and the graph breaks around it."""
+    return fn(shape, generator=generator, device=device, dtype=dtype)
 
 
 def class_softmax(logits: Tensor, y: Tensor, num_classes: int) -> Tensor:
