@@ -176,6 +176,78 @@ def profile(_):
     write("profile.json", {k: {kk: vv for kk, vv in v.items() if kk != "top"} for k, v in out.items()})
 
 
+def options(left):
+    """Inductor settings for a compiled surrogate (``train.compile_surrogate`` with ``train.surrogate_stream``,
+    graphed): the slot-attention surrogates' step time under each setting, against a lambda = 0 step timed
+    round-robin with them, at the bench's quick sizes. Each setting compiles afresh (``torch._dynamo.reset``)."""
+    import statistics
+
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    from cem_bench import data
+    from cem_bench.bench import harness
+    from cem_bench.trainer import lr_at
+
+    dev = torch.device(DEV)
+    sizes = harness.sizes_for(dev, quick=True, tiny=not CUDA)
+    splits = harness.synthetic_splits(sizes.step_images, 20, dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    batches = []
+    for xy in data.BatchIterator(splits.train, splits, sizes.batch_size, "crop_flip_rotate", gen):
+        batches.append(xy)
+        if len(batches) == 4:
+            break
+    keys = {"data.train_size": sizes.step_images, "data.test_size": 20}
+    settings = {"default": {}, "combo_kernels": {"combo_kernels": True},
+                "max_autotune": {"max_autotune": True, "triton.cudagraphs": False}}
+    names = ["lambda=0", "slot_cross", "attention_centroid", "serial_enhanced"]
+    steps = 10 if CUDA else 1
+    out: dict = {}
+    for setting, flags in settings.items():
+        if BUDGET - (time.perf_counter() - T0) < (150 if setting == "max_autotune" else 60):
+            out[setting] = "skipped: budget"
+            break
+        torch._dynamo.reset()
+        res: dict = {}
+        try:
+            with inductor_config.patch(flags):
+                runs = {}
+                for name in names:
+                    flat = harness.step_config(sizes, dev, **keys, **harness.named_config(name),
+                                               **({} if name == "lambda=0" else
+                                                  {"train.surrogate_stream": True, "train.compile_surrogate": True}))
+                    cfg, tr = harness.step_trainer(flat, dev, splits)
+                    runs[name] = (tr, lr_at(cfg, 1), tr.epoch_acc(), [])
+                    t = time.perf_counter()
+                    for i in range(8):   # compile, graph warm-up and capture
+                        tr.step(*batches[i % 4], tr.surrogate is not None, runs[name][1], runs[name][2])
+                    if CUDA:
+                        torch.cuda.synchronize()
+                    res[f"{name} first steps s"] = time.perf_counter() - t
+
+                def one(run):
+                    def fn():
+                        for i in range(steps):
+                            run[0].step(*batches[i % 4], run[0].surrogate is not None, run[1], run[2])
+                    return fn
+                for r in range(8):
+                    for run in runs.values():
+                        t = harness.timed(one(run), dev) / steps
+                        if r >= 2:
+                            run[3].append(t)
+                base = statistics.median(runs["lambda=0"][3])
+                for name, run in runs.items():
+                    med = statistics.median(run[3])
+                    res[name] = {"ms": med * 1e3, "ratio": med / base,
+                                 "graph": run[0]._graph.stats() if run[0]._graph is not None else None}
+        except Exception as e:  # noqa: BLE001 - the next setting still runs
+            res["error"] = f"{type(e).__name__}: {e}"
+        out[setting] = res
+        write("options.json", out)
+    write("options.json", out)
+
+
 def bench(left):
     groups = BENCH_GROUPS or (["data", "step", "flops", "kernels", "refit", "attack", "epoch"] if CUDA
                               else ["step", "kernels"])
@@ -267,6 +339,15 @@ def summary(_):
             lines.append(f"| {key} | {res['max_abs_diff']:.3g} | {res['eager_floor']:.3g} | {ok} |")
         else:
             lines.append(f"| {key} | {res} | | |")
+    opts = _load("options.json") or {}
+    if opts:
+        lines += ["", "## Inductor settings, compiled surrogate on its own stream (graphed) ÷ λ=0", ""]
+        for setting, res in opts.items():
+            if not isinstance(res, dict) or "error" in res:
+                lines.append(f"- {setting}: {res if not isinstance(res, dict) else res['error']}")
+                continue
+            lines.append(f"- {setting}: " + ", ".join(f"{k} {v['ratio']:.2f}× ({v['ms']:.2f} ms)"
+                                                      for k, v in res.items() if isinstance(v, dict)))
     prof = _load("profile.json") or {}
     if prof:
         lines += ["", "## Profile (one eager step)", "", "| configuration | CUDA kernels | busy µs | ops counted |",
@@ -283,7 +364,8 @@ if __name__ == "__main__":
     ap.add_argument("--bench-groups", nargs="+", default=None,
                     help="the bench stage's groups (default: data step flops kernels refit attack epoch on CUDA)")
     ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "profile", "decoder", "bench", "trial",
-                                                    "pack", "summary"])
+                                                    "pack", "summary"],
+                    help="also: options (inductor settings for a compiled surrogate)")
     a = ap.parse_args()
     BUDGET = a.budget_s
     BENCH_GROUPS = a.bench_groups

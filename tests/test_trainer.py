@@ -327,7 +327,9 @@ def test_compiled_surrogate_runs_compiled_and_matches_the_eager_step():
             t.step(x, y, True, 0.05, acc)
         runs[comp] = t, acc, counters["stats"]["unique_graphs"], init
     (eager, acc_e, graphs_e, _), (comp, acc_c, graphs_c, init) = runs[False], runs[True]
-    assert graphs_e == 0 and graphs_c >= 2      # compiled: graphs before and after the eager random draw
+    # compiled: one graph, after the eager random draw at the top of the forward (a draw deeper inside would
+    # split every enclosing frame into pieces)
+    assert graphs_e == 0 and graphs_c == 1
     assert float(acc_c["rob_loss"]) == pytest.approx(float(acc_e["rob_loss"]), rel=1e-5)
     assert torch.equal(acc_c["surr"].isfinite(), acc_e["surr"].isfinite())
     for a, b in zip(eager.client.parameters(), comp.client.parameters()):

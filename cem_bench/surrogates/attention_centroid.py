@@ -65,17 +65,19 @@ class AttentionCentroid(Surrogate):
         if self.adversarial:   # sharpness of the soft cells, learnable (as slot_cross's assignment beta)
             self.log_assign_beta = nn.Parameter(torch.tensor(math.log(ASSIGN_BETA_INIT)))
 
-    def embed(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots S (B, K, h) and sample embeddings f (B, h) of features z (B, C, H, W)."""
+    def embed(self, z: torch.Tensor, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots S (B, K, h) and sample embeddings f (B, h) of features z (B, C, H, W); ``noise``: the initial
+        slots' (``SlotAttention.draw_noise``), else drawn here."""
         tokens = self.proj(z.float().flatten(2).transpose(1, 2))      # (B, H*W, h)
-        slots, _ = self.slot_attn(tokens, generator=self.rng(tokens.device))   # (B, K, h)
+        slots, _ = self.slot_attn(tokens, noise=noise, generator=self.rng)   # (B, K, h)
         attended, _ = self.cross(tokens, slots, slots, need_weights=False)
         return slots, (tokens + attended).mean(1)
 
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> SurrogateOut:
         g, k, h = self.num_classes, self.k, self.h
         b = z.shape[0]
-        slots, f = self.embed(z)
+        noise = self.slot_attn.draw_noise(b, self.rng)   # drawn first: a compiled forward breaks its graph here only
+        slots, f = self.embed(z, noise)
         onehot = F.one_hot(y, g).to(f.dtype)                           # (B, G)
         counts = onehot.sum(0)                                         # (G,) M_c
         cents = (onehot.t() @ slots.reshape(b, k * h)).view(g, k, h) / counts.clamp(min=1).view(g, 1, 1)

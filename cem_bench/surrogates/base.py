@@ -95,7 +95,6 @@ class Surrogate(nn.Module):
         must then be bounded (docs/estimators.md), which some surrogates arrange only in this mode."""
         return self.cfg.estimator_fit == "adversarial"
 
-    @torch.compiler.disable   # creates a Generator, which Dynamo cannot (train.compile_surrogate)
     def rng(self, device: torch.device) -> torch.Generator:
         """The surrogate's own random stream (slot initialisations, dropout), seeded from the trial seed.
 

@@ -25,6 +25,8 @@ from torch import Tensor
 from ..keys import key
 
 SNR_EPS = 1e-6   # epsilon of the SNR gate sigma^2 / (mu^2 + eps)
+# a random stream: a generator, or a function of the device that returns one (``Surrogate.rng``)
+Rng = torch.Generator | Callable[[torch.device], torch.Generator] | None
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,18 @@ class SlotAttention(nn.Module):
         self.competition = (nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1))
                             if competition else None)
 
-    def initial_slots(self, n: int, noise: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+    @torch.compiler.disable
+    def draw_noise(self, n: int, generator: Rng) -> Tensor | None:
+        """The noise of ``n`` sets' initial slots, (n, K, dim) ~ N(0, 1) from ``generator``, in train mode; None
+        in eval mode (the slots start at their mean). The same numbers ``forward`` would draw itself. A
+        surrogate calls it first thing in its forward and passes the noise on: a ``torch.compile``d forward
+        (``train.compile_surrogate``) then breaks its graph once, at the top, and the rest is one graph (a
+        draw deep inside nested calls split every enclosing frame into separately compiled pieces)."""
+        if not self.training:
+            return None
+        return draw(torch.randn, (n, self.num_slots, self.dim), generator, self.slots_mu.device, self.slots_mu.dtype)
+
+    def initial_slots(self, n: int, noise: Tensor | None = None, generator: Rng = None) -> Tensor:
         mu = self.slots_mu.expand(n, self.num_slots, self.dim)
         if noise is None:
             if not self.training:
@@ -89,7 +102,7 @@ class SlotAttention(nn.Module):
         return mu + torch.exp(self.slots_log_sigma) * noise
 
     def forward(self, inputs: Tensor, mask: Tensor | None = None, noise: Tensor | None = None,
-                generator: torch.Generator | None = None):
+                generator: Rng = None):
         n, m, d = inputs.shape
         k_slots = self.num_slots
         x = self.norm_inputs(inputs)
@@ -206,20 +219,31 @@ def build_gates(surrogate, dim: int) -> VarianceGates:
                          c.softplus_beta, c.margin)
 
 
-def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator) -> Tensor:
-    """Inverted dropout drawing its mask from ``generator`` (``F.dropout`` can only use the global RNG)."""
+@torch.compiler.disable
+def dropout_keep(shape, p: float, training: bool, generator: Rng, device, dtype=torch.float32) -> Tensor | None:
+    """The keep mask (``shape``, bool) of an inverted dropout with rate ``p``, drawn from ``generator``
+    (``F.dropout`` can only use the global RNG); None when nothing is dropped (eval mode, ``p`` = 0). Apply
+    with ``dropout(x, keep, p)``. Drawn apart from its use so that a surrogate can draw first thing in its
+    forward (see ``SlotAttention.draw_noise``)."""
     if not training or p == 0:
-        return x
-    keep = draw(torch.rand, x.shape, generator, x.device, x.dtype) >= p
-    return x * keep / (1 - p)
+        return None
+    return draw(torch.rand, shape, generator, device, dtype) >= p
+
+
+def dropout(x: Tensor, keep: Tensor | None, p: float) -> Tensor:
+    """``x`` with the entries that ``keep`` (``dropout_keep``) drops set to 0 and the rest scaled by 1/(1-p)."""
+    return x if keep is None else x * keep / (1 - p)
 
 
 @torch.compiler.disable
-def draw(fn: Callable, shape, generator: torch.Generator, device, dtype) -> Tensor:
+def draw(fn: Callable, shape, generator: Rng, device, dtype) -> Tensor:
     """``fn(shape, generator=...)`` (``torch.randn``, ``torch.rand``), kept out of a ``torch.compile`` graph
     (``train.compile_surrogate``): Dynamo cannot trace a ``torch.Generator``, so the draw runs eagerly, from
-    the same stream and in the same order as without compile, and the graph breaks around it."""
-    return fn(shape, generator=generator, device=device, dtype=dtype)
+    the same stream and in the same order as without compile, and the graph breaks once around it.
+    ``generator``: a generator, or a function of the device that returns one (``Surrogate.rng``, passed
+    uncalled so that the compiled code never holds the generator)."""
+    gen = generator if generator is None or isinstance(generator, torch.Generator) else generator(device)
+    return fn(shape, generator=gen, device=device, dtype=dtype)
 
 
 def class_softmax(logits: Tensor, y: Tensor, num_classes: int) -> Tensor:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..keys import key
 from .base import SlotKeys, Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
-from .layers import SlotAttention, dropout
+from .layers import SlotAttention, dropout, dropout_keep
 
 VAR_FLOOR = 1e-4        # seed 001: sigma^2 = Var + 1e-4, hinge at log(1e-4)
 LOG_EPS = 1e-8          # seed 001: log(sigma^2 + 1e-8)
@@ -92,13 +92,28 @@ class SerialEnhanced(Surrogate):
         gate = torch.sigmoid(self.mlp_gate(torch.cat([self.mlp_small(u), self.mlp_large(u), u], -1)))
         return u * gate, gate
 
-    def enhance(self, u: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Step 4: enhanced features y (B, h) of tokens u (B, h) attending to their slots (B, K, h)."""
+    def enhance(self, u: torch.Tensor, slots: torch.Tensor, keep: tuple | None = None) -> torch.Tensor:
+        """Step 4: enhanced features y (B, h) of tokens u (B, h) attending to their slots (B, K, h); ``keep``:
+        the FFN's two dropout masks (``draws``), else drawn here."""
         attended, _ = self.cross(u.unsqueeze(1), slots, slots, need_weights=False)
         y1 = self.norm1(u + attended.squeeze(1))
-        drop = lambda t: dropout(t, self.cfg.dropout, self.training, self.rng(t.device))  # noqa: E731
-        y2 = self.norm2(y1 + drop(self.ffn_out(drop(F.gelu(self.ffn_in(y1))))))
+        if keep is None:
+            keep = self.dropout_masks(u.shape[0], u.device)
+        p = self.cfg.dropout
+        y2 = self.norm2(y1 + dropout(self.ffn_out(dropout(F.gelu(self.ffn_in(y1)), keep[0], p)), keep[1], p))
         return self.norm3(u + y2)
+
+    def dropout_masks(self, b: int, device) -> tuple:
+        """The FFN's keep masks, (B, 4h) then (B, h) (``layers.dropout_keep``; None in eval mode)."""
+        p, h = self.cfg.dropout, self.h
+        return tuple(dropout_keep(shape, p, self.training, self.rng, device) for shape in ((b, 4 * h), (b, h)))
+
+    @torch.compiler.disable
+    def draws(self, b: int, device) -> tuple:
+        """Every random number of a training forward, in the order the stages use them: the class slots'
+        initial noise (G, K, h), then the FFN's two dropout masks. Drawn first thing in ``forward``, so that a
+        compiled forward (``train.compile_surrogate``) breaks its graph once, at the top."""
+        return self.slot_attn.draw_noise(self.num_classes, self.rng), self.dropout_masks(b, device)
 
     @staticmethod
     def distance(y: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -116,11 +131,12 @@ class SerialEnhanced(Surrogate):
         g, k = self.num_classes, self.k
         x = z.flatten(1).float()
         b = x.shape[0]
+        noise, keep = self.draws(b, x.device)
         u, gate = self.gated_tokens(x)
         padded, mask, counts, _ = group_by_class(u, y, g)              # (G, B, h), (G, B), (G,)
-        class_slots, _ = self.slot_attn(padded, mask, generator=self.rng(x.device))                  # (G, K, h): slots per class
+        class_slots, _ = self.slot_attn(padded, mask, noise=noise)     # (G, K, h): slots per class
         slots = rows(class_slots, y)                                         # (B, K, h): each sample's class slots
-        feat = self.enhance(u, slots)                                  # (B, h)
+        feat = self.enhance(u, slots, keep)                            # (B, h)
         dist = self.distance(feat, slots)                              # (B, K)
         if self.adversarial:
             return self._raw_cells(x, y, counts, dist, gate, feat)

@@ -87,6 +87,8 @@ class SlotCross(Surrogate):
         return (self.log_assign_beta.exp() * cos).softmax(-1)
 
     def forward(self, z: torch.Tensor, y: torch.Tensor, slot_noise: torch.Tensor | None = None) -> SurrogateOut:
+        if slot_noise is None:   # drawn first: a compiled forward breaks its graph here only
+            slot_noise = self.slot_attn.draw_noise(self.num_classes, self.rng)
         with torch.autocast(z.device.type, enabled=False):   # statistics in fp32 (docs/surrogates.md, common contract)
             return self._forward(z.float(), y, slot_noise)
 
@@ -96,7 +98,7 @@ class SlotCross(Surrogate):
         x = z.flatten(1)
         b_sz = x.shape[0]
         padded, mask, counts, pos = group_by_class(self.tokens(x), y, g_cls)       # (G, B, h), (G, B), (G,), (B,)
-        slots, _ = self.slot_attn(padded, mask, noise=slot_noise, generator=self.rng(x.device))                   # (G, K, h)
+        slots, _ = self.slot_attn(padded, mask, noise=slot_noise)                   # (G, K, h)
         y_tok = self.cross(padded, slots, mask)                                     # (G, B, h)
         resp = self.responsibilities(y_tok, slots)                                  # (G, B, K)
 
