@@ -144,13 +144,15 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     defense noise and the classifier's dropout), so that the two must agree to rounding; with ``random=True``
     they agree only if the graph's replays draw the numbers the eager steps draw. Used by the CUDA test and
     by the GPU check script. ``eager_flat``: keys that only the two eager copies change (e.g. the graphed copy
-    with ``train.surrogate_stream`` against one-stream eager steps)."""
+    with ``train.surrogate_stream`` against one-stream eager steps). Also the two differences after each step
+    (``diff_by_step``, ``floor_by_step``)."""
     from . import data
     from .trial import build, build_config
 
     dev = torch.device(device)
     out = {}
     params = {}
+    trail: dict[str, list[torch.Tensor]] = {}   # all client and server parameters after each step
     flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
              torch.backends.cuda.matmul.allow_tf32)
     try:
@@ -174,10 +176,13 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
             gen = torch.Generator(device=dev).manual_seed(0)
             batches = data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)
             done = 0
+            trail[mode] = []
             while done < steps:
                 for x, y in batches:
                     tr.step(x, y, cem_on, cfg.train.lr, acc)
                     done += 1
+                    trail[mode].append(torch.cat([p.detach().float().flatten() for m in (tr.client, tr.server)
+                                                  for p in m.parameters()]))
                     if done == steps:
                         break
             if dev.type == "cuda":
@@ -192,6 +197,11 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     out["max_abs_diff"] = diff("on", "off")
     out["eager_floor"] = diff("off", "off again")
     out["max_abs_param"] = max(float(a.abs().max()) for a in params["off"])
+    # after each step: a difference that starts at rounding and grows step by step is a chaotic amplification
+    # (Adam's normalised steps, a hard assignment that flips); one that jumps at a step is a different step
+    by_step = lambda a, b: [float((u - v).abs().max()) for u, v in zip(trail[a], trail[b])]  # noqa: E731
+    out["diff_by_step"] = by_step("on", "off")
+    out["floor_by_step"] = by_step("off", "off again")
     return out
 
 

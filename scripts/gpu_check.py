@@ -87,9 +87,10 @@ def equivalence(_):
     for name in ["lambda=0", *surrogates.names()]:
         flat = {**tiny, **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
         # the surrogates also on their own stream (train.surrogate_stream): graphed two-stream vs one-stream
-        # eager; and compiled (train.compile_surrogate) on their own stream, against compiled eager steps
-        variants = [(False, False, False), (True, False, False)] + \
-            ([(False, True, False), (True, True, True)] if name != "lambda=0" else [])
+        # eager; and compiled (train.compile_surrogate), against compiled eager steps
+        # every combination for a surrogate (which of the three a difference comes with), two for lambda = 0
+        variants = [(r, st, c) for c in (False, True) for st in (False, True) for r in (False, True)] \
+            if name != "lambda=0" else [(False, False, False), (True, False, False)]
         for random, stream, comp in variants:
             key = f"{name}{' (noise+dropout)' if random else ''}{' (stream)' if stream else ''}" \
                   f"{' (compiled)' if comp else ''}"
@@ -177,9 +178,12 @@ def profile(_):
 
 
 def options(left):
-    """Inductor settings for a compiled surrogate (``train.compile_surrogate`` with ``train.surrogate_stream``,
-    graphed): the slot-attention surrogates' step time under each setting, against a lambda = 0 step timed
-    round-robin with them, at the bench's quick sizes. Each setting compiles afresh (``torch._dynamo.reset``)."""
+    """Settings for the surrogate on its own stream (``train.surrogate_stream``, graphed, compiled unless the
+    setting says not): the slot-attention surrogates' step time under each, against a lambda = 0 step timed
+    round-robin with them, at the bench's quick sizes. A setting is Inductor flags, the side stream's priority
+    (None: the default; -100: the highest the device allows, so that the surrogate's chain of small kernels,
+    the step's critical path, is scheduled before the server's blocks) and whether the surrogate is compiled.
+    Each setting compiles afresh (``torch._dynamo.reset``)."""
     import statistics
 
     import torch._dynamo
@@ -199,13 +203,16 @@ def options(left):
         if len(batches) == 4:
             break
     keys = {"data.train_size": sizes.step_images, "data.test_size": 20}
-    settings = {"default": {}, "combo_kernels": {"combo_kernels": True},
-                "max_autotune": {"max_autotune": True, "triton.cudagraphs": False}}
+    # max_autotune is left out: on the H100 its autotuning of the surrogates' many small matrix products took
+    # more than 4 minutes for the first surrogate (docs/performance.md)
+    settings = {"default": ({}, None, True), "high_priority_stream": ({}, -100, True),
+                "high_priority_stream, not compiled": ({}, -100, False),
+                "combo_kernels": ({"combo_kernels": True}, None, True)}
     names = ["lambda=0", "slot_cross", "attention_centroid", "serial_enhanced"]
     steps = 10 if CUDA else 1
     out: dict = {}
-    for setting, flags in settings.items():
-        if BUDGET - (time.perf_counter() - T0) < (150 if setting == "max_autotune" else 60):
+    for setting, (flags, priority, compiled) in settings.items():
+        if BUDGET - (time.perf_counter() - T0) < 60:
             out[setting] = "skipped: budget"
             break
         torch._dynamo.reset()
@@ -216,8 +223,11 @@ def options(left):
                 for name in names:
                     flat = harness.step_config(sizes, dev, **keys, **harness.named_config(name),
                                                **({} if name == "lambda=0" else
-                                                  {"train.surrogate_stream": True, "train.compile_surrogate": True}))
+                                                  {"train.surrogate_stream": True,
+                                                   "train.compile_surrogate": compiled}))
                     cfg, tr = harness.step_trainer(flat, dev, splits)
+                    if priority is not None and tr._side is not None:   # before the first step (and capture)
+                        tr._side = torch.cuda.Stream(dev, priority=priority)
                     runs[name] = (tr, lr_at(cfg, 1), tr.epoch_acc(), [])
                     t = time.perf_counter()
                     for i in range(8):   # compile, graph warm-up and capture
@@ -332,16 +342,19 @@ def summary(_):
                      f"{kern and kern['value']} (λ=0: {kbase and kbase['value']}) | {per} |")
     from cem_bench.graphs import within_eager_floor
     eq = _load("equivalence.json") or {}
-    lines += ["", "## Graphed vs eager", "", "| configuration | max diff | eager floor | within |", "|---|---|---|---|"]
+    lines += ["", "## Graphed vs eager", "", "| configuration | max diff | eager floor | within | diff after each "
+              "step | floor after each step |", "|---|---|---|---|---|---|"]
+    steps = lambda v: " ".join(f"{d:.0e}" for d in v)  # noqa: E731
     for key, res in eq.items():
         if isinstance(res, dict):
             ok = within_eager_floor(res)
-            lines.append(f"| {key} | {res['max_abs_diff']:.3g} | {res['eager_floor']:.3g} | {ok} |")
+            lines.append(f"| {key} | {res['max_abs_diff']:.3g} | {res['eager_floor']:.3g} | {ok} | "
+                         f"{steps(res.get('diff_by_step', []))} | {steps(res.get('floor_by_step', []))} |")
         else:
-            lines.append(f"| {key} | {res} | | |")
+            lines.append(f"| {key} | {res} | | | | |")
     opts = _load("options.json") or {}
     if opts:
-        lines += ["", "## Inductor settings, compiled surrogate on its own stream (graphed) ÷ λ=0", ""]
+        lines += ["", "## The surrogate on its own stream: settings (graphed; `options` stage) ÷ λ=0", ""]
         for setting, res in opts.items():
             if not isinstance(res, dict) or "error" in res:
                 lines.append(f"- {setting}: {res if not isinstance(res, dict) else res['error']}")

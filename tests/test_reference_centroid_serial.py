@@ -43,10 +43,9 @@ def slot_noise(sur, rows: int, seed=4, scale=3.0) -> torch.Tensor:
 
 
 def use_noise(sur, noise: torch.Tensor):
-    """Make the vectorised step draw its initial slots from ``noise`` (row i for set i)."""
-    orig = type(sur.slot_attn).forward.__get__(sur.slot_attn)
-    sur.slot_attn.forward = lambda inputs, mask=None, noise_=None, generator=None: orig(
-        inputs, mask, noise=noise[: inputs.shape[0]] if noise_ is None else noise_)
+    """Make the vectorised step draw its initial slots from ``noise`` (row i for set i): the surrogate asks
+    ``SlotAttention.draw_noise`` for them first thing in its forward."""
+    sur.slot_attn.draw_noise = lambda n, generator: noise[:n]
     return sur
 
 
