@@ -100,7 +100,14 @@ class GraphedStep:
             return
         key = self._signature(x, cem_on, acc)
         if key != self.key:
-            self.key, self.graph, self.warm_left = key, None, WARMUP_STEPS
+            # an accumulator that a warm-up step itself added (the surrogate's logs, ``acc["surr"]``, made on
+            # the first step) changes the signature but not the step: keep warming up (measured on the H100:
+            # otherwise every surrogate ran 4 eager steps before its capture instead of 3)
+            grew = (self.graph is None and self.key is not None and key[:3] == self.key[:3]
+                    and key[4:] == self.key[4:] and set(self.key[3]) <= set(key[3]))
+            self.key = key
+            if not grew:
+                self.graph, self.warm_left = None, WARMUP_STEPS
         if self.graph is None:
             if self.warm_left > 0:
                 self.warm_left -= 1

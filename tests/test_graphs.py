@@ -95,6 +95,37 @@ def test_graphed_step_equals_eager_on_cuda(name):
     assert within_eager_floor(res), res
 
 
+def test_warm_up_and_capture_schedule(monkeypatch):
+    """GraphedStep's schedule, without a GPU (the capture and the side stream replaced by their eager
+    bodies): 3 eager warm-up steps, then one capture and replays. The surrogate's log accumulator, which the
+    first warm-up step adds to ``acc``, does not restart the warm-up (it did: 4 eager steps, measured on the
+    H100); switching CEM on does, and captures again."""
+    from cem_bench import graphs
+
+    class Replayed:   # what ``capture`` returns: replay() runs the captured body
+        def __init__(self, fn):
+            self.fn = fn
+
+        def replay(self):
+            self.fn()
+
+    monkeypatch.setattr(graphs, "on_side_stream", lambda fn, device: fn())
+    monkeypatch.setattr(graphs, "capture", lambda fn, device, gens: Replayed(fn))
+    cfg, splits, tr = _trainer({"cem.surrogate": "slot_cross", "cem.lambd": 4.0})
+    step = graphs.GraphedStep(tr)
+    acc = tr.epoch_acc()
+    gen = torch.Generator().manual_seed(1)
+    x, y = next(iter(data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)))
+    for _ in range(graphs.WARMUP_STEPS + 5):
+        step.step(x, y, True, lr_at(cfg, 1), acc)
+    assert "surr" in acc
+    assert (step.eager_steps, step.captures, step.replays) == (graphs.WARMUP_STEPS, 1, 5)
+    acc0 = tr.epoch_acc()
+    for cem_on in (False, False, False, False, True):   # a new step structure each: warm up again, capture again
+        step.step(x, y, cem_on, lr_at(cfg, 1), acc0 if not cem_on else acc)
+    assert (step.eager_steps, step.captures, step.replays) == (2 * graphs.WARMUP_STEPS + 1, 2, 6)
+
+
 def test_surrogate_stream_is_ignored_on_the_cpu():
     """train.surrogate_stream is CUDA only: on the CPU the step is the one-stream step, to the bit."""
     flat = {"cem.surrogate": "slot_cross", "cem.lambd": 4.0, "defense.noise_std": 0.1}
