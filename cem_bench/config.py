@@ -118,7 +118,7 @@ class TrainConfig:
                          choices=("auto", "on", "off"))
     surrogate_stream: bool = _f(False, "run the surrogate's forward and backward on a second CUDA stream, "
                                 "concurrently with the server's (a parallel branch of the step's graph); CUDA "
-                                "only, the CPU ignores it; not yet measured on a GPU (docs/performance.md)")
+                                "only, the CPU ignores it (measured: docs/performance.md)")
     compile_surrogate: bool = _f(False, "torch.compile the surrogate's training forward (and so its backward): "
                                  "fewer, fused kernels, also inside train.cuda_graph; compiled during the first "
                                  "CEM steps, its random draws stay eager (docs/performance.md)")

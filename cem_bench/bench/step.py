@@ -6,7 +6,10 @@ against the lambda = 0 step of the same run. The configurations are timed round-
 other processes falls on all of them alike; targets: attention surrogates <= 1.5x, ``gmm`` <= 1.15x. On CUDA
 the step is the graphed one (``train.cuda_graph`` auto; its warm-up and capture fall in the untimed repeats),
 and every configuration is timed a second time eagerly (``train step (eager): ...``, with the graph's
-speed-up); the lambda = 0 row has the absolute target <= 2.0 ms (an H100/H200 at batch 128).
+speed-up); the lambda = 0 row has the absolute target <= 2.0 ms (an H100/H200 at batch 128). Each surrogate
+is also timed graphed with ``train.surrogate_stream`` (``(stream)``), ``train.compile_surrogate``
+(``(compiled)``; compiled in the untimed warm-up) and both (``(stream, compiled)``), against the same lambda = 0
+step and the surrogate's plain graphed step (``VARIANTS``).
 
 FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` counts one forward and backward of client and server
 (cross-entropy on the server's logits) on one training batch, as the lambda = 0 step runs them (its
