@@ -120,8 +120,9 @@ class TrainConfig:
                                 "concurrently with the server's (a parallel branch of the step's graph); CUDA "
                                 "only, the CPU ignores it (measured: docs/performance.md)")
     compile_surrogate: bool = _f(False, "torch.compile the surrogate's training forward (and so its backward): "
-                                 "fewer, fused kernels, also inside train.cuda_graph; compiled during the first "
-                                 "CEM steps, its random draws stay eager (docs/performance.md)")
+                                 "fewer, fused kernels, also inside train.cuda_graph; compiled before the first "
+                                 "epoch (a toolchain that cannot compile stops the trial there), its random draws "
+                                 "stay eager (docs/performance.md)")
     device: str = _f("auto", "auto (cuda if available), cpu, cuda, cuda:N")
     eval_batch_size: int = _f(1024, "batch size of evaluation passes", lo=1)
     reference_warmup_lr0: bool = _f(False, "reproduce the reference's WarmUpLR misuse: epoch 1 runs at lr 0 for "

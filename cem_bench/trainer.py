@@ -352,6 +352,39 @@ class Trainer:
             if m is not None:
                 m.train()
 
+    def check_surrogate_compiles(self) -> None:
+        """``train.compile_surrogate``: compile the surrogate's training forward and backward now, on a batch of
+        zeros shaped as the step's, so that a toolchain that cannot compile (no C++ compiler for the CPU, no
+        Triton for CUDA) stops the trial before its first epoch with an error that says what to set, not at the
+        first CEM step after the warm-up epochs. The step then reuses the compiled code (the same shapes and
+        memory format). Leaves no trace: the surrogate's random stream is restored, its gradients dropped, its
+        mode kept. Nothing to do without the key."""
+        if self._surrogate_fwd is self.surrogate:
+            return
+        s = self.surrogate
+        b = self.cfg.train.batch_size
+        z = torch.zeros((b, *s.feature_shape), device=self.device)
+        if self.device.type == "cuda" and z.dim() == 4:
+            z = z.contiguous(memory_format=torch.channels_last)   # as the client's output arrives
+        z.requires_grad_(True)
+        y = torch.arange(b, device=self.device) % s.num_classes
+        gen = s.rng(self.device)
+        state, was_training = gen.get_state(), s.training
+        s.train()
+        try:
+            with torch.autocast(self.device.type, enabled=False):
+                self._surrogate_fwd(z, y).loss.backward()
+        except Exception as e:  # noqa: BLE001 - whatever the compiler raised, the trial cannot use it
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ConfigError(f"train.compile_surrogate=true, but torch.compile could not compile surrogate "
+                              f"{self.cfg.cem.surrogate!r} on {self.device}: {type(e).__name__}: {first[:300]}. "
+                              f"Set train.compile_surrogate=false (the eager surrogate: the same step to "
+                              f"rounding)") from e
+        finally:
+            gen.set_state(state)
+            s.zero_grad(set_to_none=True)
+            s.train(was_training)
+
     def cem_active(self, epoch: int) -> bool:
         return self.surrogate is not None and self.lambd > 0 and epoch > (self.cfg.cem.warmup_epochs or 0)
 
@@ -463,6 +496,8 @@ class Trainer:
 
     def fit(self, on_epoch: Callable[[dict], None] | None = None, start_epoch: int = 1) -> list[dict]:
         """Train from ``start_epoch`` to ``train.epochs``; ``on_epoch(record)`` after each epoch."""
+        if self.surrogate is not None and self.lambd > 0:
+            self.check_surrogate_compiles()
         for epoch in range(start_epoch, self.cfg.train.epochs + 1):
             t0 = time.perf_counter()
             rec = self.train_epoch(epoch)

@@ -155,6 +155,20 @@ def test_surrogate_stream_step_equals_one_stream_on_cuda(name):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", surrogates.names())
+def test_compiled_surrogate_graphed_equals_compiled_eager_on_cuda(name):
+    """train.compile_surrogate inside the graph, on the surrogate's own stream: the captured replays of the
+    compiled kernels train as the compiled eager steps on one stream (no noise or dropout; scripts/gpu_check.py
+    also runs them with both)."""
+    from cem_bench.graphs import WARMUP_STEPS, compare_with_eager, within_eager_floor
+    flat = {**TINY, "train.amp": "off", "cem.surrogate": name, "cem.lambd": 4.0, "train.surrogate_stream": True,
+            "train.compile_surrogate": True}
+    res = compare_with_eager(flat, steps=WARMUP_STEPS + 5, eager_flat={"train.surrogate_stream": False})
+    assert res["cuda_graph_captures"] == 1 and res["cuda_graph_replays"] == 5 and not res["cuda_graph_failed"]
+    assert within_eager_floor(res), res
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_graphed_decoder_attack_equals_eager_on_cuda():
     """The decoder's graphed training step draws the eager step's noise and gives its losses (measured on an
     H200: the same training MSE every epoch, SSIM 0.6915 vs 0.6916)."""

@@ -308,7 +308,8 @@ def test_a_fractional_warm_up_never_exceeds_the_scheduled_rate(monkeypatch):
 def test_compiled_surrogate_runs_compiled_and_matches_the_eager_step():
     """train.compile_surrogate: the training forward goes through torch.compile (Dynamo builds graphs for it;
     its random draws stay eager, from the surrogate's own stream), and a few steps of it land where the
-    eager steps land, to rounding: the same slot noise, the same losses, the same encoder."""
+    eager steps land, to rounding: the same slot noise, the same losses, the same encoder. The up-front
+    compile check (``check_surrogate_compiles``) draws no random number the steps would see."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -320,7 +321,13 @@ def test_compiled_surrogate_runs_compiled_and_matches_the_eager_step():
         counters.clear()
         t = _trainer(**flat, **{"train.compile_surrogate": comp})
         t.prepare_steps(True)
-        x, y = _batch(t)
+        gen = t.surrogate.rng(t.device)
+        before = gen.get_state()
+        t.check_surrogate_compiles()        # what fit() does first: compiles now, leaves no trace
+        assert torch.equal(gen.get_state(), before)
+        assert all(p.grad is None for p in t.surrogate.parameters())
+        from cem_bench.data import BatchIterator  # a batch of the step's size (the compiled shape)
+        x, y = next(iter(BatchIterator(t.splits.train, t.splits, t.cfg.train.batch_size, "crop_flip_rotate", t.gen)))
         acc = _acc(t)
         init = [p.detach().clone() for p in t.surrogate.parameters()]
         for _ in range(3):
@@ -328,7 +335,7 @@ def test_compiled_surrogate_runs_compiled_and_matches_the_eager_step():
         runs[comp] = t, acc, counters["stats"]["unique_graphs"], init
     (eager, acc_e, graphs_e, _), (comp, acc_c, graphs_c, init) = runs[False], runs[True]
     # compiled: one graph, after the eager random draw at the top of the forward (a draw deeper inside would
-    # split every enclosing frame into pieces)
+    # split every enclosing frame into pieces), compiled by the check and reused by the steps (no recompile)
     assert graphs_e == 0 and graphs_c == 1
     assert float(acc_c["rob_loss"]) == pytest.approx(float(acc_e["rob_loss"]), rel=1e-5)
     assert torch.equal(acc_c["surr"].isfinite(), acc_e["surr"].isfinite())
@@ -339,3 +346,19 @@ def test_compiled_surrogate_runs_compiled_and_matches_the_eager_step():
     for a, b in zip(eager.surrogate.parameters(), comp.surrogate.parameters()):
         torch.testing.assert_close(b, a, rtol=0, atol=2e-3)
     assert any(not torch.equal(b, p0) for b, p0 in zip(comp.surrogate.parameters(), init))
+
+
+def test_a_surrogate_that_cannot_compile_stops_the_trial_before_its_first_epoch(monkeypatch):
+    """train.compile_surrogate on a machine whose toolchain cannot compile: a ConfigError that says what to set,
+    raised by fit() before any epoch, not at the first CEM step after the warm-up epochs."""
+    def no_compiler(module, **kw):
+        def fail(*a, **k):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+        return fail
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    t = _trainer(**{"cem.surrogate": "gated_attention", "cem.hidden_dim": 16, "cem.num_heads": 2,
+                    "cem.warmup_epochs": 1, "train.compile_surrogate": True})
+    with pytest.raises(ConfigError, match=r"could not compile surrogate 'gated_attention'.*InvalidCxxCompiler.*"
+                                          r"train\.compile_surrogate=false"):
+        t.fit()
+    assert t.history == [] and t.epoch == 0
