@@ -128,6 +128,106 @@ def decoder(_):
     write("decoder.json", out)
 
 
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _intersection(u: list[tuple[float, float]], v: list[tuple[float, float]]) -> float:
+    """Length of the intersection of two sorted, disjoint interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(u) and j < len(v):
+        lo, hi = max(u[i][0], v[j][0]), min(u[i][1], v[j][1])
+        total += max(0.0, hi - lo)
+        if u[i][1] < v[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def surrogate_kernel(name: str) -> bool:
+    """A kernel of the compiled surrogate: Inductor's Triton kernels, or an fp32 matrix product (the surrogate
+    runs in fp32; the client and server run bf16 convolutions and batch norm)."""
+    n = name.lower()
+    return n.startswith("triton_") or "sgemm" in n or "f32f32" in n or "gemv" in n
+
+
+def overlap(_):
+    """How much of the surrogate's GPU work runs beside the server's, graphed, compiled, on its own stream (and
+    with the side stream at the highest priority): per configuration, 5 replays under the profiler with CUDA
+    activity, the kernels split into the surrogate's (``surrogate_kernel``) and the rest, and per step: the
+    time either side has a kernel running, the time both do, and the step's span. If the two overlap only for
+    about the server's forward, the backward branches run one after the other."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from cem_bench.bench import harness
+    from cem_bench.trainer import lr_at
+
+    dev = torch.device(DEV)
+    sizes = harness.sizes_for(dev, quick=True, tiny=not CUDA)
+    splits = harness.synthetic_splits(512, 20, dev)
+    x, y = splits.normalize(splits.train.images[:sizes.batch_size]), splits.train.labels[:sizes.batch_size]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    out = {}
+    configs = [("lambda=0", None)] + [(n, p) for n in ("slot_cross", "serial_enhanced", "attention_centroid")
+                                      for p in (None, -100)]
+    for name, priority in configs:
+        if BUDGET - (time.perf_counter() - T0) < 30:
+            break
+        key = name + (" (high priority)" if priority is not None else "")
+        try:
+            flat = harness.step_config(sizes, dev, **{"data.train_size": 512, "data.test_size": 20},
+                                       **harness.named_config(name),
+                                       **({} if name == "lambda=0" else
+                                          {"train.surrogate_stream": True, "train.compile_surrogate": True}))
+            cfg, tr = harness.step_trainer(flat, dev, splits)
+            if priority is not None and tr._side is not None:
+                tr._side = torch.cuda.Stream(dev, priority=priority)
+            cem_on, lr, acc = tr.surrogate is not None, lr_at(cfg, 1), tr.epoch_acc()
+            for _ in range(10):
+                tr.step(x, y, cem_on, lr, acc)
+            if CUDA:
+                torch.cuda.synchronize()
+            steps = 5
+            with torch_profile(activities=activities) as prof:
+                for _ in range(steps):
+                    tr.step(x, y, cem_on, lr, acc)
+                if CUDA:
+                    torch.cuda.synchronize()
+            trace = os.path.join("/tmp", f"cem_overlap_{os.getpid()}.json")
+            prof.export_chrome_trace(trace)
+            with open(trace) as f:
+                events = json.load(f).get("traceEvents", [])
+            os.remove(trace)
+            kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+            sur = _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels if surrogate_kernel(e.get("name", ""))])
+            rest = _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels if not surrogate_kernel(e.get("name", ""))])
+            span = (max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)) if kernels else 0.0
+            out[key] = {"us_per_step": {"span": span / steps, "surrogate_busy": _length(sur) / steps,
+                                        "rest_busy": _length(rest) / steps,
+                                        "both_busy": _intersection(sur, rest) / steps},
+                        "kernels_per_step": {"surrogate": sum(surrogate_kernel(e.get("name", "")) for e in kernels)
+                                             / steps, "all": len(kernels) / steps},
+                        "streams": sorted({str(e.get("args", {}).get("stream")) for e in kernels}),
+                        "graph": tr._graph.stats() if tr._graph is not None else None}
+        except Exception as e:  # noqa: BLE001 - the next configuration still runs
+            out[key] = f"{type(e).__name__}: {e}"
+        write("overlap.json", out)
+    write("overlap.json", out)
+
+
 def profile(_):
     """Where a surrogate's step spends GPU time: one eager step per configuration under ``torch.profiler``
     (after 3 warm-up steps), kernels per step, the sum of their durations (busy time; a graphed step's time
@@ -361,6 +461,18 @@ def summary(_):
                 continue
             lines.append(f"- {setting}: " + ", ".join(f"{k} {v['ratio']:.2f}× ({v['ms']:.2f} ms)"
                                                       for k, v in res.items() if isinstance(v, dict)))
+    ov = _load("overlap.json") or {}
+    if ov:
+        lines += ["", "## Overlap: the surrogate's kernels beside the rest (graphed, own stream, compiled; µs per "
+                  "step)", "", "| configuration | step span | surrogate busy | rest busy | both busy | surrogate "
+                  "kernels / all |", "|---|---|---|---|---|---|"]
+        for key, res in ov.items():
+            if isinstance(res, dict):
+                u, k = res["us_per_step"], res["kernels_per_step"]
+                lines.append(f"| {key} | {u['span']:.0f} | {u['surrogate_busy']:.0f} | {u['rest_busy']:.0f} | "
+                             f"{u['both_busy']:.0f} | {k['surrogate']:.0f} / {k['all']:.0f} |")
+            else:
+                lines.append(f"| {key} | {res} | | | | |")
     prof = _load("profile.json") or {}
     if prof:
         lines += ["", "## Profile (one eager step)", "", "| configuration | CUDA kernels | busy µs | ops counted |",
@@ -378,7 +490,8 @@ if __name__ == "__main__":
                     help="the bench stage's groups (default: data step flops kernels refit attack epoch on CUDA)")
     ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "profile", "decoder", "bench", "trial",
                                                     "pack", "summary"],
-                    help="also: options (inductor settings for a compiled surrogate)")
+                    help="also: options (settings of the surrogate's own stream), overlap (how much of the "
+                         "surrogate's GPU work runs beside the server's)")
     a = ap.parse_args()
     BUDGET = a.budget_s
     BENCH_GROUPS = a.bench_groups
