@@ -128,6 +128,25 @@ def decoder(_):
     write("decoder.json", out)
 
 
+def _profiled_steps(tr, lr: float, x, y, warm: int, steps: int):
+    """``warm`` untimed steps of trainer ``tr`` (compile, graph warm-up and capture), then ``steps`` under
+    ``torch.profiler`` (CPU, and CUDA where there is one); returns the profile."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cem_on, acc = tr.surrogate is not None, tr.epoch_acc()
+    for _ in range(warm):
+        tr.step(x, y, cem_on, lr, acc)
+    if CUDA:
+        torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])) as prof:
+        for _ in range(steps):
+            tr.step(x, y, cem_on, lr, acc)
+        if CUDA:
+            torch.cuda.synchronize()
+    return prof
+
+
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[list[float]] = []
     for a, b in sorted(intervals):
@@ -169,9 +188,6 @@ def overlap(_):
     activity, the kernels split into the surrogate's (``surrogate_kernel``) and the rest, and per step: the
     time either side has a kernel running, the time both do, and the step's span. If the two overlap only for
     about the server's forward, the backward branches run one after the other."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
     from cem_bench.bench import harness
     from cem_bench.trainer import lr_at
 
@@ -179,7 +195,6 @@ def overlap(_):
     sizes = harness.sizes_for(dev, quick=True, tiny=not CUDA)
     splits = harness.synthetic_splits(512, 20, dev)
     x, y = splits.normalize(splits.train.images[:sizes.batch_size]), splits.train.labels[:sizes.batch_size]
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
     out = {}
     configs = [("lambda=0", None)] + [(n, p) for n in ("slot_cross", "serial_enhanced", "attention_centroid")
                                       for p in (None, -100)]
@@ -195,17 +210,8 @@ def overlap(_):
             cfg, tr = harness.step_trainer(flat, dev, splits)
             if priority is not None and tr._side is not None:
                 tr._side = torch.cuda.Stream(dev, priority=priority)
-            cem_on, lr, acc = tr.surrogate is not None, lr_at(cfg, 1), tr.epoch_acc()
-            for _ in range(10):
-                tr.step(x, y, cem_on, lr, acc)
-            if CUDA:
-                torch.cuda.synchronize()
             steps = 5
-            with torch_profile(activities=activities) as prof:
-                for _ in range(steps):
-                    tr.step(x, y, cem_on, lr, acc)
-                if CUDA:
-                    torch.cuda.synchronize()
+            prof = _profiled_steps(tr, lr_at(cfg, 1), x, y, warm=10, steps=steps)
             trace = os.path.join("/tmp", f"cem_overlap_{os.getpid()}.json")
             prof.export_chrome_trace(trace)
             with open(trace) as f:
@@ -232,9 +238,6 @@ def profile(_):
     """Where a surrogate's step spends GPU time: one eager step per configuration under ``torch.profiler``
     (after 3 warm-up steps), kernels per step, the sum of their durations (busy time; a graphed step's time
     minus this is latency between kernels), and the operators with the most GPU time."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
     from cem_bench.bench import harness, kernels
     from cem_bench.trainer import lr_at
 
@@ -242,7 +245,6 @@ def profile(_):
     sizes = harness.sizes_for(dev, quick=True, tiny=not CUDA)
     splits = harness.synthetic_splits(512, 20, dev)
     x, y = splits.normalize(splits.train.images[:sizes.batch_size]), splits.train.labels[:sizes.batch_size]
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
     out = {}
     for name in ("lambda=0", "slot_cross", "serial_enhanced", "attention_centroid", "gmm", "slot_cross (compiled)",
                  "serial_enhanced (compiled)", "attention_centroid (compiled)"):
@@ -252,17 +254,9 @@ def profile(_):
                                                   "train.compile_surrogate": name != base_name},
                                    **harness.named_config(base_name))
         cfg, tr = harness.step_trainer(flat, dev, splits)
-        cem_on, lr, acc = tr.surrogate is not None, lr_at(cfg, 1), tr.epoch_acc()
-        for _ in range(3):
-            tr.step(x, y, cem_on, lr, acc)
-        if CUDA:
-            torch.cuda.synchronize()
+        cem_on, lr = tr.surrogate is not None, lr_at(cfg, 1)
         steps = 5
-        with torch_profile(activities=activities) as prof:
-            for _ in range(steps):
-                tr.step(x, y, cem_on, lr, acc)
-            if CUDA:
-                torch.cuda.synchronize()
+        prof = _profiled_steps(tr, lr, x, y, warm=3, steps=steps)
         events = prof.key_averages()
         on_gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         busy_us = sum(e.device_time_total for e in on_gpu)     # a kernel event: its own duration
@@ -273,7 +267,8 @@ def profile(_):
             "kernel_busy_us_per_step": busy_us / steps,
             "top": events.table(sort_by="cuda_time_total" if CUDA else "cpu_time_total", row_limit=25),
         }
-        write(f"profile_{name.replace('=', '').replace(' (compiled)', '_compiled')}.txt", out[name]["top"])
+        # one file for every configuration's table (a GPU machine returns few files)
+        write("profile_top.txt", "\n\n".join(f"== {k}\n{v['top']}" for k, v in out.items()))
     write("profile.json", {k: {kk: vv for kk, vv in v.items() if kk != "top"} for k, v in out.items()})
 
 
