@@ -6,12 +6,17 @@ Run on a GPU machine from the repository root, without installing (no Ray or Opt
 
 Stages, each time-boxed, each writing ``$OUT/<stage>.json`` (or ``.txt``) as soon as it ends, so that a run
 cut short still returns what it measured: ``env``; ``equivalence`` (graphed vs eager trainer, every surrogate,
-also on its own stream); ``bench`` (``cem-bench bench --device cuda --quick`` rows data, step (graphed, eager,
-and on the surrogate's own stream), flops, kernels (counted on CUDA, against the CPU count), refit, attack,
-epoch); ``trial`` (a 50k-image gmm trial with both attacks, graphed, and its epochs eager); ``pack`` (k trials
-on one card, with and without MPS); ``summary`` (``summary.md``: every target met or not, the surrogates' one-
-and two-stream steps beside their kernel counts, the equivalence checks, the profile). On a machine without
-CUDA it runs the same stages on the CPU at tiny sizes (a dry run of the script itself).
+every combination of noise and dropout, its own stream and compiled, with the difference after each step);
+``profile`` (CUDA kernels and busy time of one eager step, plain and compiled); ``bench`` (``cem-bench bench
+--device cuda --quick`` rows data, step (graphed, eager, on the surrogate's own stream, compiled, both), flops,
+kernels (counted on CUDA, against the CPU count), refit, attack, epoch; ``--bench-groups`` picks); ``trial``
+(a 50k-image gmm trial with both attacks, graphed, and its epochs eager); ``pack`` (k trials on one card,
+with and without MPS); ``summary`` (``summary.md``: every target met or not, the surrogates' steps in each
+variant beside their kernel counts, the equivalence checks, the overlap, the options, the profile). Not in the
+default list: ``options`` (settings of the surrogate's own stream: priority, compile, Inductor flags) and
+``overlap`` (how much of the compiled surrogate's kernels run beside the server's, from a profiler trace of
+graph replays). On a machine without CUDA it runs the same stages on the CPU at tiny sizes (a dry run of the
+script itself). A GPU machine that returns few files: tar ``$OUT`` at the end of the command.
 """
 
 from __future__ import annotations
