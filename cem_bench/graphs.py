@@ -143,7 +143,7 @@ class GraphedStep:
 
 
 def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random: bool = False,
-                       eager_flat: dict | None = None) -> dict:
+                       eager_flat: dict | None = None, deterministic: bool = False) -> dict:
     """Train two copies of one trial config for ``steps`` steps on the same batches, one with the graphed
     step and one eager, and return the largest difference of their client and server parameters, with the
     graphed copy's step counts, and the difference between two eager copies (``eager_floor``: run-to-run
@@ -152,7 +152,10 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     they agree only if the graph's replays draw the numbers the eager steps draw. Used by the CUDA test and
     by the GPU check script. ``eager_flat``: keys that only the two eager copies change (e.g. the graphed copy
     with ``train.surrogate_stream`` against one-stream eager steps). Also the two differences after each step
-    (``diff_by_step``, ``floor_by_step``)."""
+    (``diff_by_step``, ``floor_by_step``). ``deterministic``: all three copies under
+    ``torch.use_deterministic_algorithms(True, warn_only=True)`` (the atomic adds of index backward replaced by
+    deterministic kernels where PyTorch has them; Inductor compiles deterministic code), so that the floor is
+    ~0 and a graphed run that differs stands out; the process's setting is restored after."""
     from . import data
     from .trial import build, build_config
 
@@ -162,7 +165,10 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     trail: dict[str, list[torch.Tensor]] = {}   # all client and server parameters after each step
     flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
              torch.backends.cuda.matmul.allow_tf32)
+    determinism = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     try:
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
         # "off" twice: two eager runs differ too where CUDA kernels add with atomics (index_add_, the scatter in
         # the backward of a gather): that difference is the floor the graphed run is compared against
         for mode in ("on", "off", "off again"):
@@ -200,6 +206,7 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     finally:   # the process's own settings again (a GPU check times other things after this)
         (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
          torch.backends.cuda.matmul.allow_tf32) = flags
+        torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
     diff = lambda a, b: max(float((x - y).abs().max()) for x, y in zip(params[a], params[b]))  # noqa: E731
     out["max_abs_diff"] = diff("on", "off")
     out["eager_floor"] = diff("off", "off again")

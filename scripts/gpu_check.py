@@ -96,15 +96,19 @@ def equivalence(_):
         # every combination for a surrogate (which of the three a difference comes with), two for lambda = 0
         variants = [(r, st, c) for c in (False, True) for st in (False, True) for r in (False, True)] \
             if name != "lambda=0" else [(False, False, False), (True, False, False)]
-        for random, stream, comp in variants:
+        # and, without noise, plain and with both keys under deterministic algorithms (a floor of ~0)
+        variants = [(*v, False) for v in variants] + \
+            ([(False, False, False, True), (False, True, True, True)] if name != "lambda=0" else [])
+        for random, stream, comp, determ in variants:
             key = f"{name}{' (noise+dropout)' if random else ''}{' (stream)' if stream else ''}" \
-                  f"{' (compiled)' if comp else ''}"
+                  f"{' (compiled)' if comp else ''}{' (deterministic)' if determ else ''}"
             t = time.perf_counter()
             try:
                 out[key] = compare_with_eager({**flat, "train.surrogate_stream": stream,
                                                "train.compile_surrogate": comp}, steps=WARMUP_STEPS + 5,
                                               device=DEV, random=random,
-                                              eager_flat={"train.surrogate_stream": False}) \
+                                              eager_flat={"train.surrogate_stream": False},
+                                              deterministic=determ) \
                     if CUDA else "no CUDA: the graphed trainer needs a GPU"
                 if isinstance(out[key], dict):
                     out[key]["seconds"] = time.perf_counter() - t
