@@ -77,10 +77,15 @@ class GraphedStep:
         self.failed: str | None = None        # why capturing failed (auto mode then runs eager steps)
 
     def _signature(self, x: torch.Tensor, cem_on: bool, acc: dict) -> tuple:
+        """What a captured step depends on: CEM on or off, the batch's shape, the accumulator dict and the
+        tensors the caller gave in it (``Trainer.ACC_KEYS``; the accumulator the step makes for itself,
+        ``acc["surr"]`` on its first step, belongs to the step and changes nothing), and where the surrogate's
+        parameters and buffers live."""
         s = self.trainer.surrogate          # every step: parameters and buffers, not a state_dict
         state = tuple(t.data_ptr() for t in itertools.chain(s.parameters(), s.buffers())) \
             if (cem_on and s is not None) else ()
-        return (cem_on, tuple(x.shape), id(acc), tuple(acc), state)
+        given = tuple(id(acc[k]) for k in self.trainer.ACC_KEYS if k in acc)
+        return (cem_on, tuple(x.shape), id(acc), given, state)
 
     def _eager(self, x, y, cem_on: bool, acc: dict, side_stream: bool) -> None:
         self.eager_steps += 1
@@ -100,14 +105,7 @@ class GraphedStep:
             return
         key = self._signature(x, cem_on, acc)
         if key != self.key:
-            # an accumulator that a warm-up step itself added (the surrogate's logs, ``acc["surr"]``, made on
-            # the first step) changes the signature but not the step: keep warming up (measured on the H100:
-            # otherwise every surrogate ran 4 eager steps before its capture instead of 3)
-            grew = (self.graph is None and self.key is not None and key[:3] == self.key[:3]
-                    and key[4:] == self.key[4:] and set(self.key[3]) <= set(key[3]))
-            self.key = key
-            if not grew:
-                self.graph, self.warm_left = None, WARMUP_STEPS
+            self.key, self.graph, self.warm_left = key, None, WARMUP_STEPS
         if self.graph is None:
             if self.warm_left > 0:
                 self.warm_left -= 1
@@ -161,7 +159,6 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
 
     dev = torch.device(device)
     out = {}
-    params = {}
     trail: dict[str, list[torch.Tensor]] = {}   # all client and server parameters after each step
     flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
              torch.backends.cuda.matmul.allow_tf32)
@@ -200,22 +197,20 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
                         break
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
-            params[mode] = [p.detach().float().clone() for m in (tr.client, tr.server) for p in m.parameters()]
             if tr._graph is not None:
                 out.update(tr._graph.stats())
     finally:   # the process's own settings again (a GPU check times other things after this)
         (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
          torch.backends.cuda.matmul.allow_tf32) = flags
         torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
-    diff = lambda a, b: max(float((x - y).abs().max()) for x, y in zip(params[a], params[b]))  # noqa: E731
-    out["max_abs_diff"] = diff("on", "off")
-    out["eager_floor"] = diff("off", "off again")
-    out["max_abs_param"] = max(float(a.abs().max()) for a in params["off"])
     # after each step: a difference that starts at rounding and grows step by step is a chaotic amplification
     # (Adam's normalised steps, a hard assignment that flips); one that jumps at a step is a different step
     by_step = lambda a, b: [float((u - v).abs().max()) for u, v in zip(trail[a], trail[b])]  # noqa: E731
     out["diff_by_step"] = by_step("on", "off")
     out["floor_by_step"] = by_step("off", "off again")
+    out["max_abs_diff"] = out["diff_by_step"][-1]        # after the last step
+    out["eager_floor"] = out["floor_by_step"][-1]
+    out["max_abs_param"] = float(trail["off"][-1].abs().max())
     return out
 
 
