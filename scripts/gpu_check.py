@@ -410,6 +410,19 @@ def _g(v) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
+def _table(title: str, results: dict | None, headers: list[str], cells) -> list[str]:
+    """A markdown section of one stage's results, a row per configuration: ``cells(result)`` gives a dict
+    result's cells; a string result (an error) fills the row. Nothing when the stage wrote nothing."""
+    if not results:
+        return []
+    lines = ["", f"## {title}", "", "| configuration | " + " | ".join(headers) + " |",
+             "|---" * (len(headers) + 1) + "|"]
+    for key, res in results.items():
+        row = cells(res) if isinstance(res, dict) else [res] + [""] * (len(headers) - 1)
+        lines.append(f"| {key} | " + " | ".join(str(c) for c in row) + " |")
+    return lines
+
+
 def summary(_):
     """``summary.md`` from what the other stages wrote: every bench row that has a target (met or not), the
     surrogates' one-stream and two-stream graphed steps side by side with their kernel counts and the time per
@@ -445,17 +458,11 @@ def summary(_):
                      + "".join(f"{_g(o and o.get('ratio'))} | " for o in others) +
                      f"{kern and kern['value']} (λ=0: {kbase and kbase['value']}) | {per} |")
     from cem_bench.graphs import within_eager_floor
-    eq = _load("equivalence.json") or {}
-    lines += ["", "## Graphed vs eager", "", "| configuration | max diff | eager floor | within | diff after each "
-              "step | floor after each step |", "|---|---|---|---|---|---|"]
     steps = lambda v: " ".join(f"{d:.0e}" for d in v)  # noqa: E731
-    for key, res in eq.items():
-        if isinstance(res, dict):
-            ok = within_eager_floor(res)
-            lines.append(f"| {key} | {res['max_abs_diff']:.3g} | {res['eager_floor']:.3g} | {ok} | "
-                         f"{steps(res.get('diff_by_step', []))} | {steps(res.get('floor_by_step', []))} |")
-        else:
-            lines.append(f"| {key} | {res} | | | | |")
+    lines += _table("Graphed vs eager", _load("equivalence.json"),
+                    ["max diff", "eager floor", "within", "diff after each step", "floor after each step"],
+                    lambda r: [f"{r['max_abs_diff']:.3g}", f"{r['eager_floor']:.3g}", within_eager_floor(r),
+                               steps(r.get("diff_by_step", [])), steps(r.get("floor_by_step", []))])
     opts = _load("options.json") or {}
     if opts:
         lines += ["", "## The surrogate on its own stream: settings (graphed; `options` stage) ÷ λ=0", ""]
@@ -465,25 +472,15 @@ def summary(_):
                 continue
             lines.append(f"- {setting}: " + ", ".join(f"{k} {v['ratio']:.2f}× ({v['ms']:.2f} ms)"
                                                       for k, v in res.items() if isinstance(v, dict)))
-    ov = _load("overlap.json") or {}
-    if ov:
-        lines += ["", "## Overlap: the surrogate's kernels beside the rest (graphed, own stream, compiled; µs per "
-                  "step)", "", "| configuration | step span | surrogate busy | rest busy | both busy | surrogate "
-                  "kernels / all |", "|---|---|---|---|---|---|"]
-        for key, res in ov.items():
-            if isinstance(res, dict):
-                u, k = res["us_per_step"], res["kernels_per_step"]
-                lines.append(f"| {key} | {u['span']:.0f} | {u['surrogate_busy']:.0f} | {u['rest_busy']:.0f} | "
-                             f"{u['both_busy']:.0f} | {k['surrogate']:.0f} / {k['all']:.0f} |")
-            else:
-                lines.append(f"| {key} | {res} | | | | |")
-    prof = _load("profile.json") or {}
-    if prof:
-        lines += ["", "## Profile (one eager step)", "", "| configuration | CUDA kernels | busy µs | ops counted |",
-                  "|---|---|---|---|"]
-        for key, res in prof.items():
-            lines.append(f"| {key} | {res['kernels_per_step']} | {res['kernel_busy_us_per_step']:.0f} | "
-                         f"{res['ops_counted_per_step']} |")
+    lines += _table("Overlap: the surrogate's kernels beside the rest (graphed, own stream, compiled; µs per step)",
+                    _load("overlap.json"),
+                    ["step span", "surrogate busy", "rest busy", "both busy", "surrogate kernels / all"],
+                    lambda r: [f"{r['us_per_step'][k]:.0f}" for k in ("span", "surrogate_busy", "rest_busy",
+                                                                       "both_busy")]
+                    + [f"{r['kernels_per_step']['surrogate']:.0f} / {r['kernels_per_step']['all']:.0f}"])
+    lines += _table("Profile (one eager step)", _load("profile.json"), ["CUDA kernels", "busy µs", "ops counted"],
+                    lambda r: [r["kernels_per_step"], f"{r['kernel_busy_us_per_step']:.0f}",
+                               r["ops_counted_per_step"]])
     write("summary.md", "\n".join(lines) + "\n")
 
 
