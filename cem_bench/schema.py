@@ -64,16 +64,15 @@ def strongest_column(metric: str) -> str:
     return metric + STRONGEST_SUFFIX
 
 
-def base_metric(column: str) -> str:
-    """``attack_ssim__rmle`` -> ``attack_ssim``; any other column unchanged."""
-    head, sep, _ = column.partition(PER_ATTACK_SEP)
-    return head if sep and head in ATTACK_METRICS + ("attack_s",) else column
-
-
 def attack_of(column: str) -> str | None:
     """``attack_ssim__rmle`` -> ``rmle``; None for a column that is not one attack's own."""
     head, sep, tail = column.partition(PER_ATTACK_SEP)
     return tail if sep and tail and head in ATTACK_METRICS + ("attack_s",) else None
+
+
+def base_metric(column: str) -> str:
+    """``attack_ssim__rmle`` -> ``attack_ssim``; any other column unchanged."""
+    return column.partition(PER_ATTACK_SEP)[0] if attack_of(column) is not None else column
 
 
 def privacy_mode(metric: str) -> str | None:
