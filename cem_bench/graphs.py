@@ -58,23 +58,76 @@ def capture(fn, device, generators=()) -> torch.cuda.CUDAGraph:
     return graph
 
 
+class CaptureSchedule:
+    """PyTorch's recipe for a graphed step, shared by the trainer's and the decoder attack's: ``WARMUP_STEPS``
+    eager steps on a side stream (optimizer state, gradients, cuDNN autotuning and lazy initialisations must
+    not happen during a capture), one capture, then a replay per step. ``reset()`` starts over (a new step
+    structure). A capture that fails is reported once and every later step runs eagerly (``strict=False``,
+    ``train.cuda_graph=auto``), or raises (``strict``, ``on``).
+
+    ``run(eager, captured, load, generators)``: ``eager()`` runs the step on the live inputs; ``captured()``
+    runs it on the static inputs that the graph reads; ``load()`` puts the live inputs into the static ones
+    (and makes them before the first capture); ``generators`` are registered with the graph."""
+
+    def __init__(self, device, strict: bool, what: str):
+        self.device, self.strict, self.what = device, strict, what
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.warm_left = WARMUP_STEPS
+        self.captures = self.replays = self.eager_steps = 0
+        self.failed: str | None = None        # why capturing failed (auto mode then runs eager steps)
+
+    def reset(self) -> None:
+        self.graph, self.warm_left = None, WARMUP_STEPS
+
+    def run(self, eager, captured, load, generators=()) -> None:
+        if self.failed is None and self.graph is None:
+            if self.warm_left > 0:
+                self.warm_left -= 1
+                self.eager_steps += 1
+                on_side_stream(eager, self.device)
+                return
+            load()
+            try:
+                self.graph = capture(captured, self.device, generators)
+                self.captures += 1
+            except Exception as e:  # noqa: BLE001 - auto mode falls back to the eager step
+                if self.strict:
+                    raise
+                self.failed = f"{type(e).__name__}: {e}"
+                print(f"[cem-bench] train.cuda_graph=auto: capturing the {self.what} failed ({self.failed}); "
+                      f"it runs eagerly from now on", flush=True)
+        if self.failed is not None:
+            self.eager_steps += 1
+            eager()
+            return
+        load()
+        self.graph.replay()
+        self.replays += 1
+
+    def stats(self) -> dict:
+        return {"cuda_graph_captures": self.captures, "cuda_graph_replays": self.replays,
+                "cuda_graph_eager_steps": self.eager_steps, "cuda_graph_failed": self.failed or ""}
+
+
 class GraphedStep:
-    """``step(x, y, cem_on, lr, acc)``: ``Trainer.step`` as a replay of a captured graph."""
+    """``step(x, y, cem_on, lr, acc)``: ``Trainer.step`` as a replay of a captured graph (``CaptureSchedule``),
+    captured again when the step's signature changes."""
 
     def __init__(self, trainer):
         self.trainer = trainer
         dev = trainer.device
         self.weight = torch.zeros((), device=dev)
         self.mult = torch.ones((), device=dev)
-        self.graph: torch.cuda.CUDAGraph | None = None
         self.key = None
-        self.warm_left = WARMUP_STEPS
         self.x: torch.Tensor | None = None
         self.y: torch.Tensor | None = None
-        self.captures = 0
-        self.replays = 0
-        self.eager_steps = 0
-        self.failed: str | None = None        # why capturing failed (auto mode then runs eager steps)
+        self.schedule = CaptureSchedule(dev, trainer.cfg.train.cuda_graph == "on", "training step")
+
+    # the schedule's counts, as the bench rows, the epoch records and the tests read them
+    captures = property(lambda self: self.schedule.captures)
+    replays = property(lambda self: self.schedule.replays)
+    eager_steps = property(lambda self: self.schedule.eager_steps)
+    failed = property(lambda self: self.schedule.failed)
 
     def _signature(self, x: torch.Tensor, cem_on: bool, acc: dict) -> tuple:
         """What a captured step depends on: CEM on or off, the batch's shape, the accumulator dict and the
@@ -87,57 +140,30 @@ class GraphedStep:
         given = tuple(id(acc[k]) for k in self.trainer.ACC_KEYS if k in acc)
         return (cem_on, tuple(x.shape), id(acc), given, state)
 
-    def _eager(self, x, y, cem_on: bool, acc: dict, side_stream: bool) -> None:
-        self.eager_steps += 1
-        body = lambda: self.trainer.step_body(x, y, cem_on, self.weight, self.mult, acc)  # noqa: E731
-        if side_stream:
-            on_side_stream(body, self.trainer.device)
-        else:
-            body()
-
     def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
         tr = self.trainer
         weight, mult = tr.cem_scales(lr) if cem_on else (0.0, 1.0)
         self.weight.fill_(weight)
         self.mult.fill_(mult)
-        if self.failed is not None:
-            self._eager(x, y, cem_on, acc, side_stream=False)
-            return
         key = self._signature(x, cem_on, acc)
         if key != self.key:
-            self.key, self.graph, self.warm_left = key, None, WARMUP_STEPS
-        if self.graph is None:
-            if self.warm_left > 0:
-                self.warm_left -= 1
-                self._eager(x, y, cem_on, acc, side_stream=True)
-                return
-            try:
-                self._capture(x, y, cem_on, acc)
-            except Exception as e:  # noqa: BLE001 - auto mode falls back to the eager step
-                if tr.cfg.train.cuda_graph == "on":
-                    raise
-                self.failed = f"{type(e).__name__}: {e}"
-                print(f"[cem-bench] train.cuda_graph=auto: capturing the training step failed ({self.failed}); "
-                      f"this trial continues with eager steps", flush=True)
-                self._eager(x, y, cem_on, acc, side_stream=False)
-                return
-        self.x.copy_(x)
-        self.y.copy_(y)
-        self.graph.replay()
-        self.replays += 1
+            self.key = key
+            self.schedule.reset()
 
-    def _capture(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, acc: dict) -> None:
-        tr = self.trainer
-        self.x = x.detach().clone(memory_format=torch.channels_last)
-        self.y = y.detach().clone()
+        def load() -> None:
+            if self.x is None or self.x.shape != x.shape:
+                self.x = x.detach().clone(memory_format=torch.channels_last)
+                self.y = y.detach().clone()
+            else:
+                self.x.copy_(x)
+                self.y.copy_(y)
+
         gens = [tr.gen] + ([tr.surrogate.rng(tr.device)] if cem_on and tr.surrogate is not None else [])
-        self.graph = capture(lambda: tr.step_body(self.x, self.y, cem_on, self.weight, self.mult, acc),
-                             tr.device, gens)
-        self.captures += 1
+        self.schedule.run(lambda: tr.step_body(x, y, cem_on, self.weight, self.mult, acc),
+                          lambda: tr.step_body(self.x, self.y, cem_on, self.weight, self.mult, acc), load, gens)
 
     def stats(self) -> dict:
-        return {"cuda_graph_captures": self.captures, "cuda_graph_replays": self.replays,
-                "cuda_graph_eager_steps": self.eager_steps, "cuda_graph_failed": self.failed or ""}
+        return self.schedule.stats()
 
 
 def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random: bool = False,

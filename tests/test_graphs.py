@@ -126,6 +126,37 @@ def test_warm_up_and_capture_schedule(monkeypatch):
     assert (step.eager_steps, step.captures, step.replays) == (2 * graphs.WARMUP_STEPS + 1, 2, 6)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_failed_capture_runs_eager_steps_under_auto_and_raises_under_on(monkeypatch, strict):
+    """CaptureSchedule, which the trainer's and the decoder attack's graphed steps share: after the warm-up a
+    capture that fails is reported once and every later step runs eagerly on the live inputs
+    (train.cuda_graph=auto), or raises (on). The decoder's graphed step raised under auto too before it
+    shared the schedule."""
+    from cem_bench import graphs
+
+    def no_capture(fn, device, gens):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs, "on_side_stream", lambda fn, device: fn())
+    monkeypatch.setattr(graphs, "capture", no_capture)
+    sched = graphs.CaptureSchedule(torch.device("cpu"), strict, "test step")
+    ran = []
+    run = lambda i: sched.run(lambda: ran.append(("eager", i)), lambda: ran.append(("captured", i)),  # noqa: E731
+                              lambda: None)
+    for i in range(graphs.WARMUP_STEPS):
+        run(i)
+    if strict:
+        with pytest.raises(RuntimeError, match="capturing"):
+            run(graphs.WARMUP_STEPS)
+        return
+    for i in range(graphs.WARMUP_STEPS, graphs.WARMUP_STEPS + 3):
+        run(i)
+    assert ran == [("eager", i) for i in range(graphs.WARMUP_STEPS + 3)]
+    assert sched.stats() == {"cuda_graph_captures": 0, "cuda_graph_replays": 0,
+                             "cuda_graph_eager_steps": graphs.WARMUP_STEPS + 3,
+                             "cuda_graph_failed": "RuntimeError: operation not permitted when stream is capturing"}
+
+
 def test_surrogate_stream_is_ignored_on_the_cpu():
     """train.surrogate_stream is CUDA only: on the CPU the step is the one-stream step, to the bit."""
     flat = {"cem.surrogate": "slot_cross", "cem.lambd": 4.0, "defense.noise_std": 0.1}

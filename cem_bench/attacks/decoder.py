@@ -239,7 +239,8 @@ class DecoderAttack(Attack):
             total += loss.detach() * len(idx)
 
         total = torch.zeros((), device=device)
-        graph = DecoderStepGraph(step, bs, total, gen, device) if graphed else None
+        graph = DecoderStepGraph(step, bs, total, gen, device, strict=self.cfg.train.cuda_graph == "on") \
+            if graphed else None
         for epoch in range(acfg.epochs):
             perm = torch.randperm(n, generator=gen, device=device)
             total.zero_()
@@ -265,29 +266,20 @@ class DecoderAttack(Attack):
 
 
 class DecoderStepGraph:
-    """The decoder's training step as one CUDA graph (the trainer's recipe, cem_bench/graphs.py): 3 eager
-    steps on a side stream, one capture reading the batch indices from a static tensor, then a replay per
-    full batch. The noise generator is registered with the graph; the lr is a device tensor."""
+    """The decoder's training step as one CUDA graph (``graphs.CaptureSchedule``, the trainer's recipe): the
+    batch indices in a static tensor, the noise generator registered with the graph; the lr is a device
+    tensor. ``strict``: ``train.cuda_graph=on`` (a failed capture raises; auto runs eager steps instead)."""
 
-    def __init__(self, step, batch_size: int, total: torch.Tensor, gen: torch.Generator, device):
-        self.body, self.total, self.gen, self.device = step, total, gen, device
+    def __init__(self, step, batch_size: int, total: torch.Tensor, gen: torch.Generator, device,
+                 strict: bool = False):
+        from ..graphs import CaptureSchedule
+        self.body, self.total, self.gen = step, total, gen
         self.idx = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.graph = None
-        from ..graphs import WARMUP_STEPS
-        self.warm_left = WARMUP_STEPS
-        self.replays = 0
+        self.schedule = CaptureSchedule(device, strict, "decoder attack's step")
 
     def step(self, idx: torch.Tensor) -> None:
-        from ..graphs import capture, on_side_stream
-        if self.graph is None and self.warm_left > 0:
-            self.warm_left -= 1
-            on_side_stream(lambda: self.body(idx, self.total), self.device)
-            return
-        if self.graph is None:
-            self.graph = capture(lambda: self.body(self.idx, self.total), self.device, [self.gen])
-        self.idx.copy_(idx)
-        self.graph.replay()
-        self.replays += 1
+        self.schedule.run(lambda: self.body(idx, self.total), lambda: self.body(self.idx, self.total),
+                          lambda: self.idx.copy_(idx), [self.gen])
 
     def stats(self) -> dict:
-        return {"cuda_graph_replays": self.replays}
+        return self.schedule.stats()
