@@ -14,6 +14,7 @@ stopped again if this row started it). Target: >= 40 paper trials per GPU-hour a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -66,16 +67,13 @@ def bench_pack(device: torch.device, sizes: Sizes, ks: tuple[int, ...] = PACK_K)
     from .. import mps
     images = PACK_IMAGES if sizes.label != "quick" else PACK_IMAGES // 2
     flat = worker_flat(images, PACK_EPOCHS)
-    rows, best = [], 0.0
+    rows = []
     for use_mps in (False, True):
-        session = None
-        if use_mps:
-            session = mps.Session("auto", 0.5, True, log=lambda *_: None)
-            session.__enter__()
-            if session.state.startswith("not started"):
+        session_cm = mps.Session("auto", 0.5, True, log=lambda *_: None) if use_mps else contextlib.nullcontext()
+        with session_cm as session:
+            if session is not None and session.state.startswith("not started"):
                 rows.append(make_row("packed trials per GPU-hour under MPS", note=session.state))
                 break
-        try:
             for k in ks:
                 label = f"packed k={k}{' MPS' if use_mps else ''}: paper trials per GPU-hour"
                 try:
@@ -83,7 +81,6 @@ def bench_pack(device: torch.device, sizes: Sizes, ks: tuple[int, ...] = PACK_K)
                     res = run_workers(k, flat)
                     eps = throughput(res, images)
                     per_hour = eps * 3600 / PAPER_EPOCHS
-                    best = max(best, per_hour)
                     each = [sum(r["epoch_s"][1:]) / len(r["epoch_s"][1:]) for r in res]
                     rows.append(make_row(label, per_hour, "trials/h",
                                          ratio=per_hour, ratio_name="trials/h", target=TARGET_TRIALS_PER_HOUR,
@@ -93,9 +90,6 @@ def bench_pack(device: torch.device, sizes: Sizes, ks: tuple[int, ...] = PACK_K)
                                               f"{res[0]['graphed']}; {time.perf_counter() - t0:.0f} s wall"))
                 except Exception as e:  # noqa: BLE001
                     rows.append(error_row(label, e))
-        finally:
-            if session is not None:
-                session.__exit__(None, None, None)
     return rows
 
 
