@@ -30,6 +30,7 @@ capture is reported once and the trial goes on with eager steps; under ``on`` it
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import torch
@@ -166,6 +167,57 @@ class GraphedStep:
         return self.schedule.stats()
 
 
+@contextlib.contextmanager
+def _comparison_settings(deterministic: bool):
+    """The process's cuDNN/TF32 flags and deterministic-algorithms setting, restored on exit (a GPU check times
+    other things after a comparison); with ``deterministic`` the copies run under
+    ``torch.use_deterministic_algorithms(True, warn_only=True)``."""
+    flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
+             torch.backends.cuda.matmul.allow_tf32)
+    determinism = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        yield
+    finally:
+        (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
+         torch.backends.cuda.matmul.allow_tf32) = flags
+        torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
+
+
+def _comparison_copy(flat: dict, mode: str, dev: torch.device, random: bool):
+    """``(cfg, splits, trainer)`` of one copy in a comparison: ``train.cuda_graph=mode`` on ``dev``, in train mode,
+    with the same arithmetic as every other copy (no TF32, no autotuned algorithm choice); without ``random``
+    nothing in its step draws random numbers but the surrogate (no defense noise, no classifier dropout)."""
+    from .trial import build, build_config
+    cfg = build_config({**flat, "train.cuda_graph": mode, "train.device": str(dev),
+                        **({} if random else {"defense.noise_std": 0.0})})
+    splits, tr = build(cfg, dev)
+    if dev.type == "cuda":   # after build: the trainer switches cuDNN's autotuning on
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    if not random:
+        for mod in tr.server.modules():
+            if isinstance(mod, torch.nn.Dropout):
+                mod.p = 0.0
+    tr.prepare_steps(tr.surrogate is not None)
+    return cfg, splits, tr
+
+
+def _comparison_batches(cfg, splits, dev: torch.device, steps: int):
+    """The first ``steps`` training batches of a fixed order (epochs repeat as needed), no augmentation."""
+    from . import data
+    gen = torch.Generator(device=dev).manual_seed(0)
+    batches = data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)
+    return list(itertools.islice(itertools.chain.from_iterable(itertools.repeat(batches)), steps))
+
+
+def _flat_params(*modules) -> torch.Tensor:
+    """Every parameter of ``modules`` (None: none) as one fp32 vector (empty when they have none)."""
+    flat = [p.detach().float().flatten() for m in modules if m is not None for p in m.parameters()]
+    return torch.cat(flat) if flat else torch.zeros(0)
+
+
 def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random: bool = False,
                        eager_flat: dict | None = None, deterministic: bool = False) -> dict:
     """Train two copies of one trial config for ``steps`` steps on the same batches, one with the graphed
@@ -173,62 +225,32 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     graphed copy's step counts, and the difference between two eager copies (``eager_floor``: run-to-run
     non-determinism of CUDA kernels). ``random=False`` switches off what draws random numbers in a step (the
     defense noise and the classifier's dropout), so that the two must agree to rounding; with ``random=True``
-    they agree only if the graph's replays draw the numbers the eager steps draw. Used by the CUDA test and
-    by the GPU check script. ``eager_flat``: keys that only the two eager copies change (e.g. the graphed copy
-    with ``train.surrogate_stream`` against one-stream eager steps). Also the two differences after each step
-    (``diff_by_step``, ``floor_by_step``). ``deterministic``: all three copies under
-    ``torch.use_deterministic_algorithms(True, warn_only=True)`` (the atomic adds of index backward replaced by
-    deterministic kernels where PyTorch has them; Inductor compiles deterministic code), so that the floor is
-    ~0 and a graphed run that differs stands out; the process's setting is restored after."""
-    from . import data
-    from .trial import build, build_config
-
+    they agree only if the graph's replays draw the numbers the eager steps draw. Used by the GPU check script
+    (the CUDA tests use ``compare_step_by_step``, which no amplification confuses). ``eager_flat``: keys that
+    only the two eager copies change (e.g. the graphed copy with ``train.surrogate_stream`` against one-stream
+    eager steps). Also the two differences after each step (``diff_by_step``, ``floor_by_step``).
+    ``deterministic``: all three copies under ``torch.use_deterministic_algorithms(True, warn_only=True)`` (the
+    atomic adds of index backward replaced by deterministic kernels where PyTorch has them; Inductor compiles
+    deterministic code), so that the floor is ~0 and a graphed run that differs stands out; the process's
+    setting is restored after."""
     dev = torch.device(device)
     out = {}
     trail: dict[str, list[torch.Tensor]] = {}   # all client and server parameters after each step
-    flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
-             torch.backends.cuda.matmul.allow_tf32)
-    determinism = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    try:
-        if deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
+    with _comparison_settings(deterministic):
         # "off" twice: two eager runs differ too where CUDA kernels add with atomics (index_add_, the scatter in
         # the backward of a gather): that difference is the floor the graphed run is compared against
         for mode in ("on", "off", "off again"):
-            cfg = build_config({**flat, **((eager_flat or {}) if mode != "on" else {}),
-                                "train.cuda_graph": mode.split()[0], "train.device": device,
-                                **({} if random else {"defense.noise_std": 0.0})})
-            splits, tr = build(cfg, dev)
-            if dev.type == "cuda":   # the same arithmetic in both copies: no TF32, no autotuned algorithm choice
-                torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
-                torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-            if not random:
-                for mod in tr.server.modules():
-                    if isinstance(mod, torch.nn.Dropout):
-                        mod.p = 0.0
-            cem_on = tr.surrogate is not None
-            tr.prepare_steps(cem_on)
-            acc = tr.epoch_acc()
-            gen = torch.Generator(device=dev).manual_seed(0)
-            batches = data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)
-            done = 0
+            cfg, splits, tr = _comparison_copy({**flat, **((eager_flat or {}) if mode != "on" else {})},
+                                               mode.split()[0], dev, random)
+            cem_on, acc = tr.surrogate is not None, tr.epoch_acc()
             trail[mode] = []
-            while done < steps:
-                for x, y in batches:
-                    tr.step(x, y, cem_on, cfg.train.lr, acc)
-                    done += 1
-                    trail[mode].append(torch.cat([p.detach().float().flatten() for m in (tr.client, tr.server)
-                                                  for p in m.parameters()]))
-                    if done == steps:
-                        break
+            for x, y in _comparison_batches(cfg, splits, dev, steps):
+                tr.step(x, y, cem_on, cfg.train.lr, acc)
+                trail[mode].append(_flat_params(tr.client, tr.server))
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             if tr._graph is not None:
                 out.update(tr._graph.stats())
-    finally:   # the process's own settings again (a GPU check times other things after this)
-        (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
-         torch.backends.cuda.matmul.allow_tf32) = flags
-        torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
     # after each step: a difference that starts at rounding and grows step by step is a chaotic amplification
     # (Adam's normalised steps, a hard assignment that flips); one that jumps at a step is a different step
     by_step = lambda a, b: [float((u - v).abs().max()) for u, v in zip(trail[a], trail[b])]  # noqa: E731
@@ -238,6 +260,84 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     out["eager_floor"] = out["floor_by_step"][-1]
     out["max_abs_param"] = float(trail["off"][-1].abs().max())
     return out
+
+
+# an Adam entry "moves differently" when two copies' updates of it differ by more than this part of the update
+# (plus MOVE_ATOL): rounding does so only where the gradient is at the level of its own rounding
+MOVE_RTOL, MOVE_ATOL = 1e-3, 1e-7
+
+
+def compare_step_by_step(flat: dict, steps: int = 8, device: str = "cuda", random: bool = False,
+                         eager_flat: dict | None = None, deterministic: bool = False, mode: str = "on") -> dict:
+    """Each step of a graphed copy against eager steps from the *same* state, one step at a time.
+
+    Before each of the first copy's steps (``train.cuda_graph=mode``: its warm-up, capture and replays) its
+    whole state — parameters, buffers, optimizer states, its noise and surrogate random streams, and the
+    process's default generators — is loaded into two eager copies, and all three take the step on the same
+    batch. What differs after it is that step's difference alone: nothing carried over from earlier steps, so
+    nothing that a later step amplifies (Adam's normalised updates of near-zero gradients, a hard assignment
+    that flips, which make ``compare_with_eager``'s trails grow from rounding to 1e-3). Per step:
+
+    * ``diff`` / ``floor`` / ``size``: the largest difference of the client and server parameters, graphed vs
+      eager, eager vs eager (the kernels' own non-determinism), and the eager step's own update. The surrogate's
+      gradient reaches the encoder in the same step, so a wrong surrogate forward or backward shows here.
+    * ``surrogate_moved`` / ``surrogate_moved_floor``: the share of the surrogate's parameter entries that the two
+      copies moved differently (by more than ``MOVE_RTOL`` of the eager update plus ``MOVE_ATOL``): its own Adam
+      step, which the encoder sees only a step later. Rounding moves a few entries differently (those whose
+      gradient is at the level of its rounding); a wrong step moves most of them.
+
+    ``random``, ``eager_flat`` and ``deterministic`` as in ``compare_with_eager``; also the first copy's step
+    counts. ``steps_agree`` judges the result. ``mode="off"`` compares three eager copies (the CPU test of the
+    comparison itself: every difference is then 0)."""
+    import copy
+    dev = torch.device(device)
+    out: dict = {k: [] for k in ("diff", "floor", "size", "surrogate_moved", "surrogate_moved_floor")}
+
+    def moved(a: torch.Tensor, b: torch.Tensor, before: torch.Tensor) -> float:
+        if a.numel() == 0:
+            return 0.0
+        return float(((a - b).abs() > MOVE_RTOL * (b - before).abs() + MOVE_ATOL).float().mean())
+
+    with _comparison_settings(deterministic):
+        cfg, splits, first = _comparison_copy(flat, mode, dev, random)
+        twins = [_comparison_copy({**flat, **(eager_flat or {})}, "off", dev, random)[2] for _ in range(2)]
+        cem_on = first.surrogate is not None
+        accs = [t.epoch_acc() for t in (first, *twins)]
+        cuda = dev.type == "cuda"
+        for x, y in _comparison_batches(cfg, splits, dev, steps):
+            state = copy.deepcopy(first.state_dict())
+            # the classifier's dropout draws from the process's default generator: each copy from the same state
+            default_rng = (torch.get_rng_state(), torch.cuda.get_rng_state(dev) if cuda else None)
+            before = (_flat_params(first.client, first.server), _flat_params(first.surrogate))
+            after = []
+            for tr, acc in zip((*twins, first), (*accs[1:], accs[0])):
+                if tr is not first:
+                    tr.load_state_dict(copy.deepcopy(state))   # each its own copy: an optimizer may keep the tensors
+                torch.set_rng_state(default_rng[0])
+                if cuda:
+                    torch.cuda.set_rng_state(default_rng[1], dev)
+                tr.step(x, y, cem_on, cfg.train.lr, acc)
+                after.append((_flat_params(tr.client, tr.server), _flat_params(tr.surrogate)))
+            (e1, s1), (e2, s2), (g, sg) = after
+            out["diff"].append(float((g - e1).abs().max()))
+            out["floor"].append(float((e2 - e1).abs().max()))
+            out["size"].append(float((e1 - before[0]).abs().max()))
+            out["surrogate_moved"].append(moved(sg, s1, before[1]))
+            out["surrogate_moved_floor"].append(moved(s2, s1, before[1]))
+        if cuda:
+            torch.cuda.synchronize(dev)
+        if first._graph is not None:
+            out.update(first._graph.stats())
+    return out
+
+
+def steps_agree(res: dict, rtol: float = 1e-3, moved_share: float = 0.02) -> bool:
+    """Whether every step of a ``compare_step_by_step`` result is the eager step to rounding: its client and
+    server parameters within 10x the eager copies' own difference or ``rtol`` of the step's update (a wrong
+    step — a stale rate, a missed update, other noise — differs by about the update itself), and no more than
+    ``moved_share`` of the surrogate's entries (or twice the eager copies' share) moved differently."""
+    return all(d <= max(10 * f, rtol * s) for d, f, s in zip(res["diff"], res["floor"], res["size"])) and \
+        all(m <= max(2 * f, moved_share) for m, f in zip(res["surrogate_moved"], res["surrogate_moved_floor"]))
 
 
 def within_eager_floor(res: dict) -> bool:

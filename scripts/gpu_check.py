@@ -83,7 +83,7 @@ def env(_):
 
 def equivalence(_):
     from cem_bench import surrogates
-    from cem_bench.graphs import WARMUP_STEPS, compare_with_eager
+    from cem_bench.graphs import WARMUP_STEPS, compare_step_by_step, compare_with_eager
     # the surrogate's shapes as in the bench's step rows (batch 128, 8 channels at the cut): a compiled
     # surrogate (train.compile_surrogate) reuses the bench's compiled kernels from the on-disk cache
     tiny = {"model.width": 0.125, "model.bottleneck_channels": 8, "data.train_size": 512, "data.test_size": 100,
@@ -104,14 +104,16 @@ def equivalence(_):
                   f"{' (compiled)' if comp else ''}{' (deterministic)' if determ else ''}"
             t = time.perf_counter()
             try:
-                out[key] = compare_with_eager({**flat, "train.surrogate_stream": stream,
-                                               "train.compile_surrogate": comp}, steps=WARMUP_STEPS + 5,
-                                              device=DEV, random=random,
-                                              eager_flat={"train.surrogate_stream": False},
-                                              deterministic=determ) \
-                    if CUDA else "no CUDA: the graphed trainer needs a GPU"
-                if isinstance(out[key], dict):
-                    out[key]["seconds"] = time.perf_counter() - t
+                if not CUDA:
+                    out[key] = "no CUDA: the graphed trainer needs a GPU"
+                    continue
+                args = dict(flat={**flat, "train.surrogate_stream": stream, "train.compile_surrogate": comp},
+                            steps=WARMUP_STEPS + 5, device=DEV, random=random,
+                            eager_flat={"train.surrogate_stream": False}, deterministic=determ)
+                # the trails of whole runs (where a difference grows), and each step from a common state
+                # (whether any one step differs by more than rounding: compare_step_by_step)
+                out[key] = {**compare_with_eager(**args), "step_by_step": compare_step_by_step(**args),
+                            "seconds": time.perf_counter() - t}
             except Exception as e:  # noqa: BLE001
                 out[key] = f"{type(e).__name__}: {e}"
         if not CUDA:
@@ -457,12 +459,23 @@ def summary(_):
         lines.append(f"| {name} | {_g(one and one.get('ratio'))} | "
                      + "".join(f"{_g(o and o.get('ratio'))} | " for o in others) +
                      f"{kern and kern['value']} (λ=0: {kbase and kbase['value']}) | {per} |")
-    from cem_bench.graphs import within_eager_floor
+    from cem_bench.graphs import steps_agree, within_eager_floor
     steps = lambda v: " ".join(f"{d:.0e}" for d in v)  # noqa: E731
+
+    def step_cells(r: dict) -> list:
+        """compare_step_by_step's verdict, its worst step difference over that step's update, and the largest
+        share of surrogate entries moved differently; the eager pair's own in brackets."""
+        s = r.get("step_by_step")
+        if not s:
+            return ["", "", ""]
+        worst = lambda diffs: max(d / max(z, 1e-30) for d, z in zip(diffs, s["size"]))  # noqa: E731
+        return [steps_agree(s), f"{worst(s['diff']):.1e} ({worst(s['floor']):.1e})",
+                f"{max(s['surrogate_moved']):.3f} ({max(s['surrogate_moved_floor']):.3f})"]
     lines += _table("Graphed vs eager", _load("equivalence.json"),
-                    ["max diff", "eager floor", "within", "diff after each step", "floor after each step"],
+                    ["max diff", "eager floor", "within", "diff after each step", "floor after each step",
+                     "each step agrees", "worst step diff ÷ update", "surrogate entries moved differently"],
                     lambda r: [f"{r['max_abs_diff']:.3g}", f"{r['eager_floor']:.3g}", within_eager_floor(r),
-                               steps(r.get("diff_by_step", [])), steps(r.get("floor_by_step", []))])
+                               steps(r.get("diff_by_step", [])), steps(r.get("floor_by_step", []))] + step_cells(r))
     opts = _load("options.json") or {}
     if opts:
         lines += ["", "## The surrogate on its own stream: settings (graphed; `options` stage) ÷ λ=0", ""]
