@@ -286,10 +286,11 @@ def profile(_):
 def options(left):
     """Settings for the surrogate on its own stream (``train.surrogate_stream``, graphed, compiled unless the
     setting says not): the slot-attention surrogates' step time under each, against a lambda = 0 step timed
-    round-robin with them, at the bench's quick sizes. A setting is Inductor flags, the side stream's priority
-    (None: the default; -100: the highest the device allows, so that the surrogate's chain of small kernels,
-    the step's critical path, is scheduled before the server's blocks) and whether the surrogate is compiled.
-    Each setting compiles afresh (``torch._dynamo.reset``)."""
+    round-robin with them, at the bench's quick sizes. A setting is Inductor ``flags``, the side stream's
+    ``priority`` (None: the default; -100: the highest the device allows, so that the surrogate's chain of small
+    kernels, the step's critical path, is scheduled before the server's blocks), whether the surrogate is
+    ``compiled`` and whether fp32 matrix products may use ``tf32`` tensor cores. Each setting compiles afresh
+    (``torch._dynamo.reset``)."""
     import statistics
 
     import torch._dynamo
@@ -311,20 +312,25 @@ def options(left):
     keys = {"data.train_size": sizes.step_images, "data.test_size": 20}
     # max_autotune is left out: on the H100 its autotuning of the surrogates' many small matrix products took
     # more than 4 minutes for the first surrogate (docs/performance.md)
-    settings = {"default": ({}, None, True), "high_priority_stream": ({}, -100, True),
-                "high_priority_stream, not compiled": ({}, -100, False),
-                "combo_kernels": ({"combo_kernels": True}, None, True)}
+    # combo_kernels too, measured on the H100: within the noise of the default (1.38 / 1.46 / 1.70 vs 1.36 /
+    # 1.51 / 1.69). TF32: the surrogates' matrix products are fp32 (their statistics are), cuBLAS's slowest kind
+    settings = {"default": {}, "high_priority_stream": {"priority": -100},
+                "high_priority_stream, not compiled": {"priority": -100, "compiled": False},
+                "tf32 matmuls": {"tf32": True}, "tf32 matmuls, high_priority_stream": {"tf32": True, "priority": -100}}
     names = ["lambda=0", "slot_cross", "attention_centroid", "serial_enhanced"]
     steps = 10 if CUDA else 1
     out: dict = {}
-    for setting, (flags, priority, compiled) in settings.items():
+    tf32_default = torch.backends.cuda.matmul.allow_tf32
+    for setting, opt in settings.items():
         if BUDGET - (time.perf_counter() - T0) < 60:
             out[setting] = "skipped: budget"
             break
+        priority, compiled = opt.get("priority"), opt.get("compiled", True)
         torch._dynamo.reset()
+        torch.backends.cuda.matmul.allow_tf32 = opt.get("tf32", tf32_default)
         res: dict = {}
         try:
-            with inductor_config.patch(flags):
+            with inductor_config.patch(opt.get("flags", {})):
                 runs = {}
                 for name in names:
                     flat = harness.step_config(sizes, dev, **keys, **harness.named_config(name),
@@ -359,6 +365,8 @@ def options(left):
                                  "graph": run[0]._graph.stats() if run[0]._graph is not None else None}
         except Exception as e:  # noqa: BLE001 - the next setting still runs
             res["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32_default
         out[setting] = res
         write("options.json", out)
     write("options.json", out)
