@@ -213,9 +213,7 @@ def _comparison_batches(cfg, splits, dev: torch.device, steps: int):
 
 
 def _flat_params(*modules) -> torch.Tensor:
-    """Every parameter of ``modules`` (None: none) as one fp32 vector (empty when they have none)."""
-    flat = [p.detach().float().flatten() for m in modules if m is not None for p in m.parameters()]
-    return torch.cat(flat) if flat else torch.zeros(0)
+    return torch.cat([p.detach().float().flatten() for m in modules for p in m.parameters()])
 
 
 def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random: bool = False,
@@ -262,9 +260,57 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
     return out
 
 
-# an Adam entry "moves differently" when two copies' updates of it differ by more than this part of the update
-# (plus MOVE_ATOL): rounding does so only where the gradient is at the level of its own rounding
-MOVE_RTOL, MOVE_ATOL = 1e-3, 1e-7
+# a parameter entry "moves differently" in two copies when their updates of it differ by more than MOVE_RTOL of
+# the update (plus MOVE_ATOL); counted over the entries whose gradient is at least STRONG of its tensor's largest
+# (Adam normalises each entry's step: an entry whose gradient sits at its own rounding level moves anywhere
+# within its rate, by rounding alone)
+MOVE_RTOL, MOVE_ATOL, STRONG = 1e-3, 1e-7, 1e-2
+
+
+def _snapshot(tr) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Every parameter of a trainer's client, server and surrogate by name (``client.features.0.weight``), with
+    its gradient of the last step, as fp32 copies."""
+    out = {}
+    for part in ("client", "server", "surrogate"):
+        mod = getattr(tr, part)
+        for name, p in (mod.named_parameters() if mod is not None else ()):
+            out[f"{part}.{name}"] = (p.detach().float().clone(),
+                                     None if p.grad is None else p.grad.detach().float().clone())
+    return out
+
+
+def _step_metrics(a: dict, b: dict, before: dict) -> dict:
+    """How snapshot ``a`` after a step differs from ``b`` (the eager reference), both from ``before``."""
+    enc = [n for n in b if not n.startswith("surrogate.")]
+    diff = max((float((a[n][0] - b[n][0]).abs().max()) for n in enc), default=0.0)
+    size = max((float((b[n][0] - before[n][0]).abs().max()) for n in enc), default=0.0)
+    # each tensor's gradient difference over its largest gradient, or over STRONG of its part's (client, server,
+    # surrogate) largest where that is more: some gradients are 0 in exact arithmetic and rounding in practice
+    # (a convolution's bias before batch norm, a bias that shifts every logit of a softmax alike)
+    grads = {n: (a[n][1], g) for n, (_, g) in b.items() if g is not None and a[n][1] is not None}
+    part_max: dict[str, float] = {}
+    for n, (_, g) in grads.items():
+        part = n.split(".", 1)[0]
+        part_max[part] = max(part_max.get(part, 0.0), float(g.abs().max()))
+    worst = {"encoder": (0.0, ""), "surrogate": (0.0, "")}
+    for n, (ga, g) in grads.items():
+        part = n.split(".", 1)[0]
+        scale = max(float(g.abs().max()), STRONG * part_max[part])
+        rel = float((ga - g).abs().max()) / scale if scale > 0 else 0.0
+        side = "surrogate" if part == "surrogate" else "encoder"
+        if rel > worst[side][0]:
+            worst[side] = (rel, n)
+    strong = moved = 0
+    for n in (n for n in b if n.startswith("surrogate.") and b[n][1] is not None):
+        g = b[n][1].abs()
+        keep = g >= STRONG * g.max()
+        upd = (b[n][0] - before[n][0]).abs()
+        off = (a[n][0] - b[n][0]).abs() > MOVE_RTOL * upd + MOVE_ATOL
+        strong += int(keep.sum())
+        moved += int((off & keep).sum())
+    return {"diff": diff, "size": size, "grad_rel": worst["encoder"][0], "grad_worst": worst["encoder"][1],
+            "surrogate_grad_rel": worst["surrogate"][0], "surrogate_grad_worst": worst["surrogate"][1],
+            "surrogate_moved": moved / strong if strong else 0.0}
 
 
 def compare_step_by_step(flat: dict, steps: int = 8, device: str = "cuda", random: bool = False,
@@ -276,28 +322,31 @@ def compare_step_by_step(flat: dict, steps: int = 8, device: str = "cuda", rando
     process's default generators — is loaded into two eager copies, and all three take the step on the same
     batch. What differs after it is that step's difference alone: nothing carried over from earlier steps, so
     nothing that a later step amplifies (Adam's normalised updates of near-zero gradients, a hard assignment
-    that flips, which make ``compare_with_eager``'s trails grow from rounding to 1e-3). Per step:
+    that flips, which make ``compare_with_eager``'s trails grow from rounding to 1e-3). Per step, each as a list
+    (the eager pair's own difference in the ``*_floor`` lists):
 
     * ``diff`` / ``floor`` / ``size``: the largest difference of the client and server parameters, graphed vs
-      eager, eager vs eager (the kernels' own non-determinism), and the eager step's own update. The surrogate's
-      gradient reaches the encoder in the same step, so a wrong surrogate forward or backward shows here.
-    * ``surrogate_moved`` / ``surrogate_moved_floor``: the share of the surrogate's parameter entries that the two
-      copies moved differently (by more than ``MOVE_RTOL`` of the eager update plus ``MOVE_ATOL``): its own Adam
-      step, which the encoder sees only a step later. Rounding moves a few entries differently (those whose
-      gradient is at the level of its rounding); a wrong step moves most of them.
+      eager and eager vs eager, and the eager step's own update.
+    * ``grad_rel`` / ``grad_floor``: the step's gradients of the client and server parameters, as the largest
+      difference over the tensor's largest gradient (``grad_worst``: which tensor). The surrogate's gradient
+      reaches the encoder within the step, so a wrong surrogate forward or backward shows here; the encoder's
+      gradients are well conditioned (compiled vs eager surrogate on the CPU: ~1e-5).
+    * ``surrogate_grad_rel`` / ``surrogate_grad_floor`` (``surrogate_grad_worst``): the same for the surrogate's
+      own parameters. Some estimators are ill-conditioned (a log of a small variance of nearly equal
+      features): compiled vs eager on the CPU, one step differed by up to 1.3e-2 here by rounding alone.
+    * ``surrogate_moved`` / ``surrogate_moved_floor``: the share of the surrogate's entries with a clear
+      gradient (at least ``STRONG`` of the tensor's largest) that the two copies' Adam steps moved differently
+      (by more than ``MOVE_RTOL`` of the eager update plus ``MOVE_ATOL``): a stale rate or step count in the
+      captured optimizer step moves most of them.
 
     ``random``, ``eager_flat`` and ``deterministic`` as in ``compare_with_eager``; also the first copy's step
     counts. ``steps_agree`` judges the result. ``mode="off"`` compares three eager copies (the CPU test of the
     comparison itself: every difference is then 0)."""
     import copy
     dev = torch.device(device)
-    out: dict = {k: [] for k in ("diff", "floor", "size", "surrogate_moved", "surrogate_moved_floor")}
-
-    def moved(a: torch.Tensor, b: torch.Tensor, before: torch.Tensor) -> float:
-        if a.numel() == 0:
-            return 0.0
-        return float(((a - b).abs() > MOVE_RTOL * (b - before).abs() + MOVE_ATOL).float().mean())
-
+    out: dict = {k: [] for k in ("diff", "floor", "size", "grad_rel", "grad_floor", "grad_worst", "surrogate_grad_rel",
+                                 "surrogate_grad_floor", "surrogate_grad_worst", "surrogate_moved",
+                                 "surrogate_moved_floor")}
     with _comparison_settings(deterministic):
         cfg, splits, first = _comparison_copy(flat, mode, dev, random)
         twins = [_comparison_copy({**flat, **(eager_flat or {})}, "off", dev, random)[2] for _ in range(2)]
@@ -308,7 +357,7 @@ def compare_step_by_step(flat: dict, steps: int = 8, device: str = "cuda", rando
             state = copy.deepcopy(first.state_dict())
             # the classifier's dropout draws from the process's default generator: each copy from the same state
             default_rng = (torch.get_rng_state(), torch.cuda.get_rng_state(dev) if cuda else None)
-            before = (_flat_params(first.client, first.server), _flat_params(first.surrogate))
+            before = _snapshot(first)
             after = []
             for tr, acc in zip((*twins, first), (*accs[1:], accs[0])):
                 if tr is not first:
@@ -317,13 +366,15 @@ def compare_step_by_step(flat: dict, steps: int = 8, device: str = "cuda", rando
                 if cuda:
                     torch.cuda.set_rng_state(default_rng[1], dev)
                 tr.step(x, y, cem_on, cfg.train.lr, acc)
-                after.append((_flat_params(tr.client, tr.server), _flat_params(tr.surrogate)))
-            (e1, s1), (e2, s2), (g, sg) = after
-            out["diff"].append(float((g - e1).abs().max()))
-            out["floor"].append(float((e2 - e1).abs().max()))
-            out["size"].append(float((e1 - before[0]).abs().max()))
-            out["surrogate_moved"].append(moved(sg, s1, before[1]))
-            out["surrogate_moved_floor"].append(moved(s2, s1, before[1]))
+                after.append(_snapshot(tr))
+            eager, again, graphed = after
+            step, floor = _step_metrics(graphed, eager, before), _step_metrics(again, eager, before)
+            for k in ("diff", "size", "grad_rel", "grad_worst", "surrogate_grad_rel", "surrogate_grad_worst",
+                      "surrogate_moved"):
+                out[k].append(step[k])
+            for k, f in (("floor", "diff"), ("grad_floor", "grad_rel"), ("surrogate_grad_floor", "surrogate_grad_rel"),
+                         ("surrogate_moved_floor", "surrogate_moved")):
+                out[k].append(floor[f])
         if cuda:
             torch.cuda.synchronize(dev)
         if first._graph is not None:
@@ -331,13 +382,23 @@ def compare_step_by_step(flat: dict, steps: int = 8, device: str = "cuda", rando
     return out
 
 
-def steps_agree(res: dict, rtol: float = 1e-3, moved_share: float = 0.02) -> bool:
-    """Whether every step of a ``compare_step_by_step`` result is the eager step to rounding: its client and
-    server parameters within 10x the eager copies' own difference or ``rtol`` of the step's update (a wrong
-    step — a stale rate, a missed update, other noise — differs by about the update itself), and no more than
-    ``moved_share`` of the surrogate's entries (or twice the eager copies' share) moved differently."""
-    return all(d <= max(10 * f, rtol * s) for d, f, s in zip(res["diff"], res["floor"], res["size"])) and \
-        all(m <= max(2 * f, moved_share) for m, f in zip(res["surrogate_moved"], res["surrogate_moved_floor"]))
+def steps_agree(res: dict, rtol: float = 1e-3, surrogate_rtol: float = 0.1, moved_share: float = 0.1) -> bool:
+    """Whether every step of a ``compare_step_by_step`` result is the eager step to rounding. Each quantity within
+    10x the eager pair's own difference (2x for the share), or else within:
+
+    * ``rtol`` of the step's update for the client and server parameters, and of each tensor's largest
+      gradient for their gradients (a wrong step — a stale rate, a missed update, other noise, a wrong
+      surrogate — differs by about the update or the gradient itself; rounding by ~1e-6, measured);
+    * ``surrogate_rtol`` for the surrogate's own gradients (ill-conditioned: rounding alone gave 1.3e-2);
+    * ``moved_share`` of the surrogate's clear entries moved differently by its optimizer (a stale rate or step
+      count in the captured Adam moves nearly all; compiled vs eager rounding moved up to 6 %)."""
+    def within(vals, floors, bounds, times=10.0):
+        return all(v <= max(times * f, b) for v, f, b in zip(vals, floors, bounds))
+    n = len(res["diff"])
+    return within(res["diff"], res["floor"], [rtol * s for s in res["size"]]) and \
+        within(res["grad_rel"], res["grad_floor"], [rtol] * n) and \
+        within(res["surrogate_grad_rel"], res["surrogate_grad_floor"], [surrogate_rtol] * n) and \
+        within(res["surrogate_moved"], res["surrogate_moved_floor"], [moved_share] * n, times=2.0)
 
 
 def within_eager_floor(res: dict) -> bool:

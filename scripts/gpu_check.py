@@ -471,17 +471,23 @@ def summary(_):
     steps = lambda v: " ".join(f"{d:.0e}" for d in v)  # noqa: E731
 
     def step_cells(r: dict) -> list:
-        """compare_step_by_step's verdict, its worst step difference over that step's update, and the largest
-        share of surrogate entries moved differently; the eager pair's own in brackets."""
+        """compare_step_by_step's verdict and, worst over the steps, the encoder's difference over the step's
+        update, the encoder's and the surrogate's gradient differences (relative) and the share of surrogate
+        entries moved differently; the eager pair's own in brackets."""
         s = r.get("step_by_step")
         if not s:
-            return ["", "", ""]
-        worst = lambda diffs: max(d / max(z, 1e-30) for d, z in zip(diffs, s["size"]))  # noqa: E731
-        return [steps_agree(s), f"{worst(s['diff']):.1e} ({worst(s['floor']):.1e})",
-                f"{max(s['surrogate_moved']):.3f} ({max(s['surrogate_moved_floor']):.3f})"]
+            return [""] * 5
+        upd = lambda diffs: max(d / max(z, 1e-30) for d, z in zip(diffs, s["size"]))  # noqa: E731
+        pair = lambda k, f, fmt: f"{max(s[k]):{fmt}} ({max(s[f]):{fmt}})"  # noqa: E731
+        worst = s["surrogate_grad_worst"][s["surrogate_grad_rel"].index(max(s["surrogate_grad_rel"]))]
+        return [steps_agree(s), f"{upd(s['diff']):.1e} ({upd(s['floor']):.1e})",
+                pair("grad_rel", "grad_floor", ".1e"),
+                pair("surrogate_grad_rel", "surrogate_grad_floor", ".1e") + f" {worst}",
+                pair("surrogate_moved", "surrogate_moved_floor", ".3f")]
     lines += _table("Graphed vs eager", _load("equivalence.json"),
                     ["max diff", "eager floor", "within", "diff after each step", "floor after each step",
-                     "each step agrees", "worst step diff ÷ update", "surrogate entries moved differently"],
+                     "each step agrees", "encoder diff ÷ update", "encoder grads", "surrogate grads (worst tensor)",
+                     "surrogate entries moved differently"],
                     lambda r: [f"{r['max_abs_diff']:.3g}", f"{r['eager_floor']:.3g}", within_eager_floor(r),
                                steps(r.get("diff_by_step", [])), steps(r.get("floor_by_step", []))] + step_cells(r))
     opts = _load("options.json") or {}
