@@ -490,6 +490,16 @@ def summary(_):
                      "surrogate entries moved differently"],
                     lambda r: [f"{r['max_abs_diff']:.3g}", f"{r['eager_floor']:.3g}", within_eager_floor(r),
                                steps(r.get("diff_by_step", [])), steps(r.get("floor_by_step", []))] + step_cells(r))
+    checked = {k: r["step_by_step"] for k, r in (_load("equivalence.json") or {}).items()
+               if isinstance(r, dict) and r.get("step_by_step")}
+    if checked:   # the question the four whole-run differences left open: may the two keys be on by default?
+        keyed = {k: r for k, r in checked.items() if "(stream)" in k or "(compiled)" in k}
+        failed = [k for k, r in checked.items() if not steps_agree(r)]
+        lines += ["", f"**Verdict**: {len(checked) - len(failed)} of {len(checked)} configurations agree step by step "
+                      f"({len(keyed)} with the own stream or the compiled surrogate); "
+                      + (f"not: {', '.join(failed)}." if failed else
+                         "all of them" + (": with these keys the graphed step is the eager step to rounding."
+                                          if keyed else "."))]
     opts = _load("options.json") or {}
     if opts:
         lines += ["", "## The surrogate on its own stream: settings (graphed; `options` stage) ÷ λ=0", ""]
