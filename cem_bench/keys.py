@@ -42,7 +42,7 @@ class KeySpec:
     owners: tuple = ()          # the plug-ins that declared it (empty for the core keys)
 
     def describe(self) -> str:
-        t = getattr(self.type, "__name__", str(self.type))
+        t = "bool (true or false)" if self.type is bool else getattr(self.type, "__name__", str(self.type))
         extra = ""
         if self.choices:
             extra = f" one of {', '.join(map(str, self.choices))}"

@@ -46,7 +46,7 @@ def test_flat_round_trip():
     ({"attack.names": "[1, 2]"}, ["attack.names", "not a list of names"]),
     ({"cem.grad_mode": "both"}, ["cem.grad_mode", "inject, fused"]),
     ({"train.milestones": "[0.9, 0.1]"}, ["train.milestones", "increasing"]),
-    ({"model.sigmoid": "maybe"}, ["model.sigmoid", "not a boolean"]),
+    ({"model.sigmoid": "maybe"}, ["model.sigmoid", "not a boolean", "true or false"]),
     ({"bogus": 1}, ["unknown config key 'bogus'"]),
 ])
 def test_errors_name_the_key_and_the_allowed_values(flat, fragments):
