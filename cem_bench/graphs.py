@@ -267,15 +267,15 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
 MOVE_RTOL, MOVE_ATOL, STRONG = 1e-3, 1e-7, 1e-2
 
 
-def _snapshot(tr) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+def _snapshot(tr, grads: bool = True) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """Every parameter of a trainer's client, server and surrogate by name (``client.features.0.weight``), with
-    its gradient of the last step, as fp32 copies."""
+    its gradient of the last step (None without ``grads``), as fp32 copies."""
     out = {}
     for part in ("client", "server", "surrogate"):
         mod = getattr(tr, part)
         for name, p in (mod.named_parameters() if mod is not None else ()):
-            out[f"{part}.{name}"] = (p.detach().float().clone(),
-                                     None if p.grad is None else p.grad.detach().float().clone())
+            grad = p.grad.detach().float().clone() if grads and p.grad is not None else None
+            out[f"{part}.{name}"] = (p.detach().float().clone(), grad)
     return out
 
 
@@ -354,10 +354,10 @@ def compare_step_by_step(flat: dict, steps: int = 8, device: str = "cuda", rando
         accs = [t.epoch_acc() for t in (first, *twins)]
         cuda = dev.type == "cuda"
         for x, y in _comparison_batches(cfg, splits, dev, steps):
-            state = copy.deepcopy(first.state_dict())
+            state = first.state_dict()   # views of its live tensors: the first copy steps last
             # the classifier's dropout draws from the process's default generator: each copy from the same state
             default_rng = (torch.get_rng_state(), torch.cuda.get_rng_state(dev) if cuda else None)
-            before = _snapshot(first)
+            before = _snapshot(first, grads=False)
             after = []
             for tr, acc in zip((*twins, first), (*accs[1:], accs[0])):
                 if tr is not first:
