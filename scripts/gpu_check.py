@@ -150,6 +150,17 @@ def decoder(_):
     write("decoder.json", out)
 
 
+def _one_batch():
+    """``(device, sizes, splits, x, y)`` of the profiled stages: the bench's quick sizes (tiny on the CPU), a
+    512-image synthetic split and its first training batch, normalised."""
+    from cem_bench.bench import harness
+    dev = torch.device(DEV)
+    sizes = harness.sizes_for(dev, quick=True, tiny=not CUDA)
+    splits = harness.synthetic_splits(512, 20, dev)
+    return dev, sizes, splits, splits.normalize(splits.train.images[:sizes.batch_size]), \
+        splits.train.labels[:sizes.batch_size]
+
+
 def _profiled_steps(tr, lr: float, x, y, warm: int, steps: int):
     """``warm`` untimed steps of trainer ``tr`` (compile, graph warm-up and capture), then ``steps`` under
     ``torch.profiler`` (CPU, and CUDA where there is one); returns the profile."""
@@ -213,10 +224,7 @@ def overlap(_):
     from cem_bench.bench import harness
     from cem_bench.trainer import lr_at
 
-    dev = torch.device(DEV)
-    sizes = harness.sizes_for(dev, quick=True, tiny=not CUDA)
-    splits = harness.synthetic_splits(512, 20, dev)
-    x, y = splits.normalize(splits.train.images[:sizes.batch_size]), splits.train.labels[:sizes.batch_size]
+    dev, sizes, splits, x, y = _one_batch()
     out = {}
     configs = [("lambda=0", None)] + [(n, p) for n in ("slot_cross", "serial_enhanced", "attention_centroid")
                                       for p in (None, -100)]
@@ -263,10 +271,7 @@ def profile(_):
     from cem_bench.bench import harness, kernels
     from cem_bench.trainer import lr_at
 
-    dev = torch.device(DEV)
-    sizes = harness.sizes_for(dev, quick=True, tiny=not CUDA)
-    splits = harness.synthetic_splits(512, 20, dev)
-    x, y = splits.normalize(splits.train.images[:sizes.batch_size]), splits.train.labels[:sizes.batch_size]
+    dev, sizes, splits, x, y = _one_batch()
     out = {}
     for name in ("lambda=0", "slot_cross", "serial_enhanced", "attention_centroid", "gmm", "slot_cross (compiled)",
                  "serial_enhanced (compiled)", "attention_centroid (compiled)"):
