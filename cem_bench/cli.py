@@ -37,9 +37,10 @@ def _progress(record: dict, final: bool, **_) -> None:
 
 
 def cmd_train(args) -> int:
-    import torch
-
-    from .storage import write_json
+    from . import checkpoint
+    from .integrity import write_recorded_json
+    from .schema import METRICS_FILE
+    from .storage import jsonable
     from .trial import build_config, run_trial
     cfg = build_config(_config_from_args(args))  # validate before any work
     out = args.out or os.path.join("results", "runs", time.strftime("%Y%m%d-%H%M%S"))
@@ -55,36 +56,40 @@ def cmd_train(args) -> int:
 
     result = run_trial(cfg, report, out_dir=out)
     os.makedirs(out, exist_ok=True)
-    torch.save({"config": cfg.to_flat(), "trainer": state.get("final")}, os.path.join(out, "checkpoint.pt"))
+    ckpt = checkpoint.save_run(out, cfg.to_flat(), state.get("final"))
     summary = {k: v for k, v in result.items() if k != "info"}
-    write_json(os.path.join(out, "metrics.json"), result)
-    from .storage import jsonable
+    metrics = write_recorded_json(out, METRICS_FILE, result)
     print(json.dumps(jsonable(summary), indent=2))
     gallery = result["info"]["gallery"] or f"none (attack not run: {result.get('attack_skipped') or 'no images'})"
-    print(f"metrics: {os.path.join(out, 'metrics.json')}\ngallery: {gallery}\n"
-          f"checkpoint: {os.path.join(out, 'checkpoint.pt')}")
+    print(f"metrics: {metrics}\ngallery: {gallery}\ncheckpoint: {ckpt}")
     return 0
 
 
 def cmd_attack(args) -> int:
-    import torch
-
-    from . import attacks
+    from . import attacks, checkpoint
+    from .errors import ResultsError
     from .storage import write_json
     from .trainer import resolve_device
     from .trial import build, build_config
-    ckpt_path = os.path.join(args.run_dir, "checkpoint.pt")
-    if not os.path.isfile(ckpt_path):
-        raise ConfigError(f"{ckpt_path} does not exist: RUN_DIR must be the --out folder of `cem-bench train`")
     overrides = parse_set(args.set)
     bad = [k for k in overrides if not (k.startswith("attack.") or k in ("train.device", "train.eval_batch_size"))]
     if bad:
         raise ConfigError(f"cem-bench attack only changes attack.* keys (and train.device); got {', '.join(bad)}")
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    cfg = build_config({**ckpt["config"], **overrides})
+    # weights only (no pickled code), verified against the run's checksums: ResultsError before any work
+    config, state = checkpoint.load_run(args.run_dir)
+    try:
+        build_config(config)
+    except ConfigError as e:
+        raise ResultsError(f"{os.path.join(args.run_dir, 'checkpoint.pt')}: its config is not valid for this "
+                           f"cem-bench ({' '.join(str(e).split())})") from e
+    cfg = build_config({**config, **overrides})
     device = resolve_device(cfg.train.device)
     splits, trainer = build(cfg, device)          # the same data and models as the trial
-    trainer.client.load_state_dict(ckpt["trainer"]["client"])
+    try:
+        trainer.client.load_state_dict(state["client"])
+    except (RuntimeError, KeyError, TypeError) as e:
+        raise ResultsError(f"{os.path.join(args.run_dir, 'checkpoint.pt')}: its encoder does not fit the model "
+                           f"its config builds ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
     res = attacks.run_all(cfg, trainer.client, splits, cfg.defense.noise_std, device)
     out = stamp = os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S"))
     k = 1
@@ -173,7 +178,12 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-concurrent", type=int, help="override max_concurrent")
     s.add_argument("--gpus-per-trial", type=float, help="override resources.gpu (fractional allowed)")
     s.add_argument("--cpus-per-trial", type=float, help="override resources.cpu")
-    s.add_argument("--resume", action="store_true", help="continue an interrupted search (Tuner.restore)")
+    s.add_argument("--resume", action="store_true", help="continue an interrupted search (Tuner.restore). Ray "
+                   "restores its own state from pickles in the experiment folder: resume only experiments whose "
+                   "storage you trust as much as the code (docs/cluster.md)")
+    s.add_argument("--trust-pickled-state", action="store_true",
+                   help="with --resume: also read a resume bundle that cem-bench wrote as a pickle before "
+                        "2026-11-26 (reading it runs whatever code it holds: only for a file you wrote yourself)")
     s.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
                    help="CUDA MPS for trials sharing a GPU on this machine: auto (when resources.gpu < 1 and a "
                         "GPU is visible), on (an error if it cannot start), off")

@@ -28,6 +28,8 @@ EPOCHS_FILE = "epochs.parquet"
 CONFIGS_FILE = "configs.parquet"             # one row per configuration: its replicates aggregated
 REPORT_DIR = "report"
 GALLERY_FILE = "recon.png"
+CHECKPOINT_FILE = "checkpoint.pt"            # a saved run's encoder, server and config (`cem-bench train --out`)
+METRICS_FILE = "metrics.json"                # a saved run's result
 
 # ------------------------------------------------------------------------------------------ columns
 # reported by every trial at every epoch (attack metrics NaN until the attack ran); the searchable objectives
@@ -95,24 +97,33 @@ MODES = ("max", "min")
 
 def load_objectives(results_dir) -> tuple[list[dict], str | None]:
     """Objectives ``[{metric, mode, ref}]`` and experiment name from ``search_space.json`` of a results folder
-    (a path, a URI or a ``storage.Dir``); the defaults when it is missing or unreadable."""
-    import json
+    (a path, a URI or a ``storage.Dir``); the defaults when it is missing or names none. ResultsError when it
+    exists but is damaged (verified against the folder's checksums, ``integrity``)."""
+    from .integrity import read_json_file
     d = results_dir if isinstance(results_dir, Dir) else Dir(results_dir)
-    text = d.read_text(SPACE_FILE)
-    try:
-        spec = json.loads(text) if text is not None else None
-    except ValueError:
-        spec = None
-    if not isinstance(spec, dict) or not spec.get("objectives"):
+    spec = read_json_file(d, SPACE_FILE, "the search space the search saved (JSON)")
+    if spec is not None and not isinstance(spec, dict):
+        raise ResultsError(f"{d.url(SPACE_FILE)} is not a search space (a JSON object with `objectives`); "
+                           f"it holds a {type(spec).__name__}")
+    if spec is None or not spec.get("objectives"):
         return [dict(o) for o in DEFAULT_OBJECTIVES], None
     out = []
-    for o in spec["objectives"]:
+    objectives = spec["objectives"]
+    if not isinstance(objectives, list) or not all(isinstance(o, dict) and isinstance(o.get("metric"), str)
+                                                   for o in objectives):
+        raise ResultsError(f"{d.url(SPACE_FILE)}: `objectives` must be a list of {{metric, mode, ref}}; got "
+                           f"{str(objectives)[:200]}")
+    for o in objectives:
         mode = o.get("mode", "max")
         if mode not in MODES:
             raise ResultsError(f"{d.join(SPACE_FILE)}: objective {o.get('metric')!r} has mode {mode!r}; "
                                f"known: {', '.join(MODES)}")
-        out.append({"metric": o["metric"], "mode": mode, "ref": o.get("ref")})
-    return out, spec.get("name")
+        ref = o.get("ref")
+        if ref is not None and (isinstance(ref, bool) or not isinstance(ref, (int, float))):
+            raise ResultsError(f"{d.url(SPACE_FILE)}: objective {o['metric']!r} has ref {ref!r}; a number or null")
+        out.append({"metric": o["metric"], "mode": mode, "ref": ref})
+    name = spec.get("name")
+    return out, name if isinstance(name, str) else None
 
 
 def rank_table(trials: pd.DataFrame, objectives: Sequence[dict], ok: np.ndarray | None = None) -> np.ndarray:

@@ -1,20 +1,18 @@
 """Files of results, local or on object storage (``s3://``, ``gs://``, any pyarrow.fs URI), written atomically.
 
-One way to write: ``write_bytes`` (and ``write_json``/``write_parquet`` on top of it) writes a temporary
+One way to write: ``write_bytes`` (and ``write_json`` on top of it; ``integrity`` adds the Parquet tables and
+the checksums) writes a temporary
 file and renames it into place locally, and does a single PUT on object stores (which are atomic per
 object), so a crash never leaves a half-written file. ``Dir`` reads a folder the same way on both.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
 import shutil
 from typing import Any
-
-import pandas as pd
 
 
 def is_uri(path: str | os.PathLike) -> bool:
@@ -95,13 +93,6 @@ def write_json(path: str, obj: Any) -> None:
     write_bytes(path, json.dumps(jsonable(obj), indent=2).encode())
 
 
-def write_parquet(path: str, df: pd.DataFrame) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), buf)
-    write_bytes(path, buf.getvalue())
-
 
 def copy_file(src: str, dest: str) -> None:
     """Copy a local file to a local path or a URI, atomically."""
@@ -154,6 +145,23 @@ class Dir:
         import pyarrow.fs as pafs
         return self.fs.get_file_info(self.join(*parts)).type != pafs.FileType.NotFound
 
+    def kind(self, *parts: str) -> str:
+        """``"missing"``, ``"file"`` or ``"dir"``."""
+        if not self.uri:
+            path = self.join(*parts)
+            return "dir" if os.path.isdir(path) else ("file" if os.path.lexists(path) else "missing")
+        import pyarrow.fs as pafs
+        t = self.fs.get_file_info(self.join(*parts)).type
+        return {pafs.FileType.NotFound: "missing", pafs.FileType.Directory: "dir"}.get(t, "file")
+
+    def read_bytes_or_raise(self, *parts: str) -> bytes:
+        """The file's bytes; OSError (FileNotFoundError, IsADirectoryError, ...) as it comes."""
+        if not self.uri:
+            with open(self.join(*parts), "rb") as fh:
+                return fh.read()
+        with self.fs.open_input_stream(self.join(*parts)) as fh:
+            return fh.read()
+
     def read_bytes(self, *parts: str) -> bytes | None:
         try:
             if not self.uri:
@@ -168,10 +176,6 @@ class Dir:
         data = self.read_bytes(*parts)
         return None if data is None else data.decode("utf-8", errors="replace")
 
-    def read_parquet(self, *parts: str) -> pd.DataFrame | None:
-        data = self.read_bytes(*parts)
-        return None if data is None else pd.read_parquet(io.BytesIO(data))
-
     def mtime(self, *parts: str) -> float | None:
         if not self.uri:
             try:
@@ -180,7 +184,3 @@ class Dir:
                 return None
         info = self.fs.get_file_info(self.join(*parts))
         return info.mtime.timestamp() if info.mtime is not None else None
-
-    def write_parquet(self, df: pd.DataFrame, name: str) -> str:
-        write_parquet(self.url(name), df)
-        return self.url(name)

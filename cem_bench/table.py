@@ -16,6 +16,7 @@ import pandas as pd
 
 from .aggregate import build_configs
 from .errors import ResultsError
+from .integrity import read_table
 from .schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
 from .storage import Dir
 
@@ -25,10 +26,10 @@ SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "conf
 
 def load_configs(results_dir: str | Path) -> pd.DataFrame:
     d = Dir(results_dir)
-    configs = d.read_parquet(CONFIGS_FILE)
+    configs = read_table(d, CONFIGS_FILE, "configs")
     if configs is not None:
         return configs
-    trials = d.read_parquet(TRIALS_FILE)
+    trials = read_table(d, TRIALS_FILE, "trials")
     if trials is None:
         raise ResultsError(f"{d.display}: neither {CONFIGS_FILE} nor {TRIALS_FILE}; run `cem-bench report` on an "
                            f"experiment folder of `cem-bench search` first, or point at one")

@@ -296,7 +296,7 @@ def test_missing_trials_table_is_built_or_explained(tmp_path, monkeypatch):
         raise RuntimeError("no Ray experiment here")
 
     _fake_results_module(monkeypatch, failing)
-    with pytest.raises(FileNotFoundError, match=r"trials\.parquet.*write_tables"):
+    with pytest.raises(ResultsError, match=r"trials\.parquet is missing and could not be built.*RuntimeError"):
         build_report(empty)
 
     def writing(results_dir):

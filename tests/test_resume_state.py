@@ -101,12 +101,13 @@ def test_bundle_is_written_atomically_and_holds_one_session(tmp_path):
     files = write_checkpoint(staging, S2, ["a", "b"])
     target = tmp_path / "exp" / schema.RESUME_STATE_FILE
     search.write_resume_snapshot(str(staging), S2, str(target))
-    bundle = pickle.loads(target.read_bytes())
-    assert bundle["session"] == S2 and bundle["files"] == files
+    assert target.read_bytes()[:1] == b"{"   # JSON: bytes without code
+    bundle = results.read_resume_bundle(target.parent)
+    assert bundle["session"] == S2 and bundle["files"] == files and bundle["version"] == 2
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp file left behind
     with pytest.raises(FileNotFoundError):
         search.write_resume_snapshot(str(staging), S3, str(target))
-    assert pickle.loads(target.read_bytes())["session"] == S2  # the previous bundle survives a failed write
+    assert results.read_resume_bundle(target.parent)["session"] == S2  # the previous bundle survives a failed write
 
 
 def test_an_edited_bundle_is_reported_and_rays_files_are_checked_alone(tmp_path):
@@ -114,5 +115,52 @@ def test_an_edited_bundle_is_reported_and_rays_files_are_checked_alone(tmp_path)
     write_checkpoint(exp, S1, ["a"])
     (exp / schema.RESUME_STATE_FILE).write_bytes(b"not a bundle")
     done = search.repair_experiment_state(str(exp))
-    assert len(done) == 1 and "not a cem-bench state bundle" in done[0]
+    assert len(done) == 1 and "not an intact cem-bench state bundle" in done[0]
     assert (exp / f"experiment_state-{S1}.json").exists()
+
+
+def test_a_bundle_with_one_changed_byte_is_refused(tmp_path):
+    staging = tmp_path / "staging"
+    write_checkpoint(staging, S1, ["a", "b"])
+    target = tmp_path / "exp" / schema.RESUME_STATE_FILE
+    search.write_resume_snapshot(str(staging), S1, str(target))
+    data = bytearray(target.read_bytes())
+    i = data.index(S1.encode()) + 3          # the session's name: valid JSON either way
+    data[i] = ord("9") if data[i] != ord("9") else ord("8")
+    target.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="not an intact"):
+        results.read_resume_bundle(target.parent)
+
+
+class _Marker:
+    """Unpickling this creates a file: the test that nothing of ours unpickles a file it was given."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_a_pickled_bundle_is_never_unpickled_without_the_flag(tmp_path):
+    exp = tmp_path / "exp"
+    write_checkpoint(exp, S1, ["a"])
+    marker = tmp_path / "ran"
+    (exp / schema.RESUME_STATE_FILE).write_bytes(pickle.dumps({"format": 1, "x": _Marker(marker)}, protocol=4))
+    assert [t["trial_id"] for t in results.ray_trials(results._Dir(exp))] == ["a"]   # what report reads
+    done = search.repair_experiment_state(str(exp))                                     # what --resume reads
+    assert len(done) == 1 and "--trust-pickled-state" in done[0]
+    with pytest.raises(results.PickledBundle):
+        results.read_resume_bundle(exp)
+    assert not marker.exists()
+    with pytest.raises(ValueError):   # with the flag it is read (and, being crafted, runs: what the flag warns of)
+        results.read_resume_bundle(exp, trust_pickle=True)
+    assert marker.exists()
+
+
+def test_a_bundle_of_the_old_format_is_read_with_the_flag():
+    exp = Path(__file__).parent / "fixtures" / "format1" / "experiment"
+    with pytest.raises(results.PickledBundle):
+        results.read_resume_bundle(exp)
+    bundle = results.read_resume_bundle(exp, trust_pickle=True)
+    assert bundle["version"] == 1 and any(n.startswith("experiment_state-") for n in bundle["files"])

@@ -15,6 +15,7 @@ configurations (docs/protocol.md).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ import pandas as pd
 from cem_bench.aggregate import CONFIG_ID, build_configs, config_columns, config_ids
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
+from cem_bench.integrity import MANIFEST_FILE, read_table
 from cem_bench.schema import (
     ATTACK_METRICS,
     CONFIGS_FILE,
@@ -131,12 +133,12 @@ def fetch_remote(uri: str, local: Path) -> Path:
             write_tables(uri)
         except Exception as exc:  # noqa: BLE001 - any failure means: nothing to report on
             raise ResultsError(f"{uri}: no {TRIALS_FILE} and none could be built ({exc}); {VALID_FOLDER}") from exc
+    trials = read_table(src, TRIALS_FILE, "trials")   # verified before anything is written here
     local.mkdir(parents=True, exist_ok=True)
-    for name in (TRIALS_FILE, EPOCHS_FILE, CONFIGS_FILE, SPACE_FILE):
+    for name in (TRIALS_FILE, EPOCHS_FILE, CONFIGS_FILE, SPACE_FILE, MANIFEST_FILE):
         data = src.read_bytes(name)
         if data is not None:
             (local / name).write_bytes(data)
-    trials = pd.read_parquet(local / TRIALS_FILE)
     for d in trials.get("trial_dir", pd.Series(dtype=object)).dropna().astype(str):
         data = src.read_bytes(d, GALLERY_FILE)
         if data is not None:
@@ -155,7 +157,7 @@ def check_results_dir(results_dir: str | Path) -> Path:
         raise ResultsError(f"{path}: no such folder; {VALID_FOLDER}")
     if not path.is_dir():
         raise ResultsError(f"{path} is not a folder; {VALID_FOLDER}")
-    if (path / TRIALS_FILE).is_file():
+    if os.path.lexists(path / TRIALS_FILE):
         return path
     from cem_bench import results  # lazy: reading Ray folders is only needed without trials.parquet
 
@@ -169,31 +171,25 @@ def check_results_dir(results_dir: str | Path) -> Path:
 
 def _read_trials(results_dir: Path) -> pd.DataFrame:
     path = results_dir / TRIALS_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
+        from cem_bench.results import write_tables  # lazy: results.py reads Ray folders
         try:
-            from cem_bench.results import write_tables  # lazy: results.py reads Ray folders
-
             write_tables(results_dir)
-        except Exception as exc:  # noqa: BLE001 - any failure means: no table to report on
-            raise FileNotFoundError(
-                f"{path} is missing and could not be created from the Ray experiment folder ({exc!r}). "
-                f"Create it with cem_bench.results.write_tables({str(results_dir)!r}) "
-                f"or point `cem-bench report` at a folder written by `cem-bench search`."
-            ) from exc
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} is missing and cem_bench.results.write_tables did not create it; "
-                f"is {results_dir} a folder written by `cem-bench search`?"
-            )
-    return pd.read_parquet(path)
+        except ResultsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the Ray files may be anything: a message, not a traceback
+            raise ResultsError(f"{path} is missing and could not be built from the Ray experiment folder "
+                               f"({type(exc).__name__}: {exc}); {VALID_FOLDER}") from exc
+    trials = read_table(results_dir, TRIALS_FILE, "trials")
+    if trials is None:
+        raise ResultsError(f"{path} is missing and could not be built from the Ray experiment folder; "
+                           f"{VALID_FOLDER}")
+    return trials
 
 
 def _read_epochs(results_dir: Path) -> pd.DataFrame | None:
-    path = results_dir / EPOCHS_FILE
-    if not path.is_file():
-        return None
-    epochs = pd.read_parquet(path)
-    if epochs.empty or "trial_id" not in epochs or "epoch" not in epochs:
+    epochs = read_table(results_dir, EPOCHS_FILE, "epochs")
+    if epochs is None or epochs.empty or "trial_id" not in epochs or "epoch" not in epochs:
         return None
     epochs = epochs.copy()
     epochs["trial_id"] = epochs["trial_id"].astype(str)
@@ -225,12 +221,8 @@ def _label_columns(df: pd.DataFrame) -> None:
 
 def _stored_configs(results_dir: Path, ids: pd.Series) -> pd.DataFrame | None:
     """``configs.parquet`` when it describes exactly these trials (same configurations, as many runs)."""
-    path = results_dir / CONFIGS_FILE
-    if not path.is_file():
-        return None
-    try:
-        stored = pd.read_parquet(path)
-    except Exception:  # noqa: BLE001 - an unreadable table is rebuilt from the trials
+    stored = read_table(results_dir, CONFIGS_FILE, "configs")   # a damaged table stops the report
+    if stored is None:
         return None
     if not {CONFIG_ID, "runs", "runs_ok"} <= set(stored.columns):
         return None

@@ -27,7 +27,7 @@ def _state_kind(name: str) -> str | None:
 def write_resume_snapshot(staging_dir: str, session_str: str, target: str) -> dict[str, bytes]:
     """Bundle the experiment checkpoint of ``session_str`` that Ray has just written into
     ``staging_dir`` into one file at ``target``, atomically. Returns the bundled files."""
-    import pickle
+    from ..results import resume_bundle_bytes
     files: dict[str, bytes] = {}
     for entry in os.scandir(staging_dir):
         if entry.is_file() and _state_kind(entry.name) and entry.name.rsplit(".", 1)[0].endswith(session_str):
@@ -35,23 +35,24 @@ def write_resume_snapshot(staging_dir: str, session_str: str, target: str) -> di
                 files[entry.name] = fh.read()
     if not any(n.startswith("experiment_state-") for n in files):
         raise FileNotFoundError(f"no experiment_state-{session_str}.json in {staging_dir}")
-    write_bytes(target, pickle.dumps({"format": 1, "session": session_str, "written_at": _now_iso(),
-                                      "files": files}, protocol=4))
+    write_bytes(target, resume_bundle_bytes(session_str, _now_iso(), files))
     return files
 
 
 def _state_error(name: str, data: bytes) -> str | None:
-    """Why Ray could not read this state file (None when it can): truncated or empty files."""
-    import pickle
+    """Why Ray could not read this state file (None when it can): truncated or empty files. A pickle is
+    walked opcode by opcode (``pickletools``), never loaded: checking a file must not run it."""
+    import pickletools
     if not data:
         return "empty file"
     try:
         if RAY_STATE_KINDS[_state_kind(name)] == "json":
             json.loads(data.decode())
         else:
-            import ray.cloudpickle as cloudpickle
-            cloudpickle.loads(data)
-    except (EOFError, pickle.UnpicklingError, UnicodeDecodeError, ValueError) as e:
+            ops = list(pickletools.genops(data))   # ValueError on a truncated or malformed stream
+            if not ops or ops[-1][0].name != "STOP":
+                return "no STOP opcode (truncated)"
+    except (UnicodeDecodeError, ValueError) as e:
         return f"{type(e).__name__}: {e}"
     return None
 
@@ -68,7 +69,7 @@ def _move_aside(fs, root: str, name: str, stamp: str) -> str:
     return f"{SUPERSEDED_DIR}/{stamp}/{name}"
 
 
-def repair_experiment_state(exp_path: str) -> list[str]:
+def repair_experiment_state(exp_path: str, trust_pickle: bool = False) -> list[str]:
     """Make the experiment's Ray state files consistent and readable before ``Tuner.restore``.
 
     With a bundle (``cem_resume_state.bin``): its files are authoritative; a state file of the same
@@ -76,7 +77,7 @@ def repair_experiment_state(exp_path: str) -> list[str]:
     bundle's files are written in place. Without one (an experiment killed before its first
     checkpoint, or written by an older cem-bench): an unreadable newest state file is moved aside so
     that Ray reads the previous session's. Raises ``SearchError`` when nothing restorable is left.
-    Returns what was done, one line per file."""
+    Returns what was done, one line per file. ``trust_pickle`` reads a version-1 (pickled) bundle."""
     import pyarrow.fs as pafs
     fs, root = filesystem(exp_path)
     root = root.rstrip("/")
@@ -87,7 +88,7 @@ def repair_experiment_state(exp_path: str) -> list[str]:
 
     from ..results import read_resume_bundle
     try:
-        snapshot = read_resume_bundle(exp_path)
+        snapshot = read_resume_bundle(exp_path, trust_pickle=trust_pickle)
     except ValueError as e:
         done.append(f"{e}; checking Ray's files alone")
         snapshot = None

@@ -12,8 +12,9 @@ import time
 from typing import Any
 
 from ..errors import SearchError
+from ..integrity import read_table, write_recorded_json
 from ..schema import RESUME_STATE_FILE, SPACE_FILE
-from ..storage import exists, filesystem, is_uri, join, jsonable, resolve_storage, write_json
+from ..storage import Dir, exists, filesystem, is_uri, join, jsonable, resolve_storage
 from .resume import repair_experiment_state
 from .trainable import DIE_ENV, make_trainable, trial_resources, with_resources
 
@@ -36,12 +37,13 @@ def progress_table(spec):
 
 
 def run_search(spec, storage: str | None = None, address: str | None = None, resume: bool = False,
-               stats: dict | None = None) -> str:
+               stats: dict | None = None, trust_pickled_state: bool = False) -> str:
     """Run (or with ``resume`` continue) the search of ``spec``; return the experiment path.
 
     Local mode (no ``address``) starts Ray on this machine (``ray.init``, no dashboard) unless a Ray
     session is already initialised in this process, in which case that one is used (tests). Cluster
-    mode connects with ``ray.init(address=...)``. ``stats`` (a dict), when given, receives timings:
+    mode connects with ``ray.init(address=...)``. ``trust_pickled_state`` lets ``--resume`` read a resume
+    bundle that an older cem-bench wrote as a pickle. ``stats`` (a dict), when given, receives timings:
     ``ray_start_s``, ``trials_s``, ``trials_ok``, ``trials_error``, ``mode``.
     """
     import ray
@@ -50,6 +52,7 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
     stats = stats if stats is not None else {}
     storage = resolve_storage(storage)
     exp_path = join(storage, spec.name)
+    check_storage(storage)
     if exists(exp_path) and not resume:
         raise SearchError(f"the experiment folder {exp_path} already exists; continue it with --resume or "
                           f"start a new experiment with --name NEW_NAME (nothing was changed)")
@@ -97,12 +100,12 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
                 raise SearchError(f"--resume: Ray cannot restore {exp_path}")
             if exists(join(exp_path, SPACE_FILE)):
                 _warn_if_changed(spec, join(exp_path, SPACE_FILE))
-            for line in repair_experiment_state(exp_path):
+            for line in repair_experiment_state(exp_path, trust_pickle=trust_pickled_state):
                 print(f"--resume: {line}", flush=True)
             print(f"resuming {exp_path}", flush=True)
             tuner = tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
         else:
-            write_json(join(exp_path, SPACE_FILE), spec.to_dict())
+            write_recorded_json(exp_path, SPACE_FILE, spec.to_dict())
             tuner = tune.Tuner(
                 trainable,
                 param_space={},
@@ -138,6 +141,25 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
         if started_ray:
             ray.shutdown()
     return exp_path
+
+
+def check_storage(storage: str) -> None:
+    """SearchError unless ``storage`` is a folder (or can become one): nothing is started or written."""
+    for path in (storage, *_parents(storage)):
+        kind = Dir(path).kind() if not is_uri(path) else "dir"
+        if kind == "file":
+            raise SearchError(f"--storage {storage}: {path} is a file, not a folder; give a folder (it is created "
+                              f"when missing) or an s3:// / gs:// URI")
+        if kind == "dir":
+            return
+
+
+def _parents(path: str) -> list[str]:
+    out, p = [], os.path.dirname(path)
+    while p and p != os.path.dirname(p):
+        out.append(p)
+        p = os.path.dirname(p)
+    return out
 
 
 def _warn_if_changed(spec, path: str) -> None:
@@ -179,6 +201,9 @@ def search_command(args) -> dict:
     builds the report from it."""
     from ..spaces import load_space
     t_all = time.perf_counter()
+    if getattr(args, "trust_pickled_state", False) and not args.resume:
+        raise SearchError("--trust-pickled-state only applies to --resume (it reads an old experiment's pickled "
+                          "resume bundle)")
     spec = load_space(args.space, overrides_from_args(args))  # SpaceError -> the CLI prints it, exit 2
     stats: dict[str, Any] = {}
     print(f"cem-bench search: {spec.name}: {spec.num_samples} trials, {spec.max_concurrent} at a time, "
@@ -188,18 +213,17 @@ def search_command(args) -> dict:
     mode = (getattr(args, "mps", None) or "auto") if args.address is None else "off"
     with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _detect_gpus() > 0):
         exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
-                         stats=stats)
+                         stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)))
 
     t_write = time.perf_counter()
     from .. import results
     trials_path, epochs_path = results.write_tables(exp)
     stats["write_s"] = time.perf_counter() - t_write
 
-    import pandas as pd
     if is_uri(str(trials_path)):
         n_ok, n_err = stats.get("trials_ok", 0), stats.get("trials_error", 0)
     else:
-        df = pd.read_parquet(trials_path)
+        df = read_table(exp, os.path.basename(str(trials_path)), "trials")
         n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum())
     print(f"experiment: {exp}")
     print(f"trials: {trials_path}")

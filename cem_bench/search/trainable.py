@@ -12,7 +12,7 @@ import socket
 import tempfile
 from collections.abc import Callable
 
-from ..errors import TRIAL_FATAL
+from ..errors import TRIAL_FATAL, ResultsError
 from ..provenance import git_sha
 from ..provenance import now_iso as _now_iso
 from ..schema import GALLERY_FILE, OBJECTIVE_METRICS, RESULT_FILE
@@ -77,6 +77,7 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
         import torch
         from ray import tune
 
+        from ..checkpoint import load_state, save_state
         from ..spaces import trial_config
         from ..trial import build_config, run_trial
 
@@ -97,7 +98,14 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
         ckpt = tune.get_checkpoint()
         if ckpt is not None:
             with ckpt.as_directory() as d:
-                state = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=False)
+                # weights only: the experiment storage may be a shared bucket. A damaged or crafted state is
+                # refused (nothing of it runs) and the trial starts again from epoch 1.
+                try:
+                    state = load_state(os.path.join(d, STATE_FILE))
+                except ResultsError as e:
+                    print(f"[cem-bench] trial {trial_id}: its checkpoint was refused ({e}); starting from "
+                          f"epoch 1", flush=True)
+        if state is not None:
             resumed_from = int(state["epoch"])
             print(f"[cem-bench] trial {trial_id}: resuming from the checkpoint of epoch {resumed_from}", flush=True)
         history: list[dict] = list(state["history"]) if state is not None else []
@@ -142,7 +150,7 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
             metrics["status"] = "running"
             with tempfile.TemporaryDirectory(prefix="cem-bench-ckpt-") as tmp:
                 if state_fn is not None:
-                    torch.save(state_fn(), os.path.join(tmp, STATE_FILE))
+                    save_state(os.path.join(tmp, STATE_FILE), state_fn())
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp) if state_fn else None)
             if die_at_epoch is not None and record.get("epoch") == die_at_epoch:
                 marker = join(trial_path, DIE_MARKER)

@@ -1,0 +1,111 @@
+"""Checkpoints: a saved run's ``checkpoint.pt`` and a search trial's ``state.pt``, written and read without
+pickled code.
+
+Both hold only tensors and plain values (dicts, lists, strings, numbers, booleans, None): the config as
+flat keys, the trainer's ``state_dict`` (module and optimizer states, random-generator states as byte
+tensors, the per-epoch history as dicts of numbers). So they are read with ``torch.load(weights_only=True)``,
+whose unpickler builds those types and nothing else: a crafted file that would run code is refused, not
+run. Each carries ``{"format": KIND, "version": N}``; files of version 1, written before the version
+existed, hold the same types and still load. Every failure is a ``ResultsError`` that names the file.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+
+from .errors import ResultsError
+from .integrity import read_recorded, write_recorded
+from .schema import CHECKPOINT_FILE
+from .storage import Dir
+
+KIND = "cem-bench-checkpoint"
+VERSION = 2        # 1: written before checkpoints carried a version
+WHAT = "a cem-bench checkpoint (PyTorch, tensors and plain values only)"
+
+
+def to_bytes(config: dict, trainer_state: dict | None) -> bytes:
+    buf = io.BytesIO()
+    torch.save({"format": KIND, "version": VERSION, "config": config, "trainer": trainer_state}, buf)
+    return buf.getvalue()
+
+
+def parse(data: bytes, path: str) -> dict[str, Any]:
+    """The checkpoint dict of ``data`` (read from ``path``), loaded with ``weights_only=True``, its version
+    checked. ResultsError otherwise."""
+    if not data:
+        raise ResultsError(f"{path} is empty (0 bytes): it should be {WHAT}")
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights only" in str(e).lower() or "weights_only" in str(e):
+            raise ResultsError(f"{path} holds Python objects other than tensors and plain values, which would "
+                               f"run code if loaded; cem-bench loads weights only and refused it (nothing of it "
+                               f"was run). cem-bench never writes such a file: it was made or changed by "
+                               f"someone else") from e
+        raise ResultsError(f"{path} is not a readable checkpoint (UnpicklingError: {_short(e)}): it should be "
+                           f"{WHAT}; it is truncated, damaged or of another format") from e
+    except (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+            UnicodeDecodeError, OverflowError, MemoryError) as e:
+        raise ResultsError(f"{path} is not a readable checkpoint ({type(e).__name__}: {_short(e)}): it should "
+                           f"be {WHAT}; it is truncated, damaged or of another format") from e
+    if not isinstance(obj, dict):
+        raise ResultsError(f"{path} holds a {type(obj).__name__}, not {WHAT}")
+    version = obj.get("version", 1) if obj.get("format", KIND) == KIND else None
+    if version is None:
+        raise ResultsError(f"{path} is a {obj.get('format')!r} file, not {WHAT}")
+    if version not in (1, VERSION):
+        newer = isinstance(version, int) and version > VERSION
+        raise ResultsError(f"{path} is a checkpoint of format version {version!r}; this cem-bench reads versions "
+                           f"1 and {VERSION}" + (": upgrade cem-bench to read it" if newer else ""))
+    return obj
+
+
+def _short(e: BaseException) -> str:
+    return " ".join(str(e).split())[:240]
+
+
+def save_run(out_dir: str, config: dict, trainer_state: dict | None) -> str:
+    """``out_dir/checkpoint.pt``, recorded in the run folder's checksums; returns its path."""
+    return write_recorded(out_dir, CHECKPOINT_FILE, to_bytes(config, trainer_state))
+
+
+def load_run(run_dir: str) -> tuple[dict, dict]:
+    """``(config, trainer_state)`` of a run folder's ``checkpoint.pt``, verified and checked. ResultsError
+    (before anything is written) when it is missing, damaged, refused or not a finished run's."""
+    folder = Dir(run_dir)
+    if folder.kind() != "dir":
+        raise ResultsError(f"{run_dir} is not a folder: RUN_DIR must be the --out folder of `cem-bench train`")
+    path = folder.url(CHECKPOINT_FILE)
+    data = read_recorded(folder, CHECKPOINT_FILE, WHAT)
+    if data is None:
+        raise ResultsError(f"{path} does not exist: RUN_DIR must be the --out folder of `cem-bench train`")
+    obj = parse(data, path)
+    config, state = obj.get("config"), obj.get("trainer")
+    if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+        raise ResultsError(f"{path} has no config (a dict of flat keys): it is not a run's checkpoint")
+    client = state.get("client") if isinstance(state, dict) else None
+    if not isinstance(client, dict) or not all(isinstance(v, torch.Tensor) for v in client.values()):
+        raise ResultsError(f"{path} holds no trained client encoder (trainer.client): the run did not finish, or "
+                           f"the file is not a run's checkpoint")
+    return config, state
+
+
+def save_state(path: str, state: dict) -> None:
+    """A search trial's per-epoch trainer state (inside a Ray checkpoint folder)."""
+    torch.save({"format": KIND, "version": VERSION, "trainer": state}, path)
+
+
+def load_state(path: str) -> dict:
+    """The trainer state of :func:`save_state` (or of a version-1 ``state.pt``: the state itself)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    obj = parse(data, path)
+    state = obj["trainer"] if obj.get("format") == KIND else obj
+    if not isinstance(state, dict) or "epoch" not in state or "client" not in state:
+        raise ResultsError(f"{path} is not a trial's trainer state (no epoch and client)")
+    return state
+
