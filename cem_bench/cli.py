@@ -236,6 +236,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cem-bench: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:   # a file or folder the command writes or reads: one line, not a traceback
+        print(f"cem-bench: {os_error_message(e)}", file=sys.stderr)
+        return 2
+
+
+def os_error_message(e: OSError) -> str:
+    import errno
+    where = f" ({e.filename})" if e.filename else ""
+    if e.errno == errno.ENOSPC:
+        import shutil
+        free = ""
+        try:
+            free = f"; {shutil.disk_usage(os.path.dirname(str(e.filename)) or '.').free / 2**20:.0f} MiB free there"
+        except OSError:
+            pass
+        return (f"no space left on the device{where}{free}. Free some space and run the command again (what was "
+                f"written before is intact: every result file is replaced atomically)")
+    return f"{e.strerror or type(e).__name__}{where}"
 
 
 if __name__ == "__main__":

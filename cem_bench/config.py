@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -328,16 +329,29 @@ def coerce(key_: str, value: Any, spec: KeySpec | None = None) -> Any:
     return v
 
 
-def load_yaml_config(path: str) -> dict[str, Any]:
-    """Read a YAML config file: either flat dotted keys or nested sections; returns flat keys."""
+def read_yaml(path: str, what: str, error: Callable[[str], ConfigError] = ConfigError) -> Any:
+    """The document of a YAML file the user gave (``what``: "config file", "search space"); ``error`` (one
+    message naming the file) when it is missing, a folder, unreadable, not UTF-8 text or not YAML.
+    ``yaml.safe_load``: plain values only, no Python objects."""
     import yaml
     try:
-        with open(path) as fh:
-            doc = yaml.safe_load(fh) or {}
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
+        raise error(f"{what} {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path!r} is a folder, not a YAML file") from None
+    except OSError as e:
+        raise error(f"{what} {path!r} cannot be read ({e.strerror or type(e).__name__})") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{what} {path!r} is not UTF-8 text (byte {e.start}): a YAML file is text") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
+        raise error(f"{what} {path!r} is not valid YAML: {e}") from None
+
+
+def load_yaml_config(path: str) -> dict[str, Any]:
+    """Read a YAML config file: either flat dotted keys or nested sections; returns flat keys."""
+    doc = read_yaml(path, "config file") or {}
     if not isinstance(doc, dict):
         raise ConfigError(f"config file {path!r} must hold a mapping of keys to values")
     return flatten(doc)

@@ -15,7 +15,7 @@ import copy
 import difflib
 from typing import Any
 
-from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs
+from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
 from .parse_params import _fmt, _num, _ParamStages
 from .spec import _REQUIRED, _SAFE_NAME, _TOP_KEYS, METRICS, MODES, SAMPLER_OPTIONS, SAMPLERS, Objective, SearchSpec
@@ -28,16 +28,7 @@ def load_space(path: str, overrides: dict | None = None) -> SearchSpec:
     ``sampler.<option>`` (a value of None is ignored: "not given on the command line"), and ``fixed``:
     ``{flat key: value}`` merged into the fixed keys. Fixing a key the file searches removes it from the
     search; parameters conditioned on it are kept (condition met) or dropped (condition not met)."""
-    import yaml
-    try:
-        with open(path) as fh:
-            doc = yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise SpaceError(f"search space {path!r} does not exist", path) from None
-    except OSError as e:
-        raise SpaceError(f"search space {path!r} cannot be read: {e}", path) from None
-    except yaml.YAMLError as e:
-        raise SpaceError(f"search space {path!r} is not valid YAML: {e}", path) from None
+    doc = read_yaml(path, "search space", lambda message: SpaceError(message, path))
     return parse_space(doc, path=path, overrides=overrides)
 
 

@@ -1,0 +1,366 @@
+"""Files a user may have been given: nothing in them runs, and every damaged one ends in a clear message.
+
+* A crafted pickle in every place cem-bench reads one (a run's ``checkpoint.pt``, a trial's ``state.pt``, the
+  resume bundle, Ray's pickled searcher state while ``--resume`` checks it) runs nothing: the marker file its
+  code would create must not exist, even when the attacker also rewrote the folder's checksums.
+* The corruption test: a real saved run and a real small experiment folder (made once per test module) have
+  each file that ``attack``, ``report`` and ``table`` read corrupted by Hypothesis (truncated at a random
+  offset, random bytes flipped, another file's contents swapped in, emptied, replaced by a folder); every
+  case exits 2 with a one-paragraph message, no traceback, and the folder it read is left byte for byte as it
+  was. The fast tier tries a bounded number of cases; the slow tier many more (``CORRUPTION_EXAMPLES``).
+* Results written before the formats were versioned (tests/fixtures/format1) still load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import itertools
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cem_bench import checkpoint, cli, integrity, results, schema
+from cem_bench.errors import ResultsError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "format1"
+TINY_TRAIN = ["--set", "model.width=0.0625", "--set", "train.epochs=1", "--set", "data.train_size=128",
+              "--set", "data.test_size=100", "--set", "attack.names=[rmle]", "--set", "attack.rmle_iterations=2",
+              "--set", "train.device=cpu", "--set", "train.batch_size=64"]
+ATTACK_FAST = ["--set", "attack.names=[rmle]", "--set", "attack.rmle_iterations=1"]
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """``cem-bench ARGV`` in this process: (exit code, stderr). An exception that escapes ``main`` fails the
+    test with its traceback: that is what a user would have seen."""
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        rc = cli.main(argv)
+    return rc, err.getvalue()
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file and folder under ``root`` with the SHA-256 of its bytes (folders: "dir")."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        out[str(p.relative_to(root))] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def assert_clean_error(rc: int, err: str) -> None:
+    assert rc == 2, err
+    assert "Traceback" not in err and err.startswith("cem-bench: "), err
+    assert "\n\n" not in err.strip(), err          # one paragraph
+    assert len(err) < 2000, err
+
+
+# ------------------------------------------------------------------------------------ real folders, made once
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("run") / "run"
+    rc, err = run_cli(["train", *TINY_TRAIN, "--out", str(run)])
+    assert rc == 0, err
+    return run
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory) -> Path:
+    """A real experiment of ``cem-bench search`` (three trials, Ray's files and ours), with the tables and the
+    search space written by this version, as a search writes them."""
+    exp = tmp_path_factory.mktemp("exp") / "experiment"
+    shutil.copytree(FIXTURES / "experiment", exp)
+    for name in (schema.TRIALS_FILE, schema.EPOCHS_FILE, schema.CONFIGS_FILE):
+        (exp / name).unlink()
+    (exp / schema.RESUME_STATE_FILE).unlink()   # the old pickled bundle: a new search writes JSON
+    space = (exp / schema.SPACE_FILE).read_bytes()
+    integrity.write_recorded(str(exp), schema.SPACE_FILE, space)
+    results.write_tables(exp)
+    return exp
+
+
+def test_the_folders_are_recorded_and_the_commands_work(saved_run, experiment, tmp_path):
+    assert set(integrity.read_manifest(integrity.Dir(saved_run))) == {schema.CHECKPOINT_FILE, schema.METRICS_FILE}
+    assert set(integrity.read_manifest(integrity.Dir(experiment))) == {
+        schema.TRIALS_FILE, schema.EPOCHS_FILE, schema.CONFIGS_FILE, schema.SPACE_FILE}
+    assert checkpoint.parse((saved_run / schema.CHECKPOINT_FILE).read_bytes(), "x")["version"] == checkpoint.VERSION
+    rc, err = run_cli(["table", str(experiment)])
+    assert rc == 0, err
+    rc, err = run_cli(["report", str(experiment), "--out", str(tmp_path / "report")])
+    assert rc == 0, err
+
+
+# ------------------------------------------------------------------------------------ crafted pickles
+class Marker:
+    """Unpickling this creates ``path``: any code a file carries would run the same way."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def crafted_files(marker: Path) -> dict[str, bytes]:
+    """A torch.save'd checkpoint holding the marker, and a raw pickle of it (torch's legacy format)."""
+    buf = io.BytesIO()
+    torch.save({"config": {}, "trainer": {"client": Marker(marker)}}, buf)
+    return {"torch.save": buf.getvalue(), "pickle": pickle.dumps({"config": Marker(marker)}, protocol=2)}
+
+
+@pytest.mark.parametrize("how", ["torch.save", "pickle"])
+@pytest.mark.parametrize("checksums", ["rewritten", "removed"])
+def test_a_crafted_checkpoint_runs_nothing_on_attack(saved_run, tmp_path, how, checksums):
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    marker = tmp_path / "ran"
+    data = crafted_files(marker)[how]
+    if checksums == "rewritten":   # the checksums are integrity, not a signature: whoever crafts can rewrite them
+        integrity.write_recorded(str(run), schema.CHECKPOINT_FILE, data)
+    else:
+        (run / schema.CHECKPOINT_FILE).write_bytes(data)
+        (run / integrity.MANIFEST_FILE).unlink()
+    before = tree_digest(run)
+    rc, err = run_cli(["attack", str(run), *ATTACK_FAST])
+    assert_clean_error(rc, err)
+    assert not marker.exists()
+    assert "refused" in err or "not a readable checkpoint" in err, err
+    assert tree_digest(run) == before
+
+
+def test_a_crafted_trial_state_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    for data in crafted_files(marker).values():
+        (tmp_path / "state.pt").write_bytes(data)
+        with pytest.raises(ResultsError):
+            checkpoint.load_state(str(tmp_path / "state.pt"))
+    assert not marker.exists()
+
+
+def test_a_crafted_resume_bundle_runs_nothing_on_report(experiment, tmp_path):
+    exp = tmp_path / "exp"
+    shutil.copytree(experiment, exp)
+    for name in (schema.TRIALS_FILE, schema.EPOCHS_FILE, schema.CONFIGS_FILE):
+        (exp / name).unlink()     # so that report reads the Ray folder, bundle included
+    marker = tmp_path / "ran"
+    (exp / schema.RESUME_STATE_FILE).write_bytes(pickle.dumps({"format": 1, "files": Marker(marker)}, protocol=4))
+    rc, err = run_cli(["report", str(exp), "--out", str(tmp_path / "report")])
+    assert rc == 0, err
+    assert not marker.exists()
+
+
+def test_resume_checks_rays_pickles_without_loading_them(tmp_path):
+    from cem_bench import search
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    session = "2026-01-01_00-00-01"
+    (exp / f"experiment_state-{session}.json").write_text('{"trial_data": []}')
+    marker = tmp_path / "ran"
+    (exp / f"searcher-state-{session}.pkl").write_bytes(pickle.dumps(Marker(marker), protocol=4))
+    assert search.repair_experiment_state(str(exp)) == []   # readable as a pickle stream; Ray loads it on resume
+    assert not marker.exists()
+
+
+# ------------------------------------------------------------------------------------ old results
+def test_results_written_before_the_formats_were_versioned_still_load(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "run", run)
+    config, state = checkpoint.load_run(str(run))
+    assert config["model.width"] == 0.0625 and "client" in state
+    rc, err = run_cli(["attack", str(run), *ATTACK_FAST])
+    assert rc == 0, err
+    assert len(list(run.glob("attack-*/attack.json"))) == 1
+
+    exp = tmp_path / "exp"
+    shutil.copytree(FIXTURES / "experiment", exp)
+    before = tree_digest(exp)
+    rc, err = run_cli(["table", str(exp)])
+    assert rc == 0, err
+    rc, err = run_cli(["report", str(exp), "--out", str(tmp_path / "report")])
+    assert rc == 0, err
+    assert (tmp_path / "report" / "index.html").is_file()
+    assert tree_digest(exp) == before
+
+
+def test_a_table_of_another_kind_or_a_newer_format_is_named(monkeypatch):
+    import pandas as pd
+    df = pd.DataFrame({"trial_id": ["a"], "epoch": [1]})
+    with pytest.raises(ResultsError, match="holds the epochs table, not the trials table"):
+        integrity.parse_table(integrity.table_bytes(df, "epochs"), "x/trials.parquet", "trials")
+    with monkeypatch.context() as m:   # as a future cem-bench would write it
+        m.setattr(integrity, "TABLE_VERSION", 9)
+        data = integrity.table_bytes(df, "epochs")
+    with pytest.raises(ResultsError, match="format 9; this cem-bench reads format 2.*upgrade"):
+        integrity.parse_table(data, "x/epochs.parquet", "epochs")
+
+
+def test_a_checkpoint_of_a_newer_version_names_both(tmp_path):
+    buf = io.BytesIO()
+    torch.save({"format": checkpoint.KIND, "version": 7, "config": {}, "trainer": None}, buf)
+    with pytest.raises(ResultsError, match="format version 7; this cem-bench reads versions 1 and 2"):
+        checkpoint.parse(buf.getvalue(), "x/checkpoint.pt")
+
+
+def test_a_crash_between_the_writes_of_a_recorded_file_leaves_a_folder_that_verifies(tmp_path, monkeypatch):
+    integrity.write_recorded(str(tmp_path), "t.bin", b"old")
+    real = integrity.write_bytes
+    calls = []
+
+    def dying(path, data):
+        calls.append(path)
+        if len(calls) == 3:     # the manifest's final update
+            raise OSError("killed")
+        real(path, data)
+
+    monkeypatch.setattr(integrity, "write_bytes", dying)
+    with pytest.raises(OSError):
+        integrity.write_recorded(str(tmp_path), "t.bin", b"new")
+    monkeypatch.setattr(integrity, "write_bytes", real)
+    assert integrity.read_recorded(str(tmp_path), "t.bin", "x") == b"new"
+    (tmp_path / "t.bin").write_bytes(b"old")       # as if the crash had come before the file's rename
+    assert integrity.read_recorded(str(tmp_path), "t.bin", "x") == b"old"
+    (tmp_path / "t.bin").write_bytes(b"odd")
+    with pytest.raises(ResultsError, match="not the file cem-bench wrote"):
+        integrity.read_recorded(str(tmp_path), "t.bin", "x")
+
+
+# ------------------------------------------------------------------------------------ the corruption test
+CORRUPTION_EXAMPLES = {"fast": 40, "slow": 300}
+TRIED: dict[str, int] = {}
+CASES = itertools.count()
+
+# (command, the folder it reads, the files of it that the command reads)
+TARGETS = {
+    "attack": (schema.CHECKPOINT_FILE, integrity.MANIFEST_FILE),
+    "report": (schema.TRIALS_FILE, schema.EPOCHS_FILE, schema.CONFIGS_FILE, schema.SPACE_FILE,
+               integrity.MANIFEST_FILE),
+    "table": (schema.CONFIGS_FILE, integrity.MANIFEST_FILE),
+}
+
+corruptions = st.one_of(
+    st.tuples(st.just("truncate"), st.floats(0.0, 0.999)),
+    st.tuples(st.just("flip"), st.lists(st.tuples(st.floats(0.0, 0.9999), st.integers(1, 255)), min_size=1,
+                                        max_size=8)),
+    st.tuples(st.just("swap"), st.integers(0, 10)),
+    st.tuples(st.just("empty"), st.none()),
+    st.tuples(st.just("folder"), st.none()),
+)
+
+
+def corrupt(folder: Path, name: str, how: tuple, others: list[Path]) -> None:
+    path = folder / name
+    data = path.read_bytes()
+    kind, arg = how
+    if kind == "truncate":
+        path.write_bytes(data[: int(arg * len(data))])
+    elif kind == "flip":
+        b = bytearray(data)
+        for where, mask in arg:
+            b[int(where * len(b))] ^= mask
+        if bytes(b) == data:        # two flips of one byte that cancel: flip once more
+            b[0] ^= 1
+        path.write_bytes(bytes(b))
+    elif kind == "swap":
+        different = [p for p in others if p.read_bytes() != data]
+        path.write_bytes(different[arg % len(different)].read_bytes() if different else b"")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    else:
+        path.unlink()
+        path.mkdir()
+
+
+def _corruption_case(command: str, source: Path, tmp: Path, name: str, how: tuple, verified: bool = True) -> int:
+    folder = tmp / "in"
+    shutil.copytree(source, folder)
+    if not verified:
+        (folder / integrity.MANIFEST_FILE).unlink()
+    if command == "rebuild":
+        for table in (schema.TRIALS_FILE, schema.EPOCHS_FILE, schema.CONFIGS_FILE):
+            (folder / table).unlink(missing_ok=True)
+    target = next(p for p in sorted(folder.rglob(name)))
+    others = sorted(p for p in folder.rglob("*") if p.is_file() and p != target)
+    corrupt(target.parent, target.name, how, others)
+    before = tree_digest(folder)
+    if command == "attack":
+        argv = ["attack", str(folder), *ATTACK_FAST]
+    elif command in ("report", "rebuild"):
+        argv = ["report", str(folder), "--out", str(tmp / "report")]
+    else:
+        argv = ["table", str(folder)]
+    rc, err = run_cli(argv)
+    key = command if verified else f"{command} (unverified, exit {rc})"
+    TRIED[key] = TRIED.get(key, 0) + 1
+    if verified:
+        assert_clean_error(rc, err)
+    else:
+        assert rc in (0, 2) and "Traceback" not in err, err
+        if rc == 2:
+            assert_clean_error(rc, err)
+    if command != "rebuild":   # a rebuild writes the tables it was asked for into the experiment folder
+        after = {k: v for k, v in tree_digest(folder).items() if not (rc == 0 and k.startswith("attack-"))}
+        assert after == before, f"{command} wrote into the folder it read"
+    return rc
+
+
+def _corruption_test(profile: str):
+    @settings(max_examples=CORRUPTION_EXAMPLES[profile], deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(command=st.sampled_from(sorted(TARGETS)), pick=st.integers(0, 100), how=corruptions)
+    def test(saved_run, experiment, tmp_path, command, pick, how):
+        names = TARGETS[command]
+        tmp = tmp_path / f"case{next(CASES)}"
+        tmp.mkdir()
+        try:
+            _corruption_case(command, saved_run if command == "attack" else experiment, tmp,
+                             names[pick % len(names)], how)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return test
+
+
+test_every_corrupted_file_is_a_clear_error = _corruption_test("fast")
+test_every_corrupted_file_is_a_clear_error_long = pytest.mark.slow(_corruption_test("slow"))
+
+# Without checksums (a folder from before they existed, or whose cem_bench_files.json was deleted) and on the
+# path that rebuilds the tables from Ray's own files (which carry none), a flipped digit can go unseen; what
+# must still hold: no traceback, exit 0 or 2, and a 2 is one clear paragraph.
+UNVERIFIED = {
+    "attack": (schema.CHECKPOINT_FILE,),
+    "report": (schema.TRIALS_FILE, schema.EPOCHS_FILE, schema.CONFIGS_FILE, schema.SPACE_FILE),
+    "table": (schema.CONFIGS_FILE,),
+    "rebuild": ("experiment_state-*.json", "search_gen_state-*.json", schema.RESULT_FILE, "result.json",
+                "params.json", schema.SPACE_FILE),
+}
+
+
+def _unverified_test(profile: str):
+    @settings(max_examples=CORRUPTION_EXAMPLES[profile], deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(command=st.sampled_from(sorted(UNVERIFIED)), pick=st.integers(0, 100), how=corruptions)
+    def test(saved_run, experiment, tmp_path, command, pick, how):
+        names = UNVERIFIED[command]
+        tmp = tmp_path / f"case{next(CASES)}"
+        tmp.mkdir()
+        try:
+            _corruption_case(command, saved_run if command == "attack" else experiment, tmp,
+                             names[pick % len(names)], how, verified=False)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return test
+
+
+test_unverified_corruption_never_escapes = _unverified_test("fast")
+test_unverified_corruption_never_escapes_long = pytest.mark.slow(_unverified_test("slow"))
+
+
+def test_corrupted_cases_were_tried():
+    """Runs after the corruption tests of this module (pytest keeps file order): they tried cases."""
+    print(f"corrupted inputs tried: {dict(sorted(TRIED.items()))}")
+    if TRIED:
+        assert sum(TRIED.values()) >= CORRUPTION_EXAMPLES["fast"]
