@@ -218,7 +218,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from .errors import DataError, ResultsError, TrialDiverged
+    from .errors import DataError, ResultsError, StorageFull, TrialDiverged
     try:
         return args.func(args)
     except ResultsError as e:
@@ -230,12 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"cem-bench: data error: {e}", file=sys.stderr)
         return 2
+    except StorageFull as e:
+        print(f"cem-bench: {e}", file=sys.stderr)
+        return 2
     except TrialDiverged as e:
         print(f"cem-bench: the trial diverged: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("cem-bench: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:   # `cem-bench table DIR | head`
+        return 0
     except OSError as e:   # a file or folder the command writes or reads: one line, not a traceback
         print(f"cem-bench: {os_error_message(e)}", file=sys.stderr)
         return 2

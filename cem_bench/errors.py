@@ -29,6 +29,11 @@ class ResultsError(ConfigError):
     """A results folder cannot be read or reported on (missing, empty, not written by cem-bench)."""
 
 
+class StorageFull(RuntimeError):
+    """The storage of a search or run is out of space; the message says where, how much is free and how to
+    finish (``--resume``)."""
+
+
 class DataError(RuntimeError):
     """A dataset cannot be loaded; the message says where the files go and how to get them."""
 

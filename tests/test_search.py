@@ -555,3 +555,56 @@ def test_paper_grid_end_to_end(tmp_path, monkeypatch, capsys):
     assert cli.main(["table", str(exp)]) == 0
     table = capsys.readouterr().out
     assert "| test_acc | λ=0 | λ=16 gated_attention | λ=16 gmm |" in table and "(2)" in table
+
+
+# ------------------------------------------------------------------ a full disk
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.ray
+def test_a_full_disk_stops_the_search_and_resume_finishes_it(tmp_path):
+    """A 3 MiB tmpfs as --storage (where the platform lets the test mount one; else the trainable's test hook
+    fails every checkpoint with ENOSPC while a marker file exists): the search stops at the first
+    out-of-space failure with one message and exit 2; once space is freed, --resume finishes every trial once."""
+    n = 4
+    space = write_space(tmp_path, "full", num_samples=n, max_concurrent=2, fixed={"train.epochs": 3})
+    disk = tmp_path / "disk"
+    mounted = _mount_tmpfs(disk, "3m")
+    env = subprocess_env()
+    marker = tmp_path / "disk-is-full"
+    if not mounted:
+        disk.mkdir(exist_ok=True)
+        marker.touch()
+        env[search.FULL_ENV] = str(marker)
+    try:
+        first = subprocess.run(cli_cmd(space, "--storage", str(disk)), env=env, capture_output=True, text=True,
+                               timeout=300)
+        assert first.returncode == 2, (first.stdout[-3000:], first.stderr[-3000:])
+        assert "Traceback" not in first.stderr + first.stdout, first.stderr[-6000:]
+        last = first.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"cem-bench: the storage {disk} is full (") and "MiB free" in last, last
+        assert "--resume" in last, last
+        if mounted:
+            assert f"warning: {disk} has 3.0 MiB free; this search writes about" in first.stdout, first.stdout[-3000:]
+        results_before = list((disk / "full").glob(f"*/{schema.RESULT_FILE}"))
+        assert len(results_before) < n
+
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,size=128m", str(disk)], check=True)
+        else:
+            marker.unlink()
+        second = subprocess.run(cli_cmd(space, "--storage", str(disk), "--resume"), env=env, capture_output=True,
+                                text=True, timeout=300)
+        assert second.returncode == 0, (second.stdout[-3000:], second.stderr[-3000:])
+        trials = pd.read_parquet(disk / "full" / "trials.parquet")
+        assert len(trials) == n and trials["trial_id"].is_unique, trials[["trial_id", "status", "error"]]
+        assert (trials["status"] == "ok").all(), trials[["trial_id", "status", "error"]]
+        assert (trials["epochs_done"] == 3).all()
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)], capture_output=True)

@@ -65,8 +65,8 @@ go on).
 from ..errors import SearchError
 from .resume import RAY_STATE_KINDS, SUPERSEDED_DIR, repair_experiment_state, write_resume_snapshot
 from .run import overrides_from_args, run_search, search_command
-from .trainable import DIE_ENV, DIE_MARKER, STATE_FILE, TRAINABLE_NAME, make_trainable, trial_resources, with_resources
+from .trainable import DIE_ENV, DIE_MARKER, FULL_ENV, STATE_FILE, TRAINABLE_NAME, make_trainable, trial_resources, with_resources
 
-__all__ = ["DIE_ENV", "DIE_MARKER", "RAY_STATE_KINDS", "STATE_FILE", "SUPERSEDED_DIR", "SearchError",
+__all__ = ["DIE_ENV", "DIE_MARKER", "FULL_ENV", "RAY_STATE_KINDS", "STATE_FILE", "SUPERSEDED_DIR", "SearchError",
            "TRAINABLE_NAME", "make_trainable", "overrides_from_args", "repair_experiment_state",
            "run_search", "search_command", "trial_resources", "with_resources", "write_resume_snapshot"]

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from ..errors import SearchError
+from ..errors import SearchError, StorageFull
 from ..integrity import read_table, write_recorded_json
 from ..schema import RESUME_STATE_FILE, SPACE_FILE
 from ..storage import Dir, exists, filesystem, is_uri, join, jsonable, resolve_storage
@@ -53,6 +53,11 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
     storage = resolve_storage(storage)
     exp_path = join(storage, spec.name)
     check_storage(storage)
+    from .diskspace import StorageGuard, full_message, is_enospc, one_line_when_full, warn_if_short
+    warning = warn_if_short(spec, storage)
+    if warning:
+        print(warning, flush=True)
+    guard = StorageGuard(storage)
     if exists(exp_path) and not resume:
         raise SearchError(f"the experiment folder {exp_path} already exists; continue it with --resume or "
                           f"start a new experiment with --name NEW_NAME (nothing was changed)")
@@ -104,6 +109,9 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
                 print(f"--resume: {line}", flush=True)
             print(f"resuming {exp_path}", flush=True)
             tuner = tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+            # a restored RunConfig keeps its callbacks and stopper only as pickled; the guard is this driver's
+            tuner._local_tuner._run_config.callbacks = [guard]
+            tuner._local_tuner._run_config.stop = guard
         else:
             write_recorded_json(exp_path, SPACE_FILE, spec.to_dict())
             tuner = tune.Tuner(
@@ -122,9 +130,19 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                     progress_reporter=progress_table(spec),
                     verbose=1,
+                    callbacks=[guard],
+                    stop=guard,
                 ),
             )
-        grid = tuner.fit()
+        try:
+            with one_line_when_full(guard):
+                grid = tuner.fit()
+        except Exception as e:  # noqa: BLE001 - Ray's own failure on a full disk is a traceback of its files
+            if guard.full or is_enospc(e):
+                raise StorageFull(full_message(storage)) from e
+            raise
+        if guard.full:
+            raise StorageFull(full_message(storage, f"trial {guard.full} ran out of space"))
         stats["trials_s"] = time.perf_counter() - t1
         ok = err = 0
         for r in grid:

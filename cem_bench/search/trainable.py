@@ -12,7 +12,7 @@ import socket
 import tempfile
 from collections.abc import Callable
 
-from ..errors import TRIAL_FATAL, ResultsError
+from ..errors import TRIAL_FATAL, ResultsError, StorageFull
 from ..provenance import git_sha
 from ..provenance import now_iso as _now_iso
 from ..schema import GALLERY_FILE, OBJECTIVE_METRICS, RESULT_FILE
@@ -21,6 +21,7 @@ from ..storage import copy_file, exists, join, write_bytes, write_json
 STATE_FILE = "state.pt"       # the trainer state inside each Ray checkpoint
 DIE_ENV = "CEM_BENCH_TEST_DIE_AT_EPOCH"
 DIE_MARKER = ".test_died"
+FULL_ENV = "CEM_BENCH_TEST_FULL_WHILE"   # test hook: while this file exists, saving a checkpoint fails with ENOSPC
 TRAINABLE_NAME = "cem_trial"  # Tuner.restore needs the same trainable name
 
 
@@ -80,6 +81,7 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
         from ..checkpoint import load_state, save_state
         from ..spaces import trial_config
         from ..trial import build_config, run_trial
+        from .diskspace import is_enospc
 
         started_at = _now_iso()
         torch.set_num_threads(max(1, int(round(cpus))))
@@ -146,6 +148,10 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
                 finish(record, "ok", None)
                 return
             history.append(dict(record))
+            full_while = os.environ.get(FULL_ENV)
+            if full_while and os.path.exists(full_while):
+                import errno
+                raise OSError(errno.ENOSPC, "No space left on device (test hook)", experiment_path)
             metrics = base_metrics(record)
             metrics["status"] = "running"
             with tempfile.TemporaryDirectory(prefix="cem-bench-ckpt-") as tmp:
@@ -161,6 +167,13 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
 
         try:
             run_trial(flat, report, out_dir=out_dir, resume_state=state)
+        except OSError as e:
+            if not is_enospc(e):
+                raise
+            # not an error row (there is no space to write one) and not a retry into the same full disk: the
+            # driver's StorageGuard reads this from error.txt and stops the search
+            raise StorageFull(f"StorageFull: no space left in {experiment_path} ({e}); the trial stopped after "
+                              f"epoch {history[-1]['epoch'] if history else 0}") from e
         except TRIAL_FATAL as e:
             reason = f"{type(e).__name__}: {e}"
             print(f"[cem-bench] trial {trial_id} ended with an error (not retried): {reason}", flush=True)
