@@ -230,7 +230,7 @@ def test_a_crash_between_the_writes_of_a_recorded_file_leaves_a_folder_that_veri
 
 
 # ------------------------------------------------------------------------------------ the corruption test
-CORRUPTION_EXAMPLES = {"fast": 40, "slow": 300}
+CORRUPTION_EXAMPLES = {"fast": 40, "slow": 300, "fast_unverified": 25, "slow_unverified": 200}
 TRIED: dict[str, int] = {}
 CASES = itertools.count()
 
@@ -355,8 +355,8 @@ def _unverified_test(profile: str):
     return test
 
 
-test_unverified_corruption_never_escapes = _unverified_test("fast")
-test_unverified_corruption_never_escapes_long = pytest.mark.slow(_unverified_test("slow"))
+test_unverified_corruption_never_escapes = _unverified_test("fast_unverified")
+test_unverified_corruption_never_escapes_long = pytest.mark.slow(_unverified_test("slow_unverified"))
 
 
 def test_corrupted_cases_were_tried():
@@ -364,3 +364,57 @@ def test_corrupted_cases_were_tried():
     print(f"corrupted inputs tried: {dict(sorted(TRIED.items()))}")
     if TRIED:
         assert sum(TRIED.values()) >= CORRUPTION_EXAMPLES["fast"]
+
+
+# ------------------------------------------------------------------------------------ the four reported inputs
+def test_the_reported_inputs_are_one_message_each(saved_run, tmp_path):
+    # a truncated checkpoint.pt given to attack (in a folder from before the checksums)
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "run", run)
+    data = (run / schema.CHECKPOINT_FILE).read_bytes()
+    (run / schema.CHECKPOINT_FILE).write_bytes(data[: len(data) // 2])
+    rc, err = run_cli(["attack", str(run)])
+    assert_clean_error(rc, err)
+    assert "is not a readable checkpoint" in err and "truncated" in err, err
+    # a trials.parquet that is not Parquet given to report (and to table)
+    exp = tmp_path / "exp"
+    shutil.copytree(FIXTURES / "experiment", exp)
+    (exp / schema.TRIALS_FILE).write_text("trial_id,status\na,ok\n")
+    (exp / schema.CONFIGS_FILE).unlink()
+    for argv in (["report", str(exp), "--out", str(tmp_path / "r")], ["table", str(exp)]):
+        rc, err = run_cli(argv)
+        assert_clean_error(rc, err)
+        assert "trials.parquet is not a readable Parquet table" in err, err
+    assert not (tmp_path / "r").exists()
+    # --storage naming an existing file: refused before Ray starts
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc, err = run_cli(["search", str(FIXTURES / "space.yaml"), "--storage", str(afile)])
+    assert_clean_error(rc, err)
+    assert f"{afile} is a file, not a folder" in err, err
+
+
+def test_out_of_space_is_recognised_through_chains_and_pyarrow_text():
+    import errno
+
+    from cem_bench.search import diskspace
+    assert diskspace.is_enospc(OSError(errno.ENOSPC, "No space left on device"))
+    wrapped = RuntimeError("upload failed")
+    wrapped.__cause__ = OSError("[Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on device")
+    assert diskspace.is_enospc(wrapped)
+    assert not diskspace.is_enospc(OSError(errno.EACCES, "Permission denied"))
+
+
+def test_the_free_space_warning_estimates_the_checkpoints(tmp_path, monkeypatch):
+    from cem_bench.search import diskspace
+    from cem_bench.spaces import load_space
+    spec = load_space(str(FIXTURES / "space.yaml"))
+    total, per_ckpt = diskspace.estimate_bytes(spec)
+    # the fixture's saved checkpoint (same model, one epoch) is the size the estimate stands for
+    real = (FIXTURES / "run" / schema.CHECKPOINT_FILE).stat().st_size
+    assert 0.5 * real < per_ckpt < 2 * real, (per_ckpt, real)
+    assert total == spec.runs * (diskspace.CHECKPOINTS_KEPT * per_ckpt + diskspace.RESULT_FILES_BYTES)
+    monkeypatch.setattr(diskspace, "free_bytes", lambda storage: total - 1)
+    assert "this search writes about" in diskspace.warn_if_short(spec, str(tmp_path))
+    monkeypatch.setattr(diskspace, "free_bytes", lambda storage: total + 1)
+    assert diskspace.warn_if_short(spec, str(tmp_path)) is None
