@@ -105,6 +105,34 @@ def cmd_attack(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from . import calibrate
+    from .storage import write_json
+    from .trial import build_config
+    flat = {}
+    if args.config:
+        flat.update(load_yaml_config(args.config))
+    flat.update(parse_set(args.set))
+    build_config(flat)   # a bad key is reported before the reference run trains
+    surrogates = args.surrogates or None
+    print(f"cem-bench calibrate: the λ = 0 encoder after {args.warmup} epoch(s), {args.batches} batch(es) per "
+          f"surrogate", flush=True)
+    t0 = time.perf_counter()
+    records = calibrate.table(calibrate.measure(flat, surrogates, args.warmup, args.batches, seeds=args.seeds))
+    print(calibrate.format_table(records))
+    print(f"({time.perf_counter() - t0:.1f} s) strength/λ: ‖∂(CEM term)/∂z‖ ÷ ‖∂CE/∂z‖ per unit λ, as the trainer "
+          f"applies it; λ ≙ gmm 16: the λ with gmm's strength at λ = 16; loss_scale ≙ gmm: the cem.loss_scale that "
+          f"gives gmm's strength at equal λ")
+    if args.json:
+        write_json(args.json, records)
+        print(f"json: {args.json}")
+    if args.yaml:
+        with open(args.yaml, "w") as fh:
+            fh.write(calibrate.yaml_fragment(records))
+        print(f"yaml: {args.yaml} (cem.loss_scale per surrogate)")
+    return 0
+
+
 def cmd_keys(args) -> int:
     for key, spec in key_specs().items():
         print(f"{key:28s} default={spec.default!r:<22} {spec.describe()}\n{'':28s} {spec.help}")
@@ -210,6 +238,20 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--only", nargs="+", metavar="GROUP", help="only these row groups (data step kernels refit attack epoch "
                    "ray pack flops); default: all")
     b.set_defaults(func=cmd_bench)
+
+    c = sub.add_parser("calibrate", help="the CEM strength per unit λ of every surrogate on your configuration "
+                                         "(and the λ or cem.loss_scale that matches gmm's)", epilog=EPILOG)
+    c.add_argument("--config", help="YAML file of config keys (dataset, width, σ, batch, ...)")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)")
+    c.add_argument("--surrogates", nargs="+", metavar="NAME", help="which surrogates (default: all; gmm is always "
+                   "measured, as the reference)")
+    c.add_argument("--warmup", type=int, default=2, help="epochs of the λ = 0 reference run (default 2)")
+    c.add_argument("--batches", type=int, default=4, help="batches averaged per surrogate (default 4)")
+    c.add_argument("--seeds", type=int, nargs="+", help="one reference state per seed, strengths averaged "
+                   "geometrically (default: the config's seed alone)")
+    c.add_argument("--json", help="also write the table here (one record per surrogate)")
+    c.add_argument("--yaml", help="also write the matching cem.loss_scale of each surrogate here (YAML)")
+    c.set_defaults(func=cmd_calibrate)
 
     k = sub.add_parser("keys", help="list every configuration key with default, allowed values and help")
     k.set_defaults(func=cmd_keys)

@@ -104,3 +104,41 @@ def test_unavailable_cuda_is_a_configuration_error(capsys):
         pytest.skip("CUDA is available here")
     assert main(["train", "--set", "train.device=cuda", "--set", "train.epochs=1"]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_calibrate_measures_every_surrogate_against_gmm(tmp_path, capsys):
+    """`cem-bench calibrate` on a tiny configuration: a record per surrogate with the issue's fields, gmm the
+    reference (ratio 1, matching λ 16), a finite positive strength for each, and the YAML of loss scales."""
+    import yaml
+    out_json, out_yaml = tmp_path / "cal.json", tmp_path / "cal.yaml"
+    rc = main(["calibrate", "--set", "model.width=0.0625", "--set", "data.train_size=256", "--set",
+                   "train.batch_size=64", "--set", "train.device=cpu", "--warmup", "1", "--batches", "2",
+                   "--json", str(out_json), "--yaml", str(out_yaml)])
+    assert rc == 0, capsys.readouterr().err
+    records = json.loads(out_json.read_text())
+    from cem_bench import surrogates
+    assert [r["surrogate"] for r in records][0] == "gmm"
+    assert sorted(r["surrogate"] for r in records) == sorted(surrogates.names())
+    for r in records:
+        assert {"surrogate", "strength", "ratio_to_gmm", "matching_lambda"} <= set(r)
+        assert r["strength"] > 0 and abs(r["ratio_to_gmm"] * r["matching_lambda"] - 16) < 1e-6 * 16
+    assert records[0]["ratio_to_gmm"] == 1.0 and records[0]["matching_lambda"] == 16.0
+    scales = yaml.safe_load(out_yaml.read_text())
+    assert set(scales) == set(surrogates.names()) and scales["gmm"] == {"cem.loss_scale": 1}
+
+
+def test_calibrate_refuses_an_unknown_surrogate_before_training(capsys):
+    rc = main(["calibrate", "--surrogates", "slotcross", "--set", "model.width=0.0625"])
+    assert rc == 2 and "unknown surrogate(s) slotcross" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_calibrated_defaults_hold_at_the_reference_state():
+    """The surrogates' default cem.loss_scale gives gmm's strength per unit λ within a factor of 1.5 at the
+    reference states they were calibrated on (width 0.25, σ 0.1, 10-epoch schedule, the λ = 0 encoder after 3
+    epochs, seeds 0-2, geometric mean): a change to a surrogate that re-scales λ fails here."""
+    from cem_bench import calibrate
+    rows = calibrate.table(calibrate.measure({"model.width": 0.25, "defense.noise_std": 0.1, "train.epochs": 10,
+                                              "train.device": "cpu"}, warmup=3, batches=4, seeds=[0, 1, 2]))
+    for r in rows:
+        assert 1 / 1.5 <= r["ratio_to_gmm"] <= 1.5, rows

@@ -191,10 +191,10 @@ def test_resolve_fills_defaults(name):
 def test_seed_defaults():
     ga = resolve(TrialConfig.from_flat({"cem.surrogate": "gated_attention"})).cem if "gated_attention" in NAMES else None
     if ga is not None:
-        assert (ga.loss_scale, ga.warmup_epochs, ga.grad_mode, ga.stats_on) == (0.1, 5, "inject", "raw")
+        assert (ga.loss_scale, ga.warmup_epochs, ga.grad_mode, ga.stats_on) == (0.84, 5, "inject", "raw")
     if "slot_cross" in NAMES:
         sc = resolve(TrialConfig.from_flat({"cem.surrogate": "slot_cross"})).cem
-        assert (sc.loss_scale, sc.warmup_epochs, sc.grad_mode, sc.stats_on) == (0.25, 3, "inject", "raw")
+        assert (sc.loss_scale, sc.warmup_epochs, sc.grad_mode, sc.stats_on) == (0.93, 3, "inject", "raw")
         assert (sc.num_slots, sc.num_iterations, sc.num_heads) == (8, 3, 4)
         assert sc.slot_temp == pytest.approx(128 ** 0.25)
 
