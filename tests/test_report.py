@@ -679,3 +679,28 @@ def test_the_strongest_attack_is_named_on_the_front_and_in_the_gallery(tmp_path)
     gallery = _section(text, "galleries")
     assert "rows: original, decoder, rmle" in gallery
     assert "(rmle)" in gallery or "(decoder)" in gallery
+
+
+def test_a_lambda_sweep_with_replicates_draws_one_curve_per_surrogate(tmp_path):
+    """λ ∈ {0, 4, 16} x two surrogates x 2 seeds: lambda_curves.png, one line per surrogate from the baseline,
+    mean ± std over the seeds; results that are not such a sweep draw none."""
+    from cem_bench.report.plots import lambda_curves, plot_lambda_curves
+    root = tmp_path / "sweep"
+    root.mkdir()
+    rows = []
+    for seed in (0, 1):
+        for surrogate, lambd in [(None, 0.0), ("gmm", 4.0), ("gmm", 16.0), ("slot_cross", 4.0), ("slot_cross", 16.0)]:
+            acc = 0.9 - 0.01 * lambd + 0.01 * seed
+            rows.append({"trial_id": f"s{len(rows)}", "status": "ok", "config.seed": seed,
+                         "config.cem.surrogate": surrogate, "config.cem.lambd": lambd, "test_acc": acc,
+                         "feature_spread": 0.06 / (1 + lambd), "attack_ssim": 0.75 - 0.01 * lambd + 0.02 * seed})
+    pd.DataFrame(rows).to_parquet(root / "trials.parquet")
+    res = load_results(root)
+    cfg = lambda_curves(res)
+    assert cfg is not None and len(cfg) == 5
+    fig_path = plot_lambda_curves(res, tmp_path / "curves.png")
+    assert fig_path.is_file()
+    text = check_common(build_report(root))
+    assert 'src="lambda_curves.png"' in text
+    # the replicated fixture has one λ > 0 only: no curve
+    assert lambda_curves(load_results(write_replicates(tmp_path / "rep", stored_configs=True))) is None

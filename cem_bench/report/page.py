@@ -29,6 +29,7 @@ from .plots import (
     param_columns,
     plot_frontier,
     plot_hypervolume,
+    plot_lambda_curves,
     plot_param_effects,
     plot_training_curves,
     replicate_caption,
@@ -146,6 +147,9 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     params = [_figure(plot_param_effects(res, c, out_dir / f"params_{safe_name(short(c))}.png").name,
                       f"effect of {short(c)}") for c in param_columns(res)]  # fmt: skip
     curves = plot_training_curves(res, out_dir / "training_curves.png")
+    lam_curves = plot_lambda_curves(res, out_dir / "lambda_curves.png")
+    if lam_curves is not None:   # a λ sweep with replicates: its curves lead the parameter effects
+        params.insert(0, _figure(lam_curves.name, "trade-off over λ per surrogate (mean ± std over the seeds)"))
     gallery = copy_galleries(res, out_dir)
 
     front = res.front
