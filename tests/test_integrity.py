@@ -308,24 +308,26 @@ def _corruption_case(command: str, source: Path, tmp: Path, name: str, how: tupl
     return rc
 
 
-def _corruption_test(profile: str):
+def _corruption_test(targets: dict, profile: str, verified: bool):
+    """A Hypothesis test over ``targets`` (command -> the files it reads), ``CORRUPTION_EXAMPLES[profile]``
+    cases, each judged by ``_corruption_case`` (``verified``: the folder keeps its checksums)."""
     @settings(max_examples=CORRUPTION_EXAMPLES[profile], deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-    @given(command=st.sampled_from(sorted(TARGETS)), pick=st.integers(0, 100), how=corruptions)
+    @given(command=st.sampled_from(sorted(targets)), pick=st.integers(0, 100), how=corruptions)
     def test(saved_run, experiment, tmp_path, command, pick, how):
-        names = TARGETS[command]
+        names = targets[command]
         tmp = tmp_path / f"case{next(CASES)}"
         tmp.mkdir()
         try:
             _corruption_case(command, saved_run if command == "attack" else experiment, tmp,
-                             names[pick % len(names)], how)
+                             names[pick % len(names)], how, verified=verified)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return test
 
 
-test_every_corrupted_file_is_a_clear_error = _corruption_test("fast")
-test_every_corrupted_file_is_a_clear_error_long = pytest.mark.slow(_corruption_test("slow"))
+test_every_corrupted_file_is_a_clear_error = _corruption_test(TARGETS, "fast", verified=True)
+test_every_corrupted_file_is_a_clear_error_long = pytest.mark.slow(_corruption_test(TARGETS, "slow", verified=True))
 
 # Without checksums (a folder from before they existed, or whose cem_bench_files.json was deleted) and on the
 # path that rebuilds the tables from Ray's own files (which carry none), a flipped digit can go unseen; what
@@ -339,24 +341,9 @@ UNVERIFIED = {
 }
 
 
-def _unverified_test(profile: str):
-    @settings(max_examples=CORRUPTION_EXAMPLES[profile], deadline=None, database=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-    @given(command=st.sampled_from(sorted(UNVERIFIED)), pick=st.integers(0, 100), how=corruptions)
-    def test(saved_run, experiment, tmp_path, command, pick, how):
-        names = UNVERIFIED[command]
-        tmp = tmp_path / f"case{next(CASES)}"
-        tmp.mkdir()
-        try:
-            _corruption_case(command, saved_run if command == "attack" else experiment, tmp,
-                             names[pick % len(names)], how, verified=False)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return test
-
-
-test_unverified_corruption_never_escapes = _unverified_test("fast_unverified")
-test_unverified_corruption_never_escapes_long = pytest.mark.slow(_unverified_test("slow_unverified"))
+test_unverified_corruption_never_escapes = _corruption_test(UNVERIFIED, "fast_unverified", verified=False)
+test_unverified_corruption_never_escapes_long = pytest.mark.slow(
+    _corruption_test(UNVERIFIED, "slow_unverified", verified=False))
 
 
 def test_corrupted_cases_were_tried():
