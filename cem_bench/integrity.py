@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from .errors import ResultsError
-from .storage import Dir, write_bytes
+from .storage import Dir, json_bytes, write_bytes
 
 MANIFEST_FILE = "cem_bench_files.json"
 MANIFEST_KIND = "cem-bench-files"
@@ -152,8 +152,7 @@ def write_recorded(folder: Dir | str, name: str, data: bytes) -> str:
 
 
 def write_recorded_json(folder: Dir | str, name: str, obj: Any) -> str:
-    from .storage import jsonable
-    return write_recorded(folder, name, json.dumps(jsonable(obj), indent=2).encode())
+    return write_recorded(folder, name, json_bytes(obj))
 
 
 # ------------------------------------------------------------------------------------------ Parquet tables

@@ -89,8 +89,24 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
+def json_bytes(obj: Any) -> bytes:
+    """A result as the JSON cem-bench writes (strict: NaN as null; indented)."""
+    return json.dumps(jsonable(obj), indent=2).encode()
+
+
 def write_json(path: str, obj: Any) -> None:
-    write_bytes(path, json.dumps(jsonable(obj), indent=2).encode())
+    write_bytes(path, json_bytes(obj))
+
+
+def nearest_existing(path: str) -> str:
+    """``path`` itself when it exists, else its nearest existing parent (local paths)."""
+    path = _local(str(path))
+    while path and not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path or "."
 
 
 

@@ -31,9 +31,10 @@ import threading
 from ray.tune import Callback
 from ray.tune.stopper import Stopper
 
-from ..storage import is_uri
+from ..storage import is_uri, nearest_existing
 
-ENOSPC_TEXT = ("No space left on device", f"[Errno {errno.ENOSPC}]", "StorageFull", "Disk quota exceeded")
+ENOSPC_TEXT = ("No space left on device", f"[Errno {errno.ENOSPC}]", "Disk quota exceeded")   # an OS's words
+FULL_TEXT = (*ENOSPC_TEXT, "StorageFull")   # ... or the trainable's StorageFull, in a trial's error.txt
 CHECKPOINTS_KEPT = 2          # CheckpointConfig(num_to_keep=2) in run_search
 RESULT_FILES_BYTES = 200_000  # per trial: result.json lines, trial_result.json, recon.png, error.txt
 
@@ -45,7 +46,7 @@ def is_enospc(exc: BaseException | None) -> bool:
     while exc is not None and seen < 10:
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if any(t in str(exc) for t in ENOSPC_TEXT[:2] + ENOSPC_TEXT[3:]):
+        if any(t in str(exc) for t in ENOSPC_TEXT):
             return True
         exc = exc.__cause__ or exc.__context__
         seen += 1
@@ -56,14 +57,8 @@ def free_bytes(storage: str) -> int | None:
     """Free bytes where a local ``storage`` is (its nearest existing folder); None for object storage."""
     if is_uri(storage) and not storage.startswith("file://"):
         return None
-    path = storage[len("file://"):] if storage.startswith("file://") else storage
-    while path and not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
     try:
-        return shutil.disk_usage(path or ".").free
+        return shutil.disk_usage(nearest_existing(storage)).free
     except OSError:
         return None
 
@@ -125,7 +120,7 @@ class _OneLineWhenFull(logging.Filter):
         if self.guard is not None and self.guard.full and ("Stop signal received" in text
                                                            or "has been interrupted" in text):
             record.msg, record.args = "stopping the search: the storage is full", ()
-        elif record.exc_info and is_enospc(record.exc_info[1]) or any(t in text for t in ENOSPC_TEXT):
+        elif record.exc_info and is_enospc(record.exc_info[1]) or any(t in text for t in FULL_TEXT):
             first = text.strip().splitlines()[0] if text.strip() else "error"
             record.msg, record.args, record.exc_info, record.exc_text = f"{first} (out of space)", (), None, None
         return True
@@ -164,7 +159,7 @@ class StorageGuard(Callback, Stopper):
         except OSError:
             pass
         free = free_bytes(self.storage)
-        if any(t in text for t in ENOSPC_TEXT) or (free is not None and free < 64 * 1024):
+        if any(t in text for t in FULL_TEXT) or (free is not None and free < 64 * 1024):
             self.full = str(trial.trial_id)
             print(f"cem-bench: trial {trial.trial_id} failed for lack of space in {self.storage}; stopping the "
                   f"search", flush=True)

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import SearchError, StorageFull
 from ..integrity import read_table, write_recorded_json
 from ..schema import RESUME_STATE_FILE, SPACE_FILE
-from ..storage import Dir, exists, filesystem, is_uri, join, jsonable, resolve_storage
+from ..storage import exists, filesystem, is_uri, join, jsonable, nearest_existing, resolve_storage
 from .resume import repair_experiment_state
 from .trainable import DIE_ENV, make_trainable, trial_resources, with_resources
 
@@ -163,21 +163,12 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
 
 def check_storage(storage: str) -> None:
     """SearchError unless ``storage`` is a folder (or can become one): nothing is started or written."""
-    for path in (storage, *_parents(storage)):
-        kind = Dir(path).kind() if not is_uri(path) else "dir"
-        if kind == "file":
-            raise SearchError(f"--storage {storage}: {path} is a file, not a folder; give a folder (it is created "
-                              f"when missing) or an s3:// / gs:// URI")
-        if kind == "dir":
-            return
-
-
-def _parents(path: str) -> list[str]:
-    out, p = [], os.path.dirname(path)
-    while p and p != os.path.dirname(p):
-        out.append(p)
-        p = os.path.dirname(p)
-    return out
+    if is_uri(storage) and not storage.startswith("file://"):
+        return
+    path = nearest_existing(storage)
+    if not os.path.isdir(path):
+        raise SearchError(f"--storage {storage}: {path} is a file, not a folder; give a folder (it is created "
+                          f"when missing) or an s3:// / gs:// URI")
 
 
 def _warn_if_changed(spec, path: str) -> None:
