@@ -265,7 +265,11 @@ def read_trial(exp: _Dir, name: str, experiment: str) -> tuple[dict, list[dict]]
         history = _history_from_lines(lines)
         row["epochs_done"] = max((h["epoch"] for h in history), default=0)
         row["finished_at"] = _iso(exp.mtime(name, RAY_ERROR_FILE) or exp.mtime(name, RAY_RESULT_FILE))
-    for k, v in (config or {}).items():
+    config = dict(config or {})
+    # why the trial ran (aggregate.ROLES): the trial's own record, else the config the searcher gave it
+    role = config.pop("role", None)
+    row["role"] = str((ours or {}).get("role") or role or "search")
+    for k, v in config.items():
         row[f"config.{k}"] = v
 
     epochs = []
@@ -340,11 +344,14 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
         # created by Tune but never started (no folder): still a row, as an error
         row = {"experiment": experiment, "trial_id": t["trial_id"], "trial_dir": t["dir"], "status": "error",
                "error": f"not run: the search stopped while the trial was {str(t['status']).lower()}"}
-        row.update({f"config.{k}": v for k, v in t["config"].items()})
+        config = dict(t["config"])
+        row["role"] = str(config.pop("role", None) or "search")
+        row.update({f"config.{k}": v for k, v in config.items()})
         rows.append(row)
 
-    trials = pd.DataFrame(rows)
-    base = ["experiment", "trial_id", "status", "error", "trial_dir"]
+    from .aggregate import null_inapplicable
+    trials = null_inapplicable(pd.DataFrame(rows))
+    base = ["experiment", "trial_id", "role", "status", "error", "trial_dir"]
     for c in base + list(METRIC_COLUMNS) + list(PROVENANCE) + [o["metric"] for o in objectives]:
         if c not in trials:
             trials[c] = np.nan if c in METRIC_COLUMNS else None

@@ -46,6 +46,9 @@ def write_space(folder: Path, name: str, *, num_samples: int | None = 2, max_con
         "resources": {"cpu": cpu, "gpu": gpu},
         "fixed": {**TINY, **(fixed or {})},
         "params": params or {"cem.lambd": {"loguniform": [1, 32]}},
+        # the noise floor and the confirmation add trials; tests that are about them turn them on
+        "baseline": False,
+        "confirm": False,
         **extra,
     }
     if num_samples is None:
@@ -608,3 +611,63 @@ def test_a_full_disk_stops_the_search_and_resume_finishes_it(tmp_path):
     finally:
         if mounted:
             subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_baseline_and_confirmation_run_exactly_once_across_restores(tmp_path):
+    """The searcher hands out the λ = 0 baseline first (2 σ cells x 2 seeds), then the search's 5 runs, waits
+    for the last of them, then the 2 best configurations again with 2 new seeds each, then FINISHED; restored
+    from its saved state at any point (as --resume does) it hands out none of these twice and misses none."""
+    from ray.tune.search import Searcher
+
+    from cem_bench.search.searcher import make_searcher
+    from cem_bench.spaces import load_space
+    params = {"defense.noise_std": {"choice": [0.05, 0.1]}, "cem.lambd": {"loguniform": [1, 32]},
+              "cem.surrogate": {"choice": ["gmm", "slot_cross"]}}
+    spec = load_space(write_space(tmp_path, "floor", num_samples=5, params=params, baseline={"replicates": 2},
+                                  confirm={"top": 2, "replicates": 2}))
+    assert (spec.baseline_runs, spec.runs, spec.confirm_runs, spec.total_runs) == (4, 5, 4, 13)
+    assert spec.baseline_seeds == (0, 1) and spec.confirm_seeds == (2, 3)
+
+    def result(cfg):   # a larger λ: more private, less accurate; slot_cross is dominated by gmm
+        lam, penalty = cfg["cem.lambd"], 0.5 * (cfg["cem.surrogate"] != "gmm")
+        return {"test_acc": 1 - lam / 100 - penalty, "attack_ssim": 1 - lam / 50 + penalty, "status": "ok"}
+
+    searcher = make_searcher(spec, str(tmp_path / "exp")).searcher.searcher
+    handed, running = [], {}
+    n = 0
+    restores = {3, 7, 9, 11}                     # inside the baseline, the search, the wait, the confirmation
+    while True:
+        if n in restores:
+            searcher.save(str(tmp_path / "s.pkl"))
+            searcher = make_searcher(spec, str(tmp_path / "exp")).searcher.searcher
+            searcher.restore(str(tmp_path / "s.pkl"))
+            restores.discard(n)
+        cfg = searcher.suggest(f"t{n}")
+        if cfg is None:                          # the confirmation waits for the running search runs
+            assert running and all(c.get("role") is None for c in running.values())
+            for tid, c in list(running.items()):
+                searcher.on_trial_complete(tid, result(c))
+                del running[tid]
+            continue
+        if cfg == Searcher.FINISHED:
+            break
+        handed.append(cfg)
+        if cfg.get("role") is None and len([c for c in handed if c.get("role") is None]) <= 3:
+            searcher.on_trial_complete(f"t{n}", result(cfg))   # the search's first runs finish at once
+        elif cfg.get("role") is None:
+            running[f"t{n}"] = cfg                              # the last two are still running
+        else:
+            searcher.on_trial_complete(f"t{n}", {"test_acc": 0.5, "attack_ssim": 0.5, "status": "ok"})
+        n += 1
+    roles = [c.get("role") or "search" for c in handed]
+    assert roles == ["baseline"] * 4 + ["search"] * 5 + ["confirm"] * 4, roles
+    base = sorted((c["defense.noise_std"], c["seed"], c["cem.lambd"]) for c in handed[:4])
+    assert base == [(0.05, 0, 0.0), (0.05, 1, 0.0), (0.1, 0, 0.0), (0.1, 1, 0.0)]
+    search = handed[4:9]
+    # the front first (gmm's runs), its ties by the first objective (accuracy: the smallest λ)
+    best = sorted(search, key=lambda c: (c["cem.surrogate"] != "gmm", c["cem.lambd"]))[:2]
+    confirm = handed[9:]
+    assert sorted((c["cem.lambd"], c["seed"]) for c in confirm) == sorted(
+        (c["cem.lambd"], s) for c in best for s in (2, 3))
+    assert all({k: v for k, v in c.items() if k not in ("seed", "role")} in
+               [{k: v for k, v in b.items() if k != "seed"} for b in best] for c in confirm)

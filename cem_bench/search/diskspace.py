@@ -83,7 +83,7 @@ def estimate_bytes(spec) -> tuple[int, int]:
         return 0, 0
     copies = 3 if getattr(cfg.train, "select_best_last", 0) else 2
     per_ckpt = int(params * 4 * copies * 1.1)   # +10 %: buffers, the surrogate, the history
-    return spec.runs * (CHECKPOINTS_KEPT * per_ckpt + RESULT_FILES_BYTES), per_ckpt
+    return spec.total_runs * (CHECKPOINTS_KEPT * per_ckpt + RESULT_FILES_BYTES), per_ckpt
 
 
 def warn_if_short(spec, storage: str) -> str | None:
@@ -92,7 +92,7 @@ def warn_if_short(spec, storage: str) -> str | None:
     need, per_ckpt = estimate_bytes(spec)
     if free is None or not need or free >= need:
         return None
-    return (f"warning: {storage} has {mib(free)} free; this search writes about {mib(need)} ({spec.runs} trials x "
+    return (f"warning: {storage} has {mib(free)} free; this search writes about {mib(need)} ({spec.total_runs} trials x "
             f"{CHECKPOINTS_KEPT} checkpoints of ~{mib(per_ckpt)} kept, plus results). If the disk fills, the "
             f"search stops and `--resume` finishes it once space is freed")
 

@@ -119,7 +119,9 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
                 param_space={},
                 tune_config=tune.TuneConfig(
                     search_alg=make_searcher(spec, exp_path),
-                    num_samples=spec.runs,  # every configuration once per seed
+                    # the baseline, every configuration once per seed, the confirmation (the searcher ends
+                    # early when there are fewer configurations to confirm)
+                    num_samples=spec.total_runs,
                     max_concurrent_trials=None,  # the ConcurrencyLimiter inside the search algorithm
                     reuse_actors=True,
                 ),
@@ -203,6 +205,21 @@ def overrides_from_args(args) -> dict:
     return ov
 
 
+def plan(spec) -> str:
+    """The trials a search will run, in words: "17 trials: 3 λ=0 baseline runs (seeds 0, 1, 2), 8
+    configurations x 1 seed, then the best 2 again with seeds 3, 4"."""
+    parts = []
+    if spec.baseline_runs:
+        cells = len(spec.baseline_cells)
+        parts.append(f"{spec.baseline_runs} λ=0 baseline runs ({f'{cells} cells x ' if cells > 1 else ''}seeds "
+                     f"{', '.join(map(str, spec.baseline_seeds))})")
+    parts.append(f"{spec.num_samples} configurations x {spec.replicates} seed{'s' * (spec.replicates != 1)}")
+    if spec.confirm_runs:
+        parts.append(f"then the best {spec.confirm_top} again with seeds {', '.join(map(str, spec.confirm_seeds))}")
+    total = spec.total_runs
+    return f"{total} trials{' at most' if spec.confirm_runs else ''}: " + ", ".join(parts)
+
+
 def search_command(args) -> dict:
     """``cem-bench search`` without the report: validate, search, write the tables, print what was done.
 
@@ -215,7 +232,7 @@ def search_command(args) -> dict:
                           "resume bundle)")
     spec = load_space(args.space, overrides_from_args(args))  # SpaceError -> the CLI prints it, exit 2
     stats: dict[str, Any] = {}
-    print(f"cem-bench search: {spec.name}: {spec.num_samples} trials, {spec.max_concurrent} at a time, "
+    print(f"cem-bench search: {spec.name}: {plan(spec)}, {spec.max_concurrent} at a time, "
           f"objectives {', '.join(f'{o.metric} ({o.mode})' for o in spec.objectives)}", flush=True)
     from .. import mps
     # MPS on this machine for a local search whose trials share a GPU (a cluster starts it in cluster.yaml)

@@ -7,14 +7,17 @@ state, so the classes keep their names.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 
+import numpy as np
 import optuna
-from ray.tune.search import ConcurrencyLimiter, SearchGenerator
+from ray.tune.search import ConcurrencyLimiter, Searcher, SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
+from ..frontier import pareto_ranks
 from ..schema import JOURNAL_FILE
 from ..spaces import define_by_run, grid_cells, make_sampler
 from ..storage import copy_file, is_uri, join
@@ -35,9 +38,23 @@ class JournalOptunaSearch(OptunaSearch):
     JournalStorage file (see the module docstring)."""
 
     def __init__(self, *args, journal: tuple[str, str | None] | None = None, seeds: tuple[int, ...] = (),
-                 **kwargs):
+                 baseline: list[dict] | None = None, search_runs: int | None = None, confirm_top: int = 0,
+                 confirm_seeds: tuple[int, ...] = (), fixed_lambd: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._journal = journal
+        # The noise floor and the confirmed front (docs/protocol.md sections 7, 8). The baseline's runs are
+        # handed out first, the search's ``search_runs`` next, then, once every one of those finished, the
+        # ``confirm_top`` best configurations again with each of ``confirm_seeds``. Neither the baseline's nor
+        # the confirmation's runs are Optuna trials: they answer other questions than the sampler's.
+        self._baseline_queue: list[dict] = [dict(c) for c in (baseline or [])]
+        self._search_runs = search_runs
+        self._search_started = 0
+        self._search_config: dict[str, dict] = {}          # search trial id -> its config (seed left out)
+        self._search_results: dict[str, dict | None] = {}  # search trial id -> its result (None: failed)
+        self._confirm_top, self._confirm_seeds = confirm_top, tuple(confirm_seeds)
+        self._confirm_queue: list[dict] | None = None      # planned once every search run finished
+        self._fixed_lambd = fixed_lambd
+        self._role: dict[str, str] = {}                    # trial id -> "baseline" | "confirm"
         # Replicates: every configuration Optuna proposes runs once per seed, each run its own Ray trial.
         # The first run (the "leader") holds the Optuna trial; the others are queued and served before Optuna
         # is asked again; Optuna is told the mean of the runs once all of them finished (docs/protocol.md).
@@ -48,6 +65,67 @@ class JournalOptunaSearch(OptunaSearch):
         self._mirror_journal(init=True)
 
     def suggest(self, trial_id: str):
+        # getattr: a searcher pickled by an older cem-bench has none of these (it plans no baseline)
+        if getattr(self, "_baseline_queue", None):
+            self._role[trial_id] = "baseline"
+            return self._baseline_queue.pop(0)
+        runs = getattr(self, "_search_runs", None)
+        if runs is None or self._search_started < runs:
+            config = self._suggest_search(trial_id)
+            if isinstance(config, dict) and runs is not None:
+                self._search_started += 1
+                self._search_config[trial_id] = {k: v for k, v in config.items() if k != "seed"}
+            return config
+        if len(self._search_results) < runs:
+            return None                    # the confirmation waits for the search's last run
+        if self._confirm_queue is None:
+            self._confirm_queue = self._plan_confirmation()
+            if self._confirm_queue:
+                logger.info("cem-bench: confirming %d configurations with seeds %s", len(self._confirm_queue)
+                            // max(1, len(self._confirm_seeds)), list(self._confirm_seeds))
+        if self._confirm_queue:
+            self._role[trial_id] = "confirm"
+            return self._confirm_queue.pop(0)
+        return Searcher.FINISHED
+
+    def _plan_confirmation(self) -> list[dict]:
+        """The confirmation runs: the ``confirm_top`` best configurations of the search (λ = 0 excepted: the
+        baseline has its own runs) by Pareto rank of their mean objectives, ties within the last rank taken by
+        the first objective; each with every confirmation seed."""
+        if not self._confirm_top or not self._confirm_seeds:
+            return []
+        metrics = self._metric if isinstance(self._metric, list) else [self._metric]
+        modes = self._mode if isinstance(self._mode, list) else [self._mode]
+        groups: dict[str, tuple[dict, list[dict]]] = {}
+        for tid, config in self._search_config.items():
+            lam = config.get("cem.lambd", self._fixed_lambd)
+            if lam is not None and float(lam) == 0:
+                continue
+            key = json.dumps(sorted(config.items()), default=str)
+            groups.setdefault(key, (config, []))
+            result = self._search_results.get(tid)
+            if result is not None:
+                groups[key][1].append(result)
+        configs, rows = [], []
+        for config, results in groups.values():
+            vals = [[r.get(m) for m in metrics] for r in results]
+            vals = [v for v in vals if all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)]
+            if vals:
+                configs.append(config)
+                rows.append(np.mean(np.asarray(vals, dtype=float), axis=0))
+        if not configs:
+            return []
+        values = np.asarray(rows)
+        ranks = pareto_ranks(values, modes)
+        first = values[:, 0] if modes[0] == "min" else -values[:, 0]
+        order = np.lexsort((first, ranks))[: self._confirm_top]
+        return [{**configs[i], "seed": s, "role": "confirm"} for i in order for s in self._confirm_seeds]
+
+    def on_trial_result(self, trial_id: str, result: dict):
+        if trial_id in self._ot_trials:    # the baseline's and the confirmation's runs are not Optuna's
+            super().on_trial_result(trial_id, result)
+
+    def _suggest_search(self, trial_id: str):
         if len(self._seeds) > 1 and self._queued:
             leader, seed = self._queued.pop(0)
             self._leader_of[trial_id] = leader
@@ -104,6 +182,11 @@ class JournalOptunaSearch(OptunaSearch):
             self.__dict__.update(cloudpickle.load(fh))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        if trial_id in getattr(self, "_role", {}):
+            return                         # a baseline or confirmation run: nothing to tell Optuna
+        if trial_id in getattr(self, "_search_config", {}):
+            ok = not error and bool(result) and result.get("status") != "error"
+            self._search_results[trial_id] = dict(result) if ok else None
         leader = self._leader_of.get(trial_id)
         if leader is None or len(self._seeds) <= 1:
             self._tell(trial_id, result, error)
@@ -205,7 +288,10 @@ def make_searcher(spec, experiment_path: str):
     points = grid_cells(spec.params) if spec.sampler.get("name") == "grid" else None
     searcher = JournalOptunaSearch(space=define_by_run(spec), metric=spec.metric_names, mode=spec.modes,
                                    sampler=make_sampler(spec), study_name=spec.name, points_to_evaluate=points,
-                                   journal=journal_target(experiment_path, spec.name), seeds=spec.seeds)
+                                   journal=journal_target(experiment_path, spec.name), seeds=spec.seeds,
+                                   baseline=spec.baseline_configs(), search_runs=spec.runs,
+                                   confirm_top=spec.confirm_top, confirm_seeds=spec.confirm_seeds,
+                                   fixed_lambd=spec.fixed.get("cem.lambd"))
     # the generator is built here (not by Tune) so that it can bundle the experiment state; Tune applies
     # max_concurrent_trials only to a bare Searcher, so the limiter is added here too
     limited = ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)

@@ -112,6 +112,9 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
             print(f"[cem-bench] trial {trial_id}: resuming from the checkpoint of epoch {resumed_from}", flush=True)
         history: list[dict] = list(state["history"]) if state is not None else []
 
+        # the searcher's reason for the trial (baseline, search, confirm) is not a config key
+        config = dict(config)
+        role = str(config.pop("role", "search"))
         try:
             flat = trial_config(spec, config)
         except Exception:  # noqa: BLE001 - from_flat reports the problem below
@@ -133,11 +136,11 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
             if os.path.isfile(gallery):
                 copy_file(gallery, join(trial_path, GALLERY_FILE))
                 info["gallery"] = "recon.png"
-            full = {**{k: v for k, v in result.items() if k != "info"}, "status": status, "error": error,
+            full = {**{k: v for k, v in result.items() if k != "info"}, "status": status, "error": error, "role": role,
                     **node, "trial_dir": trial_dir_name, "started_at": started_at, "finished_at": _now_iso(),
                     "resumed_from_epoch": resumed_from, "info": info}
             write_json(join(trial_path, RESULT_FILE), full)
-            metrics = base_metrics({k: v for k, v in full.items() if k != "info"})
+            metrics = base_metrics({k: v for k, v in full.items() if k not in ("info", "role")})
             if status != "ok":
                 for k in set(OBJECTIVE_METRICS) | set(objectives):
                     metrics[k] = nan

@@ -13,12 +13,25 @@ from __future__ import annotations
 
 import copy
 import difflib
+import itertools
 from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
 from .parse_params import _fmt, _num, _ParamStages
-from .spec import _REQUIRED, _SAFE_NAME, _TOP_KEYS, METRICS, MODES, SAMPLER_OPTIONS, SAMPLERS, Objective, SearchSpec
+from .spec import (
+    _REQUIRED,
+    _SAFE_NAME,
+    _TOP_KEYS,
+    DEFAULT_BASELINE_REPLICATES,
+    DEFAULT_CONFIRM,
+    METRICS,
+    MODES,
+    SAMPLER_OPTIONS,
+    SAMPLERS,
+    Objective,
+    SearchSpec,
+)
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -140,11 +153,76 @@ class _Parser(_ParamStages):
         params = self.pin(params, fixed)
         if grid:
             num_samples = self.grid(params, num_samples)
-            if self.errors:
-                raise SpaceError(self.errors, self.path)
+        baseline, cells = self.baseline(doc.get("baseline"), fixed, params, grid, seeds)
+        top, confirm_reps = self.confirm(doc.get("confirm"))
+        if self.errors:
+            raise SpaceError(self.errors, self.path)
         return SearchSpec(name=name, objectives=tuple(objectives), sampler=sampler, num_samples=num_samples,
                           max_concurrent=max_concurrent, resources=resources, fixed=fixed, params=tuple(params),
-                          max_failures=max_failures, path=self.path, seeds=seeds)
+                          max_failures=max_failures, path=self.path, seeds=seeds, baseline_replicates=baseline,
+                          baseline_cells=cells, confirm_top=top, confirm_replicates=confirm_reps)
+
+    def baseline(self, value, fixed: dict, params, grid: bool, seeds) -> tuple[int, tuple[dict, ...]]:
+        """``baseline: {replicates: N}`` (N >= 2, or 0), ``true`` (N = 3) or ``false``: the λ = 0 runs that
+        measure the search's noise floor. Left out: on wherever λ can be non-zero, except a replicated grid
+        whose λ = 0 cells already are the baseline. One cell per combination of the searched keys that change
+        the baseline (every searched key outside ``cem.``), which must therefore be choices."""
+        lam = next((p for p in params if p.key == "cem.lambd"), None)
+        if value is None:
+            if lam is None:
+                fixed_lam = fixed.get("cem.lambd", 16.0)
+                value = not (isinstance(fixed_lam, (int, float)) and fixed_lam == 0)
+            else:
+                value = not (grid and len(seeds) >= 2 and lam.choices is not None and 0 in lam.choices)
+        if value is True:
+            n = DEFAULT_BASELINE_REPLICATES
+        elif value is False:
+            n = 0
+        elif isinstance(value, dict) and set(value) <= {"replicates"} and "replicates" in value:
+            n = value["replicates"]
+            if isinstance(n, bool) or not isinstance(n, int) or n == 1 or n < 0:
+                self.err("baseline.replicates", f"{n!r} must be an integer >= 2 (a noise floor needs two runs), "
+                         "or 0 for no baseline")
+                return 0, ({},)
+        else:
+            self.err("baseline", f"{value!r} must be {{replicates: N}} (N >= 2), true ({{replicates: "
+                     f"{DEFAULT_BASELINE_REPLICATES}}}) or false")
+            return 0, ({},)
+        if not n:
+            return 0, ({},)
+        changing = [p for p in params if not p.key.startswith("cem.") and p.key != "seed"]
+        bad = False
+        for p in changing:
+            if p.kind != "choice" or p.when:
+                self.err(f"params.{p.key}", "changes the λ = 0 baseline (it is not a cem.* key), so the baseline "
+                         "runs once per value: make it an unconditional {choice: [...]}, or set baseline: false")
+                bad = True
+        if bad or not changing:
+            return n, ({},)
+        cells = tuple(dict(zip([p.key for p in changing], combo))
+                      for combo in itertools.product(*[p.choices for p in changing]))
+        return n, cells
+
+    def confirm(self, value) -> tuple[int, int]:
+        """``confirm: {top: K, replicates: R}`` (K >= 1, R >= 2), ``true`` (the default, top 3 with 3 seeds) or
+        ``false``: after the search, the K best configurations run again with R new seeds."""
+        if value is None or value is True:
+            return DEFAULT_CONFIRM["top"], DEFAULT_CONFIRM["replicates"]
+        if value is False:
+            return 0, 0
+        if not isinstance(value, dict) or not set(value) <= {"top", "replicates"}:
+            self.err("confirm", f"{value!r} must be {{top: K, replicates: R}}, true ({{top: "
+                     f"{DEFAULT_CONFIRM['top']}, replicates: {DEFAULT_CONFIRM['replicates']}}}) or false")
+            return 0, 0
+        top = value.get("top", DEFAULT_CONFIRM["top"])
+        reps = value.get("replicates", DEFAULT_CONFIRM["replicates"])
+        if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+            self.err("confirm.top", f"{top!r} must be an integer >= 1, or 0 for no confirmation")
+            return 0, 0
+        if isinstance(reps, bool) or not isinstance(reps, int) or reps < 2:
+            self.err("confirm.replicates", f"{reps!r} must be an integer >= 2 (an interval needs two runs)")
+            return 0, 0
+        return (top, reps) if top else (0, 0)
 
     def grid(self, params, num_samples: int) -> int:
         """Sampler grid: every parameter a choice; ``num_samples`` is the number of cells (the distinct

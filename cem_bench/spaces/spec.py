@@ -41,8 +41,11 @@ SAMPLER_OPTIONS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
 SAMPLERS = tuple(sorted(SAMPLER_OPTIONS))
 
 # The shape of the YAML file itself (used by the parser).
-_TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "replicates", "seeds", "max_concurrent",
-             "max_failures", "resources", "fixed", "params")
+_TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "replicates", "seeds", "baseline", "confirm",
+             "max_concurrent", "max_failures", "resources", "fixed", "params")
+# The noise floor and the confirmed front (docs/protocol.md sections 7 and 8): on unless a space says false.
+DEFAULT_BASELINE_REPLICATES = 3
+DEFAULT_CONFIRM = {"top": 3, "replicates": 3}
 _REQUIRED = ("name", "objectives", "params")   # num_samples too, except with sampler grid (the cell count)
 _PARAM_FIELDS = (*KINDS, "log", "step", "when")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -97,6 +100,13 @@ class SearchSpec:
     max_failures: int = 2
     path: str | None = None
     seeds: tuple[int, ...] = ()    # one run per seed for every configuration (replicates); empty = one run
+    # The λ = 0 baseline, run before the search with ``baseline_replicates`` seeds for each cell (the values of
+    # the searched keys that change it, such as σ; one empty cell when none is searched). 0 = no baseline.
+    baseline_replicates: int = 0
+    baseline_cells: tuple[dict, ...] = ({},)
+    # After the search: the ``confirm_top`` best configurations re-run with ``confirm_replicates`` new seeds.
+    confirm_top: int = 0
+    confirm_replicates: int = 0
 
     @property
     def replicates(self) -> int:
@@ -104,8 +114,56 @@ class SearchSpec:
 
     @property
     def runs(self) -> int:
-        """Ray trials of the search: every configuration once per seed."""
+        """Ray trials of the search proper: every configuration once per seed."""
         return self.num_samples * self.replicates
+
+    @property
+    def search_seeds(self) -> tuple[int, ...]:
+        """The seeds of the search's runs: the replicates' seeds, else the one fixed seed (0 when unset)."""
+        if self.seeds:
+            return self.seeds
+        seed = self.fixed.get("seed", 0)
+        return (seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,)
+
+    @property
+    def baseline_seeds(self) -> tuple[int, ...]:
+        """The baseline's seeds: the search's first, then the next integers (so a single-seed search shares
+        its seed with one baseline run)."""
+        if not self.baseline_replicates:
+            return ()
+        seeds = list(self.search_seeds[: self.baseline_replicates])
+        nxt = max(self.search_seeds) + 1
+        while len(seeds) < self.baseline_replicates:
+            seeds.append(nxt)
+            nxt += 1
+        return tuple(seeds)
+
+    @property
+    def confirm_seeds(self) -> tuple[int, ...]:
+        """New seeds for the confirmation runs: after every seed the search and its baseline used."""
+        if not self.confirm_top:
+            return ()
+        start = max((*self.search_seeds, *self.baseline_seeds)) + 1
+        return tuple(range(start, start + self.confirm_replicates))
+
+    @property
+    def baseline_runs(self) -> int:
+        return len(self.baseline_cells) * self.baseline_replicates
+
+    @property
+    def confirm_runs(self) -> int:
+        """At most this many (fewer when the search has fewer configurations to confirm)."""
+        return self.confirm_top * self.confirm_replicates
+
+    @property
+    def total_runs(self) -> int:
+        """Every Ray trial of the experiment: the baseline, the search, the confirmation (at most)."""
+        return self.baseline_runs + self.runs + self.confirm_runs
+
+    def baseline_configs(self) -> list[dict]:
+        """The baseline's trials as the searcher hands them to Tune: λ = 0, one cell, one seed, the role."""
+        return [{**cell, "cem.lambd": 0.0, "seed": s, "role": "baseline"}
+                for cell in self.baseline_cells for s in self.baseline_seeds]
 
     @property
     def metric_names(self) -> list[str]:
@@ -131,5 +189,9 @@ class SearchSpec:
             "fixed": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in self.fixed.items()},
             "params": [p.to_dict() for p in self.params],
             "seeds": list(self.seeds),
+            "baseline": {"replicates": self.baseline_replicates, "cells": [dict(c) for c in self.baseline_cells],
+                         "seeds": list(self.baseline_seeds)},
+            "confirm": {"top": self.confirm_top, "replicates": self.confirm_replicates,
+                        "seeds": list(self.confirm_seeds)},
             "path": self.path,
         }
