@@ -4,7 +4,10 @@
 attack SSIM, PSNR, MSE by default) as Markdown, or as CSV. The numbers come from ``configs.parquet`` (built
 from ``trials.parquet`` when missing). A configuration's cell is ``mean ± std (n)``; a cell several
 configurations fall in (they differ in a key that is not a row or column, e.g. ``cem.num_slots``) shows each,
-separated by " / ", so nothing is averaged away silently.
+separated by " / ", so nothing is averaged away silently. A cell that differs from the λ = 0 baseline of its
+row beyond the noise (``noise.compare``: the bootstrap interval of the difference excludes zero and the
+probability of improvement is at least 0.75) ends in ``[+]`` (better) or ``[−]`` (worse); an unmarked cell
+claims nothing. The legend under each table says so.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pandas as pd
 from .aggregate import build_configs
 from .errors import ResultsError
 from .integrity import read_table
+from .noise import BETTER, P_MIN, WORSE
 from .schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
 from .storage import Dir
 
@@ -45,7 +49,24 @@ def _cell(row: pd.Series, metric: str) -> str:
     text = f"{mean:.{digits}f}"
     if std is not None and not (isinstance(std, float) and math.isnan(std)):
         text += f" ± {std:.{digits}f}"
-    return f"{text} ({int(n)})"
+    verdict = row.get(f"{metric}_verdict")
+    mark = {BETTER: " [+]", WORSE: " [−]"}.get(verdict if isinstance(verdict, str) else "", "")
+    return f"{text} ({int(n)}){mark}"
+
+
+def legend(configs: pd.DataFrame, metric: str) -> str:
+    """What the table claims about ``metric``: which cells differ from their baseline beyond the noise."""
+    col = f"{metric}_verdict"
+    verdicts = configs[col].fillna("").astype(str) if col in configs else pd.Series([], dtype=str)
+    if not (verdicts != "").any():
+        return ("No λ=0 baseline with two or more runs shares these keys: the table claims nothing about "
+                "differences.")
+    claims = int(verdicts.isin([BETTER, WORSE]).sum())
+    head = (f"[+] / [−]: better / worse than the λ=0 baseline of the same row beyond its noise (the 95 % "
+            f"bootstrap interval of the difference excludes 0 and the probability of improvement is ≥ {P_MIN:g} "
+            f"/ ≤ {1 - P_MIN:g}); an unmarked cell is within the noise. A cell of one run takes its spread from "
+            f"the baseline's.")
+    return head + ("" if claims else " No cell differs from its baseline beyond the noise.")
 
 
 def column_label(row: pd.Series) -> str:
@@ -90,7 +111,9 @@ def main(args) -> int:
         if args.csv:
             print(f"# {m}")
             print(t.to_csv(), end="")
+            print(f"# {legend(configs, m)}")
         else:
             print(f"\n**{m}** (mean ± std over replicates (n))\n")
             print(to_markdown(t))
+            print(f"\n{legend(configs, m)}")
     return 0

@@ -14,6 +14,7 @@ from matplotlib.image import imsave
 
 from cem_bench import surrogates
 from cem_bench.errors import ResultsError
+from cem_bench.cli import main
 from cem_bench.report import build_report, load_results, plot_param_effects, summary_sentence, surrogate_keys
 
 SURROGATES = ["gmm", "gated_attention", "slot_cross"]
@@ -198,10 +199,9 @@ def test_full_report(tmp_path):
     assert "0.9200000" not in text and "nan" not in text.lower().replace("nanosec", "")
     assert "abc1234" in text and "2.14.1" in text
 
-    # summary names a surrogate and the baseline comparison
+    # the summary compares with the baseline, and claims nothing: its two runs sit at different σ
     summary = summary_sentence(res)
-    assert "within 1 point of the best λ=0 baseline" in summary
-    assert any(s in summary for s in SURROGATES)
+    assert "λ=0 baseline" in summary and "beyond" in summary
 
 
 def test_custom_out_dir_as_str(tmp_path):
@@ -314,14 +314,91 @@ def test_completion_order_follows_finished_at(tmp_path):
     assert sorted(res.trials["_order"]) == list(range(len(res.trials)))
 
 
-def test_summary_when_no_cem_trial_matches_the_baseline(tmp_path):
-    root = write_results(tmp_path / "res", n=6, baseline=1, errors=0)
-    trials = pd.read_parquet(root / "trials.parquet")
-    trials.loc[trials["config.cem.lambd"] == 0, "test_acc"] = 0.999
-    trials.to_parquet(root / "trials.parquet")
-    summary = summary_sentence(load_results(root))
-    assert summary.startswith("No CEM trial reaches test_acc within 1 point of the best λ=0 baseline (0.999")
-    assert "the closest is trial" in summary
+def noisy_search(root: Path, effect: float, confirm: bool = True) -> Path:
+    """A results folder of a replicated search at σ = 0.1: the λ = 0 baseline with 3 seeds (test_acc ~
+    0.90 ± 0.03, attack_ssim ~ 0.75 ± 0.02), three CEM configurations searched with one seed each and, with
+    ``confirm``, re-run with 3 new seeds (role confirm). gmm λ=32 lowers attack_ssim by ``effect`` at the
+    baseline's accuracy; slot_cross λ=8 and gated_attention λ=4 differ from the baseline by noise only."""
+    rows = []
+    configs = [("gmm", 32.0, effect), ("slot_cross", 8.0, 0.0), ("gated_attention", 4.0, 0.0)]
+    # the baseline's runs spread by ±0.03 / ±0.02; the others' runs inside that spread (their own spread
+    # smaller, their mean moved by at most a third of it): differences inside the noise by construction
+    offset = {"baseline": [-1.0, 0.0, 1.0], "search": [0.3], "confirm": [-0.4, 0.3, 0.6]}
+
+    def row(surrogate, lam, drop, s, role):
+        k = offset[role][s % len(offset[role])] if role != "search" else offset["search"][0]
+        k = k if role == "baseline" else k * (1 if surrogate != "slot_cross" else -1)
+        return {"trial_id": f"t{len(rows):03d}", "status": "ok", "role": role, "config.seed": s,
+                "config.defense.noise_std": 0.1, "config.cem.lambd": lam, "config.cem.surrogate": surrogate,
+                "config.cem.loss_scale": 1.0, "test_acc": 0.90 + 0.03 * k,
+                "attack_ssim": 0.75 - drop + 0.02 * k, "wall_s": 10.0,
+                "finished_at": (pd.Timestamp("2026-01-01T00:00:00Z") + pd.Timedelta(minutes=len(rows))).isoformat()}
+    for s in (0, 1, 2):
+        rows.append(row("gmm", 0.0, 0.0, s, "baseline"))
+    for surrogate, lam, drop in configs:
+        rows.append(row(surrogate, lam, drop, 0, "search"))
+    if confirm:
+        for surrogate, lam, drop in configs:
+            for s in (3, 4, 5):
+                rows.append(row(surrogate, lam, drop, s, "confirm"))
+    root.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(root / "trials.parquet")
+    (root / "search_space.json").write_text(json.dumps({"name": "noisy", "objectives": THREE_OBJECTIVES[:2]}))
+    return root
+
+
+@pytest.mark.parametrize("confirm", [True, False])
+def test_differences_inside_the_noise_are_claimed_by_nothing(tmp_path, confirm):
+    """Every configuration differs from the baseline by noise alone: the summary, the tables of the report and
+    `cem-bench table` claim no difference."""
+    root = noisy_search(tmp_path / "res", effect=0.0, confirm=confirm)
+    res = load_results(root)
+    assert res.has_floor and res.confirmed == confirm
+    summary = summary_sentence(res)
+    assert summary.startswith("None of the ") and "within the noise of the baseline" in summary, summary
+    text = build_report(root).read_text()
+    assert "better beyond the noise" not in text and "worse beyond the noise" not in text
+    assert "within the noise" in text
+    assert main(["table", str(root)]) == 0
+    # (the table is checked through its own command below)
+
+
+def test_differences_well_outside_the_noise_are_claimed_exactly(tmp_path, capsys):
+    """gmm lowers the attack's SSIM by 0.2 (ten baseline standard deviations) at the baseline's accuracy:
+    the summary, the report's tables and `cem-bench table` claim exactly that, and nothing of the others."""
+    root = noisy_search(tmp_path / "res", effect=0.2)
+    res = load_results(root)
+    c = res.configs.set_index("_label")
+    assert c.loc["gmm", "attack_ssim_verdict"] == "better"
+    assert c.loc["gmm", "test_acc_verdict"] == "within noise"
+    assert (c.drop(index=["gmm", "λ=0 baseline"])["attack_ssim_verdict"] == "within noise").all()
+    summary = summary_sentence(res)
+    assert summary.startswith("Beyond the noise of the λ=0 baseline") and "gmm" in summary, summary
+    assert "slot_cross" not in summary and "gated_attention" not in summary
+    text = build_report(root).read_text()
+    assert text.count("better beyond the noise") == 2          # the front table and the per-surrogate bests
+    assert "worse beyond the noise" not in text
+    capsys.readouterr()
+    assert main(["table", str(root), "--metrics", "attack_ssim", "test_acc"]) == 0
+    out = capsys.readouterr().out
+    ssim, acc = out.split("**test_acc**")
+
+    def cells(md: str) -> dict:
+        lines = [ln.strip("| ").split(" | ") for ln in md.splitlines() if ln.startswith("| ")]
+        return dict(zip(lines[0], lines[1]))          # header -> the σ = 0.1 row
+    marked = {col for col, cell in cells(ssim).items() if "[+]" in cell or "[−]" in cell}
+    assert marked == {"λ=32 gmm"} and cells(ssim)["λ=32 gmm"].endswith("[+]")
+    assert not any("[+]" in c or "[−]" in c for c in cells(acc).values())
+    assert "No cell differs from its baseline" in acc
+
+
+def test_the_table_claims_nothing_inside_the_noise(tmp_path, capsys):
+    root = noisy_search(tmp_path / "res", effect=0.0)
+    capsys.readouterr()
+    assert main(["table", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "[+]" not in out.replace("[+] / [−]", "") and "[−]" not in out.replace("[+] / [−]", "")
+    assert out.count("No cell differs from its baseline beyond the noise.") == 2   # test_acc, attack_ssim
 
 
 # ---------------------------------------------------------------- folders that are not results
@@ -364,7 +441,7 @@ def test_cli_report_on_a_folder_that_is_not_results_exits_2(tmp_path, capsys):
     folder = _unrelated(tmp_path / "folder")
     before = _snapshot(tmp_path)
     for target in (tmp_path / "no" / "such" / "dir", folder):
-        assert cli.main(["report", str(target)]) == 2
+        assert main(["report", str(target)]) == 2
         err = capsys.readouterr().err
         assert str(target) in err and "Traceback" not in err
     assert _snapshot(tmp_path) == before

@@ -23,7 +23,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cem_bench.aggregate import CONFIG_ID, build_configs, config_columns, config_ids
+from cem_bench.aggregate import (
+    CONFIG_ID,
+    CONFIRM,
+    CONFIRMED,
+    ROLE_COLUMN,
+    build_configs,
+    config_columns,
+    config_ids,
+    null_inapplicable,
+    roles,
+)
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
 from cem_bench.integrity import MANIFEST_FILE, read_table
@@ -87,13 +97,31 @@ class Results:
         return self.configs is not None and bool((self.configs["runs"] > 1).any())
 
     @property
+    def confirmed(self) -> bool:
+        """Did the search re-run its best configurations with new seeds (``confirm:``)?"""
+        return self.configs is not None and bool((self.configs["role"] == CONFIRMED).any())
+
+    @property
+    def has_floor(self) -> bool:
+        """Is there a λ = 0 baseline with two or more runs to compare against (a noise floor)?"""
+        return self.configs is not None and bool(((self.configs["role"] == "baseline")
+                                                  & (self.configs["runs_ok"] > 1)).any())
+
+    @property
     def front_configs(self) -> pd.DataFrame:
-        """The configurations on the front of the means, best first objective first."""
+        """The configurations of the final front (``final_front``: the baselines and the confirmed
+        configurations when confirmation ran, else all), on the means, best first objective first."""
         if self.configs is None:
             return pd.DataFrame()
         first = self.objectives[0]
-        front = self.configs[self.configs["pareto_rank"] == 0]
+        front = self.configs[self.configs["final_front"].astype(bool)]
         return front.sort_values(first["metric"], ascending=first["mode"] == "min", kind="stable")
+
+    @property
+    def confirm_started(self) -> int | None:
+        """How many trials had finished when the first confirmation run finished (None: no confirmation)."""
+        conf = self.trials[self.trials[ROLE_COLUMN] == CONFIRM]
+        return int(conf["_order"].min()) if len(conf) else None
 
     @property
     def skipped(self) -> pd.DataFrame:
@@ -224,8 +252,8 @@ def _stored_configs(results_dir: Path, ids: pd.Series) -> pd.DataFrame | None:
     stored = read_table(results_dir, CONFIGS_FILE, "configs")   # a damaged table stops the report
     if stored is None:
         return None
-    if not {CONFIG_ID, "runs", "runs_ok"} <= set(stored.columns):
-        return None
+    if not {CONFIG_ID, "runs", "runs_ok", "role", "final_front"} <= set(stored.columns):
+        return None   # older than the comparison with the baseline: rebuilt from the trials
     same = set(stored[CONFIG_ID].astype(str)) == set(ids) and int(stored["runs"].sum()) == len(ids)
     return stored if same else None
 
@@ -252,6 +280,7 @@ def load_configs(results_dir: Path, raw: pd.DataFrame, trials: pd.DataFrame,
     configs["_ok"] = configs["runs_ok"] > 0
     _label_columns(configs)
     configs["pareto_rank"] = rank_table(configs, objectives, configs["_ok"].to_numpy()).astype(int)
+    configs["final_front"] = configs["final_front"].fillna(False).astype(bool)
     return configs
 
 
@@ -270,7 +299,9 @@ def load_results(results_dir: str | Path) -> Results:
     ``trials.parquet`` nor a Ray experiment of ``cem-bench search``."""
     results_dir = check_results_dir(results_dir)
     objectives, name = load_objectives(results_dir)
-    trials = _read_trials(results_dir).copy().reset_index(drop=True)
+    # λ = 0 rows are the baseline, whatever surrogate keys an older table recorded for them
+    trials = null_inapplicable(_read_trials(results_dir)).reset_index(drop=True)
+    trials[ROLE_COLUMN] = roles(trials)
     raw = trials.copy()  # as stored: configuration ids hash the config values before any coercion
     if CONFIG_ID not in trials and len(trials) and config_columns(raw):
         trials[CONFIG_ID] = config_ids(raw).astype(str)

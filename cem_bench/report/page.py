@@ -47,6 +47,7 @@ from .summary import (
     short,
     skipped_table,
     summary_sentence,
+    surrogate_bests,
     tail,
 )
 
@@ -206,10 +207,19 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
 
     if res.replicated:
         n_front = len(res.front_configs)
-        front_heading = f"Configurations on the front of the means ({n_front})"
+        if res.confirmed:
+            front_heading = f"The confirmed front ({n_front} configurations)"
+            front_note = ("After the search, its best configurations ran again with new seeds; each objective is "
+                          "the mean ± std over those confirmation runs only (the search's own run was chosen for "
+                          "looking good), and the front is computed on these means, with the λ=0 baseline.")
+        else:
+            front_heading = f"Configurations on the front of the means ({n_front})"
+            front_note = ("Each objective as mean ± std (sample standard deviation) over the ok runs of the "
+                          "configuration; the front is computed on the means.")  # fmt: skip
+        front_note += (" Against the λ=0 baseline: the difference of the means, its 95 % bootstrap interval and "
+                       "the probability that a run beats a baseline run; \"beyond the noise\" needs the interval "
+                       "to exclude 0 and that probability to be at least 0.75 (docs/protocol.md).")
         front_table = config_front_table(res)
-        front_note = ("Each objective as mean ± std (sample standard deviation) over the ok runs of the "
-                      "configuration; the front is computed on the means.")  # fmt: skip
     else:
         front_heading = f"Trials on the front ({len(front)})"
         front_table, front_note = html_table(front, table_cols, table_heads), None
@@ -219,6 +229,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         experiment=res.experiment,
         frontier=frontiers[0] if frontiers else None,
         summary=summary_sentence(res),
+        bests=surrogate_bests(res),
         other_frontiers=frontiers[1:],
         hypervolume=_figure(hv_path.name, "hypervolume", f"final hypervolume {format_value(final_hv)}"),
         params=params,

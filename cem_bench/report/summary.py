@@ -12,10 +12,11 @@ import numpy as np
 import pandas as pd
 
 from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
+from cem_bench import noise
 from cem_bench.schema import privacy_mode, strongest_column
 from cem_bench.table import DEFAULT_METRICS, SIGMA, paper_table
 
-from .load import MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, best_baseline, is_attack_metric
+from .load import MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, is_attack_metric
 
 _NEWLINE = "\x1f"  # stands for a line break inside a cell: to_html would print "\n" as a backslash and an n
 
@@ -111,8 +112,58 @@ def _accuracy_point(values: pd.Series) -> float:
     return 0.01 if len(v) == 0 or v.abs().max() <= 1.0 else 1.0
 
 
+def utility_tolerance(row: pd.Series, metric: str, values: pd.Series) -> float:
+    """How far a configuration's utility may fall below its baseline's and still count as "at the baseline's
+    accuracy": the baseline's own noise (its standard deviation over the seeds) or 2 points, the larger."""
+    noise = row.get(f"{metric}_noise")
+    noise = float(noise) if not _is_missing(noise) else 0.0
+    return max(noise, 2 * _accuracy_point(values))
+
+
+def claims(res: Results) -> pd.DataFrame:
+    """The configurations the report may call more private than their baseline: compared on the runs that
+    count (the confirmation's when it ran: only confirmed configurations then), better on the first privacy
+    objective beyond the noise (``noise.compare``), and with the first objective's mean within
+    ``utility_tolerance`` of the baseline's. Sorted best privacy first; empty without a noise floor."""
+    c = res.configs
+    if c is None or len(res.objectives) < 2 or not res.has_floor:
+        return pd.DataFrame()
+    u, p = res.objectives[0], res.objectives[1]
+    um, pm = u["metric"], p["metric"]
+    if f"{pm}_verdict" not in c or f"{um}_delta" not in c:
+        return pd.DataFrame()
+    pool = c[c["_ok"] & (c["role"] != "baseline")]
+    if res.confirmed:
+        pool = pool[pool["role"] == "confirmed"]
+    delta = pd.to_numeric(pool[f"{um}_delta"], errors="coerce")
+    tol = pd.Series([utility_tolerance(r, um, c[um]) for _, r in pool.iterrows()], index=pool.index, dtype=float)
+    at_utility = (delta >= -tol) if u["mode"] == "max" else (delta <= tol)
+    out = pool[(pool[f"{pm}_verdict"] == noise.BETTER) & at_utility.fillna(False)]
+    return out.sort_values(pm, ascending=p["mode"] == "min", kind="stable")
+
+
+def _pm(row: pd.Series, metric: str) -> str:
+    """``mean ± std (n runs)`` of a configuration row."""
+    n = row.get(f"{metric}_n")
+    runs = f" over {int(n)} run{'s' * (int(n) != 1)}" if not _is_missing(n) else ""
+    return mean_std(row, metric) + runs
+
+
+def _interval(row: pd.Series, metric: str) -> str:
+    """``Δ -0.062 (95 % interval -0.09 to -0.03, P(improvement) 0.89)`` of a configuration row."""
+    d, lo, hi, pb = (row.get(f"{metric}_{k}") for k in ("delta", "delta_lo", "delta_hi", "p_better"))
+    if _is_missing(d):
+        return "Δ —"
+    text = f"Δ {float(d):+.3g}"
+    if not _is_missing(lo):
+        text += f" (95 % interval {float(lo):+.3g} to {float(hi):+.3g}"
+        text += f", P(improvement) {float(pb):.2f})" if not _is_missing(pb) else ")"
+    return text
+
+
 def summary_sentence(res: Results) -> str:
-    """One or two plain sentences on what the search found (unescaped text)."""
+    """A few plain sentences on what the search found, claiming only what its replicates support (unescaped
+    text; docs/protocol.md section 9)."""
     ok = res.ok
     n_err = int((~res.trials["_ok"]).sum())
     counts = f"{len(res.trials)} trials ({len(ok)} ok, {n_err} errored)"
@@ -120,51 +171,56 @@ def summary_sentence(res: Results) -> str:
         return f"{counts}; no completed trial to compare."
     u, p = res.objectives[0], res.objectives[1]
     um, pm = u["metric"], p["metric"]
-    asc_p = p["mode"] == "min"
-    front = res.front
-    by_s = front.groupby("_label").size()
-    front_txt = f"the front has {len(front)} trial{'s' * (len(front) != 1)}" + (
-        " (" + ", ".join(f"{k}: {v}" for k, v in by_s.items()) + ")" if len(by_s) else ""
-    )
-    base = best_baseline(res)
-    cem = ok[~ok["_baseline"]].dropna(subset=[um, pm])
-    if base is None:
-        if cem.empty:
-            return f"{counts}; {front_txt}."
-        best = cem.sort_values(pm, ascending=asc_p, kind="stable").iloc[0]
-        return (
-            f"{counts}; {front_txt}. No λ=0 baseline ran, so there is no reference accuracy: the best {pm} "
-            f"is {format_value(best[pm])} ({best['_surrogate']}, trial {best['trial_id']}, "
-            f"{um} {format_value(best[um])})."
-        )
-    point = _accuracy_point(ok[um])
-    point_txt = "1 point" if point == 0.01 else "1 unit"
-    bu = base[um]
-    within = cem[(cem[um] >= bu - point) if u["mode"] == "max" else (cem[um] <= bu + point)]
-    base_p = f"{pm} {format_value(base[pm])}" if not _is_missing(base[pm]) else f"{pm} —"
-    if within.empty:
-        closest = cem.sort_values(um, ascending=u["mode"] == "min", kind="stable")
-        closest_txt = (
-            f"; the closest is trial {closest.iloc[0]['trial_id']} ({closest.iloc[0]['_surrogate']}, "
-            f"{um} {format_value(closest.iloc[0][um])}, {pm} {format_value(closest.iloc[0][pm])})"
-            if len(closest)
-            else ""
-        )
-        return (
-            f"No CEM trial reaches {um} within {point_txt} of the best λ=0 baseline "
-            f"({format_value(bu)}, {base_p}){closest_txt}. {counts[0].upper() + counts[1:]}; {front_txt}."
-        )
-    best = within.sort_values(pm, ascending=asc_p, kind="stable").iloc[0]
-    verdict = ""
-    if not _is_missing(base[pm]):
-        improved = best[pm] < base[pm] if asc_p else best[pm] > base[pm]
-        verdict = f", versus {format_value(base[pm])} for the baseline" + ("" if improved else " (no improvement)")
-    return (
-        f"At {um} within {point_txt} of the best λ=0 baseline ({format_value(bu)}), "
-        f"{best['_surrogate']} reaches the {'lowest' if asc_p else 'highest'} {pm}: {format_value(best[pm])} "
-        f"(trial {best['trial_id']}, {um} {format_value(best[um])}){verdict}. {counts[0].upper() + counts[1:]}; "
-        f"{front_txt}."
-    )
+    c = res.configs
+    base_rows = c[(c["role"] == "baseline") & c["_ok"]] if c is not None else pd.DataFrame()
+    if base_rows.empty:
+        return (f"No λ=0 baseline ran, so there is no noise floor and no reference accuracy: this report claims "
+                f"no difference between configurations. {counts[0].upper() + counts[1:]}.")
+    base = base_rows.sort_values("runs_ok", ascending=False, kind="stable").iloc[0]
+    base_txt = f"{pm} {_pm(base, pm)}, {um} {_pm(base, um)}"
+    if not res.has_floor:
+        return (f"The λ=0 baseline ran once ({base_txt}): with one seed there is no noise floor, so this report "
+                f"claims no difference; the plots show single runs. {counts[0].upper() + counts[1:]}.")
+    scope = "confirmed configurations (re-run with new seeds after the search)" if res.confirmed else \
+        "configurations"
+    found = claims(res)
+    tol = utility_tolerance(base, um, c[um])
+    tol_txt = f"{um} within {format_value(tol)} of the baseline's (its noise or 2 points, the larger)"
+    if found.empty:
+        pool = c[c["_ok"] & (c["role"] != "baseline")]
+        if res.confirmed:
+            pool = pool[pool["role"] == "confirmed"]
+        closest = pool.dropna(subset=[pm]).sort_values(pm, ascending=p["mode"] == "min", kind="stable")
+        near = ""
+        if len(closest):
+            r = closest.iloc[0]
+            if isinstance(r.get("baseline_id"), str):
+                verdict = f"{_interval(r, pm)}: {r.get(f'{pm}_verdict') or 'no verdict'}"
+            else:
+                verdict = "no λ=0 baseline shares its other keys (σ, …), so it is compared with none"
+            near = (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}, "
+                    f"{verdict}; {um} {_pm(r, um)}.")
+        return (f"None of the {scope} is more private than the λ=0 baseline "
+                f"({base_txt}) beyond its noise at {tol_txt}: the differences the plots show are within the "
+                f"noise of the baseline.{near} {counts[0].upper() + counts[1:]}.")
+    best = found.iloc[0]
+    borrowed = " Its spread is the baseline's (it ran once)." if bool(best.get("spread_borrowed")) else ""
+    others = ""
+    if len(found) > 1:
+        by = found.groupby("_label").size()
+        others = (f" {len(found)} {scope.split(' (')[0]} in all pass the same test (" +
+                  ", ".join(f"{k}: {v}" for k, v in by.items()) + ").")
+    return (f"Beyond the noise of the λ=0 baseline ({base_txt}): {best['_label']} (configuration "
+            f"{best[CONFIG_ID]}, {'confirmed, ' if best['role'] == 'confirmed' else ''}"
+            f"{_params_text(res, best)}) {'lowers' if p['mode'] == 'min' else 'raises'} {pm} to {_pm(best, pm)}, {_interval(best, pm)}, at "
+            f"{um} {_pm(best, um)} ({_interval(best, um)}), within {format_value(tol)} of the baseline's."
+            f"{borrowed}{others} {counts[0].upper() + counts[1:]}.")
+
+
+def _params_text(res: Results, row: pd.Series) -> str:
+    """The searched keys of a configuration row, ``lambd 32, num_clusters 4``."""
+    cols = [col for col in config_searched_columns(res) if col != SURROGATE_COL and not _is_missing(row.get(col))]
+    return ", ".join(f"{short(col).split('.')[-1]} {format_value(row.get(col))}" for col in cols) or "fixed keys"
 
 
 # ================================================================= table columns and run facts
@@ -205,6 +261,12 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
             ("configurations", f"{len(c)} ({_range(c['runs'])} runs each, {int(c['runs_ok'].sum())} ok runs)"),
             ("configurations on the front (means)", str(int((c["pareto_rank"] == 0).sum()))),
         ]
+    if res.configs is not None:
+        facts.append(("noise floor (λ=0 baseline, std over its seeds)", noise_floor_text(res)))
+        if "role" in t:
+            n = t["role"].value_counts()
+            facts.append(("trials by role", ", ".join(f"{k} {int(n[k])}" for k in ("baseline", "search", "confirm")
+                                                      if k in n)))
     facts += [
         (
             "objectives",
@@ -228,6 +290,22 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
             values = sorted({str(v) for v in t[col].dropna()})
             facts.append((label, ", ".join(values) if values else "—"))
     return facts
+
+
+def noise_floor_text(res: Results) -> str:
+    """Each baseline's std of the objectives over its seeds: "σ=0.1: test_acc ± 0.09, attack_ssim ± 0.005 (3
+    seeds)"; or why there is none."""
+    c = res.configs
+    base = c[(c["role"] == "baseline") & c["_ok"]]
+    if base.empty:
+        return "none: no λ=0 baseline ran"
+    parts = []
+    for _, r in base.iterrows():
+        n = int(r["runs_ok"])
+        spread = ", ".join(f"{m} ± {format_value(r.get(f'{m}_std'), m)}" for m in res.metrics)
+        where = f"σ={format_value(r.get('config.defense.noise_std'))}: " if len(base) > 1 else ""
+        parts.append(f"{where}{spread} ({n} seed{'s' * (n != 1)})" if n > 1 else f"{where}one run: no floor")
+    return "; ".join(parts)
 
 
 # ================================================================= replicates: configurations
@@ -268,14 +346,65 @@ def config_front_table(res: Results) -> str:
     rows = [r for _, r in front.iterrows()]
     for m in res.metrics:
         shown[f"_ms_{m}"] = [mean_std(r, m) for r in rows]
+        shown[f"_vs_{m}"] = [versus_baseline(r, m) for r in rows]
     shown["_runs"] = [_runs(r) for r in rows]
     shown["_seeds"] = [_seeds(r.get("seeds")) for r in rows]
     by_metric = {m: strongest_column(m) for m in res.metrics if strongest_column(m) in front}  # strongest_summary
-    columns = [CONFIG_ID, "_label", *searched, *(f"_ms_{m}" for m in res.metrics), *by_metric.values(), "_runs",
-               "_seeds"]
-    headers = ["configuration", "surrogate", *(short(c) for c in searched),
-               *(f"{m} (mean ± std)" for m in res.metrics), *(f"strongest attack ({m})" for m in by_metric),
-               "runs", "seeds"]  # fmt: skip
+    columns = [CONFIG_ID, "_label", "role", *searched, *(f"_ms_{m}" for m in res.metrics),
+               *(f"_vs_{m}" for m in res.metrics), *by_metric.values(), "_runs", "_seeds"]
+    headers = ["configuration", "surrogate", "role", *(short(c) for c in searched),
+               *(f"{m} (mean ± std)" for m in res.metrics), *(f"{m} vs the λ=0 baseline" for m in res.metrics),
+               *(f"strongest attack ({m})" for m in by_metric), "runs", "seeds (of the statistics)"]  # fmt: skip
+    return html_table(shown, columns, headers)
+
+
+def versus_baseline(row: pd.Series, metric: str) -> str:
+    """A configuration against its baseline on ``metric``: the verdict, then the difference, its interval and
+    the probability of improvement (``noise.compare``); "—" for a baseline itself or without a floor."""
+    verdict = row.get(f"{metric}_verdict")
+    if row.get("role") == "baseline" or not isinstance(verdict, str) or not verdict:
+        return "—"
+    text = {noise.BETTER: "better beyond the noise", noise.WORSE: "worse beyond the noise"}.get(
+        verdict, "within the noise")
+    text += f": {_interval(row, metric)}"
+    if bool(row.get("spread_borrowed")):
+        text += "; one run, the baseline's spread"
+    return text
+
+
+def surrogate_bests(res: Results) -> str | None:
+    """Per surrogate, its most private configuration at the baseline's utility (``claims``' tolerance) and
+    what the replicates say about it; None without a noise floor or two objectives."""
+    c = res.configs
+    if c is None or len(res.objectives) < 2 or not res.has_floor:
+        return None
+    um, pm = res.metrics[0], res.metrics[1]
+    u_mode, p_mode = res.modes[0], res.modes[1]
+    pool = c[c["_ok"] & (c["role"] != "baseline")]
+    if res.confirmed:
+        pool = pool[pool["role"] == "confirmed"]
+    rows = []
+    for s in res.surrogates:
+        own = pool[pool["_surrogate"] == s].dropna(subset=[pm])
+        if own.empty:
+            continue
+        delta = pd.to_numeric(own[f"{um}_delta"], errors="coerce") if f"{um}_delta" in own else None
+        if delta is not None:
+            tol = pd.Series([utility_tolerance(r, um, c[um]) for _, r in own.iterrows()], index=own.index)
+            near = own[((delta >= -tol) if u_mode == "max" else (delta <= tol)).fillna(False)]
+            own = near if len(near) else own
+        rows.append(own.sort_values(pm, ascending=p_mode == "min", kind="stable").iloc[0])
+    if not rows:
+        return None
+    shown = pd.DataFrame(rows).reset_index(drop=True)
+    shown["_ms_u"] = [mean_std(r, um) for r in rows]
+    shown["_ms_p"] = [mean_std(r, pm) for r in rows]
+    shown["_vs_u"] = [versus_baseline(r, um) for r in rows]
+    shown["_vs_p"] = [versus_baseline(r, pm) for r in rows]
+    shown["_runs"] = [_runs(r) for r in rows]
+    columns = ["_label", CONFIG_ID, "role", "_ms_p", "_vs_p", "_ms_u", "_vs_u", "_runs"]
+    headers = ["surrogate", "configuration", "role", f"{pm} (mean ± std)", f"{pm} vs the λ=0 baseline",
+               f"{um} (mean ± std)", f"{um} vs the λ=0 baseline", "runs"]
     return html_table(shown, columns, headers)
 
 
