@@ -19,7 +19,8 @@ The verdict is "better" when the interval lies above zero and the probability of
 else "within noise". Both conditions, because each alone fails at the few seeds a search affords: the
 interval says whether the difference of the means is resolved, the probability of improvement whether a
 single run of the configuration usually beats one of the baseline (a mean moved by one outlier fails it).
-docs/protocol.md §9 explains the choice and gives the false-claim rates. With fewer than two baseline runs there is no noise floor and no verdict ("").
+docs/protocol.md §9 explains the choice and gives the false-claim rates. With fewer than two baseline runs
+there is no noise floor and no verdict ("").
 
 Imports numpy and scipy only (a foundation module).
 """

@@ -13,8 +13,8 @@ import pytest
 from matplotlib.image import imsave
 
 from cem_bench import surrogates
-from cem_bench.errors import ResultsError
 from cem_bench.cli import main
+from cem_bench.errors import ResultsError
 from cem_bench.report import build_report, load_results, plot_param_effects, summary_sentence, surrogate_keys
 
 SURROGATES = ["gmm", "gated_attention", "slot_cross"]
@@ -436,7 +436,6 @@ def test_a_folder_that_is_not_results_is_a_clear_error_and_nothing_is_written(tm
 
 
 def test_cli_report_on_a_folder_that_is_not_results_exits_2(tmp_path, capsys):
-    from cem_bench import cli
 
     folder = _unrelated(tmp_path / "folder")
     before = _snapshot(tmp_path)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
 from cem_bench import noise
+from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
 from cem_bench.schema import privacy_mode, strongest_column
 from cem_bench.table import DEFAULT_METRICS, SIGMA, paper_table
 
@@ -212,7 +212,8 @@ def summary_sentence(res: Results) -> str:
                   ", ".join(f"{k}: {v}" for k, v in by.items()) + ").")
     return (f"Beyond the noise of the λ=0 baseline ({base_txt}): {best['_label']} (configuration "
             f"{best[CONFIG_ID]}, {'confirmed, ' if best['role'] == 'confirmed' else ''}"
-            f"{_params_text(res, best)}) {'lowers' if p['mode'] == 'min' else 'raises'} {pm} to {_pm(best, pm)}, {_interval(best, pm)}, at "
+            f"{_params_text(res, best)}) {'lowers' if p['mode'] == 'min' else 'raises'} {pm} to "
+            f"{_pm(best, pm)}, {_interval(best, pm)}, at "
             f"{um} {_pm(best, um)} ({_interval(best, um)}), within {format_value(tol)} of the baseline's."
             f"{borrowed}{others} {counts[0].upper() + counts[1:]}.")
 
