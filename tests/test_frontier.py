@@ -190,3 +190,13 @@ def test_hypervolume_curve_matches_prefixes(modes):
 
 def test_hypervolume_curve_empty():
     assert hypervolume_curve(np.empty((0, 2)), ["max", "min"], [0, 1], []).shape == (0,)
+
+
+def test_hypervolume_contributions_are_each_points_exclusive_area():
+    from cem_bench.frontier import hypervolume_contributions
+    # max accuracy, min ssim, ref (0, 1): three front points and a dominated one
+    pts = np.array([[0.9, 0.8], [0.7, 0.5], [0.3, 0.2], [0.6, 0.6]])
+    got = hypervolume_contributions(pts, ["max", "min"], [0.0, 1.0])
+    # exclusive areas: (0.9-0.7)*(1-0.8); (0.7-0.3)*(0.8-0.5) less what the dominated (0.6, 0.6) covers
+    # without it, (0.6-0.3)*(0.8-0.6); (0.3-0)*(0.5-0.2); the dominated point adds nothing
+    assert got == pytest.approx([0.04, 0.06, 0.09, 0.0])

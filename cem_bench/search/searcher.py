@@ -17,7 +17,7 @@ import optuna
 from ray.tune.search import ConcurrencyLimiter, Searcher, SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
-from ..frontier import pareto_ranks
+from ..frontier import hypervolume_contributions, pareto_ranks
 from ..schema import JOURNAL_FILE
 from ..spaces import define_by_run, grid_cells, make_sampler
 from ..storage import copy_file, is_uri, join
@@ -39,7 +39,8 @@ class JournalOptunaSearch(OptunaSearch):
 
     def __init__(self, *args, journal: tuple[str, str | None] | None = None, seeds: tuple[int, ...] = (),
                  baseline: list[dict] | None = None, search_runs: int | None = None, confirm_top: int = 0,
-                 confirm_seeds: tuple[int, ...] = (), fixed_lambd: float | None = None, **kwargs):
+                 confirm_seeds: tuple[int, ...] = (), fixed_lambd: float | None = None,
+                 refs: list[float | None] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._journal = journal
         # The noise floor and the confirmed front (docs/protocol.md sections 7, 8). The baseline's runs are
@@ -54,6 +55,7 @@ class JournalOptunaSearch(OptunaSearch):
         self._confirm_top, self._confirm_seeds = confirm_top, tuple(confirm_seeds)
         self._confirm_queue: list[dict] | None = None      # planned once every search run finished
         self._fixed_lambd = fixed_lambd
+        self._refs = list(refs) if refs else None          # the objectives' hypervolume reference points
         self._role: dict[str, str] = {}                    # trial id -> "baseline" | "confirm"
         # Replicates: every configuration Optuna proposes runs once per seed, each run its own Ray trial.
         # The first run (the "leader") holds the Optuna trial; the others are queued and served before Optuna
@@ -90,8 +92,8 @@ class JournalOptunaSearch(OptunaSearch):
 
     def _plan_confirmation(self) -> list[dict]:
         """The confirmation runs: the ``confirm_top`` best configurations of the search (λ = 0 excepted: the
-        baseline has its own runs) by Pareto rank of their mean objectives, ties within the last rank taken by
-        the first objective; each with every confirmation seed."""
+        baseline has its own runs) by Pareto rank of their mean objectives, within a rank by their exclusive
+        hypervolume, then by the first objective; each with every confirmation seed."""
         if not self._confirm_top or not self._confirm_seeds:
             return []
         metrics = self._metric if isinstance(self._metric, list) else [self._metric]
@@ -117,8 +119,19 @@ class JournalOptunaSearch(OptunaSearch):
             return []
         values = np.asarray(rows)
         ranks = pareto_ranks(values, modes)
+        # within a rank, the configurations that add the most hypervolume to it first (the ones that shape
+        # the front, rather than its accurate but undefended end); then the first objective
+        refs = list(getattr(self, "_refs", None) or [None] * len(metrics))
+        for j, (ref, mode) in enumerate(zip(refs, modes)):
+            if ref is None:   # no reference point: just beyond the worst mean
+                col = values[:, j]
+                refs[j] = float(col.min() - 1e-9) if mode == "max" else float(col.max() + 1e-9)
+        gain = np.zeros(len(values))
+        for r in np.unique(ranks):
+            at = ranks == r
+            gain[at] = hypervolume_contributions(values[at], modes, refs)
         first = values[:, 0] if modes[0] == "min" else -values[:, 0]
-        order = np.lexsort((first, ranks))[: self._confirm_top]
+        order = np.lexsort((first, -gain, ranks))[: self._confirm_top]
         return [{**configs[i], "seed": s, "role": "confirm"} for i in order for s in self._confirm_seeds]
 
     def on_trial_result(self, trial_id: str, result: dict):
@@ -291,7 +304,7 @@ def make_searcher(spec, experiment_path: str):
                                    journal=journal_target(experiment_path, spec.name), seeds=spec.seeds,
                                    baseline=spec.baseline_configs(), search_runs=spec.runs,
                                    confirm_top=spec.confirm_top, confirm_seeds=spec.confirm_seeds,
-                                   fixed_lambd=spec.fixed.get("cem.lambd"))
+                                   fixed_lambd=spec.fixed.get("cem.lambd"), refs=[o.ref for o in spec.objectives])
     # the generator is built here (not by Tune) so that it can bundle the experiment state; Tune applies
     # max_concurrent_trials only to a bare Searcher, so the limiter is added here too
     limited = ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)
