@@ -129,7 +129,12 @@ def band(values) -> tuple[float, float, float]:
     v = _clean(values)
     if not len(v):
         return float("nan"), float("nan"), float("nan")
-    if len(v) < 2:
-        return float(v.mean()), float("nan"), float("nan")
-    half = _t(len(v) - 1) * v.std(ddof=1) * math.sqrt(1 + 1 / len(v))
-    return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
+    return band_of(float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else float("nan"), len(v))
+
+
+def band_of(mean: float, std: float, n: int) -> tuple[float, float, float]:
+    """``band`` from a configuration's mean, sample standard deviation and number of runs."""
+    if n < 2 or not math.isfinite(std) or not math.isfinite(mean):
+        return float(mean), float("nan"), float("nan")
+    half = _t(n - 1) * std * math.sqrt(1 + 1 / n)
+    return float(mean), float(mean - half), float(mean + half)

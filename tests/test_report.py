@@ -361,6 +361,11 @@ def test_differences_inside_the_noise_are_claimed_by_nothing(tmp_path, confirm):
     assert "within the noise" in text
     assert main(["table", str(root)]) == 0
     # (the table is checked through its own command below)
+    # the plot draws the baseline's band and says that every point lies inside it, on both axes
+    from cem_bench.report.plots import ALL_WITHIN, frontier_figure
+    ax = frontier_figure(res, "attack_ssim", "min").axes[0]
+    assert ALL_WITHIN in ax.get_xlabel() and ALL_WITHIN in ax.get_ylabel()
+    assert any("95 % band" in t.get_text() for t in ax.get_legend().get_texts())
 
 
 def test_differences_well_outside_the_noise_are_claimed_exactly(tmp_path, capsys):
@@ -375,6 +380,10 @@ def test_differences_well_outside_the_noise_are_claimed_exactly(tmp_path, capsys
     summary = summary_sentence(res)
     assert summary.startswith("Beyond the noise of the λ=0 baseline") and "gmm" in summary, summary
     assert "slot_cross" not in summary and "gated_attention" not in summary
+    from cem_bench.report.plots import ALL_WITHIN, frontier_figure, plot_hypervolume
+    ax = frontier_figure(res, "attack_ssim", "min").axes[0]
+    assert ALL_WITHIN in ax.get_xlabel() and ALL_WITHIN not in ax.get_ylabel()   # accuracy: noise; SSIM: not
+    plot_hypervolume(res, tmp_path / "hv.png")
     text = build_report(root).read_text()
     assert text.count("better beyond the noise") == 2          # the front table and the per-surrogate bests
     assert "worse beyond the noise" not in text

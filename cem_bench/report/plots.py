@@ -10,9 +10,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from cem_bench.aggregate import CONFIG_ID
 from cem_bench.frontier import hypervolume_curve
+from cem_bench.noise import band_of
 
 from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, _numeric, front_of, is_attack_metric
 from .summary import better, format_value, short
@@ -140,13 +143,74 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
         handles.append(Line2D([], [], color="black", lw=2.2, label=front_label))
     else:
         _no_data(ax, empty) if empty else _no_data(ax)
-    ax.set_xlabel(better(x_metric, x_mode) + (" →" if x_mode == "max" else " ←"))
-    ax.set_ylabel(better(y_metric, y_mode))
+    inside_x = inside_y = False
+    if not data.empty:
+        inside_x, inside_y = _draw_noise(ax, res, data, x_metric, y_metric, handles)
+    ax.set_xlabel(better(x_metric, x_mode) + (" →" if x_mode == "max" else " ←")
+                  + (f"\n{ALL_WITHIN}" if inside_x else ""))
+    ax.set_ylabel(better(y_metric, y_mode) + (f"\n{ALL_WITHIN}" if inside_y else ""))
     ax.set_title(f"{res.experiment}: {x_metric} vs {y_metric} ({title})", fontsize=9 if res.replicated else None)
     ax.grid(alpha=0.3)
     if handles:
         ax.legend(handles=handles, fontsize=8, loc="best", framealpha=0.85)
     return fig
+
+
+ALL_WITHIN = "(all points within the noise of one seed)"
+
+
+def baseline_bands(res: Results, metric: str) -> dict[str, tuple[float, float, float]]:
+    """Per baseline configuration (its id) with two or more ok runs: (mean, lo, hi), the 95 % band of one
+    more run of the baseline on ``metric`` (``noise.band_of``)."""
+    c = res.configs
+    if c is None or metric not in c:
+        return {}
+    out = {}
+    for _, r in c[(c["role"] == "baseline") & c["_ok"]].iterrows():
+        n = r.get(f"{metric}_n")
+        band = band_of(float(r[metric]), float(r.get(f"{metric}_std", np.nan)), int(n) if pd.notna(n) else 0)
+        if np.isfinite(band[1]):
+            out[str(r[CONFIG_ID])] = band
+    return out
+
+
+def inside_bands(res: Results, df: pd.DataFrame, metric: str) -> np.ndarray:
+    """For each row of ``df`` (trials or configurations), whether ``metric`` lies inside the band of its own
+    baseline (False where it has none)."""
+    bands = baseline_bands(res, metric)
+    if not bands or res.configs is None or CONFIG_ID not in df:
+        return np.zeros(len(df), dtype=bool)
+    base_of = dict(zip(res.configs[CONFIG_ID].astype(str), res.configs["baseline_id"]))
+    out = np.zeros(len(df), dtype=bool)
+    for i, (cid, v) in enumerate(zip(df[CONFIG_ID].astype(str), _numeric(df[metric]).to_numpy())):
+        band = bands.get(str(base_of.get(cid)))
+        out[i] = band is not None and np.isfinite(v) and band[1] <= v <= band[2]
+    return out
+
+
+def _draw_noise(ax, res: Results, data: pd.DataFrame, x: str, y: str, handles: list) -> tuple[bool, bool]:
+    """The baselines' means (dashed) and 95 % bands of one run (grey) on both axes; the points inside the band
+    on both axes redrawn hollow (they cannot be told from the baseline). Returns whether every non-baseline
+    point lies inside the band on x, on y."""
+    bx, by = baseline_bands(res, x), baseline_bands(res, y)
+    if not bx and not by:
+        return False, False
+    for mean, lo, hi in bx.values():
+        ax.axvspan(lo, hi, color="0.5", alpha=0.12, lw=0, zorder=0)
+        ax.axvline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
+    for mean, lo, hi in by.values():
+        ax.axhspan(lo, hi, color="0.5", alpha=0.12, lw=0, zorder=0)
+        ax.axhline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
+    handles.append(Patch(facecolor="0.5", alpha=0.3, label="λ=0 baseline: mean, 95 % band of one run"))
+    cem = data[~data["_baseline"]]
+    in_x, in_y = inside_bands(res, cem, x), inside_bands(res, cem, y)
+    both = cem[in_x & in_y]
+    if len(both):
+        ax.scatter(both[x], both[y], s=34, facecolors="white", edgecolors=[res.colors.get(s, "black")
+                   for s in both["_surrogate"]], lw=1.2, zorder=4.5)  # fmt: skip
+        handles.append(Line2D([], [], color="0.3", marker="o", markerfacecolor="white", lw=0,
+                              label="inside the band on both axes (not told from λ=0)"))
+    return bool(len(cem)) and bool(in_x.all()), bool(len(cem)) and bool(in_y.all())
 
 
 def _without_skipped_attacks(df: pd.DataFrame, *metrics: str) -> pd.DataFrame:
@@ -215,6 +279,11 @@ def plot_hypervolume(res: Results, path: Path) -> tuple[Path, float]:
         curve = _hv_curve(trials, res)
         final = float(curve[-1])
         ax.step(n_done, curve, where="post", color="black", lw=2.2, label="all trials")
+        started = res.confirm_started
+        if started is not None:   # the confirmation's runs add no new configuration, only new seeds
+            ax.axvline(started + 0.5, color="0.3", ls=":", lw=1.2)
+            ax.text(started + 0.6, 0.02, "confirmation begins", transform=ax.get_xaxis_transform(),
+                    fontsize=8, color="0.3", rotation=90, va="bottom")
         position = pd.Series(n_done, index=trials.index)
         for s in res.surrogates:
             sub = trials[(trials["_surrogate"] == s) & ~trials["_baseline"]]
