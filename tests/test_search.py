@@ -260,8 +260,11 @@ def test_search_on_two_node_cluster(tmp_path, ray_cluster):
 
 @pytest.mark.ray
 def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
-    n = 4
-    space = write_space(tmp_path, "killed", num_samples=n, max_concurrent=2)
+    """A driver killed during the baseline (its state files truncated, as a kill mid-copy leaves them) is
+    finished by --resume: the 2 baseline runs, the 3 search runs and the 2 confirmation runs each exactly once."""
+    n = 3 + 2 + 2
+    space = write_space(tmp_path, "killed", num_samples=3, max_concurrent=2, baseline={"replicates": 2},
+                        confirm={"top": 1, "replicates": 2})
     storage = tmp_path / "res"
     exp = storage / "killed"
     log = open(tmp_path / "driver1.log", "wb")
@@ -302,13 +305,21 @@ def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
     assert len(trials) == n, (trials[["trial_id", "status", "error"]], proc.stdout[-6000:])
     assert trials["trial_id"].is_unique
     assert (trials["status"] == "ok").all(), trials[["trial_id", "status", "error"]]
+    assert sorted(trials["role"]) == ["baseline"] * 2 + ["confirm"] * 2 + ["search"] * 3
+    runs = trials[["config_id", "config.seed"]].astype(str).agg("/".join, axis=1)
+    assert runs.is_unique, trials[["role", "config_id", "config.seed"]]
+    base = trials[trials["role"] == "baseline"]
+    assert sorted(base["config.seed"]) == [0, 1] and (base["config.cem.surrogate"] == "none").all()
+    confirm = trials[trials["role"] == "confirm"]
+    assert confirm["config_id"].nunique() == 1 and sorted(confirm["config.seed"]) == [2, 3]
+    assert confirm["config_id"].iloc[0] in set(trials.loc[trials["role"] == "search", "config_id"])
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
     study = optuna.load_study(study_name="killed",
                               storage=JournalStorage(JournalFileBackend(str(exp / "optuna_journal.log"))))
     ids = [t.user_attrs["ray_trial_id"] for t in study.trials]
-    assert sorted(ids) == sorted(trials["trial_id"])
+    assert sorted(ids) == sorted(trials.loc[trials["role"] == "search", "trial_id"])   # Optuna's trials only
 
 
 # ------------------------------------------------------------------ in-process Ray session

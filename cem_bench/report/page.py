@@ -216,7 +216,8 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
             front_heading = f"Configurations on the front of the means ({n_front})"
             front_note = ("Each objective as mean ± std (sample standard deviation) over the ok runs of the "
                           "configuration; the front is computed on the means.")  # fmt: skip
-        front_note += (" Against the λ=0 baseline: the difference of the means, its 95 % bootstrap interval and "
+        front_note += (" Against the λ=0 baseline: the difference of the means, its 95 % interval (percentile "
+                       "bootstrap, widened to Welch's t interval where that is wider) and "
                        "the probability that a run beats a baseline run; \"beyond the noise\" needs the interval "
                        "to exclude 0 and that probability to be at least 0.75 (docs/protocol.md).")
         front_table = config_front_table(res)

@@ -15,7 +15,7 @@ from matplotlib.ticker import MaxNLocator
 
 from cem_bench.aggregate import CONFIG_ID
 from cem_bench.frontier import hypervolume_curve
-from cem_bench.noise import band_of
+from cem_bench.noise import WITHIN, band_of
 
 from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, _numeric, front_of, is_attack_metric
 from .summary import better, format_value, short
@@ -110,7 +110,7 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
     if res.replicated:
         data = configs_drawn(res, y_metric)
         points = lambda ax, df, color, label, base: _errorbar(  # noqa: E731
-            ax, df, x_metric, y_metric, marker="X" if base else "o", markersize=9 if base else 5, color=color,
+            ax, df, x_metric, y_metric, marker="X" if base else "o", markersize=9 if base else 7, color=color,
             alpha=1.0 if base else 0.8, zorder=4 if base else 3, label=label)
         front_label, empty = "front (configuration means)", "no configuration with an ok run and these metrics"
         title = f"{len(data)} configurations, {replicate_caption(res, y_metric)}"
@@ -156,7 +156,7 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
     return fig
 
 
-ALL_WITHIN = "(all points within the noise of one seed)"
+ALL_WITHIN = "(every point within the noise of the λ=0 baseline)"
 
 
 def baseline_bands(res: Results, metric: str) -> dict[str, tuple[float, float, float]]:
@@ -174,42 +174,52 @@ def baseline_bands(res: Results, metric: str) -> dict[str, tuple[float, float, f
     return out
 
 
-def inside_bands(res: Results, df: pd.DataFrame, metric: str) -> np.ndarray:
-    """For each row of ``df`` (trials or configurations), whether ``metric`` lies inside the band of its own
-    baseline (False where it has none)."""
-    bands = baseline_bands(res, metric)
-    if not bands or res.configs is None or CONFIG_ID not in df:
+def within_noise(res: Results, df: pd.DataFrame, metric: str) -> np.ndarray:
+    """For each row of ``df`` (trials or configurations): is it within the noise of its own baseline on
+    ``metric``? The report's test where the configurations table holds it (``<metric>_verdict``: a mean over
+    several runs is judged by its own interval, a single run by the baseline's band); elsewhere, whether the
+    value lies inside the baseline's band of one run. False where there is no baseline to compare with."""
+    c = res.configs
+    if c is None or CONFIG_ID not in df or not len(df):
         return np.zeros(len(df), dtype=bool)
-    base_of = dict(zip(res.configs[CONFIG_ID].astype(str), res.configs["baseline_id"]))
+    ids = df[CONFIG_ID].astype(str)
+    if f"{metric}_verdict" in c:
+        verdict = dict(zip(c[CONFIG_ID].astype(str), c[f"{metric}_verdict"].fillna("").astype(str)))
+        return ids.map(verdict).fillna("").eq(WITHIN).to_numpy()
+    bands = baseline_bands(res, metric)
+    base_of = dict(zip(c[CONFIG_ID].astype(str), c["baseline_id"]))
     out = np.zeros(len(df), dtype=bool)
-    for i, (cid, v) in enumerate(zip(df[CONFIG_ID].astype(str), _numeric(df[metric]).to_numpy())):
+    for i, (cid, v) in enumerate(zip(ids, _numeric(df[metric]).to_numpy())):
         band = bands.get(str(base_of.get(cid)))
         out[i] = band is not None and np.isfinite(v) and band[1] <= v <= band[2]
     return out
 
 
 def _draw_noise(ax, res: Results, data: pd.DataFrame, x: str, y: str, handles: list) -> tuple[bool, bool]:
-    """The baselines' means (dashed) and 95 % bands of one run (grey) on both axes; the points inside the band
-    on both axes redrawn hollow (they cannot be told from the baseline). Returns whether every non-baseline
-    point lies inside the band on x, on y."""
+    """The baselines' means (dashed) and 95 % bands of one run (grey) on both axes, inside the limits the
+    points set; the points within the noise on both axes (``within_noise``) redrawn hollow. Returns whether
+    every non-baseline point is within the noise on x, on y."""
     bx, by = baseline_bands(res, x), baseline_bands(res, y)
     if not bx and not by:
         return False, False
+    xlim, ylim = ax.get_xlim(), ax.get_ylim()
     for mean, lo, hi in bx.values():
         ax.axvspan(lo, hi, color="0.5", alpha=0.12, lw=0, zorder=0)
         ax.axvline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
     for mean, lo, hi in by.values():
         ax.axhspan(lo, hi, color="0.5", alpha=0.12, lw=0, zorder=0)
         ax.axhline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
+    ax.set_xlim(xlim)
+    ax.set_ylim(ylim)
     handles.append(Patch(facecolor="0.5", alpha=0.3, label="λ=0 baseline: mean, 95 % band of one run"))
     cem = data[~data["_baseline"]]
-    in_x, in_y = inside_bands(res, cem, x), inside_bands(res, cem, y)
+    in_x, in_y = within_noise(res, cem, x), within_noise(res, cem, y)
     both = cem[in_x & in_y]
     if len(both):
-        ax.scatter(both[x], both[y], s=34, facecolors="white", edgecolors=[res.colors.get(s, "black")
+        ax.scatter(both[x], both[y], s=52, facecolors="white", edgecolors=[res.colors.get(s, "black")
                    for s in both["_surrogate"]], lw=1.2, zorder=4.5)  # fmt: skip
         handles.append(Line2D([], [], color="0.3", marker="o", markerfacecolor="white", lw=0,
-                              label="inside the band on both axes (not told from λ=0)"))
+                              label="within the noise of λ=0 on both axes"))
     return bool(len(cem)) and bool(in_x.all()), bool(len(cem)) and bool(in_y.all())
 
 

@@ -16,7 +16,7 @@ from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
 from cem_bench.schema import privacy_mode, strongest_column
 from cem_bench.table import DEFAULT_METRICS, SIGMA, paper_table
 
-from .load import MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, is_attack_metric
+from .load import LAMBD_COL, MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, is_attack_metric
 
 _NEWLINE = "\x1f"  # stands for a line break inside a cell: to_html would print "\n" as a backslash and an n
 
@@ -214,13 +214,19 @@ def summary_sentence(res: Results) -> str:
             f"{best[CONFIG_ID]}, {'confirmed, ' if best['role'] == 'confirmed' else ''}"
             f"{_params_text(res, best)}) {'lowers' if p['mode'] == 'min' else 'raises'} {pm} to "
             f"{_pm(best, pm)}, {_interval(best, pm)}, at "
-            f"{um} {_pm(best, um)} ({_interval(best, um)}), within {format_value(tol)} of the baseline's."
+            f"{um} {_pm(best, um)}: {_interval(best, um)}, within {format_value(tol)} of the baseline (its noise or 2 "
+            f"points, the larger)."
             f"{borrowed}{others} {counts[0].upper() + counts[1:]}.")
 
 
 def _params_text(res: Results, row: pd.Series) -> str:
-    """The searched keys of a configuration row, ``lambd 32, num_clusters 4``."""
-    cols = [col for col in config_searched_columns(res) if col != SURROGATE_COL and not _is_missing(row.get(col))]
+    """The keys that tell a configuration row from the others of its surrogate, ``lambd 32, num_clusters 4``
+    (λ always; a key that only differs between surrogates, such as ``loss_scale``, is the surrogate's)."""
+    c = res.configs
+    own = c[c["_surrogate"] == row.get("_surrogate")]
+    varying = [col for col in config_searched_columns(res)
+               if col == LAMBD_COL or own[col].dropna().astype(str).nunique() >= 2]
+    cols = [col for col in varying if col != SURROGATE_COL and not _is_missing(row.get(col))]
     return ", ".join(f"{short(col).split('.')[-1]} {format_value(row.get(col))}" for col in cols) or "fixed keys"
 
 
