@@ -126,15 +126,18 @@ def test_every_key_has_a_comment(path):
 
 def test_demo_is_small_and_covers_baseline_and_three_surrogates():
     spec = load_space(os.path.join(ROOT, "search_spaces", "demo.yaml"))
-    assert spec.name == "demo" and spec.num_samples >= 8 and spec.max_concurrent == 2
+    assert spec.name == "demo" and spec.max_concurrent == 2
     assert spec.resources == {"cpu": 1.0, "gpu": 0.0}
     assert spec.fixed["data.dataset"] == "synthetic" and spec.fixed["train.device"] == "cpu"
     assert spec.sampler.get("seed") is not None
-    # the seeded sampler's start-up draws (independent of results) hold the baseline and 3+ surrogates
+    # the noise floor (3 λ = 0 seeds) and a confirmation with enough seeds for an interval, within 11 trials
+    assert spec.baseline_replicates == 3 and spec.baseline_seeds == (0, 1, 2)
+    assert spec.confirm_top >= 1 and spec.confirm_replicates >= 3 and spec.total_runs <= 11
+    # the seeded sampler's start-up draws (independent of results) hold 3 surrogates, none at λ = 0
     startup = spec.sampler.get("n_startup_trials", 10)
     rows = sample(spec, min(startup, spec.num_samples), sampler=make_sampler(spec))
-    assert any(r["cem.lambd"] == 0 for r in rows)
-    assert len({r["cem.surrogate"] for r in rows if r["cem.lambd"] > 0}) >= 3
+    assert all(r["cem.lambd"] > 0 for r in rows)
+    assert len({r["cem.surrogate"] for r in rows}) >= 3
     assert len({tuple(sorted(r.items())) for r in rows}) == len(rows), rows  # no trial spent on a copy
 
 
@@ -418,3 +421,39 @@ def heavy_modules_after(code: str) -> list[str]:
 
 def test_importing_spaces_imports_no_torch_optuna_or_ray():
     assert heavy_modules_after("import cem_bench.spaces") == []
+
+
+# ----------------------------------------------------------------------- the noise floor and confirmation
+def test_baseline_and_confirm_defaults():
+    spec = parse_space(minimal())                                   # λ searched: both on
+    assert (spec.baseline_replicates, spec.baseline_cells, spec.baseline_seeds) == (3, ({},), (0, 1, 2))
+    assert (spec.confirm_top, spec.confirm_replicates, spec.confirm_seeds) == (3, 3, (3, 4, 5))
+    assert spec.total_runs == 3 + 4 + 9
+    assert spec.baseline_configs()[0] == {"cem.lambd": 0.0, "seed": 0, "role": "baseline"}
+    # λ fixed at 0: the whole search is a baseline; a replicated grid with λ = 0 cells has its own
+    assert parse_space(minimal(fixed={"cem.lambd": 0}, params={"defense.noise_std": {"choice": [0.1, 0.2]}})
+                       ).baseline_replicates == 0
+    grid = parse_space(minimal(sampler={"name": "grid"}, num_samples=None, replicates=2,
+                               params={"cem.lambd": {"choice": [0, 8]}}))
+    assert grid.baseline_replicates == 0
+    # a searched σ: one baseline cell per value; the search's seeds lead the baseline's
+    spec = parse_space(minimal(params={"cem.lambd": {"loguniform": [1, 64]},
+                                       "defense.noise_std": {"choice": [0.05, 0.1]}},
+                               seeds=[7, 9], baseline={"replicates": 3}, confirm={"top": 1, "replicates": 2}))
+    assert spec.baseline_cells == ({"defense.noise_std": 0.05}, {"defense.noise_std": 0.1})
+    assert spec.baseline_seeds == (7, 9, 10) and spec.confirm_seeds == (11, 12)
+    assert spec.baseline_runs == 6 and spec.runs == 8 and spec.confirm_runs == 2
+
+
+def test_baseline_and_confirm_errors_name_the_problem():
+    errs = errors_of(minimal(baseline={"replicates": 1}, confirm={"top": 2, "replicates": 1}))
+    assert any(e.startswith("baseline.replicates: 1 must be an integer >= 2") for e in errs), errs
+    assert any(e.startswith("confirm.replicates: 1 must be an integer >= 2") for e in errs), errs
+    errs = errors_of(minimal(baseline="yes", confirm={"best": 2}))
+    assert any(e.startswith("baseline: 'yes' must be {replicates: N}") for e in errs), errs
+    assert any(e.startswith("confirm: {'best': 2} must be {top: K, replicates: R}") for e in errs), errs
+    # a continuous key outside cem.* changes the baseline, which then has no value to run at
+    doc = minimal(params={"cem.lambd": {"loguniform": [1, 64]}, "defense.noise_std": {"uniform": [0.01, 0.1]}})
+    errs = errors_of(doc)
+    assert any(e.startswith("params.defense.noise_std: changes the λ = 0 baseline") for e in errs), errs
+    assert parse_space({**doc, "baseline": False}).baseline_replicates == 0     # allowed without a baseline
