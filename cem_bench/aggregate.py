@@ -169,8 +169,27 @@ def compared_metrics(columns, objectives: Sequence[dict]) -> list[str]:
     return [m for m in dict.fromkeys([*(o["metric"] for o in objectives), *COMPARED]) if m in columns]
 
 
+SIGMA_COLUMN = "config.defense.noise_std"
+
+
+def baseline_key_columns(trials: pd.DataFrame, cols: Sequence[str]) -> list[str]:
+    """The config columns that pick a configuration's baseline: σ, and every other non-``cem`` column that
+    takes two or more values among the λ = 0 rows or among the others (a searched key). A column constant in
+    each group is left out even where the two constants differ: a key resolved per trial (a GPU-only
+    feature off without a surrogate, say) must not leave a configuration without its baseline."""
+    base = is_baseline(trials)
+    out = []
+    for c in cols:
+        if c.startswith("config.cem."):
+            continue
+        values = trials[c].map(lambda v: json.dumps(_canonical(v), default=str))
+        if c == SIGMA_COLUMN or values[base].nunique() > 1 or values[~base].nunique() > 1:
+            out.append(c)
+    return out
+
+
 def _baseline_key(row: pd.Series, cols: Sequence[str]) -> str:
-    return json.dumps([(c, _canonical(row[c])) for c in cols if not c.startswith("config.cem.")], default=str)
+    return json.dumps([(c, _canonical(row[c])) for c in cols], default=str)
 
 
 def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFrame:
@@ -188,6 +207,7 @@ def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFr
     metrics = [m for m in dict.fromkeys([*AGGREGATED, *(o["metric"] for o in objectives),
                                          *per_attack_columns(trials.columns)]) if m in trials]
     compared = compared_metrics(metrics, objectives)
+    key_cols = baseline_key_columns(trials, cols)
     winners = [strongest_column(m) for m in ATTACK_METRICS if strongest_column(m) in trials]
     rows, values = [], {}
     for cid, group in trials.groupby(CONFIG_ID, sort=False):
@@ -208,7 +228,7 @@ def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFr
             row[f"{m}_n"] = n
         for w in winners:
             row[w] = strongest_summary(runs[w])
-        row["_key"] = _baseline_key(first, cols)
+        row["_key"] = _baseline_key(first, key_cols)
         rows.append(row)
     configs = pd.DataFrame(rows)
     means = configs.rename(columns={f"{o['metric']}_mean": o["metric"] for o in objectives})

@@ -31,9 +31,12 @@ SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "conf
 def load_configs(results_dir: str | Path) -> pd.DataFrame:
     d = Dir(results_dir)
     configs = read_table(d, CONFIGS_FILE, "configs")
-    if configs is not None:
+    if configs is not None and "role" in configs:
         return configs
+    # missing, or written before the comparison with the baseline: built from the trials when they are there
     trials = read_table(d, TRIALS_FILE, "trials")
+    if trials is None and configs is not None:
+        return configs
     if trials is None:
         raise ResultsError(f"{d.display}: neither {CONFIGS_FILE} nor {TRIALS_FILE}; run `cem-bench report` on an "
                            f"experiment folder of `cem-bench search` first, or point at one")

@@ -83,3 +83,40 @@ def test_table_command(tmp_path, capsys):
     assert main(["table", str(tmp_path), "--metrics", "nope"]) == 2
     assert "metric 'nope' is not in the results" in capsys.readouterr().err
     assert main(["table", str(tmp_path / "missing")]) == 2
+
+
+def test_the_baseline_is_its_own_row_and_each_configuration_meets_its_own():
+    """λ = 0 rows: surrogate "none", the other cem keys null, one configuration per σ whatever surrogate keys
+    they recorded; every configuration is compared with the baseline of its σ, even where a key resolved per
+    trial differs between the two (train.cuda_graph here); a confirmed configuration is summarised over its
+    confirmation runs only, and the same seed twice counts once."""
+    rows = []
+    for sigma, shift in ((0.05, 0.0), (0.1, 0.1)):
+        for seed, surrogate in ((0, "gmm"), (1, "slot_cross"), (2, "gmm"), (2, "gmm")):   # seed 2 twice
+            rows.append({"status": "ok", "role": "baseline", "config.seed": seed, "config.defense.noise_std": sigma,
+                         "config.cem.lambd": 0.0, "config.cem.surrogate": surrogate, "config.cem.num_clusters": 2,
+                         "config.train.cuda_graph": "off", "test_acc": 0.9 + 0.01 * seed,
+                         "attack_ssim": 0.7 + shift + 0.01 * seed})
+        rows.append({"status": "ok", "role": "search", "config.seed": 0, "config.defense.noise_std": sigma,
+                     "config.cem.lambd": 16.0, "config.cem.surrogate": "gmm", "config.cem.num_clusters": 4,
+                     "config.train.cuda_graph": "on", "test_acc": 0.95, "attack_ssim": 0.2})   # the lucky run
+        for seed in (3, 4, 5):
+            rows.append({"status": "ok", "role": "confirm", "config.seed": seed, "config.defense.noise_std": sigma,
+                         "config.cem.lambd": 16.0, "config.cem.surrogate": "gmm", "config.cem.num_clusters": 4,
+                         "config.train.cuda_graph": "on", "test_acc": 0.9 + 0.01 * (seed - 3),
+                         "attack_ssim": 0.5 + shift + 0.01 * (seed - 3)})
+    t = pd.DataFrame(rows)
+    c = build_configs(t, OBJ).set_index(["role", "config.defense.noise_std"])
+    assert sorted(c.index) == [("baseline", 0.05), ("baseline", 0.1), ("confirmed", 0.05), ("confirmed", 0.1)]
+    base = c.loc[("baseline", 0.1)]
+    assert base["config.cem.surrogate"] == "none" and pd.isna(base["config.cem.num_clusters"])
+    assert base["runs"] == 4 and list(base["seeds"]) == [0, 1, 2]             # seed 2 once
+    assert base["attack_ssim_mean"] == pytest.approx(0.81)
+    conf = c.loc[("confirmed", 0.1)]
+    assert conf["baseline_id"] == base["config_id"] and conf["runs"] == 4 and list(conf["seeds"]) == [3, 4, 5]
+    assert conf["attack_ssim_mean"] == pytest.approx(0.61)                    # not the lucky 0.2
+    assert conf["attack_ssim_delta"] == pytest.approx(-0.2) and conf["attack_ssim_verdict"] == "better"
+    assert conf["attack_ssim_noise"] == pytest.approx(0.01)
+    assert conf["test_acc_verdict"] == "within noise"
+    assert bool(c.loc[("confirmed", 0.05), "final_front"]) and not bool(conf["final_front"])   # σ 0.05 dominates it
+    assert c.loc[("confirmed", 0.05), "baseline_id"] == c.loc[("baseline", 0.05), "config_id"]

@@ -57,7 +57,7 @@ def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
                            {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
             "sampler": {"name": "random", "seed": 0}, "num_samples": per, "max_concurrent": 1,
             "max_failures": 0, "resources": {"cpu": cpus, "gpu": 1 if cuda else 0}, "fixed": flat,
-            "params": {"seed": {"choice": [0]}}})
+            "params": {"seed": {"choice": [0]}}, "baseline": False, "confirm": False})   # only the timed trials
 
     spec_for(0)  # before any work: a bad spec is an error row at once
     direct_flat = dict(flat, seed=0)
