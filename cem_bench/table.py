@@ -66,9 +66,9 @@ def legend(configs: pd.DataFrame, metric: str) -> str:
                 "differences.")
     claims = int(verdicts.isin([BETTER, WORSE]).sum())
     head = (f"[+] / [−]: better / worse than the λ=0 baseline of the same row beyond its noise (the 95 % "
-            f"bootstrap interval of the difference excludes 0 and the probability of improvement is ≥ {P_MIN:g} "
-            f"/ ≤ {1 - P_MIN:g}); an unmarked cell is within the noise. A cell of one run takes its spread from "
-            f"the baseline's.")
+            f"interval of the difference, a percentile bootstrap widened to Welch's, excludes 0 and the probability "
+            f"of improvement is ≥ {P_MIN:g} / ≤ {1 - P_MIN:g}); an unmarked cell is within the noise. A cell of one "
+            f"run takes its spread from the baseline's.")
     return head + ("" if claims else " No cell differs from its baseline beyond the noise.")
 
 

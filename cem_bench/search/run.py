@@ -32,7 +32,9 @@ def progress_table(spec):
     rows apart: surrogate, lambda, ...)."""
     from ray.tune import CLIReporter
     metrics = list(dict.fromkeys([*spec.metric_names, "epoch"]))
-    return CLIReporter(metric_columns=metrics, parameter_columns=[p.key for p in spec.params],
+    # "role": baseline / confirm (blank for the search's own trials)
+    extra = ["role"] if spec.baseline_runs or spec.confirm_runs else []
+    return CLIReporter(metric_columns=metrics, parameter_columns=[*extra, *(p.key for p in spec.params)],
                        max_report_frequency=30, max_column_length=24)
 
 
