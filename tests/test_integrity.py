@@ -400,7 +400,7 @@ def test_the_free_space_warning_estimates_the_checkpoints(tmp_path, monkeypatch)
     # the fixture's saved checkpoint (same model, one epoch) is the size the estimate stands for
     real = (FIXTURES / "run" / schema.CHECKPOINT_FILE).stat().st_size
     assert 0.5 * real < per_ckpt < 2 * real, (per_ckpt, real)
-    assert total == spec.runs * (diskspace.CHECKPOINTS_KEPT * per_ckpt + diskspace.RESULT_FILES_BYTES)
+    assert total == spec.total_runs * (diskspace.CHECKPOINTS_KEPT * per_ckpt + diskspace.RESULT_FILES_BYTES)
     monkeypatch.setattr(diskspace, "free_bytes", lambda storage: total - 1)
     assert "this search writes about" in diskspace.warn_if_short(spec, str(tmp_path))
     monkeypatch.setattr(diskspace, "free_bytes", lambda storage: total + 1)

@@ -314,7 +314,7 @@ def test_completion_order_follows_finished_at(tmp_path):
     assert sorted(res.trials["_order"]) == list(range(len(res.trials)))
 
 
-def noisy_search(root: Path, effect: float, confirm: bool = True) -> Path:
+def noisy_search(root: Path, effect: float, confirm: bool = True, acc_cost: float = 0.0) -> Path:
     """A results folder of a replicated search at σ = 0.1: the λ = 0 baseline with 3 seeds (test_acc ~
     0.90 ± 0.03, attack_ssim ~ 0.75 ± 0.02), three CEM configurations searched with one seed each and, with
     ``confirm``, re-run with 3 new seeds (role confirm). gmm λ=32 lowers attack_ssim by ``effect`` at the
@@ -330,7 +330,7 @@ def noisy_search(root: Path, effect: float, confirm: bool = True) -> Path:
         k = k if role == "baseline" else k * (1 if surrogate != "slot_cross" else -1)
         return {"trial_id": f"t{len(rows):03d}", "status": "ok", "role": role, "config.seed": s,
                 "config.defense.noise_std": 0.1, "config.cem.lambd": lam, "config.cem.surrogate": surrogate,
-                "config.cem.loss_scale": 1.0, "test_acc": 0.90 + 0.03 * k,
+                "config.cem.loss_scale": 1.0, "test_acc": 0.90 + 0.03 * k - (acc_cost if drop else 0.0),
                 "attack_ssim": 0.75 - drop + 0.02 * k, "wall_s": 10.0,
                 "finished_at": (pd.Timestamp("2026-01-01T00:00:00Z") + pd.Timedelta(minutes=len(rows))).isoformat()}
     for s in (0, 1, 2):
@@ -789,3 +789,13 @@ def test_a_lambda_sweep_with_replicates_draws_one_curve_per_surrogate(tmp_path):
     assert 'src="lambda_curves.png"' in text
     # the replicated fixture has one λ > 0 only: no curve
     assert lambda_curves(load_results(write_replicates(tmp_path / "rep", stored_configs=True))) is None
+
+
+def test_privacy_bought_with_accuracy_is_called_a_trade_off(tmp_path):
+    """gmm lowers SSIM beyond the noise but costs 0.3 of accuracy (ten baseline spreads): the summary says it is
+    more private, and that it is not at the baseline's accuracy."""
+    res = load_results(noisy_search(tmp_path / "res", effect=0.2, acc_cost=0.3))
+    summary = summary_sentence(res)
+    assert summary.startswith("A trade-off, not free privacy: gmm"), summary
+    assert "None of the confirmed configurations is more private at the baseline's test_acc" in summary.replace(
+        " (re-run with new seeds after the search)", "")

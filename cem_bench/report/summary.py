@@ -190,6 +190,15 @@ def summary_sentence(res: Results) -> str:
         pool = c[c["_ok"] & (c["role"] != "baseline")]
         if res.confirmed:
             pool = pool[pool["role"] == "confirmed"]
+        costly = pool[pool[f"{pm}_verdict"] == noise.BETTER].sort_values(pm, ascending=p["mode"] == "min",
+                                                                          kind="stable")
+        if len(costly):   # more private beyond the noise, but not at the baseline's utility: a trade-off
+            r = costly.iloc[0]
+            return (f"A trade-off, not free privacy: {r['_label']} ({r[CONFIG_ID]}, {_params_text(res, r)}) is more "
+                    f"private than the λ=0 baseline ({base_txt}) beyond its noise, {pm} {_pm(r, pm)}, "
+                    f"{_interval(r, pm)}, but its {um} falls further than the {format_value(tol)} allowed (the "
+                    f"baseline's noise or 2 points, the larger): {_pm(r, um)}, {_interval(r, um)}. None of the "
+                    f"{scope} is more private at the baseline's {um}. {counts[0].upper() + counts[1:]}.")
         closest = pool.dropna(subset=[pm]).sort_values(pm, ascending=p["mode"] == "min", kind="stable")
         near = ""
         if len(closest):
