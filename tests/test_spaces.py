@@ -130,9 +130,9 @@ def test_demo_is_small_and_covers_baseline_and_three_surrogates():
     assert spec.resources == {"cpu": 1.0, "gpu": 0.0}
     assert spec.fixed["data.dataset"] == "synthetic" and spec.fixed["train.device"] == "cpu"
     assert spec.sampler.get("seed") is not None
-    # the noise floor (3 λ = 0 seeds) and a confirmation with enough seeds for an interval, within 11 trials
-    assert spec.baseline_replicates == 3 and spec.baseline_seeds == (0, 1, 2)
-    assert spec.confirm_top >= 1 and spec.confirm_replicates >= 3 and spec.total_runs <= 11
+    # the noise floor (4 λ = 0 seeds) and a confirmation with enough seeds for an interval, within 12 trials
+    assert spec.baseline_replicates == 4 and spec.baseline_seeds == (0, 1, 2, 3)
+    assert spec.confirm_top >= 1 and spec.confirm_replicates >= 3 and spec.total_runs <= 12
     # the seeded sampler's start-up draws (independent of results) hold 3 surrogates, none at λ = 0
     startup = spec.sampler.get("n_startup_trials", 10)
     rows = sample(spec, min(startup, spec.num_samples), sampler=make_sampler(spec))

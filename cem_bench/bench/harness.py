@@ -70,7 +70,7 @@ DEMO_PINNED = {"cem.surrogate": "gmm", "cem.lambd": 16.0}
 DEMO_FALLBACK = {"data.dataset": "synthetic", "data.train_size": 4096, "data.test_size": 1280, "model.width": 0.125,
                  "train.epochs": 8, "train.milestones": [0.75], "train.warmup_lr_epochs": 1, "train.batch_size": 64,
                  "train.augment": "none", "cem.warmup_epochs": 1, "attack.epochs": 4, "attack.blocks": 2,
-                 "attack.channels": 32, "attack.batch_size": 32, "defense.noise_std": 0.05, "cem.lambd": 32.0}
+                 "attack.channels": 32, "attack.batch_size": 32, "defense.noise_std": 0.1}
 
 
 def demo_trial() -> dict:
