@@ -389,21 +389,22 @@ def versus_baseline(row: pd.Series, metric: str) -> str:
 
 
 def surrogate_bests(res: Results) -> str | None:
-    """Per surrogate, its most private configuration at the baseline's utility (``claims``' tolerance) and
-    what the replicates say about it; None without a noise floor or two objectives."""
+    """Per surrogate, its most private configuration at the baseline's utility (``claims``' tolerance; among
+    its confirmed configurations where it has any) and what the replicates say about it; None without a noise
+    floor or two objectives."""
     c = res.configs
     if c is None or len(res.objectives) < 2 or not res.has_floor:
         return None
     um, pm = res.metrics[0], res.metrics[1]
     u_mode, p_mode = res.modes[0], res.modes[1]
     pool = c[c["_ok"] & (c["role"] != "baseline")]
-    if res.confirmed:
-        pool = pool[pool["role"] == "confirmed"]
     rows = []
     for s in res.surrogates:
         own = pool[pool["_surrogate"] == s].dropna(subset=[pm])
         if own.empty:
             continue
+        if (own["role"] == "confirmed").any():   # a surrogate's confirmed configurations speak for it
+            own = own[own["role"] == "confirmed"]
         delta = pd.to_numeric(own[f"{um}_delta"], errors="coerce") if f"{um}_delta" in own else None
         if delta is not None:
             tol = pd.Series([utility_tolerance(r, um, c[um]) for _, r in own.iterrows()], index=own.index)
