@@ -200,3 +200,19 @@ def test_hypervolume_contributions_are_each_points_exclusive_area():
     # exclusive areas: (0.9-0.7)*(1-0.8); (0.7-0.3)*(0.8-0.5) less what the dominated (0.6, 0.6) covers
     # without it, (0.6-0.3)*(0.8-0.6); (0.3-0)*(0.5-0.2); the dominated point adds nothing
     assert got == pytest.approx([0.04, 0.06, 0.09, 0.0])
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_fast_ranks_match_the_dominance_matrix(m):
+    """The sweep (2 objectives) and the sequential-search sort (3+) give the definition's ranks on random
+    sets with many ties (values on a coarse grid), duplicates and NaN rows, in both directions."""
+    from cem_bench.frontier import _ranks_by_matrix
+    rng = np.random.default_rng(m)
+    for trial in range(30):
+        n = int(rng.integers(1, 120))
+        values = rng.integers(0, 6, size=(n, m)).astype(float)
+        values[rng.random(n) < 0.1, int(rng.integers(0, m))] = np.nan
+        if n > 3:
+            values[1] = values[0]                     # an exact duplicate
+        modes = [["max", "min"][int(b)] for b in rng.integers(0, 2, m)]
+        assert np.array_equal(pareto_ranks(values, modes), _ranks_by_matrix(values, modes)), (trial, values, modes)
