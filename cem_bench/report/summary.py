@@ -14,10 +14,11 @@ import pandas as pd
 from cem_bench import noise
 from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
 from cem_bench.schema import privacy_mode, strongest_column
-from cem_bench.table import DEFAULT_METRICS, SIGMA, paper_table
+from cem_bench.table import DEFAULT_METRICS, SIGMA, column_label, paper_table
 
 from .load import LAMBD_COL, MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, is_attack_metric
 
+MAX_TABLE_ROWS = 200  # rows an HTML table of the report shows (the rest are in the Parquet tables and CSVs)
 _NEWLINE = "\x1f"  # stands for a line break inside a cell: to_html would print "\n" as a backslash and an n
 
 
@@ -90,13 +91,20 @@ def html_table(df: pd.DataFrame, columns: Sequence[str], headers: Sequence[str] 
     more CSS classes of the table."""
     headers = list(headers) if headers is not None else [short(c) for c in columns]
     columns = list(columns)
+    total = len(df)
+    if total > MAX_TABLE_ROWS:   # a page of 100,000 trials stays a page: the full lists are the Parquet tables
+        df = df.head(MAX_TABLE_ROWS)
     if pre and set(columns[len(columns) - len(pre) :]) != set(pre):
         raise ValueError(f"pre columns {list(pre)} must be the last of {columns}")
     shown = pd.DataFrame({i: [_cell(v, c) for v in (df[c] if c in df else [None] * len(df))]
                           for i, c in enumerate(columns)}, index=range(len(df)))  # fmt: skip
     shown.columns = headers
     classes = ["results"] + ([f"pre{len(pre)}"] if pre else []) + list(classes)
-    return _to_html(shown, index=False, classes=classes)
+    html = _to_html(shown, index=False, classes=classes)
+    if total > MAX_TABLE_ROWS:
+        html += (f'\n<p class="note">The first {MAX_TABLE_ROWS} of {total:,} rows; every row is in trials.parquet '
+                 f'and configs.parquet (and the front in frontier.csv).</p>')
+    return html
 
 
 def facts_table(facts: Sequence[tuple[str, str]]) -> str:
@@ -112,12 +120,21 @@ def _accuracy_point(values: pd.Series) -> float:
     return 0.01 if len(v) == 0 or v.abs().max() <= 1.0 else 1.0
 
 
-def utility_tolerance(row: pd.Series, metric: str, values: pd.Series) -> float:
+def utility_tolerance(row: pd.Series, metric: str, values: pd.Series | float) -> float:
     """How far a configuration's utility may fall below its baseline's and still count as "at the baseline's
-    accuracy": the baseline's own noise (its standard deviation over the seeds) or 2 points, the larger."""
+    accuracy": the baseline's own noise (its standard deviation over the seeds) or 2 points, the larger.
+    ``values``: the metric's column (a point is read off it) or the point itself."""
     noise = row.get(f"{metric}_noise")
     noise = float(noise) if not _is_missing(noise) else 0.0
-    return max(noise, 2 * _accuracy_point(values))
+    point = values if isinstance(values, float) else _accuracy_point(values)
+    return max(noise, 2 * point)
+
+
+def utility_tolerances(rows: pd.DataFrame, metric: str, values: pd.Series) -> pd.Series:
+    """``utility_tolerance`` of every row at once."""
+    noise = pd.to_numeric(rows[f"{metric}_noise"], errors="coerce").fillna(0.0) if f"{metric}_noise" in rows \
+        else pd.Series(0.0, index=rows.index)
+    return noise.clip(lower=2 * _accuracy_point(values)).astype(float)
 
 
 def claims(res: Results) -> pd.DataFrame:
@@ -136,7 +153,7 @@ def claims(res: Results) -> pd.DataFrame:
     if res.confirmed:
         pool = pool[pool["role"] == "confirmed"]
     delta = pd.to_numeric(pool[f"{um}_delta"], errors="coerce")
-    tol = pd.Series([utility_tolerance(r, um, c[um]) for _, r in pool.iterrows()], index=pool.index, dtype=float)
+    tol = utility_tolerances(pool, um, c[um])
     at_utility = (delta >= -tol) if u["mode"] == "max" else (delta <= tol)
     out = pool[(pool[f"{pm}_verdict"] == noise.BETTER) & at_utility.fillna(False)]
     return out.sort_values(pm, ascending=p["mode"] == "min", kind="stable")
@@ -407,7 +424,7 @@ def surrogate_bests(res: Results) -> str | None:
             own = own[own["role"] == "confirmed"]
         delta = pd.to_numeric(own[f"{um}_delta"], errors="coerce") if f"{um}_delta" in own else None
         if delta is not None:
-            tol = pd.Series([utility_tolerance(r, um, c[um]) for _, r in own.iterrows()], index=own.index)
+            tol = utility_tolerances(own, um, c[um])
             near = own[((delta >= -tol) if u_mode == "max" else (delta <= tol)).fillna(False)]
             own = near if len(near) else own
         rows.append(own.sort_values(pm, ascending=p_mode == "min", kind="stable").iloc[0])
@@ -426,6 +443,7 @@ def surrogate_bests(res: Results) -> str | None:
 
 
 PAPER_ALWAYS = ("test_acc", "attack_ssim")  # the paper's two tables; PSNR and MSE when they hold a value
+MAX_PAPER_COLUMNS = 40  # λ × surrogate columns beyond which the paper-style tables are not drawn in the page
 
 
 def paper_tables(res: Results) -> list[dict] | None:
@@ -434,6 +452,11 @@ def paper_tables(res: Results) -> list[dict] | None:
     c = res.configs
     if c is None or SIGMA not in c:
         return None
+    columns = c.apply(column_label, axis=1).nunique() if len(c) <= MAX_PAPER_COLUMNS * 50 else MAX_PAPER_COLUMNS + 1
+    if columns > MAX_PAPER_COLUMNS:   # a continuous λ: one column per configuration, unreadable and slow
+        return [{"metric": "paper-style tables", "table": None, "error": f"the configurations span more than "
+                 f"{MAX_PAPER_COLUMNS} λ × surrogate columns (a searched λ, not a grid); configs.parquet and "
+                 f"`cem-bench table --csv` hold them"}]
     out = []
     for m in DEFAULT_METRICS:
         col = f"{m}_mean"
