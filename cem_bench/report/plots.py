@@ -4,6 +4,7 @@ registry and no figure outlives its function."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +25,17 @@ MAX_CURVES = 12  # front trials drawn in the training curves
 
 # parameters of every trial, λ = 0 baselines included (they have no surrogate)
 EVERY_TRIAL_PARAMS = frozenset({LAMBD_COL, NOISE_COL})
-# TODO(keys): from the surrogate registry (``surrogates.get(name).keys``) once every surrogate has one;
-# until then the keys each surrogate reads, from cem_bench/surrogates/*.py
+# The keys each surrogate reads, as its registry class declares them (``surrogates.get(name).keys``).
+# Copied, not imported: the registry imports torch and every surrogate module, 4.6 s of a 10,000-trial
+# report's 10 s; tests/test_report.py checks that this table and the registry agree.
 _GATES = ("hidden_dim", "snr_thresh", "snr_sharp", "softplus_beta", "margin", "slot_power", "class_gate_a",
           "class_gate_b", "stats_on")
 SURROGATE_KEYS: dict[str, tuple[str, ...]] = {
-    "gmm": ("num_clusters", "gmm_fit", "entropy", "shrink"),
+    "gmm": ("num_clusters", "gmm_fit", "entropy", "shrink", "legacy_prior_indexing", "refit_augmented", "stats_on"),
     "gated_attention": _GATES,
     "slot_cross": _GATES + ("num_slots", "num_iterations", "num_heads", "slot_temp"),
-    "attention_centroid": ("num_slots", "num_iterations", "num_heads", "hidden_dim", "reg_strength"),
-    "serial_enhanced": ("num_slots", "num_iterations", "num_heads", "hidden_dim", "dropout"),
+    "attention_centroid": ("num_slots", "num_iterations", "num_heads", "hidden_dim", "reg_strength", "stats_on"),
+    "serial_enhanced": ("num_slots", "num_iterations", "num_heads", "hidden_dim", "dropout", "stats_on"),
 }
 
 
@@ -45,17 +47,16 @@ def _config_column(key: str) -> str:
 
 
 def surrogate_keys(name: str) -> frozenset[str] | None:
-    """The config columns surrogate ``name`` uses: its registry class's ``keys`` when it has them, else
-    ``SURROGATE_KEYS``; None for an unknown surrogate (its trials are drawn for every parameter)."""
-    keys = None
-    try:
-        from cem_bench import surrogates
-
-        keys = getattr(surrogates.get(name), "keys", None)
-    except Exception:  # noqa: BLE001 - unknown name (ConfigError) or no registry: use the table
-        keys = None
-    if keys is None or callable(keys):
-        keys = SURROGATE_KEYS.get(name)
+    """The config columns surrogate ``name`` uses (``SURROGATE_KEYS``; a surrogate registered by a plug-in
+    outside the table: its registry class's ``keys``, when the registry is already loaded); None for an
+    unknown surrogate (its trials are drawn for every parameter)."""
+    keys = SURROGATE_KEYS.get(name)
+    if keys is None and "cem_bench.surrogates" in sys.modules:
+        try:
+            keys = getattr(sys.modules["cem_bench.surrogates"].get(name), "keys", None)
+        except Exception:  # noqa: BLE001 - unknown name (ConfigError)
+            keys = None
+        keys = None if callable(keys) else keys
     return None if keys is None else frozenset(_config_column(k) for k in keys)
 
 
@@ -123,12 +124,18 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
     fig = _new_figure(7.5, 5.0)
     ax = fig.add_subplot()
     handles = []
+    dense = len(data) > DENSE_POINTS
+    if dense:   # thousands of points: their density, and each surrogate's own front drawn on top
+        rest = data[~data["_baseline"]]
+        ax.hexbin(rest[x_metric].to_numpy(dtype=float), rest[y_metric].to_numpy(dtype=float), gridsize=70,
+                  cmap="Greys", bins="log", mincnt=1, linewidths=0, zorder=1)
+        handles.append(Patch(facecolor="0.45", label=f"density of all {len(rest):,} points (log)"))
     for s in res.surrogates:
         sub = data[(data["_surrogate"] == s) & ~data["_baseline"]]
         if sub.empty:
             continue
         color = res.colors[s]
-        points(ax, sub, color, s, False)
+        points(ax, front_of(sub, [x_metric, y_metric], [x_mode, y_mode]) if dense else sub, color, s, False)
         _front_line(ax, sub, x_metric, y_metric, x_mode, y_mode, color=color, lw=1.0, alpha=0.8, zorder=2)
         handles.append(Line2D([], [], color=color, marker="o", lw=1.0, label=s))
     base = data[data["_baseline"]]
@@ -157,6 +164,7 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
 
 
 ALL_WITHIN = "(every point within the noise of the λ=0 baseline)"
+DENSE_POINTS = 2000  # beyond this many points a frontier plot draws their density and the fronts only
 
 
 def baseline_bands(res: Results, metric: str) -> dict[str, tuple[float, float, float]]:
@@ -215,6 +223,8 @@ def _draw_noise(ax, res: Results, data: pd.DataFrame, x: str, y: str, handles: l
     cem = data[~data["_baseline"]]
     in_x, in_y = within_noise(res, cem, x), within_noise(res, cem, y)
     both = cem[in_x & in_y]
+    if len(cem) > DENSE_POINTS:   # only the drawn fronts are redrawn hollow
+        both = both.iloc[0:0]
     if len(both):
         ax.scatter(both[x], both[y], s=52, facecolors="white", edgecolors=[res.colors.get(s, "black")
                    for s in both["_surrogate"]], lw=1.2, zorder=4.5)  # fmt: skip
