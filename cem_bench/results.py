@@ -319,6 +319,10 @@ def _arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+READ_THREADS_LOCAL = 4     # threads reading trial folders on a local disk (JSON parsing holds the GIL)
+READ_THREADS_REMOTE = 32   # on object storage, where each read waits for a request
+
+
 def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The trials and epochs DataFrames of an experiment folder (nothing written)."""
     exp = _Dir(experiment_dir)
@@ -328,16 +332,25 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
     experiment = name or os.path.basename(exp.root.rstrip("/"))
     rows, epoch_rows = [], []
     state = ray_trials(exp)
-    dirs = [d for d in exp.subdirs() if _is_trial_dir(exp, d)]
+    dirs = exp.subdirs()
     if state is not None:
         # Ray's experiment state is authoritative: a folder it does not list was started by a driver that
         # was killed before its next snapshot, and a resumed search ran that sample again under a new id.
         listed = {t["dir"] for t in state if t["dir"]}
         dirs = [d for d in dirs if d in listed]
-    for d in dirs:
-        row, eps = read_trial(exp, d, experiment)
-        rows.append(row)
-        epoch_rows.extend(eps)
+
+    def one(d: str):
+        return read_trial(exp, d, experiment) if _is_trial_dir(exp, d) else None
+    # the folders are read by a pool of threads: three small files each, and on object storage every read is
+    # a request whose latency the threads overlap (docs/results.md)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=READ_THREADS_REMOTE if exp.uri else READ_THREADS_LOCAL) as pool:
+        read = list(pool.map(one, dirs))
+    dirs = [d for d, r in zip(dirs, read) if r is not None]
+    for r in read:
+        if r is not None:
+            rows.append(r[0])
+            epoch_rows.extend(r[1])
     for t in state or []:
         if t["dir"] in dirs:
             continue
