@@ -128,7 +128,7 @@ def test_ray_row_times_a_real_search():
     assert trial["met"] is None  # a tiny trial is not checked against the demo-size target
 
 
-CHEAP_GROUPS = ("data", "step", "kernels", "refit", "attack", "epoch", "pack")  # run for real at tiny sizes (pack: CUDA only,
+CHEAP_GROUPS = ("data", "step", "kernels", "refit", "attack", "epoch", "results", "pack")  # run for real, tiny (pack: CUDA only,
 # one note row on the CPU); "ray" by its own test
 
 
@@ -136,7 +136,7 @@ def test_every_registered_group_is_in_groups_and_run(monkeypatch):
     pytest.importorskip("sklearn")
     groups = harness.registered()
     names = [g.group for g in groups]
-    assert names == ["data", "step", "kernels", "refit", "attack", "epoch", "ray", "pack"]  # the table's order
+    assert names == ["data", "step", "kernels", "refit", "attack", "epoch", "ray", "results", "pack"]  # the order
     assert bench.GROUPS == tuple(names) + ("flops",)
     assert set(CHEAP_GROUPS) | {"ray"} == set(names)
     calls = []

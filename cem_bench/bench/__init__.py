@@ -19,7 +19,9 @@ itself with ``harness.row``, run in this order:
 6. ``epoch`` (epoch.py): whole epochs (augmentation, steps, evaluation) scaled to 50k images, and one
    paper trial estimated from them.
 7. ``ray`` (ray.py): a trial under Ray Tune against ``run_trial`` directly; Ray's start-up.
-8. ``pack`` (pack.py, CUDA): paper trials per GPU-hour with k = 1, 2, 4, 8 trial processes on one card,
+8. ``results`` (results.py): ``build_configs``, ``pareto_ranks``, the report and ``cem-bench table`` on
+   synthetic results of 1,000 / 10,000 / 100,000 trials, and the Optuna samplers' ask + tell as a study grows.
+9. ``pack`` (pack.py, CUDA): paper trials per GPU-hour with k = 1, 2, 4, 8 trial processes on one card,
    with and without MPS.
 
 ``run_bench(device, quick, only=..., tiny=...)`` returns ``{"header": {...}, "rows": [...]}``;
@@ -29,7 +31,7 @@ itself with ``harness.row``, run in this order:
 
 from __future__ import annotations
 
-from . import attack, data, epoch, kernels, pack, ray, refit, step  # noqa: F401 - importing a row module registers its group
+from . import attack, data, epoch, kernels, pack, ray, refit, results, step  # noqa: F401 - importing a row module registers its group
 from .attack import bench_attack
 from .data import bench_data
 from .harness import ROWS, Sizes, format_table, group_names, header, main, registered, row, run_bench, sizes_for
@@ -37,7 +39,7 @@ from .ray import RAY_TRIALS_PER_SEARCH, bench_ray
 from .refit import bench_refit
 from .step import bench_steps, count_step_flops
 
-GROUPS = group_names()  # ("data", "step", "kernels", "refit", "attack", "epoch", "ray", "pack", "flops")
+GROUPS = group_names()  # ("data", "step", "kernels", "refit", "attack", "epoch", "ray", "results", "pack", "flops")
 
 __all__ = ["GROUPS", "RAY_TRIALS_PER_SEARCH", "ROWS", "Sizes", "bench_attack", "bench_data", "bench_ray",
            "bench_refit", "bench_steps", "count_step_flops", "format_table", "group_names", "header", "main",

@@ -56,6 +56,8 @@ class Sizes:
     ray_trials: int          # direct runs and Tune trials (each)
     epoch_images: int = 512  # training split of the epoch rows (a whole epoch: augmentation, steps, evaluation)
     epoch_test: int = 200    # its test split (evaluated every epoch)
+    results_trials: tuple[int, ...] = (1_000, 10_000, 100_000)   # synthetic results tables of the results row
+    sampler_trials: tuple[int, ...] = (1_000, 10_000)            # completed trials before the sampler's ask
 
 
 TINY_TRIAL = {"data.train_size": 256, "data.test_size": 100, "model.width": 0.125, "train.epochs": 2,
@@ -88,14 +90,16 @@ def sizes_for(device: torch.device, quick: bool, tiny: bool) -> Sizes:
         return Sizes("tiny (test only: numbers not comparable)", repeats=3, step_repeats=3, warmup=1, width=0.125,
                      batch_size=64, data_images=512, step_images=256, refit_images=256, attack_test=160,
                      attack_blocks=1, attack_channels=8, ray_trial=dict(TINY_TRIAL, **{"train.epochs": 1}),
-                     ray_kind="tiny", ray_trials=1, epoch_images=256, epoch_test=100)
+                     ray_kind="tiny", ray_trials=1, epoch_images=256, epoch_test=100, results_trials=(300,),
+                     sampler_trials=(50,))
     cuda = device.type == "cuda"
     if quick:
         return Sizes("quick", repeats=3, step_repeats=5, warmup=1, width=1.0, batch_size=128,
                      data_images=8192 if cuda else 2048, step_images=1024, refit_images=16384 if cuda else 1024,
                      attack_test=2560 if cuda else 285, attack_blocks=8, attack_channels=64,
                      ray_trial=dict(TINY_TRIAL), ray_kind="tiny", ray_trials=3,
-                     epoch_images=50000 if cuda else 512, epoch_test=10000 if cuda else 200)
+                     epoch_images=50000 if cuda else 512, epoch_test=10000 if cuda else 200,
+                     results_trials=(1_000, 10_000), sampler_trials=(1_000,))
     return Sizes("full", repeats=7 if cuda else 5, step_repeats=10 if cuda else 7, warmup=2 if cuda else 1,
                  width=1.0, batch_size=128, data_images=50000 if cuda else 8192, step_images=1024,
                  refit_images=50000 if cuda else 4096,
