@@ -236,7 +236,7 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="smallest sizes (CI)")
     b.add_argument("--json", help="also write the table as JSON here")
     b.add_argument("--only", nargs="+", metavar="GROUP", help="only these row groups (data step kernels refit attack epoch "
-                   "ray pack flops); default: all")
+                   "ray results pack flops); default: all")
     b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("calibrate", help="the CEM strength per unit λ of every surrogate on your configuration "
