@@ -131,20 +131,10 @@ def config_ids(trials: pd.DataFrame) -> pd.Series:
     return pd.Series([hashlib.sha1(t.encode()).hexdigest()[:10] for t in text], index=trials.index, dtype=object)
 
 
-
-
 def strongest_summary(names: pd.Series) -> str:
     """The attacks that set a worst-case metric over a configuration's runs: ``rmle`` when it set it in
     every run that attacked, else each with its share (``rmle 2/3, decoder 1/3``); "" when none did."""
-    names = names[names.notna() & (names.astype(str) != "")].astype(str)
-    if names.empty:
-        return ""
-    counts = names.value_counts(sort=True)
-    if len(counts) == 1:
-        return str(counts.index[0])
-    return ", ".join(f"{k} {v}/{len(names)}" for k, v in counts.items())
-
-
+    return _strongest(pd.DataFrame({CONFIG_ID: "", "by": names.to_numpy(dtype=object)}), pd.Index([""]))[0]
 
 
 def metric_mode(metric: str, objectives: Sequence[dict]) -> str:
@@ -179,8 +169,6 @@ def baseline_key_columns(trials: pd.DataFrame, cols: Sequence[str]) -> list[str]
         if c == SIGMA_COLUMN or values[base].nunique() > 1 or values[~base].nunique() > 1:
             out.append(c)
     return out
-
-
 
 
 def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFrame:
@@ -309,12 +297,7 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
         out = {k: np.full(len(configs), np.nan) for k in ("noise", "delta", "delta_lo", "delta_hi", "p_better")}
         verdict = np.full(len(configs), "", dtype=object)
         has_base = bidx >= 0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            k = np.isfinite(runs).sum(axis=1)
-            centred = runs - np.nansum(runs, axis=1, keepdims=True) / k[:, None]
-            spread = np.sqrt(np.nansum(centred ** 2, axis=1) / (k - 1))
-        out["noise"][has_base] = np.where(np.isfinite(runs[bidx[has_base]]).sum(axis=1) > 1,
-                                          spread[bidx[has_base]], np.nan)
+        out["noise"][has_base] = configs[f"{m}_std"].to_numpy(dtype=float)[bidx[has_base]]   # the floor
         if len(rows):
             c = noise.compare_many(runs[rows], runs[bidx[rows]], mode)
             sign = 1.0 if mode == "max" else -1.0    # the delta columns are in the metric's own direction

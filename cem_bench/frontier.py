@@ -72,14 +72,17 @@ def pareto_ranks(values: np.ndarray, modes: Sequence[str]) -> np.ndarray:
     idx = np.flatnonzero(valid)
     if len(idx) == 0:
         return ranks
-    sub = pts[idx]
-    if sub.shape[1] == 1:
-        ranks[idx] = np.unique(sub[:, 0], return_inverse=True)[1].reshape(-1)
-    elif sub.shape[1] == 2:
-        ranks[idx] = _ranks_2d(sub)
-    else:
-        ranks[idx] = _ranks_ens(sub)
+    ranks[idx] = _ranks_min(pts[idx])
     return ranks
+
+
+def _ranks_min(points: np.ndarray) -> np.ndarray:
+    """Ranks of points to be minimised, without NaN: the sort that suits the number of objectives."""
+    if points.shape[1] == 1:
+        return np.unique(points[:, 0], return_inverse=True)[1].reshape(-1)
+    if points.shape[1] == 2:
+        return _ranks_2d(points)
+    return _ranks_ens(points)
 
 
 def _lex_order(points: np.ndarray) -> np.ndarray:
@@ -176,8 +179,7 @@ def _nondominated(points: np.ndarray) -> np.ndarray:
     if len(points) <= 1:
         return points
     points = np.unique(points, axis=0)
-    dom = _dominance_matrix(points)
-    return points[~dom.any(axis=0)]
+    return points[_ranks_min(points) == 0]
 
 
 def _hv_min(points: np.ndarray, ref: np.ndarray) -> float:

@@ -3,8 +3,9 @@
 A configuration is compared with its λ = 0 baseline metric by metric, on their runs (one value per seed):
 
 * the difference of the means, oriented so that a positive value is better (``mode``: "max" or "min");
-* its 95 % interval: a percentile bootstrap of the two groups resampled independently (scipy's
-  ``stats.bootstrap``, 2000 resamples, a fixed generator so that a table is rebuilt identically), widened to
+* its 95 % interval: a percentile bootstrap of the two groups resampled independently (scipy's percentile
+  method, resampled here for all configurations at once: 2000 resamples, a fixed generator so that a table
+  is rebuilt identically; ``tests/test_noise.py`` holds it to ``scipy.stats.bootstrap``), widened to
   Welch's t interval where that is wider (it is at the few seeds a search affords, where the percentile
   bootstrap alone is far too narrow: measured in docs/protocol.md §9). A
   configuration with a single run has nothing to resample; its spread is taken from the baseline's: the
@@ -63,15 +64,6 @@ def _t(df: int) -> float:
     return float(t.ppf(0.5 + LEVEL / 2, df))
 
 
-def prob_improvement(x, y, mode: str = "max") -> float:
-    """P(one run of ``x`` is better than one of ``y``) + half the ties: the Mann-Whitney U over n·m."""
-    x, y = _clean(x), _clean(y)
-    if not len(x) or not len(y):
-        return float("nan")
-    if mode == "min":
-        x, y = -x, -y
-    from scipy.stats import mannwhitneyu
-    return float(mannwhitneyu(x, y).statistic) / (len(x) * len(y))
 
 
 def packed(groups, width: int | None = None) -> np.ndarray:
@@ -158,18 +150,13 @@ def compare(x, y, mode: str = "max", seed: int = 0) -> Comparison:
                       str(r["verdict"][0]), bool(r["borrowed"][0]))
 
 
-def band(values) -> tuple[float, float, float]:
-    """(mean, lo, hi): where one more run of a configuration falls with 95 % probability (a prediction
-    interval, ``mean ± t(n - 1) · s · sqrt(1 + 1/n)``); NaN ends below two runs. The report draws the
-    baseline's band: a single-seed point inside it cannot be told from the baseline."""
-    v = _clean(values)
-    if not len(v):
-        return float("nan"), float("nan"), float("nan")
-    return band_of(float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else float("nan"), len(v))
 
 
 def band_of(mean: float, std: float, n: int) -> tuple[float, float, float]:
-    """``band`` from a configuration's mean, sample standard deviation and number of runs."""
+    """(mean, lo, hi): where one more run of a configuration of ``n`` runs with this mean and sample standard
+    deviation falls with 95 % probability (a prediction interval, ``mean ± t(n - 1) · s · sqrt(1 + 1/n)``);
+    NaN ends below two runs. The report draws the baseline's band: a single-seed point inside it cannot be
+    told from the baseline."""
     if n < 2 or not math.isfinite(std) or not math.isfinite(mean):
         return float(mean), float("nan"), float("nan")
     half = _t(n - 1) * std * math.sqrt(1 + 1 / n)

@@ -120,43 +120,43 @@ def _accuracy_point(values: pd.Series) -> float:
     return 0.01 if len(v) == 0 or v.abs().max() <= 1.0 else 1.0
 
 
-def utility_tolerance(row: pd.Series, metric: str, values: pd.Series | float) -> float:
-    """How far a configuration's utility may fall below its baseline's and still count as "at the baseline's
-    accuracy": the baseline's own noise (its standard deviation over the seeds) or 2 points, the larger.
-    ``values``: the metric's column (a point is read off it) or the point itself."""
-    noise = row.get(f"{metric}_noise")
-    noise = float(noise) if not _is_missing(noise) else 0.0
-    point = values if isinstance(values, float) else _accuracy_point(values)
-    return max(noise, 2 * point)
-
-
 def utility_tolerances(rows: pd.DataFrame, metric: str, values: pd.Series) -> pd.Series:
-    """``utility_tolerance`` of every row at once."""
+    """How far each configuration's utility may fall below its baseline's and still count as "at the
+    baseline's accuracy": the baseline's own noise (its standard deviation over the seeds, ``<metric>_noise``)
+    or 2 points of ``values``' scale, the larger."""
     noise = pd.to_numeric(rows[f"{metric}_noise"], errors="coerce").fillna(0.0) if f"{metric}_noise" in rows \
         else pd.Series(0.0, index=rows.index)
     return noise.clip(lower=2 * _accuracy_point(values)).astype(float)
 
 
+def at_utility(rows: pd.DataFrame, res: Results) -> pd.Series:
+    """Is each configuration's first objective within ``utility_tolerances`` of its baseline's?"""
+    u = res.objectives[0]
+    delta = pd.to_numeric(rows[f"{u['metric']}_delta"], errors="coerce")
+    tol = utility_tolerances(rows, u["metric"], res.configs[u["metric"]])
+    return ((delta >= -tol) if u["mode"] == "max" else (delta <= tol)).fillna(False)
+
+
+def candidates(res: Results) -> pd.DataFrame:
+    """The configurations a claim can be about: ok, not a baseline, and confirmed when confirmation ran."""
+    c = res.configs
+    pool = c[c["_ok"] & (c["role"] != "baseline")]
+    return pool[pool["role"] == "confirmed"] if res.confirmed else pool
+
+
 def claims(res: Results) -> pd.DataFrame:
-    """The configurations the report may call more private than their baseline: compared on the runs that
-    count (the confirmation's when it ran: only confirmed configurations then), better on the first privacy
-    objective beyond the noise (``noise.compare``), and with the first objective's mean within
-    ``utility_tolerance`` of the baseline's. Sorted best privacy first; empty without a noise floor."""
+    """The configurations the report may call more private than their baseline: among ``candidates``, better
+    on the first privacy objective beyond the noise (``noise.compare``) and ``at_utility``. Sorted best
+    privacy first; empty without a noise floor."""
     c = res.configs
     if c is None or len(res.objectives) < 2 or not res.has_floor:
         return pd.DataFrame()
-    u, p = res.objectives[0], res.objectives[1]
-    um, pm = u["metric"], p["metric"]
-    if f"{pm}_verdict" not in c or f"{um}_delta" not in c:
+    um, p = res.metrics[0], res.objectives[1]
+    if f"{p['metric']}_verdict" not in c or f"{um}_delta" not in c:
         return pd.DataFrame()
-    pool = c[c["_ok"] & (c["role"] != "baseline")]
-    if res.confirmed:
-        pool = pool[pool["role"] == "confirmed"]
-    delta = pd.to_numeric(pool[f"{um}_delta"], errors="coerce")
-    tol = utility_tolerances(pool, um, c[um])
-    at_utility = (delta >= -tol) if u["mode"] == "max" else (delta <= tol)
-    out = pool[(pool[f"{pm}_verdict"] == noise.BETTER) & at_utility.fillna(False)]
-    return out.sort_values(pm, ascending=p["mode"] == "min", kind="stable")
+    pool = candidates(res)
+    out = pool[(pool[f"{p['metric']}_verdict"] == noise.BETTER) & at_utility(pool, res)]
+    return out.sort_values(p["metric"], ascending=p["mode"] == "min", kind="stable")
 
 
 def _pm(row: pd.Series, metric: str) -> str:
@@ -201,12 +201,10 @@ def summary_sentence(res: Results) -> str:
     scope = "confirmed configurations (re-run with new seeds after the search)" if res.confirmed else \
         "configurations"
     found = claims(res)
-    tol = utility_tolerance(base, um, c[um])
+    tol = float(utility_tolerances(base.to_frame().T, um, c[um]).iloc[0])
     tol_txt = f"{um} within {format_value(tol)} of the baseline's (its noise or 2 points, the larger)"
     if found.empty:
-        pool = c[c["_ok"] & (c["role"] != "baseline")]
-        if res.confirmed:
-            pool = pool[pool["role"] == "confirmed"]
+        pool = candidates(res)
         costly = pool[pool[f"{pm}_verdict"] == noise.BETTER].sort_values(pm, ascending=p["mode"] == "min",
                                                                           kind="stable")
         if len(costly):   # more private beyond the noise, but not at the baseline's utility: a trade-off
@@ -406,14 +404,14 @@ def versus_baseline(row: pd.Series, metric: str) -> str:
 
 
 def surrogate_bests(res: Results) -> str | None:
-    """Per surrogate, its most private configuration at the baseline's utility (``claims``' tolerance; among
+    """Per surrogate, its most private configuration at the baseline's utility (``at_utility``; among
     its confirmed configurations where it has any) and what the replicates say about it; None without a noise
     floor or two objectives."""
     c = res.configs
     if c is None or len(res.objectives) < 2 or not res.has_floor:
         return None
     um, pm = res.metrics[0], res.metrics[1]
-    u_mode, p_mode = res.modes[0], res.modes[1]
+    p_mode = res.modes[1]
     pool = c[c["_ok"] & (c["role"] != "baseline")]
     rows = []
     for s in res.surrogates:
@@ -422,10 +420,8 @@ def surrogate_bests(res: Results) -> str | None:
             continue
         if (own["role"] == "confirmed").any():   # a surrogate's confirmed configurations speak for it
             own = own[own["role"] == "confirmed"]
-        delta = pd.to_numeric(own[f"{um}_delta"], errors="coerce") if f"{um}_delta" in own else None
-        if delta is not None:
-            tol = utility_tolerances(own, um, c[um])
-            near = own[((delta >= -tol) if u_mode == "max" else (delta <= tol)).fillna(False)]
+        if f"{um}_delta" in own:
+            near = own[at_utility(own, res)]
             own = near if len(near) else own
         rows.append(own.sort_values(pm, ascending=p_mode == "min", kind="stable").iloc[0])
     if not rows:
