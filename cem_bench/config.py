@@ -112,6 +112,10 @@ class TrainConfig:
                       "+-15 deg rotation), crop_flip, none", choices=("crop_flip_rotate", "crop_flip", "none"))
     amp: str = _f("auto", "bf16 autocast: auto (on for CUDA), on, off; surrogates always run in fp32",
                   choices=("auto", "on", "off"))
+    tf32: str = _f("auto", "TensorFloat-32 for fp32 work on CUDA (Ampere and later; the CPU ignores it): auto = "
+                   "PyTorch's defaults (convolutions may use TF32, matrix products stay fp32), on = both TF32, off = "
+                   "both strict fp32. Matters with train.amp=off (the paper grid) and for the surrogates, which "
+                   "always run in fp32 (docs/reference.md, 'Precision')", choices=("auto", "on", "off"))
     compile: bool = _f(False, "torch.compile the client and server")
     cuda_graph: str = _f("auto", "capture the training step (forward, noise, CE, CEM loss, backward, optimizer "
                          "steps) as one CUDA graph and replay it: auto (on for CUDA without train.compile), "

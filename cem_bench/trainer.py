@@ -122,6 +122,15 @@ def inject_scale(lr: float) -> float:
     return 0.001 / lr if lr >= INJECT_LR_KNEE else 1.0
 
 
+def set_tf32(mode: str) -> None:
+    """``train.tf32``: the process's TF32 flags for cuDNN convolutions and cuBLAS matrix products (process-wide, as
+    PyTorch keeps them; a trial is one process). ``auto`` restores PyTorch's defaults rather than leaving what an
+    earlier trial of the same process set. The legacy ``allow_tf32`` flags, as graphs.py uses: PyTorch refuses a
+    mix of these and the newer ``fp32_precision`` settings."""
+    conv, matmul = {"auto": (True, False), "on": (True, True), "off": (False, False)}[mode]
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, matmul
+
+
 class Trainer:
     """Holds models, optimizers and the surrogate; ``fit()`` runs the epochs, ``step()`` one batch."""
 
@@ -133,6 +142,7 @@ class Trainer:
         cuda = device.type == "cuda"
         if cuda:
             torch.backends.cudnn.benchmark = True
+            set_tf32(cfg.train.tf32)
             self.client.to(memory_format=torch.channels_last)
             self.server.to(memory_format=torch.channels_last)
         self.graphed = graph_mode(cfg, device)

@@ -81,7 +81,7 @@ def env(_):
     write("env.json", info)
 
 
-EQUIVALENCE_CAP_S = 210   # the equivalence stage starts no new configuration after this (the options stage is next)
+EQUIVALENCE_CAP_S = 210   # the equivalence stage starts no new configuration after this (--equivalence-cap-s)
 
 
 def equivalence(left):
@@ -416,6 +416,88 @@ def trial(left):
                 os.remove(p)
 
 
+PAPER_EPOCHS = 240
+# (name, extra keys, epochs): the grid's precision first (train.amp off, PyTorch's TF32 defaults), then bf16,
+# then strict fp32 (no TF32 anywhere), each a whole slice of the paper trial: every epoch of a shorter run, its
+# refits and evaluation, and both attacks at full size (50 decoder epochs on the 50k training images, rmle)
+PAPER_VARIANTS = [("fp32 (tf32 auto)", {"train.amp": "off", "train.tf32": "auto"}, 20),
+                  ("bf16", {"train.amp": "on"}, 20),
+                  ("strict fp32 (tf32 off)", {"train.amp": "off", "train.tf32": "off"}, 20),
+                  ("tf32 on", {"train.amp": "off", "train.tf32": "on"}, 20)]
+
+
+def paper_keys() -> dict:
+    """The fixed keys of search_spaces/cifar10_paper.yaml on synthetic data of CIFAR-10's size (tiny on the
+    CPU), gmm lambda = 16, sigma 0.05: the paper trial of issue 27."""
+    import yaml
+    with open(os.path.join("search_spaces", "cifar10_paper.yaml")) as f:
+        keys = dict(yaml.safe_load(f)["fixed"])
+    keys.update({"data.dataset": "synthetic", "data.train_size": 50000 if CUDA else 256,
+                 "data.test_size": 10000 if CUDA else 64, "cem.surrogate": "gmm", "cem.lambd": 16,
+                 "defense.noise_std": 0.05, "train.device": DEV, "attack.min_accuracy_margin": -1})
+    if not CUDA:
+        keys.update({"model.width": 0.125, "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8,
+                     "attack.rmle_iterations": 3})
+    return keys
+
+
+def paper_slice(name: str, extra: dict, epochs: int, timeout: float) -> dict:
+    """One slice of the paper trial run by ``cem-bench train``: its per-epoch seconds, train and attack seconds,
+    wall time, metrics, and the whole 240-epoch trial extrapolated as the slice's wall time plus the missing
+    epochs at the median of its epochs after the first two (capture, cuDNN's autotuning and CEM's start)."""
+    import re
+    import statistics
+    keys = {**paper_keys(), **extra, "train.epochs": epochs if CUDA else 3}
+    out_dir = os.path.join(OUT, "paper_" + re.sub(r"[^a-z0-9]+", "_", name).strip("_"))
+    args = ["train", "--out", out_dir]
+    for k, v in keys.items():
+        args += ["--set", f"{k}={json.dumps(v) if isinstance(v, (list, bool)) else v}"]
+    t = time.perf_counter()
+    rc = run_cli(args, timeout=timeout, log=os.path.basename(out_dir) + ".txt")
+    wall = time.perf_counter() - t
+    with open(os.path.join(OUT, os.path.basename(out_dir) + ".txt")) as f:
+        epoch_s = [float(m) for m in re.findall(r"epoch_s=([0-9.]+)", f.read())]
+    res = {"rc": rc, "epochs": keys["train.epochs"], "process_wall_s": wall, "epoch_s": epoch_s}
+    metrics_path = os.path.join(out_dir, "metrics.json")
+    if os.path.exists(metrics_path):
+        with open(metrics_path) as f:
+            m = json.load(f)
+        res.update({k: m.get(k) for k in ("test_acc", "test_acc_clean", "attack_ssim", "attack_ssim__decoder",
+                                          "attack_ssim__rmle", "attack_psnr", "train_s", "attack_s",
+                                          "attack_s__decoder", "attack_s__rmle", "wall_s")})
+    steady = epoch_s[2:] or epoch_s
+    if steady and res.get("wall_s") is not None:
+        per = statistics.median(steady)
+        res["steady_epoch_s"] = per
+        res["whole_trial_s_extrapolated"] = res["wall_s"] + (PAPER_EPOCHS - len(epoch_s)) * per
+    for junk in ("checkpoint.pt", "recon.png"):
+        if os.path.exists(os.path.join(out_dir, junk)):
+            os.remove(os.path.join(out_dir, junk))
+    return res
+
+
+def _paper(variants, left):
+    out = _load("paper.json") or {}
+    for name, extra, epochs in variants:
+        left_now = BUDGET - (time.perf_counter() - T0)
+        if left_now < 60:
+            out[name] = f"skipped: {left_now:.0f} s of the budget left"
+            continue
+        out[name] = paper_slice(name, extra, epochs, timeout=left_now - 20)
+        write("paper.json", out)
+    write("paper.json", out)
+
+
+def paper(left):
+    """The paper trial in the grid's precision and in bf16 (issue 27 item 1)."""
+    _paper(PAPER_VARIANTS[:2], left)
+
+
+def paper_tf32(left):
+    """The paper trial in strict fp32 and with TF32 everywhere: what TF32 changes, same seeds."""
+    _paper(PAPER_VARIANTS[2:], left)
+
+
 def pack(left):
     if not CUDA:
         write("pack.txt", "no CUDA: the pack row is CUDA only")
@@ -533,6 +615,15 @@ def summary(_):
                     lambda r: [f"{r['us_per_step'][k]:.0f}" for k in ("span", "surrogate_busy", "rest_busy",
                                                                        "both_busy")]
                     + [f"{r['kernels_per_step']['surrogate']:.0f} / {r['kernels_per_step']['all']:.0f}"])
+    lines += _table(f"The paper trial, whole slices (gmm λ = 16, σ 0.05, 50k/10k synthetic; extrapolated to "
+                    f"{PAPER_EPOCHS} epochs)", _load("paper.json"),
+                    ["epochs", "steady epoch s", "train s", "decoder s", "rmle s", "wall s",
+                     f"whole trial min ({PAPER_EPOCHS} epochs)", "test acc", "SSIM decoder / rmle", "rc"],
+                    lambda r: [r["epochs"], _g(r.get("steady_epoch_s")), _g(r.get("train_s")),
+                               _g(r.get("attack_s__decoder")), _g(r.get("attack_s__rmle")), _g(r.get("wall_s")),
+                               _g(r["whole_trial_s_extrapolated"] / 60) if r.get("whole_trial_s_extrapolated")
+                               else "", _g(r.get("test_acc")),
+                               f"{_g(r.get('attack_ssim__decoder'))} / {_g(r.get('attack_ssim__rmle'))}", r["rc"]])
     lines += _table("Profile (one eager step)", _load("profile.json"), ["CUDA kernels", "busy µs", "ops counted"],
                     lambda r: [r["kernels_per_step"], f"{r['kernel_busy_us_per_step']:.0f}",
                                r["ops_counted_per_step"]])
@@ -542,6 +633,8 @@ def summary(_):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--equivalence-cap-s", type=float, default=EQUIVALENCE_CAP_S,
+                    help="the equivalence stage starts no new configuration after this many seconds")
     ap.add_argument("--bench-groups", nargs="+", default=None,
                     help="the bench stage's groups (default: data step flops kernels refit attack epoch on CUDA)")
     ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "profile", "decoder", "bench", "trial",
@@ -551,6 +644,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     BUDGET = a.budget_s
     BENCH_GROUPS = a.bench_groups
+    EQUIVALENCE_CAP_S = a.equivalence_cap_s
     # train.compile_surrogate across many configurations in one process: more than Dynamo's default of 8
     # compiled variants of one function (each configuration's shapes are one), so none falls back to eager
     import torch._dynamo
