@@ -84,6 +84,14 @@ def env(_):
 EQUIVALENCE_CAP_S = 210   # the equivalence stage starts no new configuration after this (--equivalence-cap-s)
 
 
+EQUIVALENCE_ONLY: list[str] | None = None   # --equivalence-configs: only these configurations
+
+
+def _equivalence_key(name: str, random: bool, stream: bool, comp: bool, determ: bool) -> str:
+    return f"{name}{' (noise+dropout)' if random else ''}{' (stream)' if stream else ''}" \
+           f"{' (compiled)' if comp else ''}{' (deterministic)' if determ else ''}"
+
+
 def equivalence(left):
     """Graphed vs eager, as whole-run trails (``compare_with_eager``) and step by step (``compare_step_by_step``),
     for lambda = 0 and every surrogate under every combination of noise/dropout, own stream and compile, and
@@ -103,12 +111,13 @@ def equivalence(left):
                 (False, True, True, True)]
     todo = [(v, name) for v in variants for name in surrogates.names()]
     todo[:0] = [((False, False, False, False), "lambda=0"), ((True, False, False, False), "lambda=0")]
+    if EQUIVALENCE_ONLY:
+        todo = [(v, name) for v, name in todo if _equivalence_key(name, *v) in EQUIVALENCE_ONLY]
     cap = min(EQUIVALENCE_CAP_S, left - 60)
     t0 = time.perf_counter()
     out = {}
     for (random, stream, comp, determ), name in todo:
-        key = f"{name}{' (noise+dropout)' if random else ''}{' (stream)' if stream else ''}" \
-              f"{' (compiled)' if comp else ''}{' (deterministic)' if determ else ''}"
+        key = _equivalence_key(name, random, stream, comp, determ)
         if not CUDA:
             out[key] = "no CUDA: the graphed trainer needs a GPU"
             break
@@ -488,14 +497,13 @@ def _paper(variants, left):
     write("paper.json", out)
 
 
+PAPER_RUN: list[str] | None = None   # --paper-variants: which of PAPER_VARIANTS the paper stage runs
+
+
 def paper(left):
-    """The paper trial in the grid's precision and in bf16 (issue 27 item 1)."""
-    _paper(PAPER_VARIANTS[:2], left)
-
-
-def paper_tf32(left):
-    """The paper trial in strict fp32 and with TF32 everywhere: what TF32 changes, same seeds."""
-    _paper(PAPER_VARIANTS[2:], left)
+    """The paper trial in the grid's precision and in bf16, then (budget allowing, or as --paper-variants
+    names) strict fp32 and TF32 everywhere: what TF32 changes, same seeds (issue 27 item 1)."""
+    _paper([v for v in PAPER_VARIANTS if PAPER_RUN is None or v[0] in PAPER_RUN], left)
 
 
 def pack(left):
@@ -635,6 +643,12 @@ if __name__ == "__main__":
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--equivalence-cap-s", type=float, default=EQUIVALENCE_CAP_S,
                     help="the equivalence stage starts no new configuration after this many seconds")
+    ap.add_argument("--equivalence-configs", nargs="+", default=None,
+                    help="only these equivalence configurations, named as in equivalence.json, e.g. "
+                         "'slot_cross (stream) (compiled)'")
+    ap.add_argument("--paper-variants", nargs="+", default=None,
+                    help="which paper-trial variants the paper stage runs: " +
+                         ", ".join(repr(v[0]) for v in PAPER_VARIANTS) + " (default: all, budget allowing)")
     ap.add_argument("--bench-groups", nargs="+", default=None,
                     help="the bench stage's groups (default: data step flops kernels refit attack epoch on CUDA)")
     ap.add_argument("--stages", nargs="+", default=["env", "equivalence", "profile", "decoder", "bench", "trial",
@@ -645,6 +659,11 @@ if __name__ == "__main__":
     BUDGET = a.budget_s
     BENCH_GROUPS = a.bench_groups
     EQUIVALENCE_CAP_S = a.equivalence_cap_s
+    EQUIVALENCE_ONLY = a.equivalence_configs
+    PAPER_RUN = a.paper_variants
+    unknown = [v for v in (PAPER_RUN or []) if v not in {p[0] for p in PAPER_VARIANTS}]
+    if unknown:
+        ap.error(f"unknown --paper-variants {unknown}: choose from {[p[0] for p in PAPER_VARIANTS]}")
     # train.compile_surrogate across many configurations in one process: more than Dynamo's default of 8
     # compiled variants of one function (each configuration's shapes are one), so none falls back to eager
     import torch._dynamo
