@@ -121,13 +121,16 @@ class TrainConfig:
                          "steps) as one CUDA graph and replay it: auto (on for CUDA without train.compile), "
                          "on, off; the CPU always runs the eager step (docs/performance.md)",
                          choices=("auto", "on", "off"))
-    surrogate_stream: bool = _f(False, "run the surrogate's forward and backward on a second CUDA stream, "
-                                "concurrently with the server's (a parallel branch of the step's graph); CUDA "
-                                "only, the CPU ignores it (measured: docs/performance.md)")
-    compile_surrogate: bool = _f(False, "torch.compile the surrogate's training forward (and so its backward): "
-                                 "fewer, fused kernels, also inside train.cuda_graph; compiled before the first "
-                                 "epoch (a toolchain that cannot compile stops the trial there), its random draws "
-                                 "stay eager (docs/performance.md)")
+    surrogate_stream: str = _f("auto", "run the surrogate's forward and backward on a second CUDA stream, "
+                               "concurrently with the server's (a parallel branch of the step's graph): auto = on "
+                               "for graphed CUDA steps (train.cuda_graph), on, off; the CPU ignores it (measured: "
+                               "docs/performance.md)", choices=("auto", "on", "off"))
+    compile_surrogate: str = _f("auto", "torch.compile the surrogate's training forward (and so its backward): "
+                                "fewer, fused kernels, also inside train.cuda_graph; compiled before the first epoch. "
+                                "auto = on for graphed CUDA steps, falling back to the eager surrogate (said once, "
+                                "recorded as surrogate_compile_failed) when the toolchain cannot compile; on = a "
+                                "trial that cannot compile stops there; off. Its random draws stay eager "
+                                "(docs/performance.md)", choices=("auto", "on", "off"))
     device: str = _f("auto", "auto (cuda if available), cpu, cuda, cuda:N")
     eval_batch_size: int = _f(1024, "batch size of evaluation passes", lo=1)
     reference_warmup_lr0: bool = _f(False, "reproduce the reference's WarmUpLR misuse: epoch 1 runs at lr 0 for "

@@ -190,6 +190,9 @@ def _comparison_copy(flat: dict, mode: str, dev: torch.device, random: bool):
     with the same arithmetic as every other copy (no TF32, no autotuned algorithm choice); without ``random``
     nothing in its step draws random numbers but the surrogate (no defense noise, no classifier dropout)."""
     from .trial import build, build_config
+    if flat.get("train.compile_surrogate", "auto") == "auto":
+        # auto compiles the surrogate of a graphed CUDA step only: every copy the same, so one arithmetic
+        flat = {**flat, "train.compile_surrogate": "on" if dev.type == "cuda" else "off"}
     cfg = build_config({**flat, "train.cuda_graph": mode, "train.device": str(dev),
                         **({} if random else {"defense.noise_std": 0.0})})
     splits, tr = build(cfg, dev)

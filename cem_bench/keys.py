@@ -172,6 +172,8 @@ def coerce_value(key: str, value: Any, spec: KeySpec) -> Any:
         if not math.isfinite(v):
             raise bad("is not finite")
     elif tp is str:
+        if isinstance(value, bool) and spec.choices is not None and {"on", "off"} <= set(spec.choices):
+            value = "on" if value else "off"    # YAML 1.1 reads an unquoted on/off (and true/false) as a boolean
         if not isinstance(value, str):
             raise bad("is not a string")
         v = value.strip()

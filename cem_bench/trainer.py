@@ -122,6 +122,15 @@ def inject_scale(lr: float) -> float:
     return 0.001 / lr if lr >= INJECT_LR_KNEE else 1.0
 
 
+def surrogate_options(cfg: TrialConfig, graphed: bool) -> tuple[bool, bool]:
+    """``(own stream, compiled)`` of the surrogate's training forward (``train.surrogate_stream``,
+    ``train.compile_surrogate``): ``auto`` is on for a graphed CUDA step, where both were measured to take the
+    eager step to rounding, step by step (docs/performance.md), and off elsewhere. The stream is CUDA only."""
+    t = cfg.train
+    return (t.surrogate_stream == "on" or (t.surrogate_stream == "auto" and graphed),
+            t.compile_surrogate == "on" or (t.compile_surrogate == "auto" and graphed))
+
+
 def set_tf32(mode: str) -> None:
     """``train.tf32``: the process's TF32 flags for cuDNN convolutions and cuBLAS matrix products (process-wide, as
     PyTorch keeps them; a trial is one process). ``auto`` restores PyTorch's defaults rather than leaving what an
@@ -146,9 +155,9 @@ class Trainer:
             self.client.to(memory_format=torch.channels_last)
             self.server.to(memory_format=torch.channels_last)
         self.graphed = graph_mode(cfg, device)
+        stream, compile_surrogate = surrogate_options(cfg, self.graphed)
         # train.surrogate_stream: the surrogate's own CUDA stream (None: the current one)
-        self._side = torch.cuda.Stream(device) if (cuda and cfg.train.surrogate_stream and surrogate is not None) \
-            else None
+        self._side = torch.cuda.Stream(device) if (cuda and stream and surrogate is not None) else None
         # fused (one multi-tensor kernel per optimizer) on the CPU too: on the CPU the same arithmetic as the
         # per-parameter loop (SGD bit-identical, measured), and one code path whose kernel count the bench's
         # ``kernels`` group can count here for the GPU (docs/performance.md)
@@ -183,7 +192,8 @@ class Trainer:
         # train.compile_surrogate: the training forward only (refit and evaluation call the module itself);
         # static shapes (the step's batch is fixed), so one compile for the trial
         self._surrogate_fwd = surrogate
-        if surrogate is not None and cfg.train.compile_surrogate:
+        self.surrogate_compile_failed: str | None = None   # train.compile_surrogate=auto fell back: why
+        if surrogate is not None and compile_surrogate:
             self._surrogate_fwd = torch.compile(surrogate, dynamic=False)
         self.epoch = 0
         self.history: list[dict] = []
@@ -386,9 +396,16 @@ class Trainer:
                 self._surrogate_fwd(z, y).loss.backward()
         except Exception as e:  # noqa: BLE001 - whatever the compiler raised, the trial cannot use it
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise ConfigError(f"train.compile_surrogate=true, but torch.compile could not compile surrogate "
-                              f"{self.cfg.cem.surrogate!r} on {self.device}: {type(e).__name__}: {first[:300]}. "
-                              f"Set train.compile_surrogate=false (the eager surrogate: the same step to "
+            why = f"{type(e).__name__}: {first[:300]}"
+            if self.cfg.train.compile_surrogate == "auto":
+                self._surrogate_fwd, self.surrogate_compile_failed = self.surrogate, why
+                print(f"[cem-bench] train.compile_surrogate=auto: torch.compile could not compile surrogate "
+                      f"{self.cfg.cem.surrogate!r} on {self.device} ({why}); it runs eagerly (the same step to "
+                      f"rounding)", flush=True)
+                return
+            raise ConfigError(f"train.compile_surrogate=on, but torch.compile could not compile surrogate "
+                              f"{self.cfg.cem.surrogate!r} on {self.device}: {why}. Set "
+                              f"train.compile_surrogate=off (the eager surrogate: the same step to "
                               f"rounding)") from e
         finally:
             gen.set_state(state)
@@ -437,6 +454,8 @@ class Trainer:
                 rec[k] = v / steps
         if self._graph is not None:
             rec.update(self._graph.stats())
+        if self.surrogate_compile_failed is not None:
+            rec["surrogate_compile_failed"] = self.surrogate_compile_failed
         rec["train_s"] = time.perf_counter() - t0
         return rec
 

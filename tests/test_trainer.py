@@ -359,6 +359,47 @@ def test_a_surrogate_that_cannot_compile_stops_the_trial_before_its_first_epoch(
     t = _trainer(**{"cem.surrogate": "gated_attention", "cem.hidden_dim": 16, "cem.num_heads": 2,
                     "cem.warmup_epochs": 1, "train.compile_surrogate": True})
     with pytest.raises(ConfigError, match=r"could not compile surrogate 'gated_attention'.*InvalidCxxCompiler.*"
-                                          r"train\.compile_surrogate=false"):
+                                          r"train\.compile_surrogate=off"):
         t.fit()
     assert t.history == [] and t.epoch == 0
+
+
+def test_auto_compile_that_fails_falls_back_to_the_eager_surrogate_and_says_so(monkeypatch, capsys):
+    """train.compile_surrogate=auto (the graphed CUDA default) on a toolchain that cannot compile: the trial goes
+    on with the eager surrogate, says why once and records it in every epoch, instead of stopping."""
+    def no_compiler(module, **kw):
+        def fail(*a, **k):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+        return fail
+    t = _trainer(**{"cem.surrogate": "gated_attention", "cem.hidden_dim": 16, "cem.num_heads": 2,
+                    "cem.warmup_epochs": 1, "train.epochs": 2})
+    assert t.cfg.train.compile_surrogate == "auto"
+    t._surrogate_fwd = no_compiler(t.surrogate)   # what auto compiles on a graphed CUDA step (the CPU: never)
+    t.fit()
+    assert t._surrogate_fwd is t.surrogate and len(t.history) == 2
+    assert all("InvalidCxxCompiler" in r["surrogate_compile_failed"] for r in t.history)
+    assert capsys.readouterr().out.count("train.compile_surrogate=auto") == 1
+
+
+@pytest.mark.parametrize("value, graphed, expected", [
+    ("auto", True, True), ("auto", False, False), ("on", False, True), ("off", True, False),
+    (True, False, True), (False, True, False)])
+def test_surrogate_stream_and_compile_default_to_the_graphed_step(value, graphed, expected):
+    """auto = on exactly for a graphed (CUDA) step; on/off as set; YAML's booleans read as on/off."""
+    from cem_bench.trainer import surrogate_options
+    cfg = build_config({"train.surrogate_stream": value, "train.compile_surrogate": value})
+    assert surrogate_options(cfg, graphed) == (expected, expected)
+
+
+@pytest.mark.parametrize("mode, conv, matmul", [("auto", True, False), ("on", True, True), ("off", False, False)])
+def test_tf32_key_sets_the_process_flags(mode, conv, matmul):
+    """train.tf32: auto restores PyTorch's defaults (TF32 convolutions, fp32 matrix products) whatever an earlier
+    trial of the process set; on and off set both."""
+    from cem_bench.trainer import set_tf32
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        set_tf32("off" if mode != "off" else "on")
+        set_tf32(mode)
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (conv, matmul)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

@@ -48,9 +48,11 @@ COMPILED = "(compiled)"  # graphed, with train.compile_surrogate: the surrogate'
 STREAM_COMPILED = "(stream, compiled)"
 # the CUDA variants of a configuration: the suffix of its row name and the keys it sets; each surrogate variant
 # is compared with the lambda = 0 step (its target) and with the plain graphed step of the same surrogate
-VARIANTS = {EAGER: {"train.cuda_graph": "off"}, STREAM: {"train.surrogate_stream": True},
-            COMPILED: {"train.compile_surrogate": True},
-            STREAM_COMPILED: {"train.surrogate_stream": True, "train.compile_surrogate": True}}
+VARIANTS = {EAGER: {"train.cuda_graph": "off"}, STREAM: {"train.surrogate_stream": "on"},
+            COMPILED: {"train.compile_surrogate": "on"},
+            STREAM_COMPILED: {"train.surrogate_stream": "on", "train.compile_surrogate": "on"}}
+# the plain graphed row: one stream, the eager surrogate (on CUDA the defaults are the (stream, compiled) row)
+PLAIN = {"train.surrogate_stream": "off", "train.compile_surrogate": "off"}
 VARIANT_NOTES = {STREAM: "train.surrogate_stream (its own CUDA stream)",
                  COMPILED: "train.compile_surrogate (torch.compile; compiled in the untimed warm-up)",
                  STREAM_COMPILED: "train.surrogate_stream and train.compile_surrogate"}
@@ -93,7 +95,7 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
     from ..trainer import lr_at
 
     flops = flops and device.type == "cuda"
-    base_flat = step_config(sizes, device, **{"data.train_size": sizes.step_images, "data.test_size": 20})
+    base_flat = step_config(sizes, device, **{"data.train_size": sizes.step_images, "data.test_size": 20}, **PLAIN)
     splits = synthetic_splits(sizes.step_images, 20, device)
     plain = ["lambda=0"] + surrogates.names()
     # on CUDA every configuration twice, the graphed step (train.cuda_graph auto) and the eager one, and each
