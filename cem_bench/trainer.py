@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import data as data_mod
+from . import graphs
 from . import models
 from .config import TrialConfig
 from .errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
@@ -69,12 +70,12 @@ class _GradGate(torch.autograd.Function):
 
 
 def graph_mode(cfg: TrialConfig, device: torch.device) -> bool:
-    """Whether the training step runs as a CUDA graph (``train.cuda_graph``)."""
-    mode = cfg.train.cuda_graph
-    if mode == "on" and device.type != "cuda":
+    """Whether the training step runs as a CUDA graph (``train.cuda_graph``; ``graphs.graph_mode``); ``on``
+    without CUDA is refused."""
+    if cfg.train.cuda_graph == "on" and device.type != "cuda":
         raise ConfigError(f"train.cuda_graph=on needs a CUDA device; the trial runs on {device}. Use "
                           f"train.cuda_graph=auto (graphs on CUDA, the eager step elsewhere) or off")
-    return mode == "on" or (mode == "auto" and device.type == "cuda" and not cfg.train.compile)
+    return graphs.graph_mode(cfg.train.cuda_graph, device, cfg.train.compile)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -205,8 +206,7 @@ class Trainer:
         self.surr_log_names: tuple[str, ...] | None = None    # the order of acc["surr"]
         self._graph = None
         if self.graphed:
-            from .graphs import GraphedStep
-            self._graph = GraphedStep(self)
+            self._graph = graphs.GraphedStep(self)
 
     def _install_lr(self) -> None:
         if self._lr_tensor is not None:

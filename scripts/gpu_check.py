@@ -99,7 +99,8 @@ def equivalence(left):
     they decide: the candidate default (noise, own stream, compiled) and the plain step for every surrogate
     first, so that a time cap (``EQUIVALENCE_CAP_S``) drops the least telling ones."""
     from cem_bench import surrogates
-    from cem_bench.graphs import WARMUP_STEPS, compare_step_by_step, compare_with_eager
+    from cem_bench.graphs import WARMUP_STEPS
+    from cem_bench.bench.equivalence import compare_step_by_step, compare_with_eager
     # the surrogate's shapes as in the bench's step rows (batch 128, 8 channels at the cut): a compiled
     # surrogate (train.compile_surrogate) reuses the bench's compiled kernels from the on-disk cache
     tiny = {"model.width": 0.125, "model.bottleneck_channels": 8, "data.train_size": 512, "data.test_size": 100,
@@ -573,7 +574,7 @@ def summary(_):
         lines.append(f"| {name} | {_g(one and one.get('ratio'))} | "
                      + "".join(f"{_g(o and o.get('ratio'))} | " for o in others) +
                      f"{kern and kern['value']} (λ=0: {kbase and kbase['value']}) | {per} |")
-    from cem_bench.graphs import steps_agree, within_eager_floor
+    from cem_bench.bench.equivalence import steps_agree, within_eager_floor
     steps = lambda v: " ".join(f"{d:.0e}" for d in v)  # noqa: E731
 
     def step_cells(r: dict) -> list:

@@ -86,7 +86,7 @@ def test_step_by_step_comparison_carries_the_whole_state(name):
     made with another seed (other weights, optimizer states, noise and surrogate random streams) then take
     exactly the first copy's steps, defense noise, dropout and slot noise included. The CUDA tests compare the
     graphed step with the eager one this way."""
-    from cem_bench.graphs import compare_step_by_step, steps_agree
+    from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
     flat = {**TINY, "defense.noise_std": 0.1,
             **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
     res = compare_step_by_step(flat, steps=2, device="cpu", random=True, mode="off", eager_flat={"seed": 1})
@@ -102,7 +102,7 @@ def test_step_by_step_comparison_catches_a_different_step(monkeypatch):
     by 5e-3 of its update and its gradients by 2e-2 (a compiled surrogate's rounding: about 1e-6 and 1e-5);
     copies that miss the surrogate's random stream move the encoder alike to 5e-4 of its update, but the
     surrogate's gradients differ by more than their size and most of its entries move differently."""
-    from cem_bench.graphs import compare_step_by_step, steps_agree
+    from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
     from cem_bench.trainer import Trainer
     # the weight these numbers were measured at (slot_cross's seed weight; its calibrated default is 0.93)
     flat = {**TINY, "cem.surrogate": "slot_cross", "cem.lambd": 4.0, "cem.loss_scale": 0.25, "defense.noise_std": 0.1}
@@ -121,7 +121,7 @@ def test_a_compiled_surrogate_step_is_the_eager_step_to_rounding():
     """train.compile_surrogate judged step by step on the CPU: Inductor's code for the surrogate differs from
     the eager surrogate by rounding only, within steps_agree's bounds (the same bounds the CUDA tests hold the
     graphed steps to)."""
-    from cem_bench.graphs import compare_step_by_step, steps_agree
+    from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
     flat = {**TINY, "defense.noise_std": 0.1, "cem.surrogate": "slot_cross", "cem.hidden_dim": 16,
             "cem.num_heads": 2, "cem.lambd": 4.0, "train.compile_surrogate": True}
     res = compare_step_by_step(flat, steps=3, device="cpu", random=True, mode="off",
@@ -138,7 +138,8 @@ def test_graphed_step_equals_eager_on_cuda(name, random):
     the same state, to rounding (compare_step_by_step). Whole runs are not compared: a surrogate's CUDA
     kernels add with atomics, and its Adam and hard assignments amplify the last bits step by step (on an
     H100 two eager runs of slot_cross differed by 4e-7 once and 5e-3 another time)."""
-    from cem_bench.graphs import WARMUP_STEPS, compare_step_by_step, steps_agree
+    from cem_bench.graphs import WARMUP_STEPS
+    from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
     flat = {**TINY, "train.amp": "off",
             **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
     res = compare_step_by_step(flat, steps=WARMUP_STEPS + 5, random=random)
@@ -228,8 +229,10 @@ def test_surrogate_stream_is_ignored_on_the_cpu():
 def test_surrogate_stream_step_equals_one_stream_on_cuda(name):
     """The surrogate on its own stream (train.surrogate_stream), graphed, trains as the one-stream eager step:
     streams change when kernels run, not what they compute; and so does its eager two-stream step."""
-    from cem_bench.graphs import WARMUP_STEPS, compare_step_by_step, steps_agree
-    flat = {**TINY, "train.amp": "off", "cem.surrogate": name, "cem.lambd": 4.0, "train.surrogate_stream": True}
+    from cem_bench.graphs import WARMUP_STEPS
+    from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
+    flat = {**TINY, "train.amp": "off", "cem.surrogate": name, "cem.lambd": 4.0, "train.surrogate_stream": True,
+            "train.compile_surrogate": False}
     for eager_flat in ({"train.surrogate_stream": False}, None):
         res = compare_step_by_step(flat, steps=WARMUP_STEPS + 5, eager_flat=eager_flat)
         assert res["cuda_graph_captures"] == 1 and res["cuda_graph_replays"] == 5 and not res["cuda_graph_failed"]
@@ -242,7 +245,8 @@ def test_compiled_surrogate_graphed_equals_compiled_eager_on_cuda(name):
     """train.compile_surrogate inside the graph, on the surrogate's own stream: the captured replays of the
     compiled kernels train as the compiled eager steps on one stream (no noise or dropout; scripts/gpu_check.py
     also runs them with both)."""
-    from cem_bench.graphs import WARMUP_STEPS, compare_step_by_step, steps_agree
+    from cem_bench.graphs import WARMUP_STEPS
+    from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
     flat = {**TINY, "train.amp": "off", "cem.surrogate": name, "cem.lambd": 4.0, "train.surrogate_stream": True,
             "train.compile_surrogate": True}
     res = compare_step_by_step(flat, steps=WARMUP_STEPS + 5, eager_flat={"train.surrogate_stream": False})

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from .. import models
 from ..data import eval_batches
+from ..graphs import CaptureSchedule, graph_mode
 from ..keys import key
 from .base import Attack, AttackResult, Scorer, register
 
@@ -212,11 +213,10 @@ class DecoderAttack(Attack):
         defense noise per batch) to ``images_u8`` / 255; returns one record per epoch. On CUDA with
         ``train.cuda_graph`` on (auto), the full-size batches replay one captured step (``DecoderStepGraph``);
         a short last batch runs eagerly."""
-        from ..trainer import graph_mode
         acfg = self.cfg.attack
         if acfg.epochs == 0:
             return []
-        graphed = device.type == "cuda" and graph_mode(self.cfg, device)
+        graphed = device.type == "cuda" and graph_mode(self.cfg.train.cuda_graph, device, self.cfg.train.compile)
         kw = {"fused": True} if device.type == "cuda" else {}
         lr = torch.tensor(acfg.lr, device=device) if graphed else acfg.lr   # filled in place by the scheduler
         opt = torch.optim.Adam(decoder.parameters(), lr=lr, weight_decay=acfg.weight_decay,
@@ -272,7 +272,6 @@ class DecoderStepGraph:
 
     def __init__(self, step, batch_size: int, total: torch.Tensor, gen: torch.Generator, device,
                  strict: bool = False):
-        from ..graphs import CaptureSchedule
         self.body, self.total, self.gen = step, total, gen
         self.idx = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.schedule = CaptureSchedule(device, strict, "decoder attack's step")
