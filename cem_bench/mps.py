@@ -1,9 +1,8 @@
-"""CUDA MPS (Multi-Process Service) for trials that share a GPU (docs/performance.md "Packing").
+"""CUDA MPS (Multi-Process Service) for trials that share a GPU (docs/performance.md, 'Packing').
 
 Several trial processes on one card each get their own CUDA context; without MPS the card time-slices
 between the contexts, and the small kernels of this model cannot overlap. Under MPS their kernels run
-concurrently: measured on one H200, 8 trials at once ran each epoch in 4.3-4.9 s under MPS against 6.2-7.1
-s without (3.8 s alone). ``start()`` starts the control daemon (``nvidia-cuda-mps-control -d``) unless one
+concurrently. ``start()`` starts the control daemon (``nvidia-cuda-mps-control -d``) unless one
 already runs, and says whether it did, so that ``stop()`` stops only a daemon this process started.
 
 ``cem-bench search --mps auto|on|off`` (auto: on when trials share a GPU, i.e. ``resources.gpu`` < 1, and a

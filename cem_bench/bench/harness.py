@@ -289,7 +289,7 @@ def header(device: torch.device, sizes: Sizes) -> dict:
         "step_repeats": sizes.step_repeats,
         "warmup": sizes.warmup,
         "load_avg_start": [round(v, 2) for v in load],
-        # OpenMP settings change CPU timings a lot on a shared machine (docs/performance.md)
+        # OpenMP settings change CPU timings a lot on a shared machine (docs/performance.md, 'Two settings')
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
     }
 

@@ -1,8 +1,7 @@
 """Row group ``kernels``: the kernels one training step launches, counted on any device.
 
-Under a CUDA graph (``train.cuda_graph``) Python no longer launches the step, and what a surrogate adds to
-it is set by how many small kernels it runs, one after another: on the H200 the five surrogates' extra time
-over the lambda = 0 step was 1.9 to 3.4 µs per extra kernel counted here (docs/performance.md, "Kernels").
+Under a CUDA graph (``train.cuda_graph``) Python does not launch the step, so what a surrogate adds to it
+is set by how many small kernels it runs, one after another (docs/performance.md, 'Kernels per step').
 The count needs no GPU, so a change to a surrogate can be measured where it is made.
 
 ``OpCounter`` is a ``TorchDispatchMode`` that counts the ATen operators that run below autograd, except
@@ -36,12 +35,8 @@ NO_KERNEL = frozenset({
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "numel", "dim", "size", "stride",
 })
 
-# Fitted on the H200 (torch 2.11; docs/performance.md "Kernels"): graphed step time = STEP0_MS + US_PER_OP x
-# (the surrogate's extra operators counted here), least squares through 0 over the five surrogates as the
-# H200 ran them (commits 0936307..f648ac6, surrogates unchanged), whose extra operators this row counts as
-# 104 / 252 / 603 / 816 / 984 (gmm / gated_attention / attention_centroid / slot_cross / serial_enhanced)
-# for 0.20 / 0.63 / 2.03 / 2.15 / 2.82 ms measured; the fit predicts the ratios 1.18 / 1.44 / 2.05 / 2.41 /
-# 2.71 for 1.12 / 1.38 / 2.23 / 2.30 / 2.71 measured.
+# graphed step time = STEP0_MS + US_PER_OP x (the surrogate's extra operators counted here), fitted by least
+# squares through 0 on the H200's plain graphed step (docs/performance.md, 'Kernels per step')
 STEP0_MS = 1.65
 US_PER_OP = 2.86
 

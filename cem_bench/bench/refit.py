@@ -6,8 +6,8 @@ scikit-learn's ``KMeans`` per class on the same features (same K, ``max_iter`` =
 Both are short (milliseconds), so each repeat is timed by ``torch.utils.benchmark.Timer`` (``time_short``:
 two untimed calls, then the timed one); the two alternate, and the Timer's setup pauses 0.2 s, untimed,
 right before each call (their OpenMP runtimes' spinning threads otherwise slow each other's first
-milliseconds: docs/performance.md). The warm refit of later epochs and the feature
-pass are reported in the note.
+milliseconds: docs/performance.md, 'Why the refit row pauses between torch and scikit-learn'). The warm
+refit of later epochs and the feature pass are reported in the note.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def bench_refit(device: torch.device, sizes: Sizes) -> list[dict]:
             sk_iters.append(int(km.n_iter_))
         seed[0] += 1
 
-    # measured here: back to back, ours ran at 0.12-0.15 s with scikit-learn's threads still spinning,
-    # 0.07-0.09 s after a 0.2 s pause (4096 features); scikit-learn's own times vary 0.08-0.33 s either way
+    # the 0.2 s pause lets the other runtime's OpenMP threads stop spinning before each timed call
+    # (docs/performance.md, 'Why the refit row pauses between torch and scikit-learn')
     times = round_robin({"ours": ours, "sklearn": sklearn_fit}, device, sizes.repeats, sizes.warmup, settle_s=0.2,
                         short=True)
     ours_s, sk_s = times["ours"], times["sklearn"]

@@ -39,7 +39,7 @@ from .harness import (
     timed,
 )
 
-TARGET_STEP = ("le", 1.5)           # attention surrogates (issue: <= 1.5x of lambda = 0 with graphs)
+TARGET_STEP = ("le", 1.5)           # attention surrogates: <= 1.5x the lambda = 0 step, graphed
 TARGET_STEP_GMM = ("le", 1.15)
 TARGET_STEP_MS = ("le", 2.0)        # lambda = 0 step at batch 128 on an H100/H200, graphed (ms)
 EAGER = "(eager)"
