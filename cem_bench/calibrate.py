@@ -113,7 +113,7 @@ def measure(flat: dict, surrogates: list[str] | None = None, warmup: int = 2, ba
             if i >= batches:
                 break
             z = trainer.client(x).float()
-            ce = F.cross_entropy(trainer.server(trainer._noise(z)).float(), y)
+            ce = F.cross_entropy(trainer.server(trainer.add_noise(z)).float(), y)
             loss = trainer.surrogate(z, y).loss
             g_ce, = torch.autograd.grad(ce, z, retain_graph=True)
             g_l, = torch.autograd.grad(loss, z, allow_unused=True)

@@ -205,7 +205,7 @@ def _bundled_experiment_state(exp: _Dir) -> dict[str, str]:
             if n.startswith("experiment_state-") and n.endswith(".json")}
 
 
-def _is_trial_dir(exp: _Dir, name: str) -> bool:
+def is_trial_dir(exp: _Dir, name: str) -> bool:
     if name.startswith(".") or name in ("report",):
         return False
     return any(exp.exists(name, f) for f in (RESULT_FILE, RAY_PARAMS_FILE, RAY_RESULT_FILE))
@@ -340,7 +340,7 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
         dirs = [d for d in dirs if d in listed]
 
     def one(d: str):
-        return read_trial(exp, d, experiment) if _is_trial_dir(exp, d) else None
+        return read_trial(exp, d, experiment) if is_trial_dir(exp, d) else None
     # the folders are read by a pool of threads: three small files each, and on object storage every read is
     # a request whose latency the threads overlap (docs/results.md)
     from concurrent.futures import ThreadPoolExecutor

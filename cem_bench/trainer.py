@@ -157,8 +157,8 @@ class Trainer:
             self.server.to(memory_format=torch.channels_last)
         self.graphed = graph_mode(cfg, device)
         stream, compile_surrogate = surrogate_options(cfg, self.graphed)
-        # train.surrogate_stream: the surrogate's own CUDA stream (None: the current one)
-        self._side = torch.cuda.Stream(device) if (cuda and stream and surrogate is not None) else None
+        # train.surrogate_stream: the surrogate's own CUDA stream, public for the bench (None: the current one)
+        self.side_stream = torch.cuda.Stream(device) if (cuda and stream and surrogate is not None) else None
         # fused (one multi-tensor kernel per optimizer) on the CPU too: on the CPU the same arithmetic as the
         # per-parameter loop (SGD bit-identical, measured), and one code path whose kernel count the bench's
         # ``kernels`` group can count here for the GPU (docs/performance.md)
@@ -204,9 +204,9 @@ class Trainer:
         self.refit_augmented = bool(cfg.cem.params.get("refit_augmented", False))
         self._acc: dict[str, torch.Tensor] | None = None      # the epoch's log accumulators, reused in place
         self.surr_log_names: tuple[str, ...] | None = None    # the order of acc["surr"]
-        self._graph = None
+        self.graph_step = None
         if self.graphed:
-            self._graph = graphs.GraphedStep(self)
+            self.graph_step = graphs.GraphedStep(self)
 
     def _install_lr(self) -> None:
         if self._lr_tensor is not None:
@@ -231,7 +231,7 @@ class Trainer:
         # a graph must not capture autocast's cast cache (torch.cuda.graphs docs): it would replay stale casts
         return torch.autocast(self.device.type, dtype=self.amp, cache_enabled=not self.graphed)
 
-    def _noise(self, z: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+    def add_noise(self, z: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
         """z + sigma * N(0, 1) in fp32 whatever the autocast: a bf16 step near z = 1 is 0.004, which at
         sigma = 0.01 would quantise the defense noise to a few levels."""
         sigma = self.cfg.defense.noise_std
@@ -260,8 +260,8 @@ class Trainer:
     def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
         """One training step on a normalised batch; adds its logs to the device tensors in ``acc``. With
         ``train.cuda_graph`` on, a replay of the captured step (``graphs.GraphedStep``); else eager."""
-        if self._graph is not None:
-            self._graph.step(x, y, cem_on, lr, acc)
+        if self.graph_step is not None:
+            self.graph_step.step(x, y, cem_on, lr, acc)
             return
         weight, mult = self.cem_scales(lr) if cem_on else (0.0, 1.0)
         self.step_body(x, y, cem_on, weight, mult, acc)
@@ -282,7 +282,7 @@ class Trainer:
             with self._surrogate_stream(zin, y), torch.autocast(self.device.type, enabled=False):
                 out = self._surrogate_fwd(zin, y)          # statistics in fp32
         with self._autocast():
-            logits = self._server_fwd(self._noise(z))
+            logits = self._server_fwd(self.add_noise(z))
             ce = F.cross_entropy(logits.float(), y)
         if cem_on:
             self._join_surrogate_stream(out)
@@ -312,27 +312,33 @@ class Trainer:
             acc["seen"] += y.shape[0]
             acc["ce_nonfinite"] += (~torch.isfinite(ce)).float()
 
+    def set_surrogate_stream_priority(self, priority: int) -> None:
+        """Give the surrogate's own stream (``train.surrogate_stream``) CUDA priority ``priority`` (lower is
+        higher); before the first step, since a capture records the stream. No own stream: nothing to do."""
+        if self.side_stream is not None:
+            self.side_stream = torch.cuda.Stream(self.device, priority=priority)
+
     def _surrogate_stream(self, *inputs: torch.Tensor):
         """The context the surrogate's forward runs in: with ``train.surrogate_stream`` on CUDA a second stream,
         forked from the current one, so that the surrogate's small kernels (and, by autograd's rule that a
         backward op runs on its forward op's stream, its backward) run beside the server's; a captured step
         holds them as a parallel branch. ``inputs`` made on the current stream are marked as used on the side
         one (the allocator must not hand out their memory while the side stream may still read it)."""
-        if self._side is None:
+        if self.side_stream is None:
             return contextlib.nullcontext()
-        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
         for t in inputs:
-            t.record_stream(self._side)
-        return torch.cuda.stream(self._side)
+            t.record_stream(self.side_stream)
+        return torch.cuda.stream(self.side_stream)
 
     def _join_surrogate_stream(self, out) -> None:
         """The current stream waits for the surrogate's forward; its outputs are marked as used here. The
         backward needs no join: the engine syncs each gradient that crosses streams, and the leaf gradients
         with the stream that called ``backward``."""
-        if self._side is None:
+        if self.side_stream is None:
             return
         cur = torch.cuda.current_stream(self.device)
-        cur.wait_stream(self._side)
+        cur.wait_stream(self.side_stream)
         for t in (out.loss, *out.logs.values()):
             t.record_stream(cur)
 
@@ -452,8 +458,8 @@ class Trainer:
         for k, v in vals.items():
             if k.startswith("surr_"):
                 rec[k] = v / steps
-        if self._graph is not None:
-            rec.update(self._graph.stats())
+        if self.graph_step is not None:
+            rec.update(self.graph_step.stats())
         if self.surrogate_compile_failed is not None:
             rec["surrogate_compile_failed"] = self.surrogate_compile_failed
         rec["train_s"] = time.perf_counter() - t0
@@ -514,7 +520,7 @@ class Trainer:
             with self._autocast():
                 z = self._client_fwd(x)
                 correct_clean += (self._server_fwd(z).argmax(1) == y).sum()
-                correct_noisy += (self._server_fwd(self._noise(z, gen)).argmax(1) == y).sum()
+                correct_noisy += (self._server_fwd(self.add_noise(z, gen)).argmax(1) == y).sum()
             feats.append(z.float().flatten(1))
         if gen_state is not None:
             self.gen.set_state(gen_state)

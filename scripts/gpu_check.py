@@ -248,8 +248,8 @@ def overlap(_):
                                        **({} if name == "lambda=0" else
                                           {"train.surrogate_stream": True, "train.compile_surrogate": True}))
             cfg, tr = harness.step_trainer(flat, dev, splits)
-            if priority is not None and tr._side is not None:
-                tr._side = torch.cuda.Stream(dev, priority=priority)
+            if priority is not None:
+                tr.set_surrogate_stream_priority(priority)
             steps = 5
             prof = _profiled_steps(tr, lr_at(cfg, 1), x, y, warm=10, steps=steps)
             trace = os.path.join("/tmp", f"cem_overlap_{os.getpid()}.json")
@@ -267,7 +267,7 @@ def overlap(_):
                         "kernels_per_step": {"surrogate": sum(surrogate_kernel(e.get("name", "")) for e in kernels)
                                              / steps, "all": len(kernels) / steps},
                         "streams": sorted({str(e.get("args", {}).get("stream")) for e in kernels}),
-                        "graph": tr._graph.stats() if tr._graph is not None else None}
+                        "graph": tr.graph_step.stats() if tr.graph_step is not None else None}
         except Exception as e:  # noqa: BLE001 - the next configuration still runs
             out[key] = f"{type(e).__name__}: {e}"
         write("overlap.json", out)
@@ -364,8 +364,8 @@ def options(left):
                                                   {"train.surrogate_stream": True,
                                                    "train.compile_surrogate": compiled}))
                     cfg, tr = harness.step_trainer(flat, dev, splits)
-                    if priority is not None and tr._side is not None:   # before the first step (and capture)
-                        tr._side = torch.cuda.Stream(dev, priority=priority)
+                    if priority is not None:   # before the first step (and capture)
+                        tr.set_surrogate_stream_priority(priority)
                     runs[name] = (tr, lr_at(cfg, 1), tr.epoch_acc(), [])
                     t = time.perf_counter()
                     for i in range(8):   # compile, graph warm-up and capture
@@ -388,7 +388,7 @@ def options(left):
                 for name, run in runs.items():
                     med = statistics.median(run[3])
                     res[name] = {"ms": med * 1e3, "ratio": med / base,
-                                 "graph": run[0]._graph.stats() if run[0]._graph is not None else None}
+                                 "graph": run[0].graph_step.stats() if run[0].graph_step is not None else None}
         except Exception as e:  # noqa: BLE001 - the next setting still runs
             res["error"] = f"{type(e).__name__}: {e}"
         finally:

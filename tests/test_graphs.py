@@ -215,7 +215,7 @@ def test_surrogate_stream_is_ignored_on_the_cpu():
     runs = []
     for on in (False, True):
         cfg, splits, tr = _trainer({**flat, "train.surrogate_stream": on})
-        assert tr._side is None
+        assert tr.side_stream is None
         gen = torch.Generator().manual_seed(1)
         torch.manual_seed(5)
         for _, (x, y) in zip(range(2), data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)):

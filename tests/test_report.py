@@ -279,7 +279,7 @@ def _fake_results_module(monkeypatch, write_tables):
 
     mod = types.ModuleType("cem_bench.results")
     mod.write_tables = write_tables
-    mod.ray_trials, mod._is_trial_dir = results.ray_trials, results._is_trial_dir  # is it an experiment?
+    mod.ray_trials, mod.is_trial_dir = results.ray_trials, results.is_trial_dir  # is it an experiment?
     monkeypatch.setitem(sys.modules, "cem_bench.results", mod)
     import cem_bench
 

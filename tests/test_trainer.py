@@ -112,7 +112,7 @@ def test_smashed_data_and_noise_are_fp32_under_autocast():
     x, _ = _batch(t)
     with t._autocast():
         z = t.client(x)
-        noisy = t._noise(z)
+        noisy = t.add_noise(z)
     assert t.amp is torch.bfloat16 and z.dtype == torch.float32 and noisy.dtype == torch.float32
     noise = (noisy - z).detach().flatten()
     assert noise.unique().numel() > 0.9 * noise.numel()
@@ -184,7 +184,7 @@ def test_inject_adds_lambda_scaled_cem_gradient_to_the_encoder_only():
     out = t.surrogate(z.float(), y)
     g_cem = torch.autograd.grad(out.loss, t.client_params, retain_graph=True)
     t.gen.set_state(state)
-    ce = torch.nn.functional.cross_entropy(t.server(t._noise(z)), y)
+    ce = torch.nn.functional.cross_entropy(t.server(t.add_noise(z)), y)
     g_ce = torch.autograd.grad(ce, t.client_params + list(t.server.parameters()))
     t.gen.set_state(state)
     params0 = [p.detach().clone() for p in t.client_params + list(t.server.parameters())]

@@ -4,7 +4,7 @@ Importing the package registers every attack module in it.
 """
 
 from .base import (
-    _REGISTRY,
+    REGISTRY,
     Attack,
     AttackResult,
     AttackSet,
@@ -20,7 +20,7 @@ from .base import (
     worst_case,
 )
 
-_REGISTRY.load()
+REGISTRY.load()
 
 __all__ = ["Attack", "AttackResult", "AttackSet", "build", "get", "names", "per_attack_column", "register", "resolve",
            "run_all", "save_gallery", "strongest_column", "worst_case"]

@@ -77,9 +77,9 @@ class Attack:
         raise NotImplementedError
 
 
-_REGISTRY: Registry[Attack] = Registry("attack", "cem_bench.attacks", key="attack.names", skip=("base",),
+REGISTRY: Registry[Attack] = Registry("attack", "cem_bench.attacks", key="attack.names", skip=("base",),
                                        shared_keys=False)
-register, names, get = _REGISTRY.register, _REGISTRY.names, _REGISTRY.get
+register, names, get = REGISTRY.register, REGISTRY.names, REGISTRY.get
 
 
 def resolve(cfg: TrialConfig) -> TrialConfig:

@@ -60,7 +60,7 @@ def bench_epoch(device: torch.device, sizes: Sizes) -> list[dict]:
             times = [timed(one, device) for _ in range(max(2, sizes.repeats - 1))]
             med = statistics.median(times)
             per_epoch[name] = med * scale
-            graph = tr._graph
+            graph = tr.graph_step
             how = ("CUDA graph" + (f" (capture FAILED: {graph.failed})" if graph.failed else "")
                    if graph is not None else "eager step")
             cuda = device.type == "cuda" and name == "lambda=0"

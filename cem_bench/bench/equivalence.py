@@ -98,8 +98,8 @@ def compare_with_eager(flat: dict, steps: int = 8, device: str = "cuda", random:
                 trail[mode].append(_flat_params(tr.client, tr.server))
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
-            if tr._graph is not None:
-                out.update(tr._graph.stats())
+            if tr.graph_step is not None:
+                out.update(tr.graph_step.stats())
     # after each step: a difference that starts at rounding and grows step by step is a chaotic amplification
     # (Adam's normalised steps, a hard assignment that flips); one that jumps at a step is a different step
     by_step = lambda a, b: [float((u - v).abs().max()) for u, v in zip(trail[a], trail[b])]  # noqa: E731
@@ -228,8 +228,8 @@ def compare_step_by_step(flat: dict, steps: int = 8, device: str = "cuda", rando
                 out[k].append(floor[f])
         if cuda:
             torch.cuda.synchronize(dev)
-        if first._graph is not None:
-            out.update(first._graph.stats())
+        if first.graph_step is not None:
+            out.update(first.graph_step.stats())
     return out
 
 

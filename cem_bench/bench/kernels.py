@@ -63,7 +63,7 @@ class OpCounter(TorchDispatchMode):
 def count_step(trainer, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float) -> Counter:
     """The operators of one eager ``trainer.step`` on ``(x, y)``, after one uncounted step (optimizer state,
     lazy initialisations). The trainer must not be graphed (a replay dispatches nothing)."""
-    if trainer._graph is not None:
+    if trainer.graph_step is not None:
         raise ValueError("count_step needs an eager trainer (train.cuda_graph=off): a graph replay runs no operators")
     acc = trainer.epoch_acc()
     trainer.step(x, y, cem_on, lr, acc)

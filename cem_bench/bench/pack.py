@@ -100,7 +100,7 @@ def _worker(flat: dict) -> None:
     _, tr = build(cfg, dev)
     tr.fit()           # each record's epoch_s ends with the evaluation's host read: the device has finished
     print(json.dumps({"epoch_s": [r["epoch_s"] for r in tr.history], "threads": torch.get_num_threads(),
-                      "graphed": tr._graph is not None}))
+                      "graphed": tr.graph_step is not None}))
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list
         med = statistics.median(run["times"])
         bad = int(float(run["acc"]["ce_nonfinite"]))
         cfg = run["cfg"]
-        graph = run["trainer"]._graph
+        graph = run["trainer"].graph_step
         if graph is not None:
             setting_g = f"{setting}; CUDA graph ({graph.captures} capture(s), {graph.replays} replays" + \
                 (f"; capture FAILED: {graph.failed}" if graph.failed else "") + ")"

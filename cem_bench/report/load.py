@@ -191,7 +191,7 @@ def check_results_dir(results_dir: str | Path) -> Path:
 
     exp = Dir(path)
     has_state = results.ray_trials(exp) is not None
-    if not has_state and not any(results._is_trial_dir(exp, d) for d in exp.subdirs()):
+    if not has_state and not any(results.is_trial_dir(exp, d) for d in exp.subdirs()):
         raise ResultsError(f"{path} holds neither {TRIALS_FILE} nor a Ray experiment written by `cem-bench search` "
                            f"(no experiment_state-*.json, no trial folder); {VALID_FOLDER}")
     return path
@@ -224,7 +224,7 @@ def _read_epochs(results_dir: Path) -> pd.DataFrame | None:
     return epochs
 
 
-def _numeric(series: pd.Series) -> pd.Series:
+def numeric(series: pd.Series) -> pd.Series:
     return pd.to_numeric(series, errors="coerce").astype(float)
 
 
@@ -241,7 +241,7 @@ def _label_columns(df: pd.DataFrame) -> None:
     else:
         df["_surrogate"] = NO_SURROGATE
     if LAMBD_COL in df:
-        df["_baseline"] = (_numeric(df[LAMBD_COL]) == 0).fillna(False).astype(bool)
+        df["_baseline"] = (numeric(df[LAMBD_COL]) == 0).fillna(False).astype(bool)
     else:
         df["_baseline"] = False
     df["_label"] = df["_surrogate"].where(~df["_baseline"], BASELINE_LABEL)
@@ -276,7 +276,7 @@ def load_configs(results_dir: Path, raw: pd.DataFrame, trials: pd.DataFrame,
     for col in ("runs", "runs_ok"):
         configs[col] = pd.to_numeric(configs[col], errors="coerce").fillna(0).astype(int)
     for m in dict.fromkeys([*METRIC_COLUMNS, *(o["metric"] for o in objectives)]):
-        configs[m] = _numeric(configs[f"{m}_mean"]) if f"{m}_mean" in configs else np.nan
+        configs[m] = numeric(configs[f"{m}_mean"]) if f"{m}_mean" in configs else np.nan
     configs["_ok"] = configs["runs_ok"] > 0
     _label_columns(configs)
     configs["pareto_rank"] = rank_table(configs, objectives, configs["_ok"].to_numpy()).astype(int)
@@ -316,10 +316,10 @@ def load_results(results_dir: str | Path) -> Results:
     for col in set(METRIC_COLUMNS) | {o["metric"] for o in objectives}:
         if col not in trials:
             trials[col] = np.nan
-        trials[col] = _numeric(trials[col])
+        trials[col] = numeric(trials[col])
     for col in MAIN_PARAMS:
         if col in trials:
-            trials[col] = _numeric(trials[col])
+            trials[col] = numeric(trials[col])
 
     _label_columns(trials)
     if SKIP_COL in trials:
@@ -378,7 +378,7 @@ def front_of(df: pd.DataFrame, metrics: Sequence[str], modes: Sequence[str]) -> 
     """Rows of ``df`` on the Pareto front of ``metrics`` (NaN rows excluded)."""
     if df.empty:
         return df
-    values = np.column_stack([_numeric(df[m]).to_numpy() for m in metrics])
+    values = np.column_stack([numeric(df[m]).to_numpy() for m in metrics])
     return df[pareto_mask(values, list(modes))]
 
 

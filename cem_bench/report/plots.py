@@ -18,7 +18,7 @@ from cem_bench.aggregate import CONFIG_ID
 from cem_bench.frontier import hypervolume_curve
 from cem_bench.noise import WITHIN, band_of
 
-from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, _numeric, front_of, is_attack_metric
+from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, numeric, front_of, is_attack_metric
 from .summary import better, format_value, short
 
 MAX_CURVES = 12  # front trials drawn in the training curves
@@ -197,7 +197,7 @@ def within_noise(res: Results, df: pd.DataFrame, metric: str) -> np.ndarray:
     bands = baseline_bands(res, metric)
     base_of = dict(zip(c[CONFIG_ID].astype(str), c["baseline_id"]))
     out = np.zeros(len(df), dtype=bool)
-    for i, (cid, v) in enumerate(zip(ids, _numeric(df[metric]).to_numpy())):
+    for i, (cid, v) in enumerate(zip(ids, numeric(df[metric]).to_numpy())):
         band = bands.get(str(base_of.get(cid)))
         out[i] = band is not None and np.isfinite(v) and band[1] <= v <= band[2]
     return out
@@ -273,7 +273,7 @@ def _ci(df: pd.DataFrame, metric: str) -> np.ndarray:
     col = f"{metric}_ci95"
     if col not in df:
         return np.zeros(len(df))
-    return np.nan_to_num(_numeric(df[col]).to_numpy(), nan=0.0)
+    return np.nan_to_num(numeric(df[col]).to_numpy(), nan=0.0)
 
 
 def _errorbar(ax, df: pd.DataFrame, x: str, y: str, **kw) -> None:
@@ -364,7 +364,7 @@ def lambda_curves(res: Results) -> pd.DataFrame | None:
     if not res.replicated or res.configs is None:
         return None
     cfg = res.configs[res.configs["_ok"]]
-    lam = _numeric(cfg[LAMBD_COL]) if LAMBD_COL in cfg else None
+    lam = numeric(cfg[LAMBD_COL]) if LAMBD_COL in cfg else None
     if lam is None or lam.gt(0).sum() == 0 or lam[lam > 0].nunique() < 2:
         return None
     keys = cfg.assign(_lam=lam)[["_surrogate", "_lam"]]
@@ -393,8 +393,8 @@ def plot_lambda_curves(res: Results, path: Path) -> Path | None:
             if sub.empty:
                 continue
             x = np.concatenate([[0.0], sub["_lam"].to_numpy(dtype=float)])
-            y = np.concatenate([[float(base[mean])], _numeric(sub[mean]).to_numpy()])
-            err = np.nan_to_num(np.concatenate([[float(base.get(std, np.nan))], _numeric(sub[std]).to_numpy()]))
+            y = np.concatenate([[float(base[mean])], numeric(sub[mean]).to_numpy()])
+            err = np.nan_to_num(np.concatenate([[float(base.get(std, np.nan))], numeric(sub[std]).to_numpy()]))
             ax.errorbar(x, y, yerr=err, marker="o", ms=4, lw=1.3, capsize=2.5, color=res.colors[s], label=s)
         ax.errorbar([0.0], [float(base[mean])], yerr=[np.nan_to_num(float(base.get(std, np.nan)))], marker="X",
                     ms=7, color="black", linestyle="none", capsize=2.5, label=BASELINE_LABEL)
@@ -429,7 +429,7 @@ def plot_training_curves(res: Results, path: Path) -> Path | None:
             is_base = baseline.get(tid, False)
             color = "black" if is_base else res.colors.get(surrogate.get(tid), "#555")
             label = f"{tid} ({BASELINE_LABEL if is_base else surrogate.get(tid)})"
-            ax.plot(sub["epoch"], _numeric(sub[col]), marker=".", lw=1.2, color=color, alpha=0.85, label=label,
+            ax.plot(sub["epoch"], numeric(sub[col]), marker=".", lw=1.2, color=color, alpha=0.85, label=label,
                     ls="--" if is_base else "-")  # fmt: skip
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -18,11 +18,11 @@ from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
-from .parse_params import _fmt, _num, _ParamStages
+from .parse_params import fmt_value, as_number, ParamStages
 from .spec import (
-    _REQUIRED,
-    _SAFE_NAME,
-    _TOP_KEYS,
+    REQUIRED_KEYS,
+    SAFE_NAME,
+    TOP_KEYS,
     DEFAULT_BASELINE_REPLICATES,
     DEFAULT_CONFIRM,
     METRICS,
@@ -50,7 +50,7 @@ def parse_space(doc: dict, path: str | None = None, overrides: dict | None = Non
     every problem, or return the ``SearchSpec``."""
     if not isinstance(doc, dict):
         raise SpaceError(f"search space{' ' + repr(path) if path else ''} must be a mapping with keys "
-                         f"{', '.join(_TOP_KEYS)}; got {type(doc).__name__}", path)
+                         f"{', '.join(TOP_KEYS)}; got {type(doc).__name__}", path)
     doc = copy.deepcopy(doc)
     errors: list[str] = []
     pinned = _apply_overrides(doc, overrides or {}, errors)
@@ -105,7 +105,7 @@ def _from_cli(value: Any) -> Any:
     return value
 
 
-class _Parser(_ParamStages):
+class _Parser(ParamStages):
     """One validation of one document: ``parse()`` runs every stage, collects every problem in ``errors``
     and raises them together as one ``SpaceError``, or returns the ``SearchSpec``."""
 
@@ -121,11 +121,11 @@ class _Parser(_ParamStages):
     def parse(self) -> SearchSpec:
         doc = self.doc
         for k in doc:
-            if k not in _TOP_KEYS:
-                close = difflib.get_close_matches(str(k), _TOP_KEYS, n=1)
+            if k not in TOP_KEYS:
+                close = difflib.get_close_matches(str(k), TOP_KEYS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
-                self.err(str(k), f"unknown field{hint}; known: {', '.join(_TOP_KEYS)}")
-        for k in _REQUIRED:
+                self.err(str(k), f"unknown field{hint}; known: {', '.join(TOP_KEYS)}")
+        for k in REQUIRED_KEYS:
             if k not in doc or doc[k] is None:
                 self.err(k, "missing (required)")
 
@@ -265,7 +265,7 @@ class _Parser(_ParamStages):
     def name(self, value) -> str:
         if value is None:
             return ""
-        if not isinstance(value, str) or not _SAFE_NAME.match(value) or value in (".", ".."):
+        if not isinstance(value, str) or not SAFE_NAME.match(value) or value in (".", ".."):
             self.err("name", f"{value!r} is not a safe folder name (letters, digits, '.', '_', '-'; starting "
                      "with a letter or digit; at most 100 characters)")
             return str(value)
@@ -312,7 +312,7 @@ class _Parser(_ParamStages):
                 self.err(f"{where}.mode", f"{mode!r}; allowed: max, min")
                 ok = False
             if ref is not None:
-                r = _num(ref)
+                r = as_number(ref)
                 if r is None:
                     self.err(f"{where}.ref", f"{ref!r} is not a finite number (or leave it out)")
                     ok = False
@@ -356,15 +356,15 @@ class _Parser(_ParamStages):
             if k not in out:
                 self.err(f"resources.{k}", "unknown resource; known: cpu, gpu (per trial)")
                 continue
-            n = _num(v)
+            n = as_number(v)
             if n is None:
                 self.err(f"resources.{k}", f"{v!r} is not a number")
             elif k == "cpu" and n <= 0:
-                self.err("resources.cpu", f"{_fmt(v)} must be > 0 (CPUs per trial; fractions are allowed)")
+                self.err("resources.cpu", f"{fmt_value(v)} must be > 0 (CPUs per trial; fractions are allowed)")
             elif k == "gpu" and n < 0:
-                self.err("resources.gpu", f"{_fmt(v)} must be >= 0 (GPUs per trial; 0.25 = four trials a GPU)")
+                self.err("resources.gpu", f"{fmt_value(v)} must be >= 0 (GPUs per trial; 0.25 = four trials a GPU)")
             elif k == "gpu" and n > 1 and not float(n).is_integer():
-                self.err("resources.gpu", f"{_fmt(v)}: Ray accepts a fraction of one GPU or a whole number")
+                self.err("resources.gpu", f"{fmt_value(v)}: Ray accepts a fraction of one GPU or a whole number")
             else:
                 out[k] = float(n)
         return out

@@ -1,7 +1,7 @@
 """The second half of the search-space validator: the ``params`` section, its ``when`` conditions, and the
 checks that every searched value makes a valid trial config together with the fixed keys.
 
-``_ParamStages`` is a mixin of ``parse._Parser`` (which holds the top level, objectives, sampler, resources
+``ParamStages`` is a mixin of ``parse._Parser`` (which holds the top level, objectives, sampler, resources
 and fixed keys); it uses the parser's ``doc``, ``specs``, ``pinned``, ``errors``, ``err``, ``key_ok`` and
 ``coerce``. Every problem is appended to ``errors`` (``params.<key>...: message``) so that all of them are
 reported at once.
@@ -18,10 +18,10 @@ import re
 from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, key_specs
-from .spec import _PARAM_FIELDS, KINDS, Param
+from .spec import PARAM_FIELDS, KINDS, Param
 
 
-def _num(value: Any) -> float | int | None:
+def as_number(value: Any) -> float | int | None:
     """A YAML number, also '1e-3' (which YAML 1.1 reads as a string); None if not a finite number."""
     if isinstance(value, bool):
         return None
@@ -38,11 +38,11 @@ def _num(value: Any) -> float | int | None:
     return None
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else repr(v) if isinstance(v, str) else str(v)
 
 
-class _ParamStages:
+class ParamStages:
     """The params, when, order, combination and pin stages of ``parse._Parser`` (see the module docstring)."""
 
     # ---------------------------------------------------------------------------------- params
@@ -79,8 +79,8 @@ class _ParamStages:
             self.err(where, f"expected {{uniform|loguniform|int: [low, high]}} or {{choice: [...]}}, got {body!r}")
             return None
         for f in body:
-            if f not in _PARAM_FIELDS:
-                self.err(f"{where}.{f}", f"unknown field; known: {', '.join(_PARAM_FIELDS)}")
+            if f not in PARAM_FIELDS:
+                self.err(f"{where}.{f}", f"unknown field; known: {', '.join(PARAM_FIELDS)}")
         kinds = [k for k in KINDS if k in body]
         if len(kinds) != 1:
             got = f"got {', '.join(kinds)}" if kinds else "got none"
@@ -103,7 +103,7 @@ class _ParamStages:
         if not isinstance(rng, (list, tuple)) or len(rng) != 2:
             self.err(f"{where}.{kind}", f"expected [low, high], got {rng!r}")
             return None
-        low, high = _num(rng[0]), _num(rng[1])
+        low, high = as_number(rng[0]), as_number(rng[1])
         if low is None or high is None:
             self.err(f"{where}.{kind}", f"bounds must be finite numbers, got {list(rng)!r}")
             return None
@@ -120,27 +120,27 @@ class _ParamStages:
                 log = body["log"]
         if kind == "int":
             if not (float(low).is_integer() and float(high).is_integer()):
-                self.err(f"{where}.int", f"bounds must be integers, got [{_fmt(low)}, {_fmt(high)}]")
+                self.err(f"{where}.int", f"bounds must be integers, got [{fmt_value(low)}, {fmt_value(high)}]")
                 return None
             low, high = int(low), int(high)
         else:
             low, high = float(low), float(high)
         if low >= high:
-            self.err(f"{where}.{kind}", f"empty range [{_fmt(low)}, {_fmt(high)}] (need low < high)")
+            self.err(f"{where}.{kind}", f"empty range [{fmt_value(low)}, {fmt_value(high)}] (need low < high)")
             ok = False
         if log and low <= 0:
-            self.err(f"{where}.{kind}", f"a log scale needs low > 0, got {_fmt(low)}"
+            self.err(f"{where}.{kind}", f"a log scale needs low > 0, got {fmt_value(low)}"
                      + (" (use choice to include 0, e.g. the lambda = 0 baseline)" if key == "cem.lambd" else ""))
             ok = False
         for b in (low, high):
             try:
                 coerce(key, b, spec)
             except ConfigError:
-                self.err(f"{where}.{kind}", f"bound {_fmt(b)} is outside {key}'s allowed values: {spec.describe()}")
+                self.err(f"{where}.{kind}", f"bound {fmt_value(b)} is outside {key}'s allowed values: {spec.describe()}")
                 ok = False
         step = body.get("step")
         if step is not None:
-            s = _num(step)
+            s = as_number(step)
             if log:
                 self.err(f"{where}.step", "cannot be combined with a log scale (Optuna)")
                 ok = False
@@ -206,12 +206,12 @@ class _ParamStages:
                     ca = a
                 if target.kind == "choice":
                     possible = ca in target.choices
-                    domain = f"its choices: {', '.join(map(_fmt, target.choices))}"
+                    domain = f"its choices: {', '.join(map(fmt_value, target.choices))}"
                 else:
-                    n = _num(ca)
+                    n = as_number(ca)
                     possible = n is not None and target.low <= n <= target.high and (
                         target.kind != "int" or float(n).is_integer())
-                    domain = f"its range [{_fmt(target.low)}, {_fmt(target.high)}]"
+                    domain = f"its range [{fmt_value(target.low)}, {fmt_value(target.high)}]"
                 if not possible:
                     self.err(w, f"{a!r} is not a possible value of {ref} ({domain})")
                 else:

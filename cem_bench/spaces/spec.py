@@ -41,14 +41,14 @@ SAMPLER_OPTIONS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
 SAMPLERS = tuple(sorted(SAMPLER_OPTIONS))
 
 # The shape of the YAML file itself (used by the parser).
-_TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "replicates", "seeds", "baseline", "confirm",
+TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "replicates", "seeds", "baseline", "confirm",
              "max_concurrent", "max_failures", "resources", "fixed", "params")
 # The noise floor and the confirmed front (docs/protocol.md sections 7 and 8): on unless a space says false.
 DEFAULT_BASELINE_REPLICATES = 3
 DEFAULT_CONFIRM = {"top": 3, "replicates": 3}
-_REQUIRED = ("name", "objectives", "params")   # num_samples too, except with sampler grid (the cell count)
-_PARAM_FIELDS = (*KINDS, "log", "step", "when")
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+REQUIRED_KEYS = ("name", "objectives", "params")   # num_samples too, except with sampler grid (the cell count)
+PARAM_FIELDS = (*KINDS, "log", "step", "when")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ adding a file with ``@register("name")``.
 """
 
 from .base import (
-                   _REGISTRY,
+                   REGISTRY,
                    GLOBAL_DEFAULTS,
                    AttentionKeys,
                    SlotKeys,
@@ -21,7 +21,7 @@ from .base import (
                    resolve,
 )
 
-_REGISTRY.load()
+REGISTRY.load()
 
 __all__ = ["GLOBAL_DEFAULTS", "AttentionKeys", "SlotKeys", "Surrogate", "SurrogateKeys", "SurrogateOut", "build",
            "get", "group_by_class", "intra_class_mse", "names", "register", "resolve"]

@@ -136,9 +136,9 @@ def _same_device(a, b) -> bool:
     return norm(a) == norm(b)
 
 
-_REGISTRY: Registry[Surrogate] = Registry("surrogate", "cem_bench.surrogates", key="cem.surrogate",
+REGISTRY: Registry[Surrogate] = Registry("surrogate", "cem_bench.surrogates", key="cem.surrogate",
                                          skip=("base", "layers"))
-register, names, get = _REGISTRY.register, _REGISTRY.names, _REGISTRY.get
+register, names, get = REGISTRY.register, REGISTRY.names, REGISTRY.get
 
 
 def resolve(cfg: TrialConfig) -> TrialConfig:
