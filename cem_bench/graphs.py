@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 
-
 import torch
 
 WARMUP_STEPS = 3

@@ -40,8 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import data as data_mod
-from . import graphs
-from . import models
+from . import graphs, models
 from .config import TrialConfig
 from .errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
 from .surrogates import Surrogate, intra_class_mse

@@ -6,7 +6,7 @@ import torch
 from cem_bench import surrogates
 from cem_bench.config import ModelConfig, TrialConfig
 from cem_bench.models import build as build_models
-from cem_bench.surrogates.gmm import _pad_by_class, kmeans, kmeans_pp
+from cem_bench.surrogates.clustering import kmeans, kmeans_pp, pad_by_class
 
 COVERS = ("gmm",)   # its vectorised step against a per-class loop, its k-means against scikit-learn
 
@@ -115,7 +115,7 @@ def test_kmeans_of_all_classes_matches_sklearn_per_class():
         xs.append(x)
         ys.append(torch.full((len(x),), c))
     x, y = torch.cat(xs), torch.cat(ys)
-    padded, mask, _ = _pad_by_class(x, y, 4)
+    padded, mask, _ = pad_by_class(x, y, 4)
     seeds = kmeans_pp(padded, mask, 4, torch.Generator().manual_seed(0))
     cents, assign, iters, class_iters = kmeans(padded, mask, 4, None, init=seeds)
     sk_iters = []

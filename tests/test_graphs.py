@@ -138,8 +138,8 @@ def test_graphed_step_equals_eager_on_cuda(name, random):
     the same state, to rounding (compare_step_by_step). Whole runs are not compared: a surrogate's CUDA
     kernels add with atomics, and its Adam and hard assignments amplify the last bits step by step (on an
     H100 two eager runs of slot_cross differed by 4e-7 once and 5e-3 another time)."""
-    from cem_bench.graphs import WARMUP_STEPS
     from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
+    from cem_bench.graphs import WARMUP_STEPS
     flat = {**TINY, "train.amp": "off",
             **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
     res = compare_step_by_step(flat, steps=WARMUP_STEPS + 5, random=random)
@@ -229,8 +229,8 @@ def test_surrogate_stream_is_ignored_on_the_cpu():
 def test_surrogate_stream_step_equals_one_stream_on_cuda(name):
     """The surrogate on its own stream (train.surrogate_stream), graphed, trains as the one-stream eager step:
     streams change when kernels run, not what they compute; and so does its eager two-stream step."""
-    from cem_bench.graphs import WARMUP_STEPS
     from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
+    from cem_bench.graphs import WARMUP_STEPS
     flat = {**TINY, "train.amp": "off", "cem.surrogate": name, "cem.lambd": 4.0, "train.surrogate_stream": True,
             "train.compile_surrogate": False}
     for eager_flat in ({"train.surrogate_stream": False}, None):
@@ -245,8 +245,8 @@ def test_compiled_surrogate_graphed_equals_compiled_eager_on_cuda(name):
     """train.compile_surrogate inside the graph, on the surrogate's own stream: the captured replays of the
     compiled kernels train as the compiled eager steps on one stream (no noise or dropout; scripts/gpu_check.py
     also runs them with both)."""
-    from cem_bench.graphs import WARMUP_STEPS
     from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
+    from cem_bench.graphs import WARMUP_STEPS
     flat = {**TINY, "train.amp": "off", "cem.surrogate": name, "cem.lambd": 4.0, "train.surrogate_stream": True,
             "train.compile_surrogate": True}
     res = compare_step_by_step(flat, steps=WARMUP_STEPS + 5, eager_flat={"train.surrogate_stream": False})

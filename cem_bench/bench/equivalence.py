@@ -12,8 +12,6 @@ import itertools
 
 import torch
 
-from ..graphs import WARMUP_STEPS
-
 
 @contextlib.contextmanager
 def _comparison_settings(deterministic: bool):

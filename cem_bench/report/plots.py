@@ -18,7 +18,7 @@ from cem_bench.aggregate import CONFIG_ID
 from cem_bench.frontier import hypervolume_curve
 from cem_bench.noise import WITHIN, band_of
 
-from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, numeric, front_of, is_attack_metric
+from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, front_of, is_attack_metric, numeric
 from .summary import better, format_value, short
 
 MAX_CURVES = 12  # front trials drawn in the training curves

@@ -18,17 +18,17 @@ from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
-from .parse_params import fmt_value, as_number, ParamStages
+from .parse_params import ParamStages, as_number, fmt_value
 from .spec import (
-    REQUIRED_KEYS,
-    SAFE_NAME,
-    TOP_KEYS,
     DEFAULT_BASELINE_REPLICATES,
     DEFAULT_CONFIRM,
     METRICS,
     MODES,
+    REQUIRED_KEYS,
+    SAFE_NAME,
     SAMPLER_OPTIONS,
     SAMPLERS,
+    TOP_KEYS,
     Objective,
     SearchSpec,
 )

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, key_specs
-from .spec import PARAM_FIELDS, KINDS, Param
+from .spec import KINDS, PARAM_FIELDS, Param
 
 
 def as_number(value: Any) -> float | int | None:

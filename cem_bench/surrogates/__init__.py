@@ -5,8 +5,8 @@ adding a file with ``@register("name")``.
 """
 
 from .base import (
-                   REGISTRY,
                    GLOBAL_DEFAULTS,
+                   REGISTRY,
                    AttentionKeys,
                    SlotKeys,
                    Surrogate,

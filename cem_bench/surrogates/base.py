@@ -137,7 +137,7 @@ def _same_device(a, b) -> bool:
 
 
 REGISTRY: Registry[Surrogate] = Registry("surrogate", "cem_bench.surrogates", key="cem.surrogate",
-                                         skip=("base", "layers"))
+                                         skip=("base", "layers", "clustering"))
 register, names, get = REGISTRY.register, REGISTRY.names, REGISTRY.get
 
 
