@@ -31,7 +31,8 @@ def _fmt(v) -> str:
 def _progress(record: dict, final: bool, **_) -> None:
     if final:
         return
-    keys = ("train_loss", "train_acc", "rob_loss", "test_acc", "test_acc_clean", "feature_spread", "epoch_s")
+    keys = ("train_loss", "train_acc", "rob_loss", "test_acc", "test_acc_clean", "feature_spread", "epoch_s",
+            "images_per_s", "tflops")
     line = " ".join(f"{k}={_fmt(record[k])}" for k in keys if k in record)
     print(f"epoch {record['epoch']:>3} {line}", flush=True)
 

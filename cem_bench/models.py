@@ -12,8 +12,11 @@ reference); the server keeps PyTorch's default init.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .config import ModelConfig
 
@@ -137,3 +140,34 @@ def encode(client: nn.Module, batches, device: torch.device, amp) -> torch.Tenso
         with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
             out.append(client(x).float())
     return torch.cat(out)
+
+
+def count_train_flops(client: nn.Module, server: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      amp: torch.dtype | None) -> tuple[int, int]:
+    """(forward, forward + backward) FLOPs of client and server on the batch ``(x, y)`` with cross-entropy, as a
+    training step runs them (``amp`` autocast dtype or None, channels_last on CUDA), counted by
+    ``FlopCounterMode`` (convolutions and matrix products; batch norm, activations, the noise and the optimizer
+    are not counted). Counted in eval mode, so batch norm's running statistics and dropout's random stream are
+    left as they were (eval changes none of the counted operations); gradients are cleared, weights untouched."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if x.device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    modes = client.training, server.training
+    client.eval()
+    server.eval()
+    cast = torch.autocast(x.device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+    counter = FlopCounterMode(display=False)
+    try:
+        with counter:
+            with cast:
+                logits = server(client(x).float())
+            loss = F.cross_entropy(logits.float(), y)
+            forward = counter.get_total_flops()
+            loss.backward()
+    finally:
+        client.zero_grad(set_to_none=True)
+        server.zero_grad(set_to_none=True)
+        client.train(modes[0])
+        server.train(modes[1])
+    return int(forward), int(counter.get_total_flops())

@@ -44,7 +44,7 @@ METRIC_COLUMNS: tuple[str, ...] = OBJECTIVE_METRICS + COST_COLUMNS + (
 PROVENANCE: tuple[str, ...] = ("git_sha", "package_version", "torch_version", "device", "node_id", "hostname",
                                "started_at", "finished_at")
 EPOCH_COLUMNS: tuple[str, ...] = ("experiment", "trial_id", "epoch", "train_loss", "train_acc", "rob_loss",
-                                  "test_acc", "test_acc_clean", "feature_spread", "epoch_s")
+                                  "test_acc", "test_acc_clean", "feature_spread", "epoch_s", "images_per_s", "tflops")
 # direction that means "more private" (a worse reconstruction)
 PRIVACY_MODES: dict[str, str] = {"attack_ssim": "min", "attack_mse": "max", "attack_psnr": "min",
                                  "attack_ssim_paper": "min", "attack_psnr_batch": "min"}

@@ -192,6 +192,7 @@ class Trainer:
         # train.compile_surrogate: the training forward only (refit and evaluation call the module itself);
         # static shapes (the step's batch is fixed), so one compile for the trial
         self._surrogate_fwd = surrogate
+        self.step_flops: int | None = None   # FLOPs of one step's client and server (CUDA records' tflops)
         self.surrogate_compile_failed: str | None = None   # train.compile_surrogate=auto fell back: why
         if surrogate is not None and compile_surrogate:
             self._surrogate_fwd = torch.compile(surrogate, dynamic=False)
@@ -417,6 +418,15 @@ class Trainer:
             s.zero_grad(set_to_none=True)
             s.train(was_training)
 
+    def count_step_flops(self) -> int:
+        """FLOPs of one training step's client and server, forward and backward (not the surrogate), on a batch
+        of zeros of the step's shape (the count depends on shapes only). Called before the first step of the
+        process: its backward's gradients are dropped, which a captured step's static gradients must not be."""
+        shape = (self.cfg.train.batch_size, *self.splits.image_shape)
+        x = torch.zeros(shape, device=self.device)
+        y = torch.zeros(shape[0], dtype=torch.long, device=self.device)
+        return models.count_train_flops(self.client, self.server, x, y, self.amp)[1]
+
     def cem_active(self, epoch: int) -> bool:
         return self.surrogate is not None and self.lambd > 0 and epoch > (self.cfg.cem.warmup_epochs or 0)
 
@@ -428,6 +438,8 @@ class Trainer:
         cem_on = self.cem_active(epoch)
         self.prepare_steps(cem_on)
         acc = self.epoch_acc()
+        if self.device.type == "cuda" and self.step_flops is None:
+            self.step_flops = self.count_step_flops()
         it = data_mod.BatchIterator(self.splits.train, self.splits, self.cfg.train.batch_size,
                                     self.cfg.train.augment, self.gen)
         steps = 0
@@ -440,6 +452,7 @@ class Trainer:
             steps += 1
         # end of epoch: one host sync to read the logs
         vals = {k: float(v) for k, v in acc.items() if k != "surr"}
+        steps_s = time.perf_counter() - t0     # the steps alone (the sync above waited for the last one)
         if "surr" in acc:
             vals.update(zip(("surr_" + k for k in self.surr_log_names), acc["surr"].tolist()))
         if vals["ce_nonfinite"] > 0:
@@ -457,6 +470,10 @@ class Trainer:
         for k, v in vals.items():
             if k.startswith("surr_"):
                 rec[k] = v / steps
+        # throughput of the steps, as nanoGPT logs its MFU: a slow trial shows in its own records
+        rec["images_per_s"] = vals["seen"] / steps_s
+        if self.step_flops is not None:
+            rec["tflops"] = self.step_flops * steps / steps_s / 1e12
         if self.graph_step is not None:
             rec.update(self.graph_step.stats())
         if self.surrogate_compile_failed is not None:

@@ -20,12 +20,10 @@ counted. On CUDA the row ``achieved TFLOP/s`` divides that count by the lambda =
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from .harness import (
     Sizes,
@@ -67,25 +65,10 @@ def split_variant(name: str) -> tuple[str, str | None]:
 
 
 def count_step_flops(trainer, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
-    """(forward, forward + backward) FLOPs of client and server on the batch ``(x, y)``, counted by
-    ``FlopCounterMode`` as the trainer runs them (autocast dtype, channels_last on CUDA). The models'
-    gradients are cleared afterwards; their weights are not changed (no optimizer step)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    if x.device.type == "cuda":
-        x = x.contiguous(memory_format=torch.channels_last)
-    amp = trainer.amp
-    cast = torch.autocast(x.device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
-    counter = FlopCounterMode(display=False)
-    with counter:
-        with cast:
-            logits = trainer.server(trainer.client(x).float())
-        loss = F.cross_entropy(logits.float(), y)
-        forward = counter.get_total_flops()
-        loss.backward()
-    trainer.client.zero_grad(set_to_none=True)
-    trainer.server.zero_grad(set_to_none=True)
-    return int(forward), int(counter.get_total_flops())
+    """(forward, forward + backward) FLOPs of the trainer's client and server on the batch ``(x, y)``, as its
+    step runs them (``models.count_train_flops``, the count every CUDA epoch record's ``tflops`` uses)."""
+    from ..models import count_train_flops
+    return count_train_flops(trainer.client, trainer.server, x, y, trainer.amp)
 
 
 @row("step", "train step", order=20, options={"flops": "cuda"})
