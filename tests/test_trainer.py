@@ -403,3 +403,21 @@ def test_tf32_key_sets_the_process_flags(mode, conv, matmul):
         assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (conv, matmul)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_every_epoch_records_its_throughput_and_the_flop_count_changes_nothing():
+    """images_per_s in every epoch record (the live line and epochs.parquet show it); the FLOP count behind the
+    CUDA records' tflops is the bench's count and leaves the models as they were (batch norm's running
+    statistics, gradients, the random streams), so counting it cannot change a trial."""
+    t = _trainer(**{"cem.lambd": 0.0, "train.epochs": 1})
+    rec = t.train_epoch(1)
+    assert rec["images_per_s"] > 0 and "tflops" not in rec     # tflops: CUDA only
+    state = {k: v.clone() for k, v in {**t.client.state_dict(), **t.server.state_dict()}.items()}
+    rng = torch.get_rng_state()
+    flops = t.count_step_flops()
+    assert all(torch.equal(v, {**t.client.state_dict(), **t.server.state_dict()}[k]) for k, v in state.items())
+    assert all(p.grad is None for m in (t.client, t.server) for p in m.parameters())
+    assert torch.equal(torch.get_rng_state(), rng) and t.client.training and t.server.training
+    from cem_bench.bench.step import count_step_flops
+    x = torch.zeros((t.cfg.train.batch_size, *t.splits.image_shape))
+    assert flops == count_step_flops(t, x, torch.zeros(len(x), dtype=torch.long))[1] > 0
