@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from cem_bench import bench, surrogates
+from cem_bench.bench import attack as attack_mod
 from cem_bench.bench import harness
 
 HEADER_KEYS = ("device", "cpu_count", "torch_threads", "torch_version", "date", "git_commit", "mode", "repeats",
@@ -160,7 +162,15 @@ def test_every_registered_group_is_in_groups_and_run(monkeypatch):
         assert any(r["name"].startswith(g.label) for r in rows), g.group
     assert not any(r["name"].startswith("achieved TFLOP/s") for r in rows)  # "flops" is CUDA only
     attack = next(r for r in rows if r["name"].startswith("attack epoch"))
-    assert attack["value"] > 0 and attack["ratio"] > 1.0
+    # the speed-up of caching: the same epoch plus the encoder pass the reference repeated, over the cached epoch
+    n, enc = int(attack["note"].split()[0]), float(re.search(r"takes ([0-9.]+) s here", attack["note"]).group(1))
+    assert attack["value"] > 0 and attack["baseline"] == pytest.approx(attack["value"] + enc, abs=6e-4)
+    assert attack["ratio"] == pytest.approx(attack["baseline"] / attack["value"])
+    # the paper-scale estimate extrapolates the cached epoch, not the uncached one
+    paper = next(r for r in rows if r["name"].startswith("attack epoch x "))
+    assert harness.MEASURED["decoder_epoch_s_per_image"] == pytest.approx(attack["value"] / n)
+    assert paper["value"] == pytest.approx(attack_mod.PAPER_ATTACK_EPOCHS * attack_mod.PAPER_TRAIN_IMAGES
+                                           * attack["value"] / n)
     step0 = next(r for r in rows if r["name"] == "train step: lambda=0")
     assert "FlopCounterMode" in step0["note"]
 

@@ -165,5 +165,9 @@ def test_surrogates_leave_the_global_rng_alone():
         state = torch.get_rng_state()
         surr(z.requires_grad_(True), y).loss.backward()
         assert torch.equal(torch.get_rng_state(), state), name
-        a = surr.rng(torch.device("cpu")).get_state()
-        assert a.shape[0] > 0 and base.RNG_OFFSET > 0
+    # the own stream starts at seed + RNG_OFFSET: not the trainer's torch.manual_seed(seed), and moves with the seed
+    for name, seed in zip(names(), (0, 3, 5, 11, 2, 7)):
+        cfg = cfg_of(name, get(name).fit_modes[0]).replace(seed=seed)
+        own = build(cfg, SHAPE, CLASSES).rng(torch.device("cpu")).get_state()
+        assert torch.equal(own, torch.Generator().manual_seed(seed + base.RNG_OFFSET).get_state()), seed
+        assert not torch.equal(own, torch.Generator().manual_seed(seed).get_state()), seed

@@ -279,9 +279,18 @@ def test_cross_key_checks():
 
 
 def test_surrogate_specific_key_for_other_surrogate_is_allowed():
+    """A key of another surrogate (cem.num_slots beside gmm) is accepted and kept: every trial's config
+    carries it unchanged, so a space can switch surrogates without editing its fixed keys."""
     doc = minimal(fixed={"cem.surrogate": "gmm", "cem.num_slots": 4},
                   params={"cem.snr_thresh": {"uniform": [0.1, 0.9]}})
-    parse_space(doc)
+    spec = parse_space(doc)
+    assert spec.fixed == {"cem.surrogate": "gmm", "cem.num_slots": 4}
+    for params in sample(spec, 2):
+        flat = trial_config(spec, params)
+        assert flat["cem.num_slots"] == 4 and flat["cem.snr_thresh"] == params["cem.snr_thresh"]
+        assert TrialConfig.from_flat(flat).to_flat()["cem.num_slots"] == 4
+        assert "cem.num_slots" not in surrogates.resolve(TrialConfig.from_flat(flat)).to_flat()   # gmm ignores it
+        assert surrogates.resolve(TrialConfig.from_flat({**flat, "cem.surrogate": "slot_cross"})).cem.num_slots == 4
 
 
 def test_yaml_number_strings_and_order():
