@@ -1,0 +1,170 @@
+"""The searcher's plan of runs without Ray (cem_bench.search.queue): replicates queued per configuration and
+the mean told to the sampler, the baseline first and the confirmation last, and the rejection of duplicate
+proposals. A fake sampler stands in for Optuna; the Ray carrier is tested in tests/test_search.py."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from cem_bench.search.queue import FINISHED, MAX_DUPLICATE_ASKS, RunQueue, first_new, mean_result
+
+METRICS, MODES = ["test_acc", "attack_ssim"], ["max", "min"]
+
+
+class FakeSampler(RunQueue):
+    """Proposes the given configs in order (then None) and records what it is told."""
+
+    def __init__(self, proposals, **plan):
+        self._metric, self._mode = list(METRICS), list(MODES)
+        self._init_queue(**plan)
+        self.proposals = list(proposals)
+        self.asked: list[str] = []
+        self.told: list[tuple[str, dict | None, bool]] = []
+
+    def _propose(self, trial_id):
+        self.asked.append(trial_id)
+        return dict(self.proposals.pop(0)) if self.proposals else None
+
+    def _tell(self, trial_id, result=None, error=False):
+        self.told.append((trial_id, result, error))
+
+
+def ok(acc, ssim=0.5):
+    return {"test_acc": acc, "attack_ssim": ssim, "status": "ok"}
+
+
+def test_the_module_imports_neither_ray_nor_optuna():
+    code = ("import sys, cem_bench.search.queue; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'optuna')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------------------ replicates
+def test_each_configuration_runs_once_per_seed_before_the_sampler_is_asked_again():
+    q = FakeSampler([{"cem.lambd": 8.0}, {"cem.lambd": 16.0}], seeds=(5, 6, 7))
+    handed = [q.next_run(f"t{i}") for i in range(4)]
+    assert handed == [{"cem.lambd": 8.0, "seed": 5}, {"cem.lambd": 8.0, "seed": 6}, {"cem.lambd": 8.0, "seed": 7},
+                      {"cem.lambd": 16.0, "seed": 5}]
+    assert q.asked == ["t0", "t3"]          # the replicates are served from the queue, not asked for
+
+
+def test_the_sampler_is_told_the_mean_once_every_replicate_finished():
+    q = FakeSampler([{"cem.lambd": 8.0}], seeds=(0, 1, 2))
+    for i in range(3):
+        q.next_run(f"t{i}")
+    q.run_finished("t1", ok(0.6, 0.2))      # replicates finish in any order
+    q.run_finished("t0", ok(0.5, 0.4))
+    assert q.told == []
+    q.run_finished("t2", ok(0.7, 0.3))
+    [(tid, result, error)] = q.told
+    assert tid == "t0" and not error        # the leader holds the sampler's trial
+    assert result["test_acc"] == pytest.approx(0.6) and result["attack_ssim"] == pytest.approx(0.3)
+
+
+def test_failed_replicates_are_left_out_of_the_mean_and_all_failed_is_a_failure():
+    q = FakeSampler([{"cem.lambd": 8.0}, {"cem.lambd": 16.0}], seeds=(0, 1))
+    for i in range(4):
+        q.next_run(f"t{i}")
+    q.run_finished("t0", ok(0.4))
+    q.run_finished("t1", None, error=True)
+    q.run_finished("t2", {"status": "error"})
+    q.run_finished("t3", None, error=True)
+    assert [(t, e) for t, _, e in q.told] == [("t0", False), ("t2", True)]
+    assert q.told[0][1]["test_acc"] == pytest.approx(0.4) and q.told[1][1] is None
+
+
+def test_a_non_finite_replicate_makes_that_metric_nan():
+    mean = mean_result([ok(0.4, 0.2), ok(0.6, float("nan")), None], METRICS)
+    assert mean["test_acc"] == pytest.approx(0.5) and math.isnan(mean["attack_ssim"])
+    assert mean_result([None, None], METRICS) is None
+
+
+def test_one_seed_or_none_tells_each_run_directly():
+    q = FakeSampler([{"cem.lambd": 8.0}], seeds=(3,))
+    assert q.next_run("t0") == {"cem.lambd": 8.0, "seed": 3}
+    q.run_finished("t0", ok(0.5))
+    assert q.told == [("t0", ok(0.5), False)]
+    q = FakeSampler([{"cem.lambd": 8.0, "seed": 9}])
+    assert q.next_run("t0") == {"cem.lambd": 8.0, "seed": 9}   # no replicate seeds: the config as proposed
+    q.run_finished("t0", None, error=True)
+    assert q.told == [("t0", None, True)]
+
+
+# ------------------------------------------------------------------------- baseline and confirmation
+def test_baseline_first_then_the_search_then_the_best_confirmed_then_finished():
+    base = [{"cem.lambd": 0.0, "seed": s} for s in (0, 1)]
+    proposals = [{"cem.lambd": 8.0}, {"cem.lambd": 16.0}, {"cem.lambd": 0.0}]
+    q = FakeSampler(proposals, seeds=(0,), baseline=base, search_runs=3, confirm_top=1, confirm_seeds=(7, 8),
+                    refs=[0.0, 1.0])
+    assert [q.next_run(t) for t in ("b0", "b1")] == base
+    q.run_finished("b0", ok(0.9, 0.9))
+    q.run_finished("b1", ok(0.9, 0.9))
+    assert q.told == [] and q.asked == []   # the baseline's runs are not the sampler's
+    handed = [q.next_run(f"s{i}") for i in range(3)]
+    assert [c["cem.lambd"] for c in handed] == [8.0, 16.0, 0.0]
+    q.run_finished("s0", ok(0.8, 0.5))
+    q.run_finished("s2", ok(0.9, 0.9))
+    assert q.next_run("w") is None          # the confirmation waits for the search's last run
+    q.run_finished("s1", ok(0.7, 0.2))      # lambda 16 adds the most hypervolume; lambda 0 is never confirmed
+    confirm = [q.next_run(t) for t in ("c0", "c1")]
+    assert confirm == [{"cem.lambd": 16.0, "seed": 7, "role": "confirm"},
+                       {"cem.lambd": 16.0, "seed": 8, "role": "confirm"}]
+    q.run_finished("c0", ok(0.1))
+    assert q.next_run("end") == FINISHED == RunQueue.FINISHED
+    assert [t for t, _, _ in q.told] == ["s0", "s2", "s1"]
+
+
+def test_no_finished_search_run_confirms_nothing():
+    q = FakeSampler([{"cem.lambd": 8.0}], seeds=(0,), search_runs=1, confirm_top=2, confirm_seeds=(5,))
+    q.next_run("s0")
+    q.run_finished("s0", None, error=True)
+    assert q.next_run("x") == FINISHED
+
+
+# ------------------------------------------------------------------------------------------ duplicates
+class Proposals:
+    """A sampler whose asks return the given keys in order; ``reject`` records the rejected ones."""
+
+    def __init__(self, keys):
+        self.keys, self.last, self.rejected = list(keys), None, []
+
+    def ask(self):
+        if not self.keys:
+            return None
+        self.last = self.keys.pop(0)
+        return {"key": self.last}
+
+    def key(self):
+        return self.last
+
+    def reject(self):
+        self.rejected.append(self.last)
+
+
+def test_a_duplicate_is_rejected_and_replaced_by_the_first_new_proposal():
+    p = Proposals(["a", "b", "a", "c", "d"])
+    config, skipped = first_new(p.ask, p.key, {"a", "b"}, p.reject)
+    assert config == {"key": "c"} and skipped == 3 and p.rejected == ["a", "b", "a"]
+    p = Proposals(["x"])
+    assert first_new(p.ask, p.key, {"a"}, p.reject) == ({"key": "x"}, 0) and p.rejected == []
+
+
+def test_with_nothing_new_left_the_copy_is_accepted_after_max_asks():
+    p = Proposals(["a"] * (MAX_DUPLICATE_ASKS + 5))
+    config, skipped = first_new(p.ask, p.key, {"a"}, p.reject)
+    assert config == {"key": "a"} and skipped == MAX_DUPLICATE_ASKS
+    assert len(p.keys) == 5 - 1             # MAX_DUPLICATE_ASKS rejections, one more ask, no hang
+    p = Proposals(["a", "a", "a"])
+    assert first_new(p.ask, p.key, {"a"}, p.reject, max_asks=1) == ({"key": "a"}, 1)
+
+
+def test_an_exhausted_sampler_proposes_nothing():
+    p = Proposals([])
+    assert first_new(p.ask, p.key, {"a"}, p.reject) == (None, 0)
+    p = Proposals(["a"])                    # a duplicate, then nothing
+    assert first_new(p.ask, p.key, {"a"}, p.reject) == (None, 1)
