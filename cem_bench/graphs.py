@@ -1,7 +1,7 @@
 """The training step as one CUDA graph (``train.cuda_graph``; docs/performance.md "CUDA graphs").
 
 A training step of this model launches a few hundred small kernels; on a fast GPU the card waits for
-Python to launch them (the H200 ran the λ = 0 step at 2 % of its bf16 peak). ``GraphedStep`` captures the
+Python to launch them (docs/performance.md, "CUDA graphs"). ``GraphedStep`` captures the
 whole step — forward, noise, CE, the CEM loss, backward and the optimizer steps — once, and then replays it
 with one launch per batch.
 

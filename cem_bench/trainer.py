@@ -158,9 +158,8 @@ class Trainer:
         stream, compile_surrogate = surrogate_options(cfg, self.graphed)
         # train.surrogate_stream: the surrogate's own CUDA stream, public for the bench (None: the current one)
         self.side_stream = torch.cuda.Stream(device) if (cuda and stream and surrogate is not None) else None
-        # fused (one multi-tensor kernel per optimizer) on the CPU too: on the CPU the same arithmetic as the
-        # per-parameter loop (SGD bit-identical, measured), and one code path whose kernel count the bench's
-        # ``kernels`` group can count here for the GPU (docs/performance.md)
+        # fused (one multi-tensor kernel per optimizer) on the CPU too: one code path, whose kernel count the
+        # bench's ``kernels`` group counts here for the GPU (docs/performance.md, 'Kernels per step')
         opt_kw = dict(lr=cfg.train.lr, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay,
                       fused=True)
         self.client_opt = torch.optim.SGD(self.client.parameters(), **opt_kw)
@@ -170,10 +169,8 @@ class Trainer:
             surrogate.to(device)
             params = [p for p in surrogate.parameters() if p.requires_grad]
             if params:
-                # fused everywhere (as the SGDs); capturable on CUDA whether graphed or not: one arithmetic for
-                # both (its bias correction runs on the device; measured, the non-capturable one made
-                # slot_cross's graphed and eager runs differ by 3e-3 after 8 steps where two eager runs agree
-                # to 1e-7)
+                # fused everywhere (as the SGDs); capturable on CUDA whether graphed or not, so that graphed and
+                # eager steps share one bias-correction arithmetic (docs/performance-history.md, the H200 run)
                 self.surrogate_opt = torch.optim.Adam(params, lr=cfg.cem.surrogate_lr, fused=True, capturable=cuda)
         # the learning rate as a device tensor (filled in place) where the step is a graph: a graph replays
         # what it captured, so a float assigned to the param group later would be silently ignored

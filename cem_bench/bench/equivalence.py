@@ -237,10 +237,11 @@ def steps_agree(res: dict, rtol: float = 1e-3, surrogate_rtol: float = 0.1, move
 
     * ``rtol`` of the step's update for the client and server parameters, and of each tensor's largest
       gradient for their gradients (a wrong step — a stale rate, a missed update, other noise, a wrong
-      surrogate — differs by about the update or the gradient itself; rounding by ~1e-6, measured);
-    * ``surrogate_rtol`` for the surrogate's own gradients (ill-conditioned: rounding alone gave 1.3e-2);
+      surrogate — differs by about the update or the gradient itself; rounding by far less);
+    * ``surrogate_rtol`` for the surrogate's own gradients (ill-conditioned: rounding alone moves them by about 1e-2);
     * ``moved_share`` of the surrogate's clear entries moved differently by its optimizer (a stale rate or step
-      count in the captured Adam moves nearly all; compiled vs eager rounding moved up to 6 %)."""
+      count in the captured Adam moves nearly all; compiled vs eager rounding moves a few per cent; docs/performance.md,
+      'Step by step from a common state')."""
     def within(vals, floors, bounds, times=10.0):
         return all(v <= max(times * f, b) for v, f, b in zip(vals, floors, bounds))
     n = len(res["diff"])
