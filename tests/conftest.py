@@ -19,6 +19,30 @@ TINY = {
 }
 
 
-@pytest.fixture
-def tiny():
-    return dict(TINY)
+def build_tiny(**flat):
+    """(config, splits, trainer) of a ``TINY`` trial with ``flat`` on top, on the CPU."""
+    from cem_bench.trial import build, build_config
+    cfg = build_config({**TINY, **flat})
+    splits, trainer = build(cfg, torch.device("cpu"))
+    return cfg, splits, trainer
+
+
+def make_trainer(**flat):
+    """The trainer of a ``TINY`` trial with ``flat`` on top, on the CPU."""
+    return build_tiny(**flat)[2]
+
+
+def make_surrogate(name: str, shape: tuple, classes: int, **keys):
+    """Surrogate ``name`` (resolved, with the flat config ``keys``) for features of ``shape``, built right after
+    ``torch.manual_seed(0)`` so that its weights are the same in every test."""
+    from cem_bench import surrogates
+    from cem_bench.config import TrialConfig
+    cfg = surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": name, **keys}))
+    torch.manual_seed(0)
+    return surrogates.build(cfg, shape, classes)
+
+
+def feature_batch(shape: tuple, n: int, classes: int, seed: int):
+    """``n`` uniform features of ``shape`` from a seeded generator, labels 0, 1, ..., classes - 1, 0, ..."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, *shape, generator=g), torch.arange(n) % classes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, build_tiny
 
 from cem_bench import data, surrogates
 from cem_bench.config import ConfigError, TrialConfig
@@ -21,8 +21,7 @@ CASES = [(s, g) for s in surrogates.names() for g in ("inject", "fused")]
 
 
 def _trainer(flat):
-    cfg = build_config({**TINY, **flat})
-    splits, tr = build(cfg, torch.device("cpu"))
+    cfg, splits, tr = build_tiny(**flat)
     tr.prepare_steps(tr.surrogate is not None)
     return cfg, splits, tr
 

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_surrogate
 
 from cem_bench import surrogates
 from cem_bench.config import TrialConfig
@@ -22,9 +23,7 @@ COVERS = ("attention_centroid", "serial_enhanced")   # surrogates whose referenc
 
 
 def make(name: str, feature_shape=(8, 4, 4), **flat):
-    torch.manual_seed(0)
-    cfg = TrialConfig.from_flat({"cem.surrogate": name, "cem.hidden_dim": 16, **flat})
-    return surrogates.build(surrogates.resolve(cfg), feature_shape, NUM_CLASSES)
+    return make_surrogate(name, feature_shape, NUM_CLASSES, **{"cem.hidden_dim": 16, **flat})
 
 
 def batch(b=24, feature_shape=(8, 4, 4), seed=1):

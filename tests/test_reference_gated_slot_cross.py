@@ -12,9 +12,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_surrogate
 
-from cem_bench.config import TrialConfig
-from cem_bench.surrogates import build, resolve
 from cem_bench.surrogates.layers import SNR_EPS
 
 COVERS = ("gated_attention", "slot_cross")   # surrogates whose reference loops live here (guard test)
@@ -28,8 +27,7 @@ def make(name, **extra):
             "cem.num_slots": 3, **extra}
     if name == "gated_attention":
         del flat["cem.num_slots"]
-    torch.manual_seed(0)
-    return build(resolve(TrialConfig.from_flat(flat)), SHAPE, NUM_CLASSES)
+    return make_surrogate(flat.pop("cem.surrogate"), SHAPE, NUM_CLASSES, **flat)
 
 
 def data(seed=0):

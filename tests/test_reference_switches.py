@@ -6,21 +6,17 @@ import warnings
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, make_trainer
 
 from cem_bench import attacks, surrogates
 from cem_bench import data as data_mod
 from cem_bench.attacks.base import AttackResult
 from cem_bench.config import ConfigError, TrialConfig
 from cem_bench.trainer import Trainer, applied_lr, lr_at
-from cem_bench.trial import build, build_config, run_trial
+from cem_bench.trial import build_config, run_trial
 
 SWITCHES = {"train.reference_warmup_lr0": False, "train.milestones_epochs": [], "cem.legacy_prior_indexing": False,
             "cem.refit_augmented": False, "train.select_best_last": 0}
-
-
-def _trainer(**flat):
-    return build(build_config({**TINY, **flat}), torch.device("cpu"))[1]
 
 
 def test_every_switch_is_off_by_default_and_recorded():
@@ -34,7 +30,7 @@ def test_warmup_lr0_epoch_one_moves_only_bn_statistics_and_momentum():
     """The reference's WarmUpLR sets the rate to 0 for epoch 1; SGD still steps: with lr 0 no weight moves
     (weight decay included), the momentum buffers fill and BN's running statistics update."""
     flat = {"cem.lambd": 0, "train.epochs": 1}
-    t = _trainer(**flat, **{"train.reference_warmup_lr0": True})
+    t = make_trainer(**flat, **{"train.reference_warmup_lr0": True})
     params = lambda tr: {(i, k): v for i, m in enumerate((tr.client, tr.server)) for k, v in m.named_parameters()}  # noqa: E731
     means = lambda tr: {(i, k): v for i, m in enumerate((tr.client, tr.server))  # noqa: E731
                         for k, v in m.named_buffers() if k.endswith("running_mean")}
@@ -48,7 +44,7 @@ def test_warmup_lr0_epoch_one_moves_only_bn_statistics_and_momentum():
     bufs = [s["momentum_buffer"] for opt in (t.client_opt, t.server_opt) for s in opt.state.values()]
     assert bufs and all(b is not None and float(b.abs().sum()) > 0 for b in bufs)
 
-    plain = _trainer(**flat)               # off: epoch 1 trains at the real rate
+    plain = make_trainer(**flat)               # off: epoch 1 trains at the real rate
     assert plain.fit()[0]["lr"] == pytest.approx(0.05)
     assert any(not torch.equal(v, w0[k]) for k, v in params(plain).items())
 
@@ -149,7 +145,7 @@ def test_legacy_prior_indexing_agrees_when_the_ordinals_match_and_differs_otherw
 
 
 def test_legacy_prior_indexing_step_has_no_host_sync(monkeypatch):
-    t = _trainer(**{"cem.legacy_prior_indexing": True})
+    t = make_trainer(**{"cem.legacy_prior_indexing": True})
     t.refit_surrogate()
     x, y = next(iter(data_mod.BatchIterator(t.splits.train, t.splits, 32, "crop_flip_rotate", t.gen)))
     acc = t.epoch_acc()
@@ -173,10 +169,10 @@ def test_refit_augmented_uses_the_trainers_augmentation_and_changes_the_centroid
         return real(x, kind, gen, *a, **k)
 
     monkeypatch.setattr(data_mod, "augment_batch", counted)
-    clean = _trainer()
+    clean = make_trainer()
     clean.refit_surrogate()
     assert calls == []                                        # the default refit: clean split, no augmentation
-    aug = _trainer(**{"cem.refit_augmented": True})
+    aug = make_trainer(**{"cem.refit_augmented": True})
     state = aug.gen.get_state()
     aug.refit_surrogate()
     n_batches = len(aug.splits.train) // aug.cfg.train.batch_size
@@ -228,10 +224,10 @@ def test_select_best_last_attacks_the_best_test_epoch_of_the_window(last, monkey
 
 
 def test_selected_state_survives_a_checkpoint():
-    t = _trainer(**{"train.select_best_last": 2, "cem.lambd": 0})
+    t = make_trainer(**{"train.select_best_last": 2, "cem.lambd": 0})
     t.fit()
     assert t.best is not None and t.best["epoch"] in (1, 2)
-    again = _trainer(**{"train.select_best_last": 2, "cem.lambd": 0})
+    again = make_trainer(**{"train.select_best_last": 2, "cem.lambd": 0})
     again.load_state_dict(t.state_dict())
     assert again.best["epoch"] == t.best["epoch"]
     assert all(torch.equal(again.best["client"][k], v) for k, v in t.best["client"].items())

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import conftest
 import numpy as np
 import pandas as pd
 import pytest
@@ -26,10 +27,7 @@ import yaml
 
 from cem_bench import cli, schema, search
 
-TINY = {"data.train_size": 256, "data.test_size": 100, "model.width": 0.0625, "train.epochs": 2,
-        "train.batch_size": 64, "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8,
-        "attack.batch_size": 64, "attack.rmle_iterations": 10, "train.device": "cpu",
-        "attack.min_accuracy_margin": -1}   # these tiny trials sit at chance: attack them anyway (gate tested apart)
+TINY = {**conftest.TINY, "model.width": 0.0625}   # the shared tiny trial at half its width: a search runs many
 RAY_BIN = str(Path(sys.executable).with_name("ray")) if Path(sys.executable).with_name("ray").exists() \
     else (shutil.which("ray") or "ray")
 

@@ -10,10 +10,11 @@ import math
 
 import pytest
 import torch
+from conftest import feature_batch, make_surrogate
 
 from cem_bench.config import ModelConfig, TrialConfig
 from cem_bench.models import ClientEncoder
-from cem_bench.surrogates import build, get, names, resolve
+from cem_bench.surrogates import get, names, resolve
 from cem_bench.surrogates.layers import GatedCrossAttention, SlotAttention, VarianceGates
 
 NAMES = names()
@@ -22,16 +23,13 @@ NUM_CLASSES = 4
 BATCH = 24
 
 
-def tiny_cfg(name: str, **extra) -> TrialConfig:
-    flat = {"cem.surrogate": name, "cem.hidden_dim": 16, "cem.num_heads": 2, "defense.noise_std": 0.1, **extra}
-    return resolve(TrialConfig.from_flat(flat))
+TINY_KEYS = {"cem.hidden_dim": 16, "cem.num_heads": 2, "defense.noise_std": 0.1}
 
 
 def make(name: str, shape=(8, 8, 8), refit_on: torch.Tensor | None = None, labels: torch.Tensor | None = None,
          **extra):
     """A tiny surrogate; gmm-like ones are refitted (on ``refit_on`` or random features) first."""
-    torch.manual_seed(0)
-    surr = build(tiny_cfg(name, **extra), shape, NUM_CLASSES)
+    surr = make_surrogate(name, shape, NUM_CLASSES, **{**TINY_KEYS, **extra})
     if surr.needs_refit:
         if refit_on is None:
             g = torch.Generator().manual_seed(1)
@@ -42,10 +40,7 @@ def make(name: str, shape=(8, 8, 8), refit_on: torch.Tensor | None = None, label
 
 
 def batch(shape, n=BATCH, num_classes=NUM_CLASSES, seed=2):
-    g = torch.Generator().manual_seed(seed)
-    z = torch.rand(n, *shape, generator=g)
-    y = torch.arange(n) % num_classes
-    return z, y
+    return feature_batch(shape, n, num_classes, seed)
 
 
 def run(surr, z, y, seed=3):

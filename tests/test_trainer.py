@@ -1,11 +1,11 @@
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, make_trainer
 
 from cem_bench import surrogates
 from cem_bench.config import ConfigError, TrialConfig
 from cem_bench.trainer import TrialDiverged, inject_scale, lr_at
-from cem_bench.trial import build, build_config
+from cem_bench.trial import build_config
 
 
 def test_lr_schedule_matches_the_reference_at_240_epochs():
@@ -19,11 +19,6 @@ def test_lr_schedule_matches_the_reference_at_240_epochs():
 def test_inject_scale():
     assert inject_scale(0.05) == pytest.approx(0.02) and inject_scale(0.01) == pytest.approx(0.1)
     assert inject_scale(0.0004) == 1.0 and inject_scale(8e-5) == 1.0
-
-
-def _trainer(**flat):
-    cfg = build_config({**TINY, **flat})
-    return build(cfg, torch.device("cpu"))[1]
 
 
 def _strip(history):
@@ -41,8 +36,8 @@ def test_same_seed_same_history(name, mode):
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        a = _trainer(**flat).fit()
-        b = _trainer(**flat).fit()
+        a = make_trainer(**flat).fit()
+        b = make_trainer(**flat).fit()
     finally:
         torch.set_num_threads(old)
     assert _strip(a) == _strip(b)
@@ -54,10 +49,10 @@ def test_non_finite_cem_loss_contributes_no_gradient(mode, monkeypatch):
     """A NaN CEM loss whose backward is NaN too (0/0): the step equals a CE-only step and is counted."""
     flat = {"cem.surrogate": "slot_cross", "cem.grad_mode": mode, "cem.hidden_dim": 16, "cem.num_heads": 2,
             "train.momentum": 0, "train.weight_decay": 0}
-    x, y = _batch(_trainer(**flat))
-    plain = _trainer(**flat)
+    x, y = _batch(make_trainer(**flat))
+    plain = make_trainer(**flat)
     plain.step(x, y, False, 0.05, _acc(plain))
-    t = _trainer(**flat)
+    t = make_trainer(**flat)
     forward = type(t.surrogate).forward
 
     def poisoned(self, z, labels, *a, **k):
@@ -82,7 +77,7 @@ def test_non_finite_cem_loss_skips_the_surrogate_step(monkeypatch):
     """After a finite step Adam has momentum: a zeroed gradient would still move the surrogate; the skipped
     step (fused Adam's found_inf) leaves its parameters and its step count as they were."""
     flat = {"cem.surrogate": "slot_cross", "cem.hidden_dim": 16, "cem.num_heads": 2}
-    t = _trainer(**flat)
+    t = make_trainer(**flat)
     x, y = _batch(t)
     acc = _acc(t)
     t.step(x, y, True, 0.05, acc)
@@ -108,7 +103,7 @@ def test_non_finite_cem_loss_skips_the_surrogate_step(monkeypatch):
 def test_smashed_data_and_noise_are_fp32_under_autocast():
     """bf16 steps near z = 1 are 0.004: noise of sigma 0.01 added in bf16 would take a few values only."""
     from cem_bench.attacks.decoder import encode
-    t = _trainer(**{"train.amp": "on", "defense.noise_std": 0.01})
+    t = make_trainer(**{"train.amp": "on", "defense.noise_std": 0.01})
     x, _ = _batch(t)
     with t._autocast():
         z = t.client(x)
@@ -122,14 +117,14 @@ def test_smashed_data_and_noise_are_fp32_under_autocast():
 
 
 def test_lambda_zero_builds_no_surrogate():
-    t = _trainer(**{"cem.lambd": 0})
+    t = make_trainer(**{"cem.lambd": 0})
     assert t.surrogate is None
     h = t.fit()
     assert all(not r["cem_active"] for r in h) and all("feature_spread" in r for r in h)
 
 
 def test_divergence_names_the_epoch():
-    t = _trainer(**{"train.lr": 1e12, "train.weight_decay": 0})
+    t = make_trainer(**{"train.lr": 1e12, "train.weight_decay": 0})
     with pytest.raises(TrialDiverged, match="epoch 1"):
         t.fit()
 
@@ -147,7 +142,7 @@ def _acc(t):
 @pytest.mark.parametrize("name", surrogates.names())
 @pytest.mark.parametrize("mode", ["inject", "fused"])
 def test_training_step_has_no_host_sync_and_trains_the_surrogate(name, mode, monkeypatch):
-    t = _trainer(**{"cem.surrogate": name, "cem.grad_mode": mode, "cem.hidden_dim": 16, "cem.num_heads": 2})
+    t = make_trainer(**{"cem.surrogate": name, "cem.grad_mode": mode, "cem.hidden_dim": 16, "cem.num_heads": 2})
     if t.surrogate.needs_refit:
         t.refit_surrogate()
     x, y = _batch(t)
@@ -172,7 +167,7 @@ def test_training_step_has_no_host_sync_and_trains_the_surrogate(name, mode, mon
 
 
 def test_inject_adds_lambda_scaled_cem_gradient_to_the_encoder_only():
-    t = _trainer(**{"cem.grad_mode": "inject", "train.momentum": 0, "train.weight_decay": 0})
+    t = make_trainer(**{"cem.grad_mode": "inject", "train.momentum": 0, "train.weight_decay": 0})
     t.refit_surrogate()
     for m in t.server.modules():  # dropout draws from the global RNG: take it out of the comparison
         if isinstance(m, torch.nn.Dropout):
@@ -272,7 +267,7 @@ def test_linear_lr_warm_up_per_step(monkeypatch):
     """train.warmup_lr_epochs = 1.5: the SGD rate climbs linearly per step over one and a half epochs, then
     follows the schedule; the injection scale keeps the scheduled rate."""
     from cem_bench.trainer import Trainer
-    t = _trainer(**{"train.warmup_lr_epochs": 1.5, "train.epochs": 3, "train.milestones": [0.9], "cem.lambd": 0})
+    t = make_trainer(**{"train.warmup_lr_epochs": 1.5, "train.epochs": 3, "train.milestones": [0.9], "cem.lambd": 0})
     seen = []
     real = Trainer.step
 
@@ -291,7 +286,7 @@ def test_linear_lr_warm_up_per_step(monkeypatch):
 
 def test_a_fractional_warm_up_never_exceeds_the_scheduled_rate(monkeypatch):
     from cem_bench.trainer import Trainer
-    t = _trainer(**{"train.warmup_lr_epochs": 1.3, "train.epochs": 2, "train.milestones": [0.9], "cem.lambd": 0})
+    t = make_trainer(**{"train.warmup_lr_epochs": 1.3, "train.epochs": 2, "train.milestones": [0.9], "cem.lambd": 0})
     seen = []
     real = Trainer.step
 
@@ -319,7 +314,7 @@ def test_compiled_surrogate_runs_compiled_and_matches_the_eager_step():
     for comp in (False, True):
         torch._dynamo.reset()
         counters.clear()
-        t = _trainer(**flat, **{"train.compile_surrogate": comp})
+        t = make_trainer(**flat, **{"train.compile_surrogate": comp})
         t.prepare_steps(True)
         gen = t.surrogate.rng(t.device)
         before = gen.get_state()
@@ -356,7 +351,7 @@ def test_a_surrogate_that_cannot_compile_stops_the_trial_before_its_first_epoch(
             raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
         return fail
     monkeypatch.setattr(torch, "compile", no_compiler)
-    t = _trainer(**{"cem.surrogate": "gated_attention", "cem.hidden_dim": 16, "cem.num_heads": 2,
+    t = make_trainer(**{"cem.surrogate": "gated_attention", "cem.hidden_dim": 16, "cem.num_heads": 2,
                     "cem.warmup_epochs": 1, "train.compile_surrogate": True})
     with pytest.raises(ConfigError, match=r"could not compile surrogate 'gated_attention'.*InvalidCxxCompiler.*"
                                           r"train\.compile_surrogate=off"):
@@ -371,7 +366,7 @@ def test_auto_compile_that_fails_falls_back_to_the_eager_surrogate_and_says_so(m
         def fail(*a, **k):
             raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
         return fail
-    t = _trainer(**{"cem.surrogate": "gated_attention", "cem.hidden_dim": 16, "cem.num_heads": 2,
+    t = make_trainer(**{"cem.surrogate": "gated_attention", "cem.hidden_dim": 16, "cem.num_heads": 2,
                     "cem.warmup_epochs": 1, "train.epochs": 2})
     assert t.cfg.train.compile_surrogate == "auto"
     t._surrogate_fwd = no_compiler(t.surrogate)   # what auto compiles on a graphed CUDA step (the CPU: never)
@@ -409,7 +404,7 @@ def test_every_epoch_records_its_throughput_and_the_flop_count_changes_nothing()
     """images_per_s in every epoch record (the live line and epochs.parquet show it); the FLOP count behind the
     CUDA records' tflops is the bench's count and leaves the models as they were (batch norm's running
     statistics, gradients, the random streams), so counting it cannot change a trial."""
-    t = _trainer(**{"cem.lambd": 0.0, "train.epochs": 1})
+    t = make_trainer(**{"cem.lambd": 0.0, "train.epochs": 1})
     rec = t.train_epoch(1)
     assert rec["images_per_s"] > 0 and "tflops" not in rec     # tflops: CUDA only
     state = {k: v.clone() for k, v in {**t.client.state_dict(), **t.server.state_dict()}.items()}
