@@ -156,7 +156,26 @@ class AttackConfig:
                                     "attack_skipped says why (an encoder that carries no class information is "
                                     "private for free, and attacking it only costs time); negative = always "
                                     "attack", hi=1.0)
+    probe_epochs: list[int] = _f([], "privacy probe during training: the 1-based epochs after which a cheap rmle "
+                                 "attack (attack.probe_images images, attack.probe_iterations steps, the noise "
+                                 "seeded by attack.seed) scores the current encoder; recorded as probe_ssim, "
+                                 "probe_psnr, probe_s in that epoch's record (epochs.parquet, every intermediate "
+                                 "result: NaN at the other epochs), so an early-stopping scheduler sees a privacy "
+                                 "estimate at its rungs. Positive integers, each once; epochs beyond train.epochs "
+                                 "never come; empty = no probe")
+    probe_images: int = _f(64, "privacy probe: how many images it attacks, the first N of the attacker's "
+                           "evaluation split (the same images at every probe)", lo=1)
+    probe_iterations: int = _f(30, "privacy probe: Adam steps of its rmle optimisation (rmle's own lr and TV "
+                               "weight, one start)", lo=1)
     params: dict = field(default_factory=dict, metadata={"internal": True})   # the attack's own keys
+
+    def probe_problems(self) -> list[str]:
+        """What is wrong with ``probe_epochs`` (the per-key checks cannot look inside a list)."""
+        pe = self.probe_epochs
+        if any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in pe) or len(set(pe)) != len(pe):
+            return [f"attack.probe_epochs: {pe!r} must be positive integers, each listed once (1-based epochs "
+                    f"after which the privacy probe runs), e.g. [10, 30, 90]; empty = no probe"]
+        return []
 
     def __getattr__(self, name: str):
         return _plugin_key(self, name)
@@ -263,6 +282,7 @@ class TrialConfig:
             errors.append(f"train.milestones_epochs: {me!r} must be strictly increasing positive integers (1-based "
                           f"epochs from which the lr is multiplied by train.gamma), e.g. [60, 120, 180, 210]; "
                           f"empty = use train.milestones")
+        errors.extend(self.attack.probe_problems())
         dev = self.train.device
         if self.train.cuda_graph == "on" and dev == "cpu":
             errors.append("train.cuda_graph: 'on' needs a CUDA device but train.device is cpu; allowed here: auto "

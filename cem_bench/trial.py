@@ -7,6 +7,7 @@ through the ``report(record, final, state_fn=None)`` callback, which the Ray tra
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -57,6 +58,40 @@ def attack_gate(test_acc: float, num_classes: int, margin: float) -> str:
             f"information; the attack was not run (attack.min_accuracy_margin={margin:g})")
 
 
+# ------------------------------------------------------------------------------------------ privacy probe
+PROBE_KEYS: tuple[str, ...] = ("probe_ssim", "probe_psnr", "probe_s")
+
+
+def probe_config(cfg: TrialConfig) -> TrialConfig:
+    """The config of the privacy probe's rmle attack: rmle's own keys of ``cfg`` (its lr and TV weight; the
+    defaults when ``attack.names`` has no rmle), ``attack.probe_iterations`` steps and one (grey) start."""
+    acfg = dataclasses.replace(cfg.attack, names=["rmle"])
+    rcfg = attacks.resolve(dataclasses.replace(cfg, attack=acfg))
+    params = {**rcfg.attack.params, "rmle_iterations": cfg.attack.probe_iterations, "rmle_restarts": 1}
+    return dataclasses.replace(rcfg, attack=dataclasses.replace(rcfg.attack, params=params))
+
+
+def probe(cfg: TrialConfig, encoder: torch.nn.Module, splits: data.Splits, noise_std: float,
+          device) -> dict[str, float]:
+    """The privacy probe: a cheap estimate of the final attack SSIM of ``encoder`` as it is now.
+
+    The white-box rmle attack (``attacks.rmle``) on a fixed batch, the first ``attack.probe_images`` images of
+    ``splits.attack_eval``, ``attack.probe_iterations`` Adam steps (rmle's lr and TV weight, one start), the
+    defense noise and the start's jitter drawn from the attack's own generator seeded by ``attack.seed`` (the
+    same draws at every probe), scored by the attacks' ``Scorer``. It moves no random stream of the training
+    (not the global torch RNG, not the trainer's generators) and leaves the encoder's mode and
+    ``requires_grad`` as they were (``RMLEAttack.run``), so a run with probes trains exactly as one without.
+    Returns ``{"probe_ssim", "probe_psnr", "probe_s"}`` (seconds of the call).
+    """
+    t0 = time.perf_counter()
+    n = cfg.attack.probe_images
+    ev = splits.attack_eval
+    sub = dataclasses.replace(splits, attack_eval=data.Split(ev.images[:n], ev.labels[:n]))
+    res = attacks.build(probe_config(cfg), "rmle").run(encoder, sub, noise_std, device)
+    return {"probe_ssim": float(res.metrics["attack_ssim"]), "probe_psnr": float(res.metrics["attack_psnr"]),
+            "probe_s": time.perf_counter() - t0}
+
+
 def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_dir: str | None = None,
               resume_state: dict | None = None) -> dict[str, Any]:
     """Train with CEM, attack the trained encoder with every attack of ``attack.names``, and return metrics,
@@ -69,7 +104,15 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     record also has each attack's own metrics and seconds (``attack_ssim__rmle``, ``attack_s__rmle``); the
     objective attack metrics are their worst case for privacy, and ``attack_ssim_by``, ... name the attack
     that set each. With ``train.select_best_last`` the result's accuracies and the attacks are those of
-    ``selected_epoch`` (test-set selection); otherwise ``selected_epoch`` is the last epoch. ``resume_state``
+    ``selected_epoch`` (test-set selection); otherwise ``selected_epoch`` is the last epoch.
+
+    The privacy probe (``attack.probe_epochs``, ``probe``): after each listed epoch the current encoder is
+    probed and that epoch's record gets ``probe_ssim``, ``probe_psnr`` and ``probe_s``. When the list is not
+    empty every epoch record carries these keys, in the trainer's history (so ``epochs.parquet``, whether read
+    from ``info.history`` or from Ray's report lines) as in the reports (so Ray's metric checks see them in every
+    report): NaN metrics and 0 seconds at the epochs without a probe. With no probe epochs the records have no
+    probe keys. A probe's time is outside ``epoch_s`` but inside ``train_s`` (the wall time of the training
+    loop). ``resume_state``
     (a ``state_fn()`` value) continues a run from its last finished epoch. With ``out_dir`` the gallery
     ``recon.png`` (the originals, then a row per attack) is written there when the attacks ran.
     """
@@ -84,7 +127,15 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     nan = float("nan")
     prior_train_s = sum(r["epoch_s"] for r in trainer.history)
 
+    probe_epochs = set(cfg.attack.probe_epochs)
+
     def on_epoch(rec: dict) -> None:
+        # rec is the record the trainer has just appended to its history: the probe's keys land in both
+        if probe_epochs:
+            if rec["epoch"] in probe_epochs:
+                rec.update(probe(cfg, trainer.client, splits, cfg.defense.noise_std, device))
+            else:
+                rec.update(probe_ssim=nan, probe_psnr=nan, probe_s=0.0)
         if report is not None:
             record = {**rec, **{k: nan for k in ATTACK_METRICS}}
             report(record, False, state_fn=trainer.state_dict)
