@@ -1,0 +1,167 @@
+"""``MOASHA``: a Ray Tune scheduler that stops trials by the multi-objective ASHA rule of ``rungs.py``.
+
+The rule (rungs, Pareto rank, hypervolume-contribution tie-break, ``keep = ceil(n / η)``, NaN = worst) is
+documented in ``cem_bench/search/rungs.py``; this module feeds it Ray's results and returns Ray's verdicts.
+
+* A trial whose ``config["role"]`` is in ``exempt_roles`` (baselines, confirmation runs) is never stopped and
+  never recorded at a rung.
+* Every stop is kept as a dict (``decisions``; ``stopped`` maps trial id -> epoch) with the reason, e.g.
+  ``"rank 2 of 3 fronts at epoch 4: outside the top 2 of 6"``.
+* Ray does not persist a scheduler's state on ``Tuner.restore`` (the restored scheduler is the object pickled
+  at the start of the experiment). So the driver sets ``STATE_TARGET[state_key] = path`` (a local path or a
+  URI) before ``fit``; after every result that records something at a rung the scheduler writes the rung
+  records and the stop decisions there as JSON (``storage.write_json``: atomic), and on its first call after
+  construction, unpickling or ``restore`` it loads that file when it holds more records than the scheduler
+  itself, so a resumed driver goes on with every rung record.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Iterable
+from typing import Any
+
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from .. import storage
+from .rungs import RungRanker
+
+__all__ = ["MOASHA", "STATE_TARGET"]
+
+# state_key -> where the scheduler's state is written (local path or URI); set by the driver before fit
+STATE_TARGET: dict[str, str] = {}
+
+_DECISION_KEYS = ("trial_id", "epoch", "rung", "rank", "position", "keep", "recorded", "reason")
+
+
+def _read_bytes(path: str) -> bytes | None:
+    fs, p = storage.filesystem(path)
+    try:
+        with fs.open_input_stream(p) as fh:
+            return fh.read()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    except OSError:
+        if not storage.exists(path):
+            return None
+        raise
+
+
+class MOASHA(FIFOScheduler):
+    """Multi-objective asynchronous successive halving (see ``rungs.py`` for the rule)."""
+
+    def __init__(
+        self,
+        ranker: RungRanker,
+        time_attr: str = "epoch",
+        exempt_roles: Iterable[str] = ("baseline", "confirm"),
+        state_key: str | None = None,
+    ):
+        super().__init__()
+        self.ranker = ranker
+        self.time_attr = time_attr
+        self.exempt_roles = tuple(exempt_roles)
+        self.state_key = state_key
+        self._stops: list[dict[str, Any]] = []
+        self._live: set[str] = set()
+        self._loaded = False
+
+    # -- pickling: a copy (Ray's experiment pickle, save/restore) re-reads the state file on first use ------
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["_loaded"] = False
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._loaded = False
+
+    def save(self, checkpoint_path: str):
+        with open(checkpoint_path, "wb") as fh:
+            pickle.dump(self.__getstate__(), fh)
+
+    def restore(self, checkpoint_path: str):
+        with open(checkpoint_path, "rb") as fh:
+            self.__dict__.update(pickle.load(fh))
+        self._loaded = False
+
+    # -- the state file --------------------------------------------------------------------------------
+
+    @property
+    def state_path(self) -> str | None:
+        """Where the state is written: ``STATE_TARGET[state_key]``, or None (no persistence)."""
+        return STATE_TARGET.get(self.state_key) if self.state_key is not None else None
+
+    def state(self) -> dict[str, Any]:
+        """What the state file holds: the ranker's state and the stop decisions."""
+        return {"ranker": self.ranker.state_dict(), "decisions": [dict(d) for d in self._stops]}
+
+    def _ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        path = self.state_path
+        if path is None:
+            return
+        data = _read_bytes(path)
+        if data is None:
+            return
+        saved = json.loads(data)
+        if int(saved["ranker"]["counter"]) > self.ranker.counter:
+            self.ranker.load_state_dict(saved["ranker"])
+            self._stops = [dict(d) for d in saved.get("decisions", [])]
+
+    def _write_state(self) -> None:
+        path = self.state_path
+        if path is not None:
+            storage.write_json(path, self.state())
+
+    # -- Ray's hooks -----------------------------------------------------------------------------------
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        self._ensure_loaded()
+        self._live.add(trial.trial_id)
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        self._ensure_loaded()
+        config = getattr(trial, "config", None) or {}
+        if config.get("role") in self.exempt_roles or self.time_attr not in result:
+            return TrialScheduler.CONTINUE
+        values = {m: result.get(m) for m in self.ranker.metrics}
+        decision = self.ranker.on_result(trial.trial_id, result[self.time_attr], values)
+        if decision.rung is None:
+            return TrialScheduler.CONTINUE
+        if decision.action == "stop":
+            self._stops.append({k: getattr(decision, k) for k in _DECISION_KEYS})
+        self._write_state()
+        return TrialScheduler.STOP if decision.action == "stop" else TrialScheduler.CONTINUE
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        self._live.discard(trial.trial_id)
+
+    def on_trial_remove(self, tune_controller, trial) -> None:
+        self._live.discard(trial.trial_id)
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        self._live.discard(trial.trial_id)
+
+    # -- inspection ------------------------------------------------------------------------------------
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """Every stop, in order: trial_id, epoch, rung, rank, position, keep, recorded, reason."""
+        self._ensure_loaded()
+        return [dict(d) for d in self._stops]
+
+    @property
+    def stopped(self) -> dict[str, Any]:
+        """Trial id -> the epoch of the result at which it was stopped."""
+        self._ensure_loaded()
+        return {d["trial_id"]: d["epoch"] for d in self._stops}
+
+    def debug_string(self) -> str:
+        counts = ", ".join(f"{r}: {len(self.ranker.recorded(r))}" for r in self.ranker.rungs)
+        return (f"Using MOASHA: {len(self._stops)} stopped; trials recorded per rung epoch {{{counts}}}; "
+                f"η={self.ranker.reduction_factor:g}, objectives {self.ranker.metrics}")

@@ -1,0 +1,224 @@
+"""The multi-objective ASHA scheduler's decisions on hand-made rung records (no training, no Ray start)."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from cem_bench.frontier import pareto_ranks
+from cem_bench.search import moasha as moasha_mod
+from cem_bench.search.moasha import MOASHA
+from cem_bench.search.rungs import RungRanker, rung_epochs
+
+OBJ = [("acc", "max", None), ("ssim", "min", None)]
+OBJ_REF = [("acc", "max", 0.0), ("ssim", "min", 1.0)]
+
+
+def ranker(eta: float = 2, objectives=OBJ, max_epochs: int = 16, grace: int = 1) -> RungRanker:
+    return RungRanker(max_epochs, grace, eta, objectives)
+
+
+def v(acc, ssim) -> dict:
+    return {"acc": acc, "ssim": ssim}
+
+
+@dataclass
+class FakeTrial:
+    trial_id: str
+    config: dict = field(default_factory=dict)
+
+
+# -- rungs -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("grace,eta,max_t", [(1, 2, 10), (1, 2, 8), (15, 2, 240), (1, 4, 100), (3, 3, 81),
+                                             (1, 10, 1000), (5, 3, 200), (2, 1.5, 20), (1, 2, 1)])
+def test_rung_epochs_match_rays_bracket(grace, eta, max_t):
+    from ray.tune.schedulers.async_hyperband import _Bracket
+    ray_rungs = sorted({math.ceil(m) for m, _ in _Bracket(grace, max_t, eta, 0)._rungs if m < max_t})
+    assert rung_epochs(max_t, grace, eta) == ray_rungs
+
+
+def test_results_off_the_rungs_record_nothing():
+    r = ranker()                                        # rungs 1, 2, 4, 8 below 16
+    assert r.rungs == [1, 2, 4, 8]
+    r2 = RungRanker(16, 2, 2, OBJ)
+    assert r2.on_result("a", 1, v(0.1, 0.9)).rung is None            # before the first rung
+    for epoch in (16, 17):
+        d = r.on_result("a", epoch, v(0.1, 0.9))                   # at / after max_epochs
+        assert (d.action, d.rung) == ("continue", None)
+    assert r.counter == 0
+    r.on_result("a", 1, v(0.9, 0.1))
+    r.on_result("b", 1, v(0.1, 0.9))
+    d = r.on_result("b", 1, v(0.1, 0.9))                              # already recorded at rung 1
+    assert (d.action, d.rung) == ("continue", None) and r.counter == 2
+    d = r.on_result("c", 7, v(0.5, 0.5))                              # jumped over 1 and 2: judged at 4 only
+    assert d.rung == 4 and r.recorded(1).keys() == {"a", "b"} and r.recorded(4).keys() == {"c"}
+
+
+# -- the rule ----------------------------------------------------------------------------------------------
+
+def test_dominated_trials_stop():
+    r = ranker(eta=2)
+    assert r.on_result("good", 1, v(0.8, 0.2)).action == "continue"
+    d = r.on_result("bad", 1, v(0.7, 0.3))                            # dominated by "good"
+    assert (d.action, d.rank, d.position, d.keep, d.recorded) == ("stop", 1, 1, 1, 2)
+    assert d.reason == "rank 1 of 2 fronts at epoch 1: outside the top 1 of 2"
+    r.on_result("ok", 1, v(0.9, 0.25))                                # non-dominated: continues (keep 2)
+    d = r.on_result("worse", 1, v(0.6, 0.4))                          # dominated by all three
+    assert (d.action, d.rank, d.keep) == ("stop", 2, 2)
+
+
+@pytest.mark.parametrize("objectives", [OBJ, OBJ_REF])
+def test_a_trial_dominating_every_recorded_one_is_never_stopped(objectives):
+    rng = random.Random(0)
+    others = [v(rng.uniform(0.1, 0.8), rng.uniform(0.2, 0.9)) for _ in range(7)]
+    others += [v(0.8, 0.2), v(0.8, 0.2), v(math.nan, 0.1), v(0.85, math.nan)]   # ties, best-in-one, NaN
+    best = v(0.9, 0.1)
+    for eta in (2, 3, 4):
+        for _ in range(200):
+            order = rng.sample(others, len(others))
+            r = ranker(eta=eta, objectives=objectives)
+            for i, vals in enumerate(order):
+                r.on_result(f"t{i}", 1, vals)
+            d = r.on_result("best", 1, best)
+            assert (d.action, d.rank, d.position) == ("continue", 0, 0), (eta, order, d)
+
+
+def test_non_dominated_trials_stop_only_when_the_front_exceeds_keep():
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        eta = float(rng.choice([2, 3, 4]))
+        r = ranker(eta=eta)
+        for i in range(int(rng.integers(2, 14))):
+            d = r.on_result(f"t{i}", 1, v(*rng.uniform(0, 1, 2).round(1)))
+            pts = np.array(list(r.recorded(1).values()))
+            n_front = int(np.sum(pareto_ranks(pts, ["max", "min"]) == 0))
+            assert d.keep == math.ceil(d.recorded / eta)
+            if d.rank == 0 and n_front <= d.keep:
+                assert d.action == "continue", (trial, d)
+            if d.rank > 0 and n_front >= d.keep:
+                assert d.action == "stop", (trial, d)
+
+
+@pytest.mark.parametrize("objectives", [OBJ, OBJ_REF])
+def test_inside_a_front_an_extreme_point_beats_a_crowded_middle_point(objectives):
+    # all five on one front (accuracy and SSIM rise together); keep = ceil(5 / 2) = 3
+    r = ranker(eta=2, objectives=objectives)
+    for tid, vals in [("A", v(0.5, 0.5)), ("B", v(0.51, 0.51)), ("C", v(0.9, 0.9))]:
+        r.on_result(tid, 1, vals)
+    d = r.on_result("D", 1, v(0.1, 0.1))              # extreme, last to arrive: placed before A and B
+    assert (d.action, d.rank) == ("continue", 0) and d.position <= 1
+    d = r.on_result("E", 1, v(0.505, 0.505))          # between A and B: the smallest share of the front
+    assert (d.action, d.rank, d.position, d.keep) == ("stop", 0, 4, 3)
+    assert "hypervolume contribution" in d.reason
+
+
+def test_equal_contributions_fall_back_to_arrival_order():
+    r = RungRanker(16, 1, 2, [("acc", "max", None)])
+    assert r.on_result("first", 1, {"acc": 0.5}).action == "continue"
+    d = r.on_result("second", 1, {"acc": 0.5})        # identical: same rank, same (zero) contribution
+    assert (d.action, d.rank, d.position) == ("stop", 0, 1)
+
+
+def test_keep_is_ceil_n_over_eta_and_the_first_trial_continues():
+    for eta in (2, 3, 4, 1.5):
+        r = ranker(eta=eta)
+        for rung in r.rungs:
+            d = r.on_result(f"first@{rung}", rung, v(0.0, 1.0))
+            assert (d.action, d.keep, d.recorded) == ("continue", 1, 1)
+        for n in range(2, 12):                          # each better than all before: always position 0
+            d = r.on_result(f"t{n}", 1, v(n / 20, 1 - n / 20))
+            assert (d.action, d.position, d.recorded, d.keep) == ("continue", 0, n, math.ceil(n / eta))
+        for n in range(12, 20):                          # each worse than all before: last place
+            d = r.on_result(f"t{n}", 1, v(0.0, 1.0 + n))
+            assert d.keep == math.ceil(n / eta) and d.position == n - 1 and d.action == "stop"
+
+
+def test_nan_and_missing_count_as_the_worst_value():
+    r = ranker(eta=2)
+    r.on_result("a", 1, v(0.1, 0.5))
+    d = r.on_result("nan_acc", 1, v(math.nan, 0.5))      # acc -inf: dominated by "a"
+    assert (d.action, d.rank) == ("stop", 1)
+    d = r.on_result("no_ssim", 1, {"acc": 0.1})          # ssim missing: +inf, dominated by "a"
+    assert (d.action, d.rank) == ("stop", 1)
+    r2 = ranker(eta=2)
+    r2.on_result("nan", 1, v(0.9, math.nan))
+    d = r2.on_result("worse_acc", 1, v(0.8, 0.99))        # any finite SSIM beats NaN: non-dominated
+    assert (d.action, d.rank) == ("continue", 0)
+
+
+# -- state -------------------------------------------------------------------------------------------------
+
+def _stream(seed: int, n: int = 40):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        for epoch in (1, 2, 4, 8):
+            out.append((f"t{i % 12}_{i // 12}", epoch, v(round(rng.random(), 2), round(rng.random(), 2))))
+    rng.shuffle(out)
+    return out
+
+
+def test_state_dict_round_trips_through_json():
+    stream = _stream(3)
+    a = ranker(eta=3)
+    for t, e, vals in stream[:70]:
+        a.on_result(t, e, vals)
+    b = ranker(eta=3)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict(), allow_nan=False)))
+    assert b.state_dict() == a.state_dict()
+    assert [a.on_result(*x) for x in stream[70:]] == [b.on_result(*x) for x in stream[70:]]
+    with pytest.raises(ValueError, match="reduction_factor"):
+        ranker(eta=2).load_state_dict(a.state_dict())
+
+
+def _feed(m: MOASHA, items):
+    return [m.on_trial_result(None, FakeTrial(t), {"epoch": e, **vals}) for t, e, vals in items]
+
+
+def test_exempt_roles_are_never_stopped_nor_recorded():
+    m = MOASHA(ranker(eta=4))
+    _feed(m, [("good", 1, v(0.9, 0.1))])
+    for role in ("baseline", "confirm"):
+        out = m.on_trial_result(None, FakeTrial(role, {"role": role}), {"epoch": 1, **v(0.0, 1.0)})
+        assert out == MOASHA.CONTINUE
+    assert m.ranker.counter == 1 and m.stopped == {}
+    assert m.on_trial_result(None, FakeTrial("x", {"role": "search"}), {"epoch": 1, **v(0.0, 1.0)}) == MOASHA.STOP
+    assert m.stopped == {"x": 1}
+    assert m.decisions == [{"trial_id": "x", "epoch": 1, "rung": 1, "rank": 1, "position": 1, "keep": 1,
+                            "recorded": 2, "reason": "rank 1 of 2 fronts at epoch 1: outside the top 1 of 2"}]
+
+
+def test_state_survives_a_killed_driver_through_the_state_file(tmp_path, monkeypatch):
+    monkeypatch.setitem(moasha_mod.STATE_TARGET, "exp", str(tmp_path / "sub" / "moasha_state.json"))
+    stream = _stream(5)
+    first = MOASHA(ranker(eta=2), state_key="exp")
+    at_start = pickle.dumps(first)                       # what Ray restores: the object pickled at the start
+    before = _feed(first, stream[:80])
+    assert MOASHA.STOP in before and (tmp_path / "sub" / "moasha_state.json").exists()
+    resumed = pickle.loads(at_start)
+    fresh = MOASHA(ranker(eta=2), state_key="exp")
+    assert resumed.decisions == first.decisions == fresh.decisions
+    after = _feed(first, stream[80:])
+    assert _feed(resumed, stream[80:]) == after == _feed(fresh, stream[80:])
+    assert resumed.decisions == first.decisions and resumed.stopped == first.stopped
+    unkeyed = MOASHA(ranker(eta=2))                      # no state key: starts empty
+    assert unkeyed.decisions == [] and unkeyed.ranker.counter == 0
+
+
+def test_save_and_restore_by_pickle(tmp_path):
+    stream = _stream(7)
+    a = MOASHA(ranker(eta=2))
+    _feed(a, stream[:60])
+    a.save(str(tmp_path / "sched.pkl"))
+    b = MOASHA(ranker(eta=2))
+    b.restore(str(tmp_path / "sched.pkl"))
+    assert b.decisions == a.decisions and b.ranker.state_dict() == a.ranker.state_dict()
+    assert _feed(b, stream[60:]) == _feed(a, stream[60:])
+    assert "MOASHA" in b.debug_string()
