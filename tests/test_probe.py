@@ -122,3 +122,20 @@ def test_cli_train_records_the_probe(tmp_path, capsys):
     history = json.loads((out / "metrics.json").read_text())["info"]["history"]
     assert history[0]["probe_ssim"] is None or math.isnan(history[0]["probe_ssim"])     # JSON has no NaN
     assert -1.0 <= history[1]["probe_ssim"] <= 1.0 and history[1]["probe_s"] > 0
+
+
+def test_bench_row_times_one_probe_against_an_epoch():
+    from cem_bench import models
+    from cem_bench.bench import attack as attack_mod
+    from cem_bench.bench import harness
+    from cem_bench.trial import build_config
+    device = torch.device("cpu")
+    sizes = harness.sizes_for(device, quick=True, tiny=True)
+    cfg = build_config(harness.step_config(sizes, device, **{"cem.lambd": 0.0, "attack.probe_images": 8,
+                                                             "attack.probe_iterations": 3}))
+    splits = harness.synthetic_splits(20, 20, device)
+    client, _ = models.build(cfg.model, splits.num_classes, splits.image_shape)
+    (r,) = attack_mod._probe_rows(device, client.eval(), cfg, sizes)
+    assert r["name"].startswith("privacy probe: rmle, 8 images x 3 iterations") and r["error"] is None
+    assert r["value"] > 0 and r["baseline"] > r["value"] and r["ratio"] == pytest.approx(r["value"] / r["baseline"])
+    assert harness.MEASURED["probe_s"] == r["value"] and not client.training

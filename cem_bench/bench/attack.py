@@ -88,6 +88,7 @@ def bench_attack(device: torch.device, sizes: Sizes) -> list[dict]:
                               f"image (the paper's attacker: 50 epochs; a decoder trained on a training set's worth "
                               f"of images)"))
     rows.extend(_rmle_rows(device, client, splits, cfg))
+    rows.extend(_probe_rows(device, client, cfg, sizes))
     return rows
 
 
@@ -113,3 +114,42 @@ def _rmle_rows(device: torch.device, client, splits, cfg) -> list[dict]:
                      note=f"one batch of {len(z)} evaluation images, {run_iters} iterations timed"
                           f"{'' if run_iters == iters else ', scaled linearly'}; the paper's 10,000-image test set "
                           f"scores on its last 1,000: {per_image * 1000:.1f} s a trial")]
+
+
+def _probe_rows(device: torch.device, client, cfg, sizes: Sizes) -> list[dict]:
+    """One call of the privacy probe at its default images and iterations, on the attack rows' encoder, timed
+    alternately with a lambda = 0 training step of the paper's batch; the epoch is that step x the steps of a
+    50,000-image epoch (the cheapest epoch, without its evaluation pass: the ratio errs on the probe's side)."""
+    import math
+
+    from ..data import eval_batches
+    from ..trainer import lr_at
+    from ..trial import probe
+    from .harness import step_trainer
+    n = cfg.attack.probe_images
+    psplits = synthetic_splits(20, 10 * n, device)          # the inference protocol: the last 10 % = n images
+    noise_std = cfg.defense.noise_std
+    flat = step_config(sizes, device, **{"data.train_size": sizes.batch_size, "data.test_size": 20,
+                                         "cem.lambd": 0.0, "train.augment": "none"})
+    scfg, tr = step_trainer(flat, device, synthetic_splits(sizes.batch_size, 20, device))
+    x, y = next(eval_batches(tr.splits.train, tr.splits, sizes.batch_size))
+    acc, lr = tr.epoch_acc(), lr_at(scfg, 1)
+    client.train()      # as the trainer's encoder is between epochs (the probe puts it in eval and back)
+
+    def step() -> None:
+        tr.step(x, y, False, lr, acc)
+
+    times = round_robin({"probe": lambda: probe(cfg, client, psplits, noise_std, device), "step": step},
+                        device, sizes.repeats, sizes.warmup)
+    client.eval()
+    probe_s, step_s = statistics.median(times["probe"]), statistics.median(times["step"])
+    epoch_s = step_s * math.ceil(PAPER_TRAIN_IMAGES / sizes.batch_size)
+    MEASURED["probe_s"] = probe_s
+    return [make_row(f"privacy probe: rmle, {n} images x {cfg.attack.probe_iterations} iterations", probe_s,
+                     "s", epoch_s, f"epoch of {PAPER_TRAIN_IMAGES:,} images (lambda=0 steps)",
+                     probe_s / epoch_s, "x epoch",
+                     note=f"one probe (attack.probe_images={n}, attack.probe_iterations="
+                          f"{cfg.attack.probe_iterations}) vs {math.ceil(PAPER_TRAIN_IMAGES / sizes.batch_size)} "
+                          f"lambda=0 training steps of {step_s:.3f} s (batch {sizes.batch_size}, width "
+                          f"{sizes.width:g}; no evaluation pass), timed alternately: {100 * probe_s / epoch_s:.2f} % "
+                          f"of an epoch per probe", samples=times["probe"])]
