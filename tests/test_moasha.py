@@ -200,13 +200,16 @@ def test_state_survives_a_killed_driver_through_the_state_file(tmp_path, monkeyp
     stream = _stream(5)
     first = MOASHA(ranker(eta=2), state_key="exp")
     at_start = pickle.dumps(first)                       # what Ray restores: the object pickled at the start
-    before = _feed(first, stream[:80])
+    before = _feed(first, stream[:40])
+    midway = pickle.dumps(first)                         # a copy pickled after some records
+    before += _feed(first, stream[40:80])
     assert MOASHA.STOP in before and (tmp_path / "sub" / "moasha_state.json").exists()
     resumed = pickle.loads(at_start)
     fresh = MOASHA(ranker(eta=2), state_key="exp")
-    assert resumed.decisions == first.decisions == fresh.decisions
+    late = pickle.loads(midway)
+    assert resumed.decisions == first.decisions == fresh.decisions == late.decisions
     after = _feed(first, stream[80:])
-    assert _feed(resumed, stream[80:]) == after == _feed(fresh, stream[80:])
+    assert _feed(resumed, stream[80:]) == after == _feed(fresh, stream[80:]) == _feed(late, stream[80:])
     assert resumed.decisions == first.decisions and resumed.stopped == first.stopped
     unkeyed = MOASHA(ranker(eta=2))                      # no state key: starts empty
     assert unkeyed.decisions == [] and unkeyed.ranker.counter == 0

@@ -74,10 +74,6 @@ class MOASHA(FIFOScheduler):
         d["_loaded"] = False
         return d
 
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__dict__.update(d)
-        self._loaded = False
-
     def save(self, checkpoint_path: str):
         with open(checkpoint_path, "wb") as fh:
             pickle.dump(self.__getstate__(), fh)

@@ -31,7 +31,8 @@ trials are ordered by
    (``frontier.hypervolume_contributions`` on the front's members only; the reference point is each
    objective's ``ref``; an objective whose ``ref`` is None takes the worst finite value recorded at the rung
    moved outwards by a tenth of the rung's range of that objective, or by 1 when the range is 0, so that the
-   extreme points of a front keep a positive share). A front's extreme points and isolated points come
+   extreme points of a front keep a positive share; a point that does not beat a given ``ref`` in every
+   objective has no share). A front's extreme points and isolated points come
    before points in a crowded stretch of it;
 3. then the order in which the trials were recorded at the rung (earlier first).
 
@@ -79,11 +80,8 @@ def rung_epochs(max_epochs: int, grace_epochs: int, reduction_factor: float) -> 
     out: list[int] = []
     k = 0
     while True:
-        milestone = grace_epochs * reduction_factor ** k
-        if milestone >= max_epochs:
-            break
-        epoch = math.ceil(milestone)
-        if epoch >= max_epochs:
+        epoch = math.ceil(grace_epochs * reduction_factor ** k)
+        if epoch >= max_epochs:   # a milestone in (max_epochs - 1, max_epochs) is met first at max_epochs
             break
         if not out or epoch > out[-1]:
             out.append(int(epoch))
