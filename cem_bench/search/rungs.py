@@ -42,7 +42,7 @@ The trial continues if and only if its position in that order is below ``keep``.
   non-dominated; then the tie-break (2, 3) decides;
 * a trial that dominates every recorded one is alone in front 0, position 0, and always continues, whatever
   the order in which the others arrived. Ranks are computed by non-dominated sorting, never read off a sorted
-  order (Syne Tune's MOASHA priority reads the position of a trial in its sorted list as its rank, so a
+  order (issue 26: Syne Tune's MOASHA priority appears to read the position of a trial in its sorted list as its rank, so a
   dominating newcomer can be stopped depending on the arrival order of the others).
 
 A value that is NaN or missing counts as the worst possible value of that objective (``-inf`` for ``max``,
