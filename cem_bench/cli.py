@@ -157,7 +157,8 @@ def cmd_search(args) -> int:
         except Exception as e:  # noqa: BLE001 - the tables are written; the report can be rebuilt
             print(f"cem-bench: the report could not be built ({type(e).__name__}: {e}); "
                   f"rebuild it with `cem-bench report {exp}`", file=sys.stderr)
-    print(f"summary: {done['ok']} trial(s) ok, {done['error']} error(s); mode {stats.get('mode')}; wall "
+    stopped = f", {done['stopped']} stopped early" if done.get("stopped") else ""
+    print(f"summary: {done['ok']} trial(s) ok, {done['error']} error(s){stopped}; mode {stats.get('mode')}; wall "
           f"{done['seconds'] + time.perf_counter() - t0:.1f} s = Ray start {stats.get('ray_start_s', 0):.1f} s + "
           f"trials {stats.get('trials_s', 0):.1f} s + tables {stats.get('write_s', 0):.1f} s + report "
           f"{time.perf_counter() - t0:.1f} s (+ setup)")
@@ -174,6 +175,11 @@ def cmd_report(args) -> int:
 def cmd_table(args) -> int:
     from .table import main as table_main
     return table_main(args)
+
+
+def cmd_replay(args) -> int:
+    from .search.replay import main as replay_main
+    return replay_main(args)
 
 
 def cmd_bench(args) -> int:
@@ -231,6 +237,18 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--metrics", nargs="+", help="metrics to tabulate (default: test_acc attack_ssim attack_psnr "
                                                 "attack_mse)")
     t.set_defaults(func=cmd_table)
+
+    r = sub.add_parser("replay", help="replay a recorded search through the early-stopping scheduler in simulated "
+                                      "time, without training: the probe's rank correlations, then epochs saved "
+                                      "and hypervolume kept for each grace x eta (docs/search.md)")
+    r.add_argument("results_dir", help="the experiment folder of a search whose trials ran to the end with the "
+                                       "probe recorded at every epoch (attack.probe_epochs)")
+    r.add_argument("--grace", type=int, nargs="+", default=[1, 2, 3], help="grace epochs to try (first rung)")
+    r.add_argument("--eta", type=float, nargs="+", default=[2.0, 3.0], help="reduction factors to try")
+    r.add_argument("--orders", type=int, default=50, help="random arrival orders per setting")
+    r.add_argument("--workers", type=int, default=4, help="trials running at once in the simulation")
+    r.add_argument("--seed", type=int, default=0, help="seed of the arrival orders")
+    r.set_defaults(func=cmd_replay)
 
     b = sub.add_parser("bench", help="performance harness")
     b.add_argument("--device", default="cpu", help="cpu or cuda")

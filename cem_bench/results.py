@@ -42,6 +42,7 @@ from .schema import (
     RAY_RESULT_FILE,
     RESULT_FILE,
     RESUME_STATE_FILE,
+    SCHEDULER_FILE,
     TRIALS_FILE,
     load_objectives,
     rank_table,
@@ -323,6 +324,29 @@ READ_THREADS_LOCAL = 4     # threads reading trial folders on a local disk (JSON
 READ_THREADS_REMOTE = 32   # on object storage, where each read waits for a request
 
 
+def scheduler_stops(exp: _Dir) -> dict[str, dict]:
+    """trial id -> the scheduler's stop decision (``SCHEDULER_FILE``, written by the search's scheduler:
+    ``{"decisions": [{"trial_id", "epoch", "reason", ...}], ...}``); empty without a scheduler. A damaged
+    file is not a reason to lose the tables: its trials then read as "no final result"."""
+    doc = _load_json(exp.read_text(SCHEDULER_FILE)) if exp.exists(SCHEDULER_FILE) else None
+    decisions = doc.get("decisions") if isinstance(doc, dict) else None
+    out = {}
+    for d in decisions if isinstance(decisions, list) else []:
+        if isinstance(d, dict) and d.get("trial_id") is not None and d.get("action", "stop") == "stop":
+            out[str(d["trial_id"])] = d
+    return out
+
+
+def mark_stopped(row: dict, stops: dict[str, dict]) -> dict:
+    """A trial the scheduler stopped has no final record: status "stopped" (not an error; left out of every
+    aggregate, front and table like any trial that is not "ok"), ``stopped_at_epoch`` and ``stop_reason``."""
+    d = stops.get(str(row.get("trial_id")))
+    if d is None or row.get("status") == "ok":
+        return row
+    return {**row, "status": "stopped", "error": None, "stopped_at_epoch": d.get("epoch"),
+            "stop_reason": d.get("reason")}
+
+
 def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The trials and epochs DataFrames of an experiment folder (nothing written)."""
     exp = _Dir(experiment_dir)
@@ -347,9 +371,10 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
     with ThreadPoolExecutor(max_workers=READ_THREADS_REMOTE if exp.uri else READ_THREADS_LOCAL) as pool:
         read = list(pool.map(one, dirs))
     dirs = [d for d, r in zip(dirs, read) if r is not None]
+    stops = scheduler_stops(exp)
     for r in read:
         if r is not None:
-            rows.append(r[0])
+            rows.append(mark_stopped(r[0], stops))
             epoch_rows.extend(r[1])
     for t in state or []:
         if t["dir"] in dirs:

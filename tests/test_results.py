@@ -164,3 +164,38 @@ def test_report_reads_the_tables(experiment):
 def test_missing_folder_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         results.write_tables(tmp_path / "nope")
+
+
+def test_a_trial_the_scheduler_stopped_is_stopped_not_an_error(experiment):
+    """The scheduler's file names the trials it stopped: without a final record they read as "stopped" with
+    the epoch and the reason, not as errors; a damaged file loses only that (they read as errors again); a
+    trial that finished is never marked, whatever the file says."""
+    running = {"status": "running", "trial_id": "bbbb0006", "attack_ssim": float("nan"), "training_iteration": 2}
+    make_trial(experiment, "bbbb0006", 6, None, lines=[{**running, **h} for h in hist(2)],
+               params={"cem.lambd": 4.0, "train.epochs": 8})
+    decisions = [{"trial_id": "bbbb0006", "epoch": 2, "rung": 2, "reason": "rank 1 of 2 fronts at epoch 2"},
+                 {"trial_id": "aaaa0001", "epoch": 2, "rung": 2, "reason": "a finished trial is not stopped"}]
+    (experiment / results.SCHEDULER_FILE).write_text(json.dumps({"ranker": {}, "decisions": decisions}))
+    trials, _ = results.build_tables(experiment)
+    row = trials.set_index("trial_id").loc["bbbb0006"]
+    assert row["status"] == "stopped" and row["stopped_at_epoch"] == 2 and pd.isna(row["error"])
+    assert row["stop_reason"] == "rank 1 of 2 fronts at epoch 2"
+    assert trials.set_index("trial_id").loc["aaaa0001", "status"] == "ok"
+    assert trials.set_index("trial_id").loc["aaaa0005", "status"] == "error"   # not in the file: not stopped
+    (experiment / results.SCHEDULER_FILE).write_text('{"decisions": [{"trial_')
+    trials, _ = results.build_tables(experiment)
+    assert trials.set_index("trial_id").loc["bbbb0006", "status"] == "error"
+
+
+def test_the_report_says_how_many_trials_stopped_where_and_the_epochs_saved():
+    from cem_bench.report.summary import stopped_text, trials_text
+    t = pd.DataFrame({"status": ["ok", "ok", "stopped", "stopped", "stopped", "error"],
+                      "_ok": [True, True, False, False, False, False],
+                      "stopped_at_epoch": [None, None, 2, 2, 6, None],
+                      "epochs_done": [8, 8, 2, 2, 6, 3],
+                      "config.train.epochs": [8] * 6})
+    assert trials_text(t) == "6 (2 ok, 3 stopped early, 1 errored)"
+    # 8 + 8 + 2 + 2 + 6 + 3 = 29 of 48 epochs
+    assert stopped_text(t) == ("3 (2 at epoch 2, 1 at epoch 6); the search ran 60% of the epochs its trials would "
+                               "have run to the end")
+    assert stopped_text(t.assign(status="ok")) == ""

@@ -168,3 +168,19 @@ def test_an_exhausted_sampler_proposes_nothing():
     assert first_new(p.ask, p.key, {"a"}, p.reject) == (None, 0)
     p = Proposals(["a"])                    # a duplicate, then nothing
     assert first_new(p.ask, p.key, {"a"}, p.reject) == (None, 1)
+
+
+def test_a_stopped_trial_is_told_as_stopped_and_never_confirmed():
+    """A trial a scheduler stopped ends with an epoch's result (status "running"): the carrier tells the
+    sampler PRUNED for it (queue.stopped), and the confirmation never picks it, however good its partial
+    values look."""
+    from cem_bench.search.queue import stopped
+    assert stopped({"status": "running", "test_acc": 0.9}, False)
+    assert not stopped({"status": "ok"}, False) and not stopped({"status": "running"}, True) and not stopped(None, False)
+    q = FakeSampler([{"x": 1}, {"x": 2}], seeds=(0,), search_runs=2, confirm_top=1, confirm_seeds=(5,))
+    a, b = q.next_run("a"), q.next_run("b")
+    assert a["x"] == 1 and b["x"] == 2
+    q.run_finished("a", {"status": "running", "test_acc": 0.99, "attack_ssim": 0.01}, False)   # stopped early
+    q.run_finished("b", ok(0.5, 0.5), False)
+    assert [t[0] for t in q.told] == ["a", "b"] and q.told[0][1]["status"] == "running"
+    assert q.next_run("c") == {"x": 2, "seed": 5, "role": "confirm"}

@@ -466,3 +466,49 @@ def test_baseline_and_confirm_errors_name_the_problem():
     errs = errors_of(doc)
     assert any(e.startswith("params.defense.noise_std: changes the λ = 0 baseline") for e in errs), errs
     assert parse_space({**doc, "baseline": False}).baseline_replicates == 0     # allowed without a baseline
+
+
+# ------------------------------------------------------------------ multi-objective early stopping
+def test_a_scheduler_sets_the_probe_at_its_rungs():
+    """scheduler: moasha: the rungs (Ray's ASHA arithmetic) become attack.probe_epochs, so every rung has the
+    probe to rank by; the attack's SSIM is ranked by the probe, accuracy by itself; fifo is no scheduler."""
+    spec = parse_space(minimal(fixed={"train.device": "cpu", "train.epochs": 20},
+                               scheduler={"name": "moasha", "grace_epochs": 2, "reduction_factor": 3},
+                               baseline=False, confirm=False))
+    assert spec.scheduler == {"name": "moasha", "grace_epochs": 2, "reduction_factor": 3}
+    assert spec.rungs == [2, 6, 18] and spec.fixed["attack.probe_epochs"] == [2, 6, 18]
+    assert spec.rung_objectives == [("test_acc", "max", 0.1), ("probe_ssim", "min", 1.0)]
+    from cem_bench.spaces import trial_config
+    assert trial_config(spec, sample(spec, 1)[0])["attack.probe_epochs"] == [2, 6, 18]
+    assert spec.to_dict()["scheduler"]["grace_epochs"] == 2
+    assert parse_space(minimal(scheduler={"name": "fifo"})).scheduler is None
+    assert parse_space(minimal()).scheduler is None
+    # defaults, and a space's own probe epochs that cover the rungs are kept
+    spec = parse_space(minimal(fixed={"train.device": "cpu", "train.epochs": 12,
+                                      "attack.probe_epochs": [1, 2, 4, 6, 8]}, scheduler={"name": "moasha"}))
+    assert spec.rungs == [2, 6] and spec.fixed["attack.probe_epochs"] == [1, 2, 4, 6, 8]
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"sampler": {"name": "grid"}, "num_samples": None, "params": {"cem.lambd": {"choice": [0, 8]}}},
+     "the grid sampler runs every cell to the end"),
+    ({"replicates": 3}, "replicates: 3 with a scheduler"),
+    ({"objectives": [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_psnr", "mode": "min"}]},
+     "objective attack_psnr has no per-epoch value"),
+    ({"params": {"cem.lambd": {"loguniform": [1, 64]}, "train.epochs": {"choice": [4, 8]}}}, "train.epochs is searched"),
+    ({"fixed": {"train.epochs": 2}}, "must be below train.epochs (2)"),
+    ({"fixed": {"train.epochs": 20, "attack.probe_epochs": [2, 5]}}, "misses the scheduler's rung epochs [6, 18]"),
+    ({"scheduler": {"name": "hyperband"}}, "known: fifo, moasha"),
+    ({"scheduler": {"name": "moasha", "reduction_factor": 1}}, "must be a number > 1"),
+    ({"scheduler": {"name": "moasha", "grace_epochs": 0}}, "must be an integer >= 1"),
+])
+def test_a_scheduler_without_a_sound_meaning_is_refused(changes, fragment):
+    doc = minimal(scheduler={"name": "moasha", "grace_epochs": 2, "reduction_factor": 3}, baseline=False,
+                  confirm=False)
+    fixed = {"train.device": "cpu", **({} if "train.epochs" in changes.get("params", {}) else {"train.epochs": 20}),
+             **changes.pop("fixed", {})}
+    doc.update(changes, fixed=fixed)
+    if doc.get("num_samples") is None:
+        doc.pop("num_samples")
+    errors = errors_of(doc)
+    assert any(fragment in e for e in errors), errors

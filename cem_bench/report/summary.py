@@ -280,9 +280,12 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
     t = res.trials
     facts = [
         ("experiment", res.experiment),
-        ("trials", f"{len(t)} ({int(t['_ok'].sum())} ok, {int((~t['_ok']).sum())} errored)"),
+        ("trials", trials_text(t)),
         ("trials on the front", str(int((t["pareto_rank"] == 0).sum()))),
     ]
+    stopped = stopped_text(t)
+    if stopped:
+        facts.append(("stopped early (scheduler)", stopped))
     if SKIP_COL in t:
         k = int(t["_attack_skipped"].sum())
         facts.append(("attack not run (utility gate)", f"{k} trial{'s' * (k != 1)}"))
@@ -321,6 +324,30 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
             values = sorted({str(v) for v in t[col].dropna()})
             facts.append((label, ", ".join(values) if values else "—"))
     return facts
+
+
+def trials_text(t: pd.DataFrame) -> str:
+    stopped = int((t["status"] == "stopped").sum()) if "status" in t else 0
+    errored = int((~t["_ok"]).sum()) - stopped
+    return f"{len(t)} ({int(t['_ok'].sum())} ok, " + (f"{stopped} stopped early, " if stopped else "") + \
+        f"{errored} errored)"
+
+
+def stopped_text(t: pd.DataFrame) -> str:
+    """How many trials the scheduler stopped, at which epochs, and the epochs run as a share of what the same
+    trials would have run to the end (a FIFO search of them); "" without stopped trials."""
+    if "status" not in t or "stopped_at_epoch" not in t or not (t["status"] == "stopped").any():
+        return ""
+    stop = t[t["status"] == "stopped"]
+    at = pd.to_numeric(stop["stopped_at_epoch"], errors="coerce").dropna().astype(int).value_counts().sort_index()
+    full = pd.to_numeric(t.get("config.train.epochs"), errors="coerce") if "config.train.epochs" in t else None
+    where = ", ".join(f"{n} at epoch {e}" for e, n in at.items())
+    if full is None or full.isna().all():
+        return f"{len(stop)} ({where})"
+    ran = pd.to_numeric(t["epochs_done"], errors="coerce").fillna(full)
+    ran = ran.where(t["status"] != "stopped", pd.to_numeric(t["stopped_at_epoch"], errors="coerce"))
+    share = float(ran.sum()) / float(full.sum())
+    return f"{len(stop)} ({where}); the search ran {share:.0%} of the epochs its trials would have run to the end"
 
 
 def noise_floor_text(res: Results) -> str:

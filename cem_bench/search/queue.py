@@ -63,8 +63,14 @@ def mean_result(runs: list[dict | None], metrics: list[str]) -> dict | None:
     return mean
 
 
+def stopped(result: dict | None, error: bool) -> bool:
+    """Whether a finished trial was stopped early (a scheduler's STOP): its last result is an epoch's, whose
+    status the trainable reports as "running"; a trial that ran to the end reports "ok" or "error"."""
+    return not error and bool(result) and result.get("status") == "running"
+
+
 def _ok(result: dict | None, error: bool) -> bool:
-    return not error and bool(result) and result.get("status") != "error"
+    return not error and bool(result) and result.get("status") != "error" and not stopped(result, error)
 
 
 class RunQueue:

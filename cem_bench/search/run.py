@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import SearchError, StorageFull
 from ..integrity import read_table, write_recorded_json
-from ..schema import RESUME_STATE_FILE, SPACE_FILE
+from ..schema import RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
 from ..storage import exists, filesystem, is_uri, join, jsonable, nearest_existing, resolve_storage
 from .resume import repair_experiment_state
 from .trainable import DIE_ENV, make_trainable, trial_resources, with_resources
@@ -100,6 +100,9 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
         from .searcher import JOURNAL_TARGET, SNAPSHOT_TARGET, journal_target, make_searcher
         JOURNAL_TARGET[spec.name] = journal_target(exp_path, spec.name)
         SNAPSHOT_TARGET[spec.name] = join(exp_path, RESUME_STATE_FILE)
+        if spec.scheduler:   # a restored scheduler is the pickled one of the first driver: it reads its file
+            from .moasha import STATE_TARGET
+            STATE_TARGET[spec.name] = join(exp_path, SCHEDULER_FILE)
 
         t1 = time.perf_counter()
         if resume:
@@ -116,6 +119,13 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
             tuner._local_tuner._run_config.stop = guard
         else:
             write_recorded_json(exp_path, SPACE_FILE, spec.to_dict())
+            scheduler = None
+            if spec.scheduler:
+                from .moasha import MOASHA
+                from .rungs import RungRanker
+                scheduler = MOASHA(RungRanker(spec.fixed["train.epochs"], spec.scheduler["grace_epochs"],
+                                              spec.scheduler["reduction_factor"], spec.rung_objectives),
+                                   time_attr="epoch", state_key=spec.name)
             tuner = tune.Tuner(
                 trainable,
                 param_space={},
@@ -125,6 +135,7 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
                     # early when there are fewer configurations to confirm)
                     num_samples=spec.total_runs,
                     max_concurrent_trials=None,  # the ConcurrencyLimiter inside the search algorithm
+                    scheduler=scheduler,         # None: FIFO, every trial to the end
                     reuse_actors=True,
                 ),
                 run_config=tune.RunConfig(
@@ -148,18 +159,23 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
         if guard.full:
             raise StorageFull(full_message(storage, f"trial {guard.full} ran out of space"))
         stats["trials_s"] = time.perf_counter() - t1
-        ok = err = 0
+        ok = err = stopped = 0
         for r in grid:
             m = r.metrics or {}
             if r.error is None and m.get("status") == "ok":
                 ok += 1
+            elif r.error is None and m.get("status") == "running":   # stopped by the scheduler at a rung
+                stopped += 1
             else:
                 err += 1
-        stats["trials_ok"], stats["trials_error"] = ok, err
+        stats["trials_ok"], stats["trials_error"], stats["trials_stopped"] = ok, err, stopped
     finally:
         from .searcher import JOURNAL_TARGET, SNAPSHOT_TARGET
         JOURNAL_TARGET.pop(spec.name, None)
         SNAPSHOT_TARGET.pop(spec.name, None)
+        if spec.scheduler:
+            from .moasha import STATE_TARGET
+            STATE_TARGET.pop(spec.name, None)
         if started_ray:
             ray.shutdown()
     return exp_path
@@ -218,6 +234,9 @@ def plan(spec) -> str:
     parts.append(f"{spec.num_samples} configurations x {spec.replicates} seed{'s' * (spec.replicates != 1)}")
     if spec.confirm_runs:
         parts.append(f"then the best {spec.confirm_top} again with seeds {', '.join(map(str, spec.confirm_seeds))}")
+    if spec.scheduler:
+        parts.append(f"a search trial may stop at epochs {', '.join(map(str, spec.rungs))} (moasha, keeps 1/"
+                     f"{spec.scheduler['reduction_factor']:g} of each rung)")
     total = spec.total_runs
     return f"{total} trials{' at most' if spec.confirm_runs else ''}: " + ", ".join(parts)
 
@@ -249,12 +268,13 @@ def search_command(args) -> dict:
     stats["write_s"] = time.perf_counter() - t_write
 
     if is_uri(str(trials_path)):
-        n_ok, n_err = stats.get("trials_ok", 0), stats.get("trials_error", 0)
+        n_ok, n_err, n_stop = stats.get("trials_ok", 0), stats.get("trials_error", 0), stats.get("trials_stopped", 0)
     else:
         df = read_table(exp, os.path.basename(str(trials_path)), "trials")
-        n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum())
+        n_stop = int((df["status"] == "stopped").sum())
+        n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum()) - n_stop
     print(f"experiment: {exp}")
     print(f"trials: {trials_path}")
     print(f"epochs: {epochs_path}")
     return {"experiment": exp, "name": spec.name, "trials": trials_path, "epochs": epochs_path, "ok": n_ok,
-            "error": n_err, "stats": stats, "seconds": time.perf_counter() - t_all}
+            "error": n_err, "stopped": n_stop, "stats": stats, "seconds": time.perf_counter() - t_all}

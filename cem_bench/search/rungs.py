@@ -61,32 +61,11 @@ from typing import Any
 import numpy as np
 
 from ..frontier import hypervolume_contributions, pareto_ranks
+from ..spaces.spec import rung_epochs
 
 __all__ = ["Decision", "RungRanker", "rung_epochs"]
 
 _STATE_VERSION = 1
-
-
-def rung_epochs(max_epochs: int, grace_epochs: int, reduction_factor: float) -> list[int]:
-    """The rung epochs, ascending: ``ceil(grace_epochs * reduction_factor ** k)`` below ``max_epochs``."""
-    if max_epochs <= 0:
-        raise ValueError(f"max_epochs must be positive; got {max_epochs}")
-    if grace_epochs <= 0:
-        raise ValueError(f"grace_epochs must be positive; got {grace_epochs}")
-    if grace_epochs > max_epochs:
-        raise ValueError(f"grace_epochs ({grace_epochs}) must be <= max_epochs ({max_epochs})")
-    if not reduction_factor > 1:
-        raise ValueError(f"reduction_factor must be > 1; got {reduction_factor}")
-    out: list[int] = []
-    k = 0
-    while True:
-        epoch = math.ceil(grace_epochs * reduction_factor ** k)
-        if epoch >= max_epochs:   # a milestone in (max_epochs - 1, max_epochs) is met first at max_epochs
-            break
-        if not out or epoch > out[-1]:
-            out.append(int(epoch))
-        k += 1
-    return out
 
 
 @dataclass(frozen=True)

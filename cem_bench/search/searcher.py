@@ -20,7 +20,7 @@ from ray.tune.search.optuna import OptunaSearch
 from ..schema import JOURNAL_FILE
 from ..spaces import define_by_run, grid_cells, make_sampler
 from ..storage import copy_file, is_uri, join
-from .queue import FINISHED, RunQueue, first_new
+from .queue import FINISHED, RunQueue, first_new, stopped
 from .resume import write_resume_snapshot
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,13 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
         self.run_finished(trial_id, result, error)
 
     def _tell(self, trial_id: str, result: dict | None = None, error: bool = False):
+        if stopped(result, error):
+            # a scheduler stopped it: PRUNED (Optuna's samplers leave it out of their model and of the Pareto
+            # front), never COMPLETE with a half-trained trial's values (docs/search.md)
+            if trial_id in self._ot_trials:
+                super().on_trial_complete(trial_id, None, error=False)
+            self._mirror_journal()
+            return
         bad = error or not result or result.get("status") == "error"
         if not bad and isinstance(self._metric, list):
             for m in self._metric:

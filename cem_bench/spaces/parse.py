@@ -22,15 +22,19 @@ from .parse_params import ParamStages, as_number, fmt_value
 from .spec import (
     DEFAULT_BASELINE_REPLICATES,
     DEFAULT_CONFIRM,
+    DEFAULT_SCHEDULER,
     METRICS,
     MODES,
     REQUIRED_KEYS,
+    RUNG_METRICS,
     SAFE_NAME,
     SAMPLER_OPTIONS,
     SAMPLERS,
+    SCHEDULERS,
     TOP_KEYS,
     Objective,
     SearchSpec,
+    rung_epochs,
 )
 
 
@@ -155,12 +159,72 @@ class _Parser(ParamStages):
             num_samples = self.grid(params, num_samples)
         baseline, cells = self.baseline(doc.get("baseline"), fixed, params, grid, seeds)
         top, confirm_reps = self.confirm(doc.get("confirm"))
+        scheduler = self.scheduler(doc.get("scheduler"), objectives, fixed, params, grid, seeds)
+        if scheduler and not self.errors:
+            fixed = self.probe_at_rungs(scheduler, fixed)
         if self.errors:
             raise SpaceError(self.errors, self.path)
         return SearchSpec(name=name, objectives=tuple(objectives), sampler=sampler, num_samples=num_samples,
                           max_concurrent=max_concurrent, resources=resources, fixed=fixed, params=tuple(params),
                           max_failures=max_failures, path=self.path, seeds=seeds, baseline_replicates=baseline,
-                          baseline_cells=cells, confirm_top=top, confirm_replicates=confirm_reps)
+                          baseline_cells=cells, confirm_top=top, confirm_replicates=confirm_reps,
+                          scheduler=scheduler)
+
+    def scheduler(self, value, objectives, fixed: dict, params, grid: bool, seeds) -> dict | None:
+        """``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}`` (docs/search.md): stop trials that
+        are dominated at a rung. ``fifo`` or left out: every trial runs to the end. Refused where stopping has
+        no sound meaning: the grid (every cell must finish), replicates (one configuration's seeds would be
+        stopped one by one), an objective with no per-epoch stand-in, a searched or too short ``train.epochs``.
+        The baseline's and the confirmation's runs are never stopped (``search.moasha``)."""
+        if value is None or value == "fifo" or (isinstance(value, dict) and value.get("name") == "fifo"):
+            return None
+        if not isinstance(value, dict) or value.get("name") not in SCHEDULERS or \
+                not set(value) <= {"name", "grace_epochs", "reduction_factor"}:
+            self.err("scheduler", f"{value!r} must be {{name: moasha, grace_epochs: G, reduction_factor: η}} or "
+                     f"{{name: fifo}} (known: {', '.join(SCHEDULERS)})")
+            return None
+        out = {"name": value["name"], **DEFAULT_SCHEDULER,
+               **{k: v for k, v in value.items() if k != "name"}}
+        g, eta = out["grace_epochs"], out["reduction_factor"]
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            self.err("scheduler.grace_epochs", f"{g!r} must be an integer >= 1 (the first rung's epoch)")
+        if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not eta > 1:
+            self.err("scheduler.reduction_factor", f"{eta!r} must be a number > 1 (a rung keeps 1/η of its "
+                     "trials)")
+        if grid:
+            self.err("scheduler", "the grid sampler runs every cell to the end (a paper table has no holes): "
+                     "leave the scheduler out, or use another sampler")
+        if len(seeds) > 1:
+            self.err("scheduler", f"replicates: {len(seeds)} with a scheduler would stop a configuration's "
+                     "seeds one by one on their own noise; use replicates: 1 (the confirmation runs re-measure the "
+                     "best configurations with new seeds)")
+        for o in objectives:
+            if o.metric not in RUNG_METRICS:
+                self.err("scheduler", f"objective {o.metric} has no per-epoch value to rank by at a rung; the "
+                         f"scheduler ranks by {', '.join(sorted(RUNG_METRICS))}")
+        if any(p.key == "train.epochs" for p in params):
+            self.err("scheduler", "train.epochs is searched: the rungs are epochs of one fixed length; fix "
+                     "train.epochs")
+        epochs = fixed.get("train.epochs", self.specs["train.epochs"].default)
+        if isinstance(g, int) and not isinstance(g, bool) and isinstance(epochs, int) and g >= epochs:
+            self.err("scheduler.grace_epochs", f"{g} must be below train.epochs ({epochs}): the first rung "
+                     "comes before the end of a trial")
+        return out
+
+    def probe_at_rungs(self, scheduler: dict, fixed: dict) -> dict:
+        """The privacy probe runs after every rung's epoch (``attack.probe_epochs``): set it, or check that
+        a space that sets it covers the rungs."""
+        epochs = fixed.get("train.epochs", self.specs["train.epochs"].default)
+        rungs = rung_epochs(epochs, scheduler["grace_epochs"], scheduler["reduction_factor"])
+        fixed = {"train.epochs": epochs, **fixed}     # the rungs' length, stated (SearchSpec.rungs reads it)
+        given = fixed.get("attack.probe_epochs")
+        if given:
+            missing = sorted(set(rungs) - set(given))
+            if missing:
+                self.err("fixed.attack.probe_epochs", f"{list(given)} misses the scheduler's rung epochs "
+                         f"{missing}; leave it out (the rungs {rungs} are set) or add them")
+            return fixed
+        return {**fixed, "attack.probe_epochs": rungs}
 
     def baseline(self, value, fixed: dict, params, grid: bool, seeds) -> tuple[int, tuple[dict, ...]]:
         """``baseline: {replicates: N}`` (N >= 2, or 0), ``true`` (N = 3) or ``false``: the λ = 0 runs that

@@ -7,6 +7,7 @@ into Optuna's define-by-run function and sampler.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,13 +43,42 @@ SAMPLERS = tuple(sorted(SAMPLER_OPTIONS))
 
 # The shape of the YAML file itself (used by the parser).
 TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "replicates", "seeds", "baseline", "confirm",
-             "max_concurrent", "max_failures", "resources", "fixed", "params")
+            "scheduler", "max_concurrent", "max_failures", "resources", "fixed", "params")
+# Multi-objective early stopping (docs/search.md): the schedulers a space may name, and for each objective the
+# value every epoch record carries that stands for it at a rung (the privacy probe for the attack's SSIM).
+SCHEDULERS = ("fifo", "moasha")
+DEFAULT_SCHEDULER = {"grace_epochs": 2, "reduction_factor": 3}
+RUNG_METRICS = {"test_acc": "test_acc", "test_acc_clean": "test_acc_clean", "attack_ssim": "probe_ssim"}
 # The noise floor and the confirmed front (docs/protocol.md sections 7 and 8): on unless a space says false.
 DEFAULT_BASELINE_REPLICATES = 3
 DEFAULT_CONFIRM = {"top": 3, "replicates": 3}
 REQUIRED_KEYS = ("name", "objectives", "params")   # num_samples too, except with sampler grid (the cell count)
 PARAM_FIELDS = (*KINDS, "log", "step", "when")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def rung_epochs(max_epochs: int, grace_epochs: int, reduction_factor: float) -> list[int]:
+    """The epochs at which an early-stopping scheduler judges a trial, ascending: Ray's ASHA milestones
+    ``grace_epochs * reduction_factor ** k`` (one bracket) rounded up to whole epochs, below ``max_epochs`` (a
+    trial at its last epoch has nothing left to save). The rule that ranks a rung: ``search/rungs.py``."""
+    if max_epochs <= 0:
+        raise ValueError(f"max_epochs must be positive; got {max_epochs}")
+    if grace_epochs <= 0:
+        raise ValueError(f"grace_epochs must be positive; got {grace_epochs}")
+    if grace_epochs > max_epochs:
+        raise ValueError(f"grace_epochs ({grace_epochs}) must be <= max_epochs ({max_epochs})")
+    if not reduction_factor > 1:
+        raise ValueError(f"reduction_factor must be > 1; got {reduction_factor}")
+    out: list[int] = []
+    k = 0
+    while True:
+        epoch = math.ceil(grace_epochs * reduction_factor ** k)
+        if epoch >= max_epochs:   # a milestone in (max_epochs - 1, max_epochs) is met first at max_epochs
+            break
+        if not out or epoch > out[-1]:
+            out.append(int(epoch))
+        k += 1
+    return out
 
 
 @dataclass(frozen=True)
@@ -107,6 +137,8 @@ class SearchSpec:
     # After the search: the ``confirm_top`` best configurations re-run with ``confirm_replicates`` new seeds.
     confirm_top: int = 0
     confirm_replicates: int = 0
+    # ``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}``: None = every trial runs to the end
+    scheduler: dict | None = None
 
     @property
     def replicates(self) -> int:
@@ -166,6 +198,20 @@ class SearchSpec:
                 for cell in self.baseline_cells for s in self.baseline_seeds]
 
     @property
+    def rungs(self) -> list[int]:
+        """The scheduler's rung epochs (empty without one)."""
+        if not self.scheduler:
+            return []
+        return rung_epochs(self.fixed.get("train.epochs", 0), self.scheduler["grace_epochs"],
+                           self.scheduler["reduction_factor"])
+
+    @property
+    def rung_objectives(self) -> list[tuple[str, str, float | None]]:
+        """``(metric, mode, ref)`` of the per-epoch values the scheduler ranks by at a rung: each objective's
+        ``RUNG_METRICS`` stand-in (the probe for ``attack_ssim``), with the objective's mode and reference."""
+        return [(RUNG_METRICS[o.metric], o.mode, o.ref) for o in self.objectives]
+
+    @property
     def metric_names(self) -> list[str]:
         return [o.metric for o in self.objectives]
 
@@ -193,5 +239,6 @@ class SearchSpec:
                          "seeds": list(self.baseline_seeds)},
             "confirm": {"top": self.confirm_top, "replicates": self.confirm_replicates,
                         "seeds": list(self.confirm_seeds)},
+            "scheduler": dict(self.scheduler) if self.scheduler else None,
             "path": self.path,
         }

@@ -1,0 +1,195 @@
+"""Replay a recorded search through the early-stopping scheduler in simulated time, without training
+(``cem-bench replay``; docs/search.md).
+
+A search whose trials all ran to the end with the privacy probe recorded at every epoch (or at least at every
+rung epoch of the scheduler settings tried) holds everything a scheduler would have seen: each trial's
+per-epoch test accuracy and probe. The replay drives ``rungs.RungRanker`` — the same decisions as the live
+``moasha.MOASHA`` — with those records, as Syne Tune's simulator backend does with a tabulated benchmark:
+
+* ``workers`` trials run at once; one epoch costs one unit of simulated time; when a trial ends (its last epoch,
+  or a STOP at a rung) its worker takes the next trial of the arrival order;
+* results reach the ranker in the order of their simulated finishing times, so that which trials are
+  recorded at a rung when a trial arrives there depends on the order, as in a live asynchronous search;
+* over ``orders`` random arrival orders it reports the epochs run (as a share of running every trial to the end,
+  what a FIFO search of the same trials costs), the hypervolume of the front of the trials it kept on their
+  final objectives (as a share of the full front's), and how many of the full front's trials it stopped.
+
+``correlations`` answers whether the rungs predict the end: the Spearman rank correlation, over the trials,
+between each objective's per-epoch stand-in at epoch e and the objective's final value.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ResultsError
+from ..frontier import hypervolume, pareto_ranks
+from ..spaces.spec import RUNG_METRICS, rung_epochs
+from .rungs import RungRanker
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One scheduler setting replayed over many arrival orders (means and standard deviations)."""
+    grace_epochs: int
+    reduction_factor: float
+    rungs: tuple[int, ...]
+    epochs_share: float           # epochs run / epochs of running every trial to the end
+    epochs_share_std: float
+    hv_share: float               # hypervolume of the kept trials' front / the full front's
+    hv_share_std: float
+    front_stopped: float          # mean number of the full front's trials the scheduler stopped
+    front_size: int
+    stopped: float                # mean number of trials stopped
+    trials: int
+
+
+def trial_records(trials: pd.DataFrame, epochs: pd.DataFrame, objectives: list[dict]) -> tuple[
+        list[str], dict[str, dict[int, dict]], np.ndarray, int]:
+    """(trial ids, trial id -> epoch -> the rung values, final objective values (trials x objectives), epochs
+    per trial) of the search trials that finished ("ok", role search) — the ones a replay can judge."""
+    ok = trials[(trials["status"] == "ok") & (trials.get("role", "search") == "search")]
+    ids = [str(t) for t in ok["trial_id"]]
+    stand_ins = [RUNG_METRICS[o["metric"]] for o in objectives]
+    by_trial: dict[str, dict[int, dict]] = {t: {} for t in ids}
+    ep = epochs[epochs["trial_id"].astype(str).isin(set(ids))]
+    for row in ep.itertuples(index=False):
+        rec = row._asdict()
+        by_trial[str(rec["trial_id"])][int(rec["epoch"])] = {m: rec.get(m, float("nan")) for m in stand_ins}
+    finals = ok[[o["metric"] for o in objectives]].to_numpy(dtype=float)
+    length = int(max((max(v) for v in by_trial.values() if v), default=0))
+    return ids, by_trial, finals, length
+
+
+def _front_hv(values: np.ndarray, objectives: list[dict], refs: list[float]) -> float:
+    values = values[np.isfinite(values).all(axis=1)]
+    if not len(values):
+        return 0.0
+    modes = [o["mode"] for o in objectives]
+    return float(hypervolume(values, modes, refs))
+
+
+def simulate(ids: list[str], by_trial: dict[str, dict[int, dict]], length: int, ranker: RungRanker,
+             order: list[int], workers: int) -> dict[str, int]:
+    """trial id -> epochs it ran, when its trials start in ``order`` on ``workers`` workers and ``ranker``
+    judges them at its rungs (see the module docstring)."""
+    ran: dict[str, int] = {}
+    queue = list(order)
+    events: list[tuple[float, int, str, int]] = []   # (time, tie-break, trial id, epoch finished)
+    counter = 0
+
+    def start(now: float) -> None:
+        nonlocal counter
+        if queue:
+            tid = ids[queue.pop(0)]
+            heapq.heappush(events, (now + 1, counter, tid, 1))
+            counter += 1
+
+    for _ in range(min(workers, len(queue))):
+        start(0.0)
+    while events:
+        now, _, tid, epoch = heapq.heappop(events)
+        values = by_trial[tid].get(epoch, {})
+        decision = ranker.on_result(tid, epoch, values)
+        if decision.action == "stop" or epoch >= length:
+            ran[tid] = epoch
+            start(now)
+        else:
+            heapq.heappush(events, (now + 1, counter, tid, epoch + 1))
+            counter += 1
+    return ran
+
+
+def replay(trials: pd.DataFrame, epochs: pd.DataFrame, objectives: list[dict], grace_epochs: int,
+           reduction_factor: float, orders: int = 50, workers: int = 4, seed: int = 0) -> Replayed:
+    """``simulate`` over ``orders`` random arrival orders (see the module docstring)."""
+    ids, by_trial, finals, length = trial_records(trials, epochs, objectives)
+    if not ids:
+        raise ResultsError("no finished search trial to replay: the replay needs trials that ran to the end")
+    rung_objs = [(RUNG_METRICS[o["metric"]], o["mode"], o.get("ref")) for o in objectives]
+    modes = [o["mode"] for o in objectives]
+    refs = [o["ref"] if o.get("ref") is not None else
+            (float(np.nanmin(finals[:, j])) - 1e-9 if o["mode"] == "max" else float(np.nanmax(finals[:, j])) + 1e-9)
+            for j, o in enumerate(objectives)]
+    finite = np.isfinite(finals).all(axis=1)
+    full_hv = _front_hv(finals, objectives, refs)
+    ranks = np.full(len(ids), -1)
+    ranks[finite] = pareto_ranks(finals[finite], modes)
+    front = {ids[i] for i in np.flatnonzero(ranks == 0)}
+    rng = np.random.default_rng(seed)
+    shares, hvs, front_stops, stops = [], [], [], []
+    for _ in range(orders):
+        ranker = RungRanker(length, grace_epochs, reduction_factor, rung_objs)
+        ran = simulate(ids, by_trial, length, ranker, list(rng.permutation(len(ids))), workers)
+        kept = np.array([ran[t] >= length for t in ids])
+        shares.append(sum(ran.values()) / (length * len(ids)))
+        hvs.append(_front_hv(finals[kept], objectives, refs) / full_hv if full_hv > 0 else math.nan)
+        front_stops.append(sum(1 for t in front if ran[t] < length))
+        stops.append(int((~kept).sum()))
+    return Replayed(grace_epochs, reduction_factor, tuple(rung_epochs(length, grace_epochs, reduction_factor)),
+                    float(np.mean(shares)), float(np.std(shares)), float(np.nanmean(hvs)), float(np.nanstd(hvs)),
+                    float(np.mean(front_stops)), len(front), float(np.mean(stops)), len(ids))
+
+
+def correlations(trials: pd.DataFrame, epochs: pd.DataFrame, objectives: list[dict]) -> pd.DataFrame:
+    """Spearman's rank correlation, over the finished search trials, between each objective's stand-in at epoch
+    e and its final value: one row per epoch, a column per objective (NaN where fewer than 3 trials have both).
+    Signs as they come: a stand-in that ranks trials as the end does correlates positively."""
+    from scipy.stats import spearmanr
+    ids, by_trial, finals, length = trial_records(trials, epochs, objectives)
+    rows = []
+    for e in range(1, length + 1):
+        row: dict = {"epoch": e}
+        for j, o in enumerate(objectives):
+            m = RUNG_METRICS[o["metric"]]
+            x = np.array([by_trial[t].get(e, {}).get(m, math.nan) for t in ids], dtype=float)
+            ok = np.isfinite(x) & np.isfinite(finals[:, j])
+            row[f"{m} vs final {o['metric']}"] = float(spearmanr(x[ok], finals[ok, j]).statistic) \
+                if ok.sum() >= 3 and np.ptp(x[ok]) > 0 and np.ptp(finals[ok, j]) > 0 else math.nan
+        row["trials"] = int(len(ids))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
+    """(trials, epochs, objectives) of a search's folder: its tables when written, else built from its files."""
+    from ..integrity import read_table
+    from ..results import build_tables
+    from ..schema import EPOCHS_FILE, TRIALS_FILE, load_objectives
+    from ..storage import Dir
+    d = Dir(results_dir)
+    trials, epochs = read_table(d, TRIALS_FILE, "trials"), read_table(d, EPOCHS_FILE, "epochs")
+    if trials is None or epochs is None:
+        trials, epochs = build_tables(results_dir)
+    objectives, _ = load_objectives(d)
+    for o in objectives:
+        if o["metric"] not in RUNG_METRICS:
+            raise ResultsError(f"objective {o['metric']} has no per-epoch stand-in to replay (known: "
+                             f"{', '.join(sorted(RUNG_METRICS))})")
+    return trials, epochs, objectives
+
+
+def main(args) -> int:
+    """``cem-bench replay RESULTS``: the probe's rank correlations, then a table of every grace x η setting."""
+    trials, epochs, objectives = load(args.results_dir)
+    corr = correlations(trials, epochs, objectives)
+    print(f"{args.results_dir}: {int(corr['trials'].iloc[0]) if len(corr) else 0} finished search trials")
+    print("\nSpearman rank correlation of the per-epoch value with the final objective:")
+    print(corr.drop(columns="trials").to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    rows = []
+    for g in args.grace:
+        for eta in args.eta:
+            r = replay(trials, epochs, objectives, g, eta, orders=args.orders, workers=args.workers, seed=args.seed)
+            rows.append({"grace": g, "eta": eta, "rungs": list(r.rungs),
+                         "epochs run (share of FIFO)": f"{r.epochs_share:.2f} ± {r.epochs_share_std:.2f}",
+                         "kept front's hypervolume (share)": f"{r.hv_share:.3f} ± {r.hv_share_std:.3f}",
+                         "front trials stopped": f"{r.front_stopped:.1f} of {r.front_size}",
+                         "trials stopped": f"{r.stopped:.1f} of {r.trials}"})
+    print(f"\nScheduler replayed over {args.orders} random arrival orders, {args.workers} workers:")
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
