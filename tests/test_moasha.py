@@ -225,3 +225,22 @@ def test_save_and_restore_by_pickle(tmp_path):
     assert b.decisions == a.decisions and b.ranker.state_dict() == a.ranker.state_dict()
     assert _feed(b, stream[60:]) == _feed(a, stream[60:])
     assert "MOASHA" in b.debug_string()
+
+
+def test_a_stopped_trial_that_reports_again_is_stopped_again():
+    """A stop is final: a trial whose worker resumes it from a checkpoint after the stop (a driver killed between
+    the decision and Ray's stop) is stopped again at its next result, whatever its values."""
+    from ray.tune.schedulers import TrialScheduler
+
+    from cem_bench.search.moasha import MOASHA
+    from cem_bench.search.rungs import RungRanker
+
+    class T:
+        def __init__(self, tid):
+            self.trial_id, self.config = tid, {}
+
+    s = MOASHA(RungRanker(8, 2, 2, [("test_acc", "max", None), ("probe_ssim", "min", None)]))
+    assert s.on_trial_result(None, T("a"), {"epoch": 2, "test_acc": 0.9, "probe_ssim": 0.1}) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, T("b"), {"epoch": 2, "test_acc": 0.1, "probe_ssim": 0.9}) == TrialScheduler.STOP
+    assert s.on_trial_result(None, T("b"), {"epoch": 3, "test_acc": 1.0, "probe_ssim": 0.0}) == TrialScheduler.STOP
+    assert s.stopped == {"b": 2}

@@ -687,3 +687,58 @@ def test_baseline_and_confirmation_run_exactly_once_across_restores(tmp_path):
         (c["cem.lambd"], s) for c in best for s in (2, 3))
     assert all({k: v for k, v in c.items() if k not in ("seed", "role")} in
                [{k: v for k, v in b.items() if k != "seed"} for b in best] for c in confirm)
+
+
+@pytest.mark.ray
+def test_moasha_search_stops_dominated_trials_and_a_killed_driver_resumes_it(tmp_path, ray_cluster):
+    """A MOASHA search (rungs at epochs 1 and 2 of 4) with a baseline and a confirmation, its driver killed once
+    the scheduler has stopped a trial, finished by --resume: every run exactly once; the scheduler's decisions
+    from before the kill kept; trials it stopped are "stopped" at a rung in trials.parquet and PRUNED in
+    Optuna's study, never errors; the baseline's and the confirmation's runs are never stopped."""
+    space = write_space(tmp_path, "moasha", num_samples=6, max_concurrent=2, baseline={"replicates": 2},
+                        confirm={"top": 1, "replicates": 2}, fixed={"train.epochs": 4},
+                        scheduler={"name": "moasha", "grace_epochs": 1, "reduction_factor": 2})
+    storage = tmp_path / "res"
+    exp = storage / "moasha"
+    state = exp / schema.SCHEDULER_FILE
+    log = open(tmp_path / "driver1.log", "wb")
+    driver = subprocess.Popen(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster),
+                              env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not (state.exists() and json.loads(state.read_text() or "{}").get("decisions")
+                   and list(exp.glob("experiment_state-*.json"))):
+            assert driver.poll() is None, (tmp_path / "driver1.log").read_text()[-3000:]
+            assert time.time() < deadline, (tmp_path / "driver1.log").read_text()[-3000:]
+            time.sleep(0.25)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            os.kill(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+        log.close()
+    before = {d["trial_id"]: d["epoch"] for d in json.loads(state.read_text())["decisions"]}
+    proc = subprocess.run(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster, "--resume"),
+                          env=subprocess_env(), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    after = {d["trial_id"]: d["epoch"] for d in json.loads(state.read_text())["decisions"]}
+    assert before.items() <= after.items()
+    trials = pd.read_parquet(exp / "trials.parquet")
+    assert trials["trial_id"].is_unique and len(trials) == 2 + 6 + 2, trials[["trial_id", "role", "status"]]
+    runs = trials[["config_id", "config.seed"]].astype(str).agg("/".join, axis=1)
+    assert runs.is_unique
+    assert set(trials["status"]) <= {"ok", "stopped"}, trials[["trial_id", "status", "error"]]
+    assert (trials.loc[trials["role"] != "search", "status"] == "ok").all()
+    stopped = trials[trials["status"] == "stopped"]
+    assert len(stopped) >= 1 and set(stopped["trial_id"]) == set(after)
+    assert set(stopped["stopped_at_epoch"].astype(int)) <= {1, 2}
+    assert stopped["stop_reason"].str.contains("outside the top").all()
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name="moasha",
+                              storage=JournalStorage(JournalFileBackend(str(exp / "optuna_journal.log"))))
+    state_of = {t.user_attrs["ray_trial_id"]: t.state.name for t in study.trials}
+    search = trials[trials["role"] == "search"].set_index("trial_id")["status"]
+    assert state_of == {tid: ("PRUNED" if s == "stopped" else "COMPLETE") for tid, s in search.items()}

@@ -125,6 +125,10 @@ class MOASHA(FIFOScheduler):
         config = getattr(trial, "config", None) or {}
         if config.get("role") in self.exempt_roles or self.time_attr not in result:
             return TrialScheduler.CONTINUE
+        if any(d["trial_id"] == trial.trial_id for d in self._stops):
+            # a stop is final: a trial that reports again (its worker restarted it from a checkpoint after the
+            # driver was killed between the decision and the stop) is stopped again
+            return TrialScheduler.STOP
         values = {m: result.get(m) for m in self.ranker.metrics}
         decision = self.ranker.on_result(trial.trial_id, result[self.time_attr], values)
         if decision.rung is None:

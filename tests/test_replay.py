@@ -1,0 +1,65 @@
+"""cem-bench replay: a recorded search through the scheduler's rule in simulated time (cem_bench.search.replay)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cem_bench.search.replay import correlations, replay, simulate, trial_records
+from cem_bench.search.rungs import RungRanker
+
+OBJECTIVES = [{"metric": "test_acc", "mode": "max", "ref": 0.1}, {"metric": "attack_ssim", "mode": "min", "ref": 1.0}]
+
+
+def recorded(n: int = 12, epochs: int = 8, seed: int = 0):
+    """``n`` trials that ran ``epochs`` epochs: trial i's accuracy and probe move towards its final values, so
+    that every epoch ranks the trials as the end does; trial 0 dominates every other at every epoch."""
+    rng = np.random.default_rng(seed)
+    acc = np.sort(rng.uniform(0.5, 0.9, n))[::-1]
+    ssim = np.sort(rng.uniform(0.3, 0.8, n))
+    acc[0], ssim[0] = 0.95, 0.2
+    trials = pd.DataFrame({"trial_id": [f"t{i}" for i in range(n)], "status": "ok", "role": "search",
+                           "test_acc": acc, "attack_ssim": ssim})
+    rows = [{"trial_id": f"t{i}", "epoch": e, "test_acc": acc[i] * e / epochs, "probe_ssim": ssim[i] + 0.1 / e}
+            for i in range(n) for e in range(1, epochs + 1)]
+    return trials, pd.DataFrame(rows)
+
+
+def test_no_rung_runs_every_epoch_and_keeps_the_whole_front():
+    trials, epochs = recorded()
+    r = replay(trials, epochs, OBJECTIVES, grace_epochs=8, reduction_factor=2, orders=5)
+    assert r.rungs == () and r.epochs_share == 1.0 and r.hv_share == pytest.approx(1.0) and r.stopped == 0
+
+
+def test_a_schedule_saves_epochs_and_never_stops_the_trial_that_dominates_all():
+    trials, epochs = recorded()
+    ids, by_trial, finals, length = trial_records(trials, epochs, OBJECTIVES)
+    assert length == 8 and len(ids) == 12
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        ranker = RungRanker(length, 2, 2, [("test_acc", "max", 0.1), ("probe_ssim", "min", 1.0)])
+        ran = simulate(ids, by_trial, length, ranker, list(rng.permutation(len(ids))), workers=3)
+        assert ran["t0"] == length and sum(ran.values()) < length * len(ids)
+    r = replay(trials, epochs, OBJECTIVES, grace_epochs=2, reduction_factor=2, orders=20, workers=3)
+    assert r.rungs == (2, 4) and 0 < r.epochs_share < 1 and r.front_stopped == 0 and r.hv_share == pytest.approx(1)
+
+
+def test_correlations_are_spearmans_and_need_three_trials():
+    trials, epochs = recorded()
+    c = correlations(trials, epochs, OBJECTIVES)
+    assert list(c["epoch"]) == list(range(1, 9))
+    assert np.allclose(c["probe_ssim vs final attack_ssim"], 1.0)
+    assert np.allclose(c["test_acc vs final test_acc"], 1.0)
+    few = correlations(trials.head(2), epochs, OBJECTIVES)
+    assert few.drop(columns=["epoch", "trials"]).map(math.isnan).all().all()
+
+
+def test_trials_that_did_not_finish_are_left_out():
+    trials, epochs = recorded()
+    trials.loc[3, "status"] = "stopped"
+    trials.loc[4, "role"] = "baseline"
+    ids, *_ = trial_records(trials, epochs, OBJECTIVES)
+    assert "t3" not in ids and "t4" not in ids and len(ids) == 10
