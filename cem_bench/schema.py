@@ -23,7 +23,10 @@ RAY_ERROR_FILE = "error.txt"
 RESUME_STATE_FILE = "cem_resume_state.bin"   # the search's bundle of its last complete Ray checkpoint
 SPACE_FILE = "search_space.json"             # the validated search space (objectives, reference points)
 JOURNAL_FILE = "optuna_journal.log"          # the Optuna study (optuna-dashboard reads it)
-SCHEDULER_FILE = "scheduler_state.json"       # the early-stopping scheduler's rung records and stop decisions
+# The early-stopping scheduler's rung records and stop decisions, one JSON document on one line. Not ".json":
+# a restoring Tune driver copies every .json and .pkl of the experiment folder into its staging folder and
+# uploads them again later, which would put back a stale copy over the scheduler's newer one.
+SCHEDULER_FILE = "scheduler_state.jsonl"
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
 CONFIGS_FILE = "configs.parquet"             # one row per configuration: its replicates aggregated

@@ -179,7 +179,18 @@ def test_state_dict_round_trips_through_json():
 
 
 def _feed(m: MOASHA, items):
-    return [m.on_trial_result(None, FakeTrial(t), {"epoch": e, **vals}) for t, e, vals in items]
+    """Each result after its trial was added, as Tune does (adding is idempotent here, as in MOASHA)."""
+    out = []
+    for t, e, vals in items:
+        m.on_trial_add(None, FakeTrial(t))
+        out.append(m.on_trial_result(None, FakeTrial(t), {"epoch": e, **vals}))
+    return out
+
+
+def _restore_trials(m: MOASHA, items):
+    """What a restoring Tune driver does before the first result: add every trial its experiment lists."""
+    for t in dict.fromkeys(t for t, _, _ in items):
+        m.on_trial_add(None, FakeTrial(t))
 
 
 def test_exempt_roles_are_never_stopped_nor_recorded():
@@ -208,6 +219,8 @@ def test_state_survives_a_killed_driver_through_the_state_file(tmp_path, monkeyp
     fresh = MOASHA(ranker(eta=2), state_key="exp")
     late = pickle.loads(midway)
     assert resumed.decisions == first.decisions == fresh.decisions == late.decisions
+    for copy in (resumed, fresh, late):
+        _restore_trials(copy, stream[:80])
     after = _feed(first, stream[80:])
     assert _feed(resumed, stream[80:]) == after == _feed(fresh, stream[80:]) == _feed(late, stream[80:])
     assert resumed.decisions == first.decisions and resumed.stopped == first.stopped
@@ -223,6 +236,7 @@ def test_save_and_restore_by_pickle(tmp_path):
     b = MOASHA(ranker(eta=2))
     b.restore(str(tmp_path / "sched.pkl"))
     assert b.decisions == a.decisions and b.ranker.state_dict() == a.ranker.state_dict()
+    _restore_trials(b, stream[:60])
     assert _feed(b, stream[60:]) == _feed(a, stream[60:])
     assert "MOASHA" in b.debug_string()
 
@@ -244,3 +258,26 @@ def test_a_stopped_trial_that_reports_again_is_stopped_again():
     assert s.on_trial_result(None, T("b"), {"epoch": 2, "test_acc": 0.1, "probe_ssim": 0.9}) == TrialScheduler.STOP
     assert s.on_trial_result(None, T("b"), {"epoch": 3, "test_acc": 1.0, "probe_ssim": 0.0}) == TrialScheduler.STOP
     assert s.stopped == {"b": 2}
+
+
+def test_a_killed_drivers_trial_that_the_restored_experiment_lacks_is_forgotten(tmp_path, monkeypatch):
+    """A driver killed between starting a trial and its next experiment snapshot leaves records of a trial the
+    restored experiment never lists (the sample runs again under a new id). The resumed scheduler forgets that
+    ghost at its first result, so it holds no place at a rung: the new trials are judged as if it never ran."""
+    monkeypatch.setitem(moasha_mod.STATE_TARGET, "exp", str(tmp_path / "state.jsonl"))
+    first = MOASHA(ranker(eta=4), state_key="exp")
+    at_start = pickle.dumps(first)
+    _feed(first, [("kept", 1, v(0.5, 0.5)), ("ghost", 1, v(0.9, 0.1)), ("gone", 1, v(0.1, 0.9))])
+    assert first.stopped.keys() == {"gone"}
+    (tmp_path / "copy.jsonl").write_bytes((tmp_path / "state.jsonl").read_bytes())
+    new = [("new", 1, v(0.6, 0.4))]          # dominated by the ghost only
+    resumed = pickle.loads(at_start)
+    _restore_trials(resumed, [("kept", 1, None), ("gone", 1, None)])
+    assert _feed(resumed, new) == [MOASHA.CONTINUE]
+    assert "ghost" not in resumed.ranker.trial_ids() and resumed.stopped == {"gone": 1}
+    assert json.loads((tmp_path / "state.jsonl").read_text())["ranker"]["rungs"]["1"].keys() == {"kept", "gone", "new"}
+    # a driver whose experiment does list the ghost keeps it, and then "new" is outside the top 1 of 4
+    monkeypatch.setitem(moasha_mod.STATE_TARGET, "exp", str(tmp_path / "copy.jsonl"))
+    listed = pickle.loads(at_start)
+    _restore_trials(listed, [("kept", 1, None), ("ghost", 1, None), ("gone", 1, None)])
+    assert _feed(listed, new) == [MOASHA.STOP]

@@ -723,10 +723,13 @@ def test_moasha_search_stops_dominated_trials_and_a_killed_driver_resumes_it(tmp
                           env=subprocess_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     after = {d["trial_id"]: d["epoch"] for d in json.loads(state.read_text())["decisions"]}
-    assert before.items() <= after.items()
     trials = pd.read_parquet(exp / "trials.parquet")
+    # kept: every decision about a trial the experiment has (a trial the killed driver started after its last
+    # snapshot is not in it: its sample ran again under a new id, and the scheduler forgot it)
+    assert {t: e for t, e in before.items() if t in set(trials["trial_id"])}.items() <= after.items()
     assert trials["trial_id"].is_unique and len(trials) == 2 + 6 + 2, trials[["trial_id", "role", "status"]]
-    runs = trials[["config_id", "config.seed"]].astype(str).agg("/".join, axis=1)
+    # a stopped trial's config is what the searcher gave (params.json): no seed key means the default seed 0
+    runs = trials["config_id"] + "/" + trials["config.seed"].fillna(0).astype(int).astype(str)
     assert runs.is_unique
     assert set(trials["status"]) <= {"ok", "stopped"}, trials[["trial_id", "status", "error"]]
     assert (trials.loc[trials["role"] != "search", "status"] == "ok").all()
@@ -741,4 +744,8 @@ def test_moasha_search_stops_dominated_trials_and_a_killed_driver_resumes_it(tmp
                               storage=JournalStorage(JournalFileBackend(str(exp / "optuna_journal.log"))))
     state_of = {t.user_attrs["ray_trial_id"]: t.state.name for t in study.trials}
     search = trials[trials["role"] == "search"].set_index("trial_id")["status"]
-    assert state_of == {tid: ("PRUNED" if s == "stopped" else "COMPLETE") for tid, s in search.items()}
+    assert {t: state_of.get(t) for t in search.index} == \
+        {tid: ("PRUNED" if s == "stopped" else "COMPLETE") for tid, s in search.items()}
+    # the journal is the mirror of what Optuna was told, append-only: trials the killed driver stopped after its
+    # last snapshot stay in it as PRUNED (Ray's restored experiment does not have them)
+    assert all(state_of[t] == "PRUNED" and t in before for t in set(state_of) - set(search.index))

@@ -10,7 +10,7 @@ documented in ``cem_bench/search/rungs.py``; this module feeds it Ray's results 
 * Ray does not persist a scheduler's state on ``Tuner.restore`` (the restored scheduler is the object pickled
   at the start of the experiment). So the driver sets ``STATE_TARGET[state_key] = path`` (a local path or a
   URI) before ``fit``; after every result that records something at a rung the scheduler writes the rung
-  records and the stop decisions there as JSON (``storage.write_json``: atomic), and on its first call after
+  records and the stop decisions there as one line of JSON (atomic), and on its first call after
   construction, unpickling or ``restore`` it loads that file when it holds more records than the scheduler
   itself, so a resumed driver goes on with every rung record.
 """
@@ -66,12 +66,17 @@ class MOASHA(FIFOScheduler):
         self._stops: list[dict[str, Any]] = []
         self._live: set[str] = set()
         self._loaded = False
+        # trials Tune added in this driver's session (a restoring driver adds every trial its experiment state
+        # lists, finished ones too, before the first result): records of any other trial are a killed driver's
+        # trials that the state never listed, and are forgotten once (_forget_unknown)
+        self._known: set[str] = set()
+        self._pruned = False
 
     # -- pickling: a copy (Ray's experiment pickle, save/restore) re-reads the state file on first use ------
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        d["_loaded"] = False
+        d["_loaded"], d["_pruned"], d["_known"] = False, False, set()
         return d
 
     def save(self, checkpoint_path: str):
@@ -81,7 +86,7 @@ class MOASHA(FIFOScheduler):
     def restore(self, checkpoint_path: str):
         with open(checkpoint_path, "rb") as fh:
             self.__dict__.update(pickle.load(fh))
-        self._loaded = False
+        self._loaded, self._pruned, self._known = False, False, set()
 
     # -- the state file --------------------------------------------------------------------------------
 
@@ -112,17 +117,34 @@ class MOASHA(FIFOScheduler):
     def _write_state(self) -> None:
         path = self.state_path
         if path is not None:
-            storage.write_json(path, self.state())
+            # one line (schema.SCHEDULER_FILE: why it is not a .json file), written atomically
+            storage.write_bytes(path, (json.dumps(storage.jsonable(self.state())) + "\n").encode())
 
     # -- Ray's hooks -----------------------------------------------------------------------------------
 
     def on_trial_add(self, tune_controller, trial) -> None:
         self._ensure_loaded()
         self._live.add(trial.trial_id)
+        self._known.add(trial.trial_id)
+
+    def _forget_unknown(self) -> None:
+        """Once per driver session, at its first result: forget the records and stops of trials this session
+        never added. A driver killed between starting a trial and its next experiment snapshot leaves records of
+        a trial that the restored experiment does not have (the searcher runs that sample again under a new id);
+        left in, such a ghost would hold a place at its rungs for ever."""
+        if self._pruned:
+            return
+        self._pruned = True
+        ghosts = (self.ranker.trial_ids() | {d["trial_id"] for d in self._stops}) - self._known
+        if ghosts:
+            self.ranker.forget(ghosts)
+            self._stops = [d for d in self._stops if d["trial_id"] not in ghosts]
+            self._write_state()
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         self._ensure_loaded()
         config = getattr(trial, "config", None) or {}
+        self._forget_unknown()
         if config.get("role") in self.exempt_roles or self.time_attr not in result:
             return TrialScheduler.CONTINUE
         if any(d["trial_id"] == trial.trial_id for d in self._stops):

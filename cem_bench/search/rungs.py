@@ -252,6 +252,21 @@ class RungRanker:
         self._records = records
         self._counter = int(d["counter"])
 
+    def forget(self, trial_ids) -> int:
+        """Drop every record of ``trial_ids`` (trials that no longer exist: a killed driver's trials that its
+        experiment snapshot did not list); returns how many records went. Later decisions rank without them."""
+        gone = set(trial_ids)
+        n = 0
+        for recs in self._records.values():
+            for t in [t for t in recs if t in gone]:
+                del recs[t]
+                n += 1
+        return n
+
+    def trial_ids(self) -> set[str]:
+        """Every trial recorded at some rung."""
+        return {t for recs in self._records.values() for t in recs}
+
     # -- inspection ------------------------------------------------------------------------------------
 
     def recorded(self, rung: int) -> dict[str, list[float]]:
