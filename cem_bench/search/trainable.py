@@ -128,7 +128,14 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
             m["resumed_from_epoch"] = resumed_from
             return m
 
-        out_dir = tempfile.mkdtemp(prefix="cem-bench-trial-")
+        # Per worker process, not per trial, and made only when needed: a trial that a scheduler stops ends with
+        # SystemExit inside tune.report while its actor is shut down or reused, so its own clean-up may never
+        # run. The next trial of the same process clears what the last one left; run_trial creates out_dir
+        # only to write the gallery at the end.
+        out_dir = os.path.join(tempfile.gettempdir(), f"cem-bench-trial-{os.getpid()}")
+        ckpt_dir = os.path.join(tempfile.gettempdir(), f"cem-bench-ckpt-{os.getpid()}")
+        for leftover in (out_dir, ckpt_dir):
+            shutil.rmtree(leftover, ignore_errors=True)
 
         def finish(result: dict, status: str, error: str | None) -> None:
             info = dict(result.get("info") or {})
@@ -157,10 +164,15 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
                 raise OSError(errno.ENOSPC, "No space left on device (test hook)", experiment_path)
             metrics = base_metrics(record)
             metrics["status"] = "running"
-            with tempfile.TemporaryDirectory(prefix="cem-bench-ckpt-") as tmp:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+            os.makedirs(ckpt_dir)
+            try:
                 if state_fn is not None:
-                    save_state(os.path.join(tmp, STATE_FILE), state_fn())
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp) if state_fn else None)
+                    save_state(os.path.join(ckpt_dir, STATE_FILE), state_fn())
+                # Ray copies the checkpoint to the storage inside report
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(ckpt_dir) if state_fn else None)
+            finally:
+                shutil.rmtree(ckpt_dir, ignore_errors=True)
             if die_at_epoch is not None and record.get("epoch") == die_at_epoch:
                 marker = join(trial_path, DIE_MARKER)
                 if not exists(marker):
