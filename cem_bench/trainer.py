@@ -170,7 +170,7 @@ class Trainer:
             params = [p for p in surrogate.parameters() if p.requires_grad]
             if params:
                 # fused everywhere (as the SGDs); capturable on CUDA whether graphed or not, so that graphed and
-                # eager steps share one bias-correction arithmetic (docs/performance-history.md, the H200 run)
+                # eager steps share one bias-correction arithmetic (docs/performance.md, "CUDA graphs")
                 self.surrogate_opt = torch.optim.Adam(params, lr=cfg.cem.surrogate_lr, fused=True, capturable=cuda)
         # the learning rate as a device tensor (filled in place) where the step is a graph: a graph replays
         # what it captured, so a float assigned to the param group later would be silently ignored

@@ -256,21 +256,15 @@ def test_search_on_two_node_cluster(tmp_path, ray_cluster):
     assert trials["attack_ssim"].map(finite).all()
 
 
-@pytest.mark.ray
-def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
-    """A driver killed during the baseline (its state files truncated, as a kill mid-copy leaves them) is
-    finished by --resume: the 2 baseline runs, the 3 search runs and the 2 confirmation runs each exactly once."""
-    n = 3 + 2 + 2
-    space = write_space(tmp_path, "killed", num_samples=3, max_concurrent=2, baseline={"replicates": 2},
-                        confirm={"top": 1, "replicates": 2})
-    storage = tmp_path / "res"
-    exp = storage / "killed"
+def kill_driver_when(tmp_path: Path, space: str, storage: Path, address: str, timeout: float, ready) -> None:
+    """Start a search driver on the cluster at ``address`` and SIGKILL it as soon as ``ready()`` holds (within
+    ``timeout`` seconds, while the driver still runs); its output goes to ``driver1.log``."""
     log = open(tmp_path / "driver1.log", "wb")
-    driver = subprocess.Popen(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster),
+    driver = subprocess.Popen(cli_cmd(space, "--storage", str(storage), "--address", address),
                               env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.time() + 180
-        while not (list(exp.glob(f"*/{schema.RESULT_FILE}")) and list(exp.glob("experiment_state-*.json"))):
+        deadline = time.time() + timeout
+        while not ready():
             assert driver.poll() is None, (tmp_path / "driver1.log").read_text()[-3000:]
             assert time.time() < deadline, (tmp_path / "driver1.log").read_text()[-3000:]
             time.sleep(0.25)
@@ -281,6 +275,19 @@ def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
             os.kill(driver.pid, signal.SIGKILL)
             driver.wait(timeout=30)
         log.close()
+
+
+@pytest.mark.ray
+def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
+    """A driver killed during the baseline (its state files truncated, as a kill mid-copy leaves them) is
+    finished by --resume: the 2 baseline runs, the 3 search runs and the 2 confirmation runs each exactly once."""
+    n = 3 + 2 + 2
+    space = write_space(tmp_path, "killed", num_samples=3, max_concurrent=2, baseline={"replicates": 2},
+                        confirm={"top": 1, "replicates": 2})
+    storage = tmp_path / "res"
+    exp = storage / "killed"
+    kill_driver_when(tmp_path, space, storage, ray_cluster, 180,
+                     lambda: list(exp.glob(f"*/{schema.RESULT_FILE}")) and list(exp.glob("experiment_state-*.json")))
     finished_before = len(list(exp.glob(f"*/{schema.RESULT_FILE}")))
     assert finished_before < n, "the driver was killed too late to test anything"
     # A driver killed while Ray copies its checkpoint to the storage leaves truncated state files (this
@@ -701,23 +708,9 @@ def test_moasha_search_stops_dominated_trials_and_a_killed_driver_resumes_it(tmp
     storage = tmp_path / "res"
     exp = storage / "moasha"
     state = exp / schema.SCHEDULER_FILE
-    log = open(tmp_path / "driver1.log", "wb")
-    driver = subprocess.Popen(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster),
-                              env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        while not (state.exists() and json.loads(state.read_text() or "{}").get("decisions")
-                   and list(exp.glob("experiment_state-*.json"))):
-            assert driver.poll() is None, (tmp_path / "driver1.log").read_text()[-3000:]
-            assert time.time() < deadline, (tmp_path / "driver1.log").read_text()[-3000:]
-            time.sleep(0.25)
-        os.kill(driver.pid, signal.SIGKILL)
-        driver.wait(timeout=30)
-    finally:
-        if driver.poll() is None:
-            os.kill(driver.pid, signal.SIGKILL)
-            driver.wait(timeout=30)
-        log.close()
+    kill_driver_when(tmp_path, space, storage, ray_cluster, 240,
+                     lambda: state.exists() and json.loads(state.read_text() or "{}").get("decisions")
+                     and list(exp.glob("experiment_state-*.json")))
     before = {d["trial_id"]: d["epoch"] for d in json.loads(state.read_text())["decisions"]}
     proc = subprocess.run(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster, "--resume"),
                           env=subprocess_env(), capture_output=True, text=True, timeout=400)

@@ -35,8 +35,8 @@ NO_KERNEL = frozenset({
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "numel", "dim", "size", "stride",
 })
 
-# graphed step time = STEP0_MS + US_PER_OP x (the surrogate's extra operators counted here), fitted by least
-# squares through 0 on the H200's plain graphed step (docs/performance.md, 'Kernels per step')
+# the model of a graphed step's time from its operator count: STEP0_MS + US_PER_OP x the surrogate's extra
+# operators (the fit and its data: docs/performance.md, 'Kernels per step')
 STEP0_MS = 1.65
 US_PER_OP = 2.86
 
