@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from .config import ConfigError, TrialConfig, key_specs, load_yaml_config, parse_set
+from .config import ConfigError, TrialConfig, load_yaml_config, parse_set
 
 EPILOG = "Configuration keys: `cem-bench keys` lists every key with its default and allowed values."
 
@@ -135,8 +135,13 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_keys(args) -> int:
-    for key, spec in key_specs().items():
-        print(f"{key:28s} default={spec.default!r:<22} {spec.describe()}\n{'':28s} {spec.help}")
+    from . import keyref
+    plugins = {k: v for k, v in (("surrogate", args.surrogate), ("attack", args.attack)) if v}
+    ref = keyref.select(keyref.reference(), args.pattern, plugins, args.dataset)
+    if args.json:
+        print(json.dumps(keyref.to_json(ref), indent=1))
+    else:
+        print("\n".join(keyref.text_lines(ref)))
     return 0
 
 
@@ -272,7 +277,14 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--yaml", help="also write the matching cem.loss_scale of each surrogate here (YAML)")
     c.set_defaults(func=cmd_calibrate)
 
-    k = sub.add_parser("keys", help="list every configuration key with default, allowed values and help")
+    k = sub.add_parser("keys", help="list every configuration key with its default (per surrogate, attack or dataset "
+                       "where it depends on them), allowed values and help, and the registered surrogates and attacks")
+    k.add_argument("pattern", nargs="*", help="only the keys whose name contains one of these (cem., num_slots)")
+    k.add_argument("--surrogate", help="only the keys this surrogate reads, with its own defaults")
+    k.add_argument("--attack", help="only the keys this attack reads, with its own defaults")
+    k.add_argument("--dataset", help="the defaults on this dataset (data.dataset)")
+    k.add_argument("--json", action="store_true", help="machine-readable: {surrogates, attacks, datasets, keys: "
+                   "[{name, default, defaults_by, choices, range, applies_to, help, ...}]}")
     k.set_defaults(func=cmd_keys)
     return p
 
