@@ -215,9 +215,14 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--storage", help="storage folder or URI (DIR, s3://..., gs://...); default ./results")
     s.add_argument("--address", help="connect to a running Ray cluster (auto or HOST:PORT); default: start Ray")
     s.add_argument("--num-samples", type=int, help="override num_samples")
-    s.add_argument("--max-concurrent", type=int, help="override max_concurrent")
-    s.add_argument("--gpus-per-trial", type=float, help="override resources.gpu (fractional allowed)")
-    s.add_argument("--cpus-per-trial", type=float, help="override resources.cpu")
+    s.add_argument("--max-concurrent", type=int, help="trials at once, whatever the space says (default: the "
+                   "space's max_concurrent; without --address lowered to what this machine's GPUs and CPUs hold; "
+                   "the first line printed says how many and why)")
+    s.add_argument("--gpus-per-trial", type=float, help="override resources.gpu: a fraction of one GPU (0.125 = 8 "
+                   "trials a GPU), whole GPUs, or 0; without --address it also fills this machine's "
+                   "GPUs (GPUs / F at once, unless --max-concurrent)")
+    s.add_argument("--cpus-per-trial", type=float, help="override resources.cpu (fractions allowed); the CPUs can "
+                   "hold fewer trials than the GPUs")
     s.add_argument("--resume", action="store_true", help="continue an interrupted search (Tuner.restore). Ray "
                    "restores its own state from pickles in the experiment folder: resume only experiments whose "
                    "storage you trust as much as the code (docs/cluster.md)")

@@ -1,15 +1,19 @@
 """Run a search: start or join Ray, build the Tuner (or restore it), run it, summarise the trials.
 
 ``run_search`` does the work; ``search_command`` is ``cem-bench search`` without the report, which the CLI
-builds afterwards (searching and drawing stay apart).
+builds afterwards (searching and drawing stay apart). ``concurrency`` decides how many trials run at once
+(the command line, the space, this machine's GPUs and CPUs) and ``banner`` says it, with ``plan``'s count.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
+import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import SearchError, StorageFull
 from ..integrity import read_table, write_recorded_json
@@ -25,6 +29,105 @@ def _detect_gpus() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001
         return 0
+
+
+def _detect_cpus() -> int:
+    """The CPUs a local Ray session counts: Ray's own detection (a container's CPU quota, not the host's
+    cores); the local session is started with this number, so the banner and Ray agree."""
+    try:
+        from ray._private.utils import get_num_cpus
+        return max(1, int(get_num_cpus()))
+    except Exception:  # noqa: BLE001 - Ray's private helper moved: the cores this process may use
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+# ----------------------------------------------------------------------------------- concurrency
+RAY_UNITS = 10_000   # Ray counts CPUs and GPUs in fixed point, in units of 1/10000 of one
+
+
+def trials_that_fit(have: float, per_trial: float) -> int:
+    """How many trials asking ``per_trial`` of a resource Ray places in ``have`` of it (its fixed-point
+    arithmetic: 1 GPU holds 8 trials of 0.125 and 3 of 0.3)."""
+    need = int(round(per_trial * RAY_UNITS))
+    if need <= 0:
+        raise ValueError(f"per_trial must be > 0; got {per_trial}")
+    return int(round(have * RAY_UNITS)) // need
+
+
+class Concurrency(NamedTuple):
+    limit: int     # the searcher's ConcurrencyLimiter: trials started and not finished, at most
+    at_once: int   # trials running at the same time (the limit, or fewer where the machine fits fewer)
+    why: str       # for the banner: "1 GPU / 0.125 per trial", "max_concurrent in the space", ...
+
+
+def _plural(n: float, word: str) -> str:
+    return f"{n:g} {word}{'s' * (n != 1)}"
+
+
+def concurrency(space_limit: int, resources: dict, *, cli_limit: int | None = None, cli_gpu: bool = False,
+                gpus: float | None = None, cpus: float | None = None) -> Concurrency:
+    """How many trials of a search run at once, and why.
+
+    ``space_limit`` is the space's ``max_concurrent``, ``resources`` its per-trial ``{"cpu", "gpu"}`` (after
+    the command line's overrides), ``cli_limit`` the ``--max-concurrent`` given (None: not given) and
+    ``cli_gpu`` whether ``--gpus-per-trial`` was. ``gpus`` and ``cpus`` are what Ray has on this machine;
+    None for a cluster, whose autoscaler adds nodes while trials wait.
+
+    - ``--max-concurrent`` always sets the limit (on one machine Ray still runs only the trials that fit);
+    - on a cluster the space's ``max_concurrent`` is the limit;
+    - on one machine the trials that fit are ``floor(GPUs / gpu)`` and ``floor(CPUs / cpu)``, the smaller
+      (without a GPU the trials run on CPU: the CPUs alone). ``--gpus-per-trial`` fills the machine: the
+      limit is what fits, above the space's ``max_concurrent`` too. Otherwise the space's ``max_concurrent``
+      is the limit, lowered to what fits (a trial started beyond it would only wait, and the sampler would
+      propose it knowing less).
+
+    Raises ``SearchError`` when one trial does not fit this machine's CPUs (Ray would never start it)."""
+    cpu = float(resources.get("cpu", 1.0))
+    gpu = float(resources.get("gpu", 0.0))
+    if gpus is None or cpus is None:
+        if cli_limit is not None:
+            return Concurrency(cli_limit, cli_limit, "--max-concurrent")
+        why = "max_concurrent in the space"
+        if cli_gpu:
+            why += "; on a cluster --gpus-per-trial packs the GPUs but sets no count: give --max-concurrent"
+        return Concurrency(space_limit, space_limit, why)
+
+    by_cpu = trials_that_fit(cpus, cpu)
+    if by_cpu < 1:
+        raise SearchError(f"resources.cpu is {cpu:g} per trial but Ray has {_plural(cpus, 'CPU')} on this machine, "
+                          f"so no trial could start; give --cpus-per-trial {cpus:g} or less")
+    on_gpu = gpu > 0 and gpus > 0
+    if on_gpu:
+        share = min(gpu, gpus)   # more than the machine has is lowered to all of it (trainable.trial_resources)
+        by_gpu = trials_that_fit(gpus, share)
+        fit = min(by_gpu, by_cpu)
+        if by_gpu <= by_cpu:
+            reason = f"{_plural(gpus, 'GPU')} / {share:g} per trial"
+        else:
+            cpus_each = math.floor(cpus / by_gpu * 100) / 100 or math.floor(cpus / by_gpu * RAY_UNITS) / RAY_UNITS
+            reason = (f"{_plural(cpus, 'CPU')} / {cpu:g} per trial; the {_plural(gpus, 'GPU')} would take {by_gpu} "
+                      f"at {share:g}: --cpus-per-trial {cpus_each:g} fills them")
+    else:
+        fit = by_cpu
+        reason = f"{_plural(cpus, 'CPU')} / {cpu:g} per trial"
+
+    if cli_limit is not None:
+        limit, at_once = cli_limit, min(cli_limit, fit)
+        why = "--max-concurrent" if cli_limit <= fit else f"--max-concurrent {cli_limit}, but {reason} fits {fit}"
+    elif cli_gpu and on_gpu:
+        limit = at_once = fit
+        why = reason
+    else:
+        limit = at_once = min(space_limit, fit)
+        if space_limit > fit:
+            why = f"{reason}; the space allows {space_limit}"
+        elif on_gpu and fit > space_limit and by_gpu <= by_cpu:
+            why = f"max_concurrent in the space; {reason} would take {fit}: --max-concurrent {fit}"
+        else:
+            why = "max_concurrent in the space"
+    if gpu > 0 and not on_gpu:
+        why += "; no GPU: the trials run on CPU"
+    return Concurrency(limit, at_once, why)
 
 
 def progress_table(spec):
@@ -76,7 +179,8 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
             stats["mode"] = f"cluster ({address})"
         else:
             # address="local": always a new instance on this machine, even if `ray start` runs here
-            ray.init(address="local", num_gpus=_detect_gpus(), include_dashboard=False, log_to_driver=True)
+            ray.init(address="local", num_cpus=_detect_cpus(), num_gpus=_detect_gpus(), include_dashboard=False,
+                     log_to_driver=True)
             stats["mode"] = "local"
         started_ray = True
     else:
@@ -241,6 +345,44 @@ def plan(spec) -> str:
     return f"{total} trials{' at most' if spec.confirm_runs else ''}: " + ", ".join(parts)
 
 
+def check_args(args) -> None:
+    """SearchError for a command-line value no search could run with, naming the option and what it takes
+    (before the space is read or Ray starts)."""
+    n = getattr(args, "max_concurrent", None)
+    if n is not None and n < 1:
+        raise SearchError(f"--max-concurrent {n}: give how many trials may run at once, an integer >= 1 (left out: "
+                          f"as many as this machine's GPUs and CPUs hold, up to the space's max_concurrent)")
+    g = getattr(args, "gpus_per_trial", None)
+    if g is not None and not (math.isfinite(g) and (g == 0 or 1 / RAY_UNITS <= g <= 1 or (g > 1 and g.is_integer()))):
+        raise SearchError(f"--gpus-per-trial {g:g}: give a fraction of one GPU (0 < F <= 1; 0.125 runs 8 trials on "
+                          f"each GPU), a whole number of GPUs (2, 3, ...), or 0 for trials without a GPU")
+    c = getattr(args, "cpus_per_trial", None)
+    if c is not None and not (math.isfinite(c) and c >= 1 / RAY_UNITS):
+        raise SearchError(f"--cpus-per-trial {c:g}: give the CPUs each trial reserves, a number > 0 (fractions such "
+                          f"as 0.5 are allowed)")
+
+
+def machine_resources(address: str | None) -> tuple[float | None, float | None]:
+    """``(GPUs, CPUs)`` the search's Ray will have: those of a Ray session this process already holds, else
+    this machine's (the local session is started with them); ``(None, None)`` for a cluster."""
+    if address:
+        return None, None
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        have = ray.cluster_resources()
+        return float(have.get("GPU", 0.0)), float(have.get("CPU", 0.0))
+    return float(_detect_gpus()), float(_detect_cpus())
+
+
+def banner(spec, conc: Concurrency | None) -> str:
+    """The first line of ``cem-bench search``: the trials, how many at once and why, the objectives.
+    ``conc`` None: a resumed experiment, whose restored searcher keeps the limit it started with."""
+    at_once = (f"{conc.at_once} at a time ({conc.why})" if conc is not None
+               else "as many at a time as the experiment started with (--resume keeps its limit)")
+    return (f"cem-bench search: {spec.name}: {plan(spec)}, {at_once}, "
+            f"objectives {', '.join(f'{o.metric} ({o.mode})' for o in spec.objectives)}")
+
+
 def search_command(args) -> dict:
     """``cem-bench search`` without the report: validate, search, write the tables, print what was done.
 
@@ -251,10 +393,16 @@ def search_command(args) -> dict:
     if getattr(args, "trust_pickled_state", False) and not args.resume:
         raise SearchError("--trust-pickled-state only applies to --resume (it reads an old experiment's pickled "
                           "resume bundle)")
+    check_args(args)
     spec = load_space(args.space, overrides_from_args(args))  # SpaceError -> the CLI prints it, exit 2
     stats: dict[str, Any] = {}
-    print(f"cem-bench search: {spec.name}: {plan(spec)}, {spec.max_concurrent} at a time, "
-          f"objectives {', '.join(f'{o.metric} ({o.mode})' for o in spec.objectives)}", flush=True)
+    conc = None
+    if not args.resume:
+        gpus, cpus = machine_resources(args.address)
+        conc = concurrency(spec.max_concurrent, spec.resources, cli_limit=getattr(args, "max_concurrent", None),
+                           cli_gpu=getattr(args, "gpus_per_trial", None) is not None, gpus=gpus, cpus=cpus)
+        spec = dataclasses.replace(spec, max_concurrent=conc.limit)
+    print(banner(spec, conc), flush=True)
     from .. import mps
     # MPS on this machine for a local search whose trials share a GPU (a cluster starts it in cluster.yaml)
     mode = (getattr(args, "mps", None) or "auto") if args.address is None else "off"

@@ -1,0 +1,276 @@
+"""What `cem-bench search` says before it starts, against what it does: how many trials run at once (and why),
+how many trials Ray runs in all, and whether the shipped spaces pack the cluster.yaml instances as their
+comments say. No Ray session is started here (the trial count drives the real searcher without Ray's runtime).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import zlib
+
+import pytest
+import yaml
+
+from cem_bench import cli
+from cem_bench.errors import SearchError
+from cem_bench.search import run
+from cem_bench.search.run import Concurrency, concurrency, trials_that_fit
+from cem_bench.spaces import load_space
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+SPACES = sorted(glob.glob(os.path.join(ROOT, "search_spaces", "*.yaml")))
+CLUSTER = os.path.join(ROOT, "cluster.yaml")
+
+# What Ray detects on the instance types cluster.yaml starts (AWS: vCPUs, GPUs). A type cluster.yaml names
+# that is missing here fails test_cluster_instance_types_are_known: add its row.
+INSTANCES = {
+    "m5.xlarge": {"CPU": 4, "GPU": 0},
+    "g5.xlarge": {"CPU": 4, "GPU": 1},   # one A10G (24 GB)
+}
+
+
+# ------------------------------------------------------------------------------------ concurrency
+def test_ray_counts_fractions_in_fixed_point():
+    assert trials_that_fit(1, 0.125) == 8 and trials_that_fit(1, 0.1) == 10 and trials_that_fit(1, 0.3) == 3
+    assert trials_that_fit(0.7, 0.1) == 7 and trials_that_fit(4, 1) == 4 and trials_that_fit(2, 4) == 0
+    with pytest.raises(ValueError):
+        trials_that_fit(1, 0)
+
+
+def test_gpus_per_trial_fills_the_gpus():
+    """--gpus-per-trial on one machine: GPUs / F at once, above the space's max_concurrent too."""
+    one = concurrency(4, {"cpu": 1, "gpu": 0.125}, cli_gpu=True, gpus=1, cpus=16)
+    assert one == Concurrency(8, 8, "1 GPU / 0.125 per trial")
+    assert concurrency(4, {"cpu": 1, "gpu": 0.25}, cli_gpu=True, gpus=2, cpus=16) == \
+        Concurrency(8, 8, "2 GPUs / 0.25 per trial")
+    assert concurrency(4, {"cpu": 1, "gpu": 0.3}, cli_gpu=True, gpus=1, cpus=16).limit == 3
+    # fewer than the space's max_concurrent fit: what fits, not trials that would only wait
+    assert concurrency(8, {"cpu": 1, "gpu": 0.5}, cli_gpu=True, gpus=1, cpus=16).limit == 2
+    # more than the machine has is lowered to all of it (trial_resources): one trial at a time
+    assert concurrency(4, {"cpu": 1, "gpu": 2}, cli_gpu=True, gpus=1, cpus=16).limit == 1
+
+
+def test_cpus_can_limit_the_packing_and_the_banner_says_how_to_fill_the_gpu():
+    c = concurrency(4, {"cpu": 1, "gpu": 0.125}, cli_gpu=True, gpus=1, cpus=4)
+    assert (c.limit, c.at_once) == (4, 4)
+    assert c.why == "4 CPUs / 1 per trial; the 1 GPU would take 8 at 0.125: --cpus-per-trial 0.5 fills them"
+    hint = concurrency(4, {"cpu": 1, "gpu": 0.15}, cli_gpu=True, gpus=1, cpus=4)   # 6 on the GPU
+    assert hint.limit == 4 and "--cpus-per-trial 0.66" in hint.why and trials_that_fit(4, 0.66) == 6
+
+
+def test_the_space_is_a_default_lowered_to_what_fits():
+    paper = concurrency(8, {"cpu": 2, "gpu": 0.5}, gpus=1, cpus=16)
+    assert paper == Concurrency(2, 2, "1 GPU / 0.5 per trial; the space allows 8")
+    fast = concurrency(4, {"cpu": 1, "gpu": 0.25}, gpus=1, cpus=16)
+    assert fast == Concurrency(4, 4, "max_concurrent in the space")
+    more = concurrency(4, {"cpu": 1, "gpu": 0.25}, gpus=2, cpus=16)
+    assert more.limit == 4 and more.why == ("max_concurrent in the space; 2 GPUs / 0.25 per trial would take 8: "
+                                            "--max-concurrent 8")
+
+
+def test_max_concurrent_on_the_command_line_always_wins():
+    assert concurrency(4, {"cpu": 1, "gpu": 0.125}, cli_limit=3, cli_gpu=True, gpus=1, cpus=16) == \
+        Concurrency(3, 3, "--max-concurrent")
+    over = concurrency(4, {"cpu": 1, "gpu": 0.25}, cli_limit=16, gpus=1, cpus=16)
+    assert (over.limit, over.at_once) == (16, 4)
+    assert over.why == "--max-concurrent 16, but 1 GPU / 0.25 per trial fits 4"
+    assert concurrency(4, {"cpu": 1, "gpu": 0.25}, cli_limit=16) == Concurrency(16, 16, "--max-concurrent")
+
+
+def test_without_a_gpu_the_cpus_decide():
+    """CPU only (as in the tests): the GPU request is dropped (trial_resources), the CPUs hold the trials."""
+    c = concurrency(4, {"cpu": 1, "gpu": 0.25}, cli_gpu=True, gpus=0, cpus=2)
+    assert c == Concurrency(2, 2, "2 CPUs / 1 per trial; the space allows 4; no GPU: the trials run on CPU")
+    assert concurrency(2, {"cpu": 1, "gpu": 0}, gpus=0, cpus=2) == Concurrency(2, 2, "max_concurrent in the space")
+    assert concurrency(2, {"cpu": 1, "gpu": 0}, gpus=0, cpus=16).limit == 2
+    assert concurrency(2, {"cpu": 0.5, "gpu": 0}, cli_limit=6, gpus=0, cpus=2).at_once == 4
+
+
+def test_one_trial_that_does_not_fit_the_cpus_is_an_error():
+    with pytest.raises(SearchError, match=r"resources.cpu is 4 per trial but Ray has 2 CPUs .* --cpus-per-trial 2"):
+        concurrency(2, {"cpu": 4, "gpu": 0}, gpus=0, cpus=2)
+
+
+def test_a_cluster_keeps_the_space_limit_and_says_why():
+    """--address: the autoscaler adds GPU nodes while trials wait, so no machine count limits the search."""
+    assert concurrency(8, {"cpu": 2, "gpu": 0.5}) == Concurrency(8, 8, "max_concurrent in the space")
+    c = concurrency(8, {"cpu": 1, "gpu": 0.25}, cli_gpu=True)
+    assert c.limit == 8 and "--max-concurrent" in c.why
+
+
+# ---------------------------------------------------------------------------------------- the CLI
+def search_args(space: str, *extra: str) -> argparse.Namespace:
+    return cli.make_parser().parse_args(["search", space, "--mps", "off", *extra])
+
+
+class Started(Exception):
+    pass
+
+
+@pytest.fixture
+def fake_machine(monkeypatch):
+    """One GPU and 8 CPUs, and a run_search that records the spec it was given instead of starting Ray."""
+    got = {}
+
+    def fake_run_search(spec, **kw):
+        got["spec"] = spec
+        raise Started
+
+    monkeypatch.setattr(run, "_detect_gpus", lambda: 1)
+    monkeypatch.setattr(run, "_detect_cpus", lambda: 8)
+    monkeypatch.setattr(run, "run_search", fake_run_search)
+    return got
+
+
+def first_line(capsys) -> str:
+    return capsys.readouterr().out.splitlines()[0]
+
+
+def test_banner_on_one_gpu(fake_machine, capsys):
+    fast = os.path.join(ROOT, "search_spaces", "cifar10_fast.yaml")
+    with pytest.raises(Started):
+        run.search_command(search_args(fast, "--gpus-per-trial", "0.125"))
+    line = first_line(capsys)
+    assert line.startswith("cem-bench search: cifar10_fast: 72 trials at most: ")
+    assert ", 8 at a time (1 GPU / 0.125 per trial), objectives " in line, line
+    assert fake_machine["spec"].max_concurrent == 8 and fake_machine["spec"].resources["gpu"] == 0.125
+
+    with pytest.raises(Started):
+        run.search_command(search_args(fast))
+    assert ", 4 at a time (max_concurrent in the space), " in first_line(capsys)
+    assert fake_machine["spec"].max_concurrent == 4
+
+    paper = os.path.join(ROOT, "search_spaces", "cifar10_paper.yaml")
+    with pytest.raises(Started):
+        run.search_command(search_args(paper))
+    line = first_line(capsys)
+    assert line.startswith("cem-bench search: cifar10_paper: 165 trials: 55 configurations x 3 seeds, ")
+    assert "2 at a time (1 GPU / 0.5 per trial; the space allows 8)" in line, line
+    assert fake_machine["spec"].max_concurrent == 2
+
+    with pytest.raises(Started):
+        run.search_command(search_args(paper, "--max-concurrent", "5"))
+    assert "2 at a time (--max-concurrent 5, but 1 GPU / 0.5 per trial fits 2)" in first_line(capsys)
+    assert fake_machine["spec"].max_concurrent == 5
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--gpus-per-trial", "1.5", "--gpus-per-trial 1.5: give a fraction of one GPU (0 < F <= 1"),
+    ("--gpus-per-trial", "-0.25", "--gpus-per-trial -0.25: give a fraction"),
+    ("--gpus-per-trial", "nan", "--gpus-per-trial nan: give a fraction"),
+    ("--max-concurrent", "0", "--max-concurrent 0: give how many trials may run at once, an integer >= 1"),
+    ("--cpus-per-trial", "0", "--cpus-per-trial 0: give the CPUs each trial reserves, a number > 0"),
+])
+def test_bad_values_are_refused_before_ray(fake_machine, capsys, tmp_path, flag, value, says):
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    rc = cli.main(["search", demo, "--storage", str(tmp_path / "res"), "--mps", "off", flag, value])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err, err
+    assert "spec" not in fake_machine and not (tmp_path / "res").exists()
+
+
+def test_whole_gpus_and_cpu_only_trials_are_accepted(fake_machine, capsys):
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    with pytest.raises(Started):
+        run.search_command(search_args(demo, "--gpus-per-trial", "2"))
+    assert "1 at a time (1 GPU / 1 per trial)" in first_line(capsys)   # the one GPU is all a trial gets
+    with pytest.raises(Started):
+        run.search_command(search_args(demo, "--gpus-per-trial", "0"))
+    assert "2 at a time (max_concurrent in the space)" in first_line(capsys)
+    assert fake_machine["spec"].resources["gpu"] == 0
+
+
+def test_a_trial_asking_more_cpus_than_the_machine_has_is_refused(fake_machine, capsys):
+    paper = os.path.join(ROOT, "search_spaces", "cifar10_paper.yaml")
+    with pytest.raises(SearchError, match="resources.cpu is 12 per trial but Ray has 8 CPUs"):
+        run.search_command(search_args(paper, "--cpus-per-trial", "12"))
+
+
+# ---------------------------------------------------------------------------------- trial count
+def trials_handed_out(spec, tmp_path) -> int:
+    """Drive the searcher Tune would get (make_searcher) to its end: every run it hands out is one Ray trial.
+    Each finishes at once with a result that differs per configuration (so every one is confirmable)."""
+    from ray.tune.search import Searcher
+
+    from cem_bench.search.searcher import make_searcher
+    searcher = make_searcher(spec, str(tmp_path / spec.name)).searcher.searcher   # generator > limiter > ours
+    n = 0
+    while True:
+        cfg = searcher.suggest(f"t{n}")
+        if cfg == Searcher.FINISHED:
+            return n
+        assert cfg is not None, "every run finished at once: the searcher has nothing to wait for"
+        h = zlib.crc32(repr(sorted((k, v) for k, v in cfg.items() if k != "seed")).encode()) % 1000 / 1000
+        searcher.on_trial_complete(f"t{n}", {"test_acc": h, "attack_ssim": 1 - h * h, "attack_mse": h, "status": "ok"})
+        n += 1
+        assert n <= 10_000
+
+
+@pytest.mark.parametrize("path", SPACES, ids=os.path.basename)
+def test_banner_counts_every_trial_the_searcher_starts(path, tmp_path):
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = load_space(path)
+    line = run.banner(spec, concurrency(spec.max_concurrent, spec.resources))
+    announced = int(re.match(r"cem-bench search: [^:]+: (\d+) trials", line).group(1))
+    assert announced == trials_handed_out(spec, tmp_path), line
+    assert spec.total_runs == announced   # Tune's num_samples: it starts no more than this
+
+
+# ------------------------------------------------------------------------------- cluster packing
+def cluster_nodes() -> dict[str, dict]:
+    """Node type -> the resources Ray gives it: the instance's vCPUs and GPUs, with cluster.yaml's
+    ``resources`` on top (the head's CPU 0: it runs the driver and no trial), and the type's max_workers."""
+    with open(CLUSTER) as fh:
+        doc = yaml.safe_load(fh)
+    nodes = {}
+    for name, node in doc["available_node_types"].items():
+        have = {**INSTANCES[node["node_config"]["InstanceType"]], **(node.get("resources") or {})}
+        nodes[name] = {**have, "max_workers": node.get("max_workers", 0), "head": name == doc["head_node_type"]}
+    return nodes
+
+
+def per_node(node: dict, resources: dict) -> int:
+    n = trials_that_fit(node["CPU"], resources["cpu"]) if node["CPU"] else 0
+    if resources["gpu"] > 0:
+        n = min(n, trials_that_fit(node["GPU"], resources["gpu"]) if node["GPU"] else 0)
+    return n
+
+
+def test_cluster_instance_types_are_known():
+    with open(CLUSTER) as fh:
+        doc = yaml.safe_load(fh)
+    types = {n["node_config"]["InstanceType"] for n in doc["available_node_types"].values()}
+    assert types <= set(INSTANCES), f"add {sorted(types - set(INSTANCES))} to INSTANCES"
+    assert cluster_nodes()["head"]["CPU"] == 0   # no trial is ever placed on the head
+
+
+@pytest.mark.parametrize("path", SPACES, ids=os.path.basename)
+def test_space_packs_the_cluster_as_its_comments_say(path):
+    spec = load_space(path)
+    res = spec.resources
+    nodes = cluster_nodes()
+    workers = {k: v for k, v in nodes.items() if not v["head"]}
+    assert all(per_node(v, res) == 0 for v in nodes.values() if v["head"])
+    assert any(per_node(v, res) >= 1 for v in workers.values()), f"no worker of cluster.yaml holds one trial {res}"
+    with open(path) as fh:
+        text = fh.read()
+    claims = [int(n) for n in re.findall(r"(\d+) trials per GPU", text)]
+    if 0 < res["gpu"] < 1:
+        assert claims, f"{os.path.basename(path)}: say how many trials share a GPU ('N trials per GPU')"
+    gpu_workers = [v for v in workers.values() if v["GPU"]]
+    for n in claims:
+        assert n == trials_that_fit(1, res["gpu"]), f"the comment says {n} trials per GPU; resources.gpu is {res['gpu']}"
+    if res["gpu"] > 0:
+        for node in gpu_workers:
+            by_gpu = trials_that_fit(node["GPU"], res["gpu"])
+            # the CPUs must not hold fewer trials than the GPU fraction promises
+            assert per_node(node, res) == by_gpu, (f"{os.path.basename(path)}: {node['CPU']} vCPUs / {res['cpu']:g} "
+                                                   f"per trial hold {per_node(node, res)}, the GPUs {by_gpu}")
+    for w, t in re.findall(r"(\d+) GPU workers x (\d+) trials", text):
+        assert all(int(t) == per_node(node, res) for node in gpu_workers), (w, t)
+        assert int(w) * int(t) == spec.max_concurrent
+        assert int(w) <= max(node["max_workers"] for node in gpu_workers)
