@@ -140,6 +140,12 @@ def set_tf32(mode: str) -> None:
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, matmul
 
 
+# Inductor options of the compiled surrogate (train.compile_surrogate): its backward computes each slot-attention
+# iteration's weight gradients as separate small products of one shape, which this pass batches into one (on
+# an H200 it took serial_enhanced's graphed step from 1.59x to 1.53x the lambda = 0 step; docs/performance.md)
+SURROGATE_COMPILE_OPTIONS = {"post_grad_fusion_options": {"batch_linear_post_grad": {}}}
+
+
 class Trainer:
     """Holds models, optimizers and the surrogate; ``fit()`` runs the epochs, ``step()`` one batch."""
 
@@ -192,7 +198,7 @@ class Trainer:
         self.step_flops: int | None = None   # FLOPs of one step's client and server (CUDA records' tflops)
         self.surrogate_compile_failed: str | None = None   # train.compile_surrogate=auto fell back: why
         if surrogate is not None and compile_surrogate:
-            self._surrogate_fwd = torch.compile(surrogate, dynamic=False)
+            self._surrogate_fwd = torch.compile(surrogate, dynamic=False, options=SURROGATE_COMPILE_OPTIONS)
         self.epoch = 0
         self.history: list[dict] = []
         # train.select_best_last: the best epoch so far within the last N ({"epoch", "test_acc", "client",
@@ -272,37 +278,45 @@ class Trainer:
         self.server_opt.zero_grad(set_to_none=True)
         with self._autocast():
             z = self._client_fwd(x)
-        rob = finite = out = None
+        rob = nonfinite = rob_grad = None
         if cem_on:
             ok = torch.ones((), dtype=torch.bool, device=z.device)
             zin = _GradGate.apply(z.float(), ok, mult)
-            with self._surrogate_stream(zin, y), torch.autocast(self.device.type, enabled=False):
+            # Everything of the CEM loss happens on the surrogate's stream (train.surrogate_stream), up to the
+            # scaled loss that seeds the backward: the server's forward and backward then never wait for the
+            # surrogate's forward, and the two branches meet only at the encoder (the gate's backward).
+            with self._surrogate_stream(zin, y, ok), torch.autocast(self.device.type, enabled=False):
                 out = self._surrogate_fwd(zin, y)          # statistics in fp32
+                finite = torch.isfinite(out.loss)
+                ok.copy_(finite)                           # read by the gate's backward, after this stream's
+                rob = torch.where(finite, out.loss, 0.0) * self.loss_scale
+                nonfinite = (~finite).float()
+                acc["rob_nonfinite"] += nonfinite
+                acc["rob_loss"] += rob.detach()
+                self._add_surrogate_logs(acc, out.logs)
+                rob_grad = weight if isinstance(weight, torch.Tensor) else rob.new_full((), weight)
+                if self.surrogate_opt is not None:
+                    self.surrogate_opt.zero_grad(set_to_none=True)
         with self._autocast():
             logits = self._server_fwd(self.add_noise(z))
             ce = F.cross_entropy(logits.float(), y)
-        if cem_on:
-            self._join_surrogate_stream(out)
-            finite = torch.isfinite(out.loss)
-            ok.copy_(finite)
-            rob = torch.where(finite, out.loss, 0.0) * self.loss_scale
-            nonfinite = (~finite).float()
-            acc["rob_nonfinite"] += nonfinite
-            acc["rob_loss"] += rob.detach()
-            self._add_surrogate_logs(acc, out.logs)
-            if self.surrogate_opt is not None:
-                self.surrogate_opt.zero_grad(set_to_none=True)
         if rob is None:
             ce.backward()
         else:
-            (ce + weight * rob).backward()           # see cem_scales
+            # the gradient of ce + weight * rob (see cem_scales), with the two terms as separate roots: a sum
+            # would join the streams before the backward starts
+            torch.autograd.backward((ce, rob), (None, rob_grad))
         self.client_opt.step()
         self.server_opt.step()
         if rob is not None and self.surrogate_opt is not None:
             # a non-finite loss skips the step in the fused kernel (GradScaler's mechanism; its gradients may be
-            # NaN): one flag for every parameter, no pass over them
-            self.surrogate_opt.found_inf = nonfinite
-            self.surrogate_opt.step()
+            # NaN): one flag for every parameter, no pass over them. On the surrogate's stream, where its
+            # gradients were made, beside the encoder's optimizer steps.
+            with self._surrogate_stream(fork=False):
+                self.surrogate_opt.found_inf = nonfinite
+                self.surrogate_opt.step()
+        if cem_on:
+            self._join_surrogate_stream()
         with torch.no_grad():
             acc["ce_sum"] += ce.detach() * y.shape[0]
             acc["correct"] += (logits.argmax(1) == y).sum()
@@ -315,29 +329,30 @@ class Trainer:
         if self.side_stream is not None:
             self.side_stream = torch.cuda.Stream(self.device, priority=priority)
 
-    def _surrogate_stream(self, *inputs: torch.Tensor):
-        """The context the surrogate's forward runs in: with ``train.surrogate_stream`` on CUDA a second stream,
-        forked from the current one, so that the surrogate's small kernels (and, by autograd's rule that a
-        backward op runs on its forward op's stream, its backward) run beside the server's; a captured step
-        holds them as a parallel branch. ``inputs`` made on the current stream are marked as used on the side
-        one (the allocator must not hand out their memory while the side stream may still read it)."""
+    def _surrogate_stream(self, *inputs: torch.Tensor, fork: bool = True):
+        """The context the surrogate's work runs in: with ``train.surrogate_stream`` on CUDA a second stream,
+        so that the surrogate's small kernels (and, by autograd's rule that a backward op runs on its forward
+        op's stream, its backward) run beside the server's; a captured step holds them as a parallel branch.
+        ``fork``: the side stream first waits for the current one (the forward, which reads the encoder's
+        features); the optimizer step needs no fork, since its gradients were made on the side stream.
+        ``inputs`` made on the current stream are marked as used on the side one (the allocator must not
+        hand out their memory while the side stream may still read it)."""
         if self.side_stream is None:
             return contextlib.nullcontext()
-        self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        if fork:
+            self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
         for t in inputs:
             t.record_stream(self.side_stream)
         return torch.cuda.stream(self.side_stream)
 
-    def _join_surrogate_stream(self, out) -> None:
-        """The current stream waits for the surrogate's forward; its outputs are marked as used here. The
-        backward needs no join: the engine syncs each gradient that crosses streams, and the leaf gradients
+    def _join_surrogate_stream(self) -> None:
+        """The current stream waits for the surrogate's stream (its logs and its optimizer step), at the end of
+        the step: a captured graph must end joined, and the accumulators are read on the current stream. The
+        backward needed no join: the engine syncs each gradient that crosses streams, and the leaf gradients
         with the stream that called ``backward``."""
         if self.side_stream is None:
             return
-        cur = torch.cuda.current_stream(self.device)
-        cur.wait_stream(self.side_stream)
-        for t in (out.loss, *out.logs.values()):
-            t.record_stream(cur)
+        torch.cuda.current_stream(self.device).wait_stream(self.side_stream)
 
     def _add_surrogate_logs(self, acc: dict, logs: dict) -> None:
         """Add the surrogate's logs (but rob_loss, which the step scales) to ``acc["surr"]``, one vector in the

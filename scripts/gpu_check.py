@@ -110,6 +110,8 @@ class Run:
     equivalence_cap_s: float = EQUIVALENCE_CAP_S  # --equivalence-cap-s
     equivalence_configs: tuple[str, ...] | None = None   # --equivalence-configs; None: all
     paper_variants: tuple[PaperVariant, ...] = PAPER_VARIANTS   # --paper-variants
+    option_settings: tuple[str, ...] = ("default", "high_priority_stream", "tf32 matmuls",
+                                        "tf32 matmuls, high_priority_stream")   # --options-settings
 
     @property
     def cuda(self) -> bool:
@@ -324,6 +326,19 @@ def surrogate_kernel(name: str) -> bool:
     return n.startswith("triton_") or "sgemm" in n or "f32f32" in n or "gemv" in n
 
 
+def replay_kernels(kernels: list[dict], steps: int) -> list[tuple[str, str, float, float]]:
+    """The kernels of the middle one of ``steps`` replays that ``kernels`` (a trace's events) hold, as (name,
+    stream, start, duration), times in µs from that replay's first kernel."""
+    if not kernels or steps < 1:
+        return []
+    ks = sorted(kernels, key=lambda e: e["ts"])
+    per = len(ks) // steps
+    mid = ks[per * (steps // 2): per * (steps // 2 + 1)]
+    t0 = mid[0]["ts"] if mid else 0.0
+    return [(e.get("name", "")[:90], str(e.get("args", {}).get("stream")), round(e["ts"] - t0, 2), round(e["dur"], 2))
+            for e in mid]
+
+
 class OverlapConfig(NamedTuple):
     surrogate: str           # or "lambda=0"
     priority: int | None     # the side stream's priority; None: the default
@@ -378,6 +393,9 @@ def overlap(run: Run) -> None:
                                                                 for e in kernels) / steps,
                                                "all": len(kernels) / steps},
                           "streams": sorted({str(e.get("args", {}).get("stream")) for e in kernels}),
+                          # one replay's kernels in order (name, stream, start and duration in µs from the
+                          # replay's first kernel): where the critical path runs, read offline
+                          "replay": replay_kernels(kernels, steps),
                           "graph": tr.graph_step.stats() if tr.graph_step is not None else None}
         except Exception as e:  # noqa: BLE001 - the next configuration still runs
             out[c.key] = f"{type(e).__name__}: {e}"
@@ -432,6 +450,26 @@ class TimedTrainer:
         self.trainer.step(x, y, self.trainer.surrogate is not None, self.lr, self.acc)
 
 
+# The options stage's settings (``--options-settings`` picks): Inductor ``flags``, the side stream's
+# ``priority`` (-100: the highest the device allows), whether the surrogate is ``compiled``, ``tf32`` matrix
+# products, and the cuBLAS front end (``blas``: cuBLASLt launches one kernel per product with its bias in the
+# epilogue, where plain cuBLAS may add a second). Left out: max_autotune (on the H100 its autotuning of the
+# surrogates' many small products took more than 4 minutes for the first surrogate) and combo_kernels (within
+# the noise of the default there: 1.38 / 1.46 / 1.70 vs 1.36 / 1.51 / 1.69); docs/performance.md.
+OPTION_SETTINGS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "high_priority_stream": {"priority": -100},
+    "high_priority_stream, not compiled": {"priority": -100, "compiled": False},
+    "tf32 matmuls": {"tf32": True},
+    "tf32 matmuls, high_priority_stream": {"tf32": True, "priority": -100},
+    "cublaslt": {"blas": "cublaslt"},
+    "cublaslt, tf32 matmuls": {"blas": "cublaslt", "tf32": True},
+    # Inductor's post-grad pass that turns independent matrix products of one shape (the backward's weight
+    # gradients of each slot-attention iteration) into one batched product
+    "batch_linear_post_grad": {"flags": {"post_grad_fusion_options": {"batch_linear_post_grad": {}}}},
+}
+
+
 def options(run: Run) -> None:
     """Settings for the surrogate on its own stream (``train.surrogate_stream``, graphed, compiled unless the
     setting says not): the slot-attention surrogates' step time under each, against a lambda = 0 step timed
@@ -459,17 +497,12 @@ def options(run: Run) -> None:
         if len(batches) == 4:
             break
     keys = {"data.train_size": sizes.step_images, "data.test_size": 20}
-    # max_autotune is left out: on the H100 its autotuning of the surrogates' many small matrix products took
-    # more than 4 minutes for the first surrogate (docs/performance.md)
-    # combo_kernels too, measured on the H100: within the noise of the default (1.38 / 1.46 / 1.70 vs 1.36 /
-    # 1.51 / 1.69). TF32: the surrogates' matrix products are fp32 (their statistics are), cuBLAS's slowest kind
-    settings = {"default": {}, "high_priority_stream": {"priority": -100},
-                "high_priority_stream, not compiled": {"priority": -100, "compiled": False},
-                "tf32 matmuls": {"tf32": True}, "tf32 matmuls, high_priority_stream": {"tf32": True, "priority": -100}}
+    settings = {k: OPTION_SETTINGS[k] for k in run.option_settings}
     names = ["lambda=0", "slot_cross", "attention_centroid", "serial_enhanced"]
     steps = 10 if run.cuda else 1
     out: dict = {}
     tf32_default = torch.backends.cuda.matmul.allow_tf32
+    blas_default = torch.backends.cuda.preferred_blas_library() if run.cuda else None
     for setting, opt in settings.items():
         if run.left() < 60:
             out[setting] = "skipped: budget"
@@ -477,6 +510,8 @@ def options(run: Run) -> None:
         priority, compiled = opt.get("priority"), opt.get("compiled", True)
         torch._dynamo.reset()
         torch.backends.cuda.matmul.allow_tf32 = opt.get("tf32", tf32_default)
+        if run.cuda:
+            torch.backends.cuda.preferred_blas_library(opt.get("blas", blas_default))
         res: dict = {}
         try:
             with inductor_config.patch(opt.get("flags", {})):
@@ -517,6 +552,8 @@ def options(run: Run) -> None:
             res["error"] = f"{type(e).__name__}: {e}"
         finally:
             torch.backends.cuda.matmul.allow_tf32 = tf32_default
+            if run.cuda:
+                torch.backends.cuda.preferred_blas_library(blas_default)
         out[setting] = res
         run.write("options.json", out)
     run.write("options.json", out)
@@ -756,6 +793,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--paper-variants", nargs="+", default=None,
                     help="which paper-trial variants the paper stage runs: " +
                          ", ".join(repr(v.name) for v in PAPER_VARIANTS) + " (default: all, budget allowing)")
+    ap.add_argument("--options-settings", nargs="+", default=None, choices=list(OPTION_SETTINGS), metavar="SETTING",
+                    help="the options stage's settings, in order: " + ", ".join(map(repr, OPTION_SETTINGS)))
     ap.add_argument("--bench-groups", nargs="+", default=None,
                     help="the bench stage's groups (default: data step flops kernels refit attack epoch on CUDA)")
     ap.add_argument("--stages", nargs="+", default=list(DEFAULT_STAGES), choices=list(STAGES), metavar="STAGE",
@@ -772,7 +811,8 @@ def main(argv: list[str] | None = None) -> None:
               equivalence_cap_s=a.equivalence_cap_s,
               equivalence_configs=tuple(a.equivalence_configs) if a.equivalence_configs else None,
               paper_variants=PAPER_VARIANTS if a.paper_variants is None else
-              tuple(v for v in PAPER_VARIANTS if v.name in a.paper_variants))
+              tuple(v for v in PAPER_VARIANTS if v.name in a.paper_variants),
+              **({"option_settings": tuple(a.options_settings)} if a.options_settings else {}))
     # train.compile_surrogate across many configurations in one process: more than Dynamo's default of 8
     # compiled variants of one function (each configuration's shapes are one), so none falls back to eager
     import torch._dynamo as dynamo

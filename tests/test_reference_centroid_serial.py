@@ -272,3 +272,21 @@ def test_serial_enhanced_distance_subtracts_the_cosine_term():
                                      - 0.1 * (1 - F.cosine_similarity(yr[i], sr[i, k], dim=0)) for k in range(3)])
                         for i in range(6)])
     assert torch.allclose(dist(yr, sr), want, atol=1e-6)
+
+
+def test_serial_enhanced_attention_is_its_multihead_attention():
+    """``attend`` writes ``self.cross`` out for one query per sample: the same output and the same gradients
+    (of the query, the slots and the attention's parameters) as ``nn.MultiheadAttention`` itself."""
+    sur = make("serial_enhanced")
+    torch.manual_seed(3)
+    u = torch.randn(24, sur.h, requires_grad=True)
+    slots = torch.randn(24, sur.k, sur.h, requires_grad=True)
+    ours = sur.attend(u, slots)
+    theirs, _ = sur.cross(u.unsqueeze(1), slots, slots, need_weights=False)
+    theirs = theirs.squeeze(1)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    wrt = [u, slots, *sur.cross.parameters()]
+    g_ours = torch.autograd.grad(ours.square().sum(), wrt)
+    g_theirs = torch.autograd.grad(theirs.square().sum(), wrt)
+    for a, b in zip(g_ours, g_theirs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -91,19 +91,40 @@ class SerialEnhanced(Surrogate):
     def gated_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Steps 1-2: gated tokens u (B, h) and the gate G (B, h) of flat features x (B, D)."""
         u = self.w_in(F.layer_norm(x, x.shape[-1:]))
-        gate = torch.sigmoid(self.mlp_gate(torch.cat([self.mlp_small(u), self.mlp_large(u), u], -1)))
+        # MLP_s and MLP_l side by side, as two products instead of four: their first layers stacked, their
+        # second layers as one block-diagonal layer, whose output is [F_s, F_l] (each product of a step is a
+        # kernel of its own, forward and backward, and these are all small)
+        (s1, _, s2), (l1, _, l2) = self.mlp_small, self.mlp_large
+        hidden = F.gelu(F.linear(u, torch.cat([s1.weight, l1.weight]), torch.cat([s1.bias, l1.bias])))
+        scales = F.linear(hidden, torch.block_diag(s2.weight, l2.weight), torch.cat([s2.bias, l2.bias]))
+        gate = torch.sigmoid(self.mlp_gate(torch.cat([scales, u], -1)))
         return u * gate, gate
 
     def enhance(self, u: torch.Tensor, slots: torch.Tensor, keep: tuple | None = None) -> torch.Tensor:
         """Step 4: enhanced features y (B, h) of tokens u (B, h) attending to their slots (B, K, h); ``keep``:
         the FFN's two dropout masks (``draws``), else drawn here."""
-        attended, _ = self.cross(u.unsqueeze(1), slots, slots, need_weights=False)
-        y1 = self.norm1(u + attended.squeeze(1))
+        y1 = self.norm1(u + self.attend(u, slots))
         if keep is None:
             keep = self.dropout_masks(u.shape[0], u.device)
         p = self.cfg.dropout
         y2 = self.norm2(y1 + dropout(self.ffn_out(dropout(F.gelu(self.ffn_in(y1)), keep[0], p)), keep[1], p))
         return self.norm3(u + y2)
+
+    def attend(self, u: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """``self.cross`` (multi-head attention, its parameters and arithmetic) of one query u_j (B, h) per
+        sample over its slots (B, K, h), written out: with a single query the attention is a product and a sum
+        over K per head, which a compiled step fuses into a few kernels, where ``nn.MultiheadAttention`` calls
+        the fused attention kernels of long sequences (on CUDA the two largest kernels of the surrogate's
+        step; docs/performance.md)."""
+        mha, h = self.cross, self.h
+        heads = mha.num_heads
+        hd = h // heads
+        w, bias = mha.in_proj_weight, mha.in_proj_bias
+        q = F.linear(u, w[:h], bias[:h]).view(-1, 1, heads, hd)                  # (B, 1, H, hd)
+        k, v = F.linear(slots, w[h:], bias[h:]).view(*slots.shape[:2], 2, heads, hd).unbind(2)   # (B, K, H, hd)
+        att = ((q * k).sum(-1) / math.sqrt(hd)).softmax(1)                        # (B, K, H) over the slots
+        out = (att.unsqueeze(-1) * v).sum(1).reshape(-1, h)                       # (B, h)
+        return mha.out_proj(out)
 
     def dropout_masks(self, b: int, device) -> tuple:
         """The FFN's keep masks, (B, 4h) then (B, h) (``layers.dropout_keep``; None in eval mode)."""
