@@ -464,9 +464,6 @@ OPTION_SETTINGS: dict[str, dict[str, Any]] = {
     "tf32 matmuls, high_priority_stream": {"tf32": True, "priority": -100},
     "cublaslt": {"blas": "cublaslt"},
     "cublaslt, tf32 matmuls": {"blas": "cublaslt", "tf32": True},
-    # Inductor's post-grad pass that turns independent matrix products of one shape (the backward's weight
-    # gradients of each slot-attention iteration) into one batched product
-    "batch_linear_post_grad": {"flags": {"post_grad_fusion_options": {"batch_linear_post_grad": {}}}},
 }
 
 
