@@ -508,8 +508,8 @@ def keys_in(text: str) -> list[tuple[str, str | None]]:
             continue                        # a call, a longer dotted name, a path, a function of cem_bench.data
         value = None
         v = re.match(r"=([^\s`,;)]+)", rest)
-        if v:
-            value = v.group(1)
+        if v:           # `train.device='cuda'` and `train.cuda_graph=auto:` in a quoted message: the value itself
+            value = v.group(1).rstrip(":.").strip("'\"")
         out.append((".".join(parts), value))
     return out
 
@@ -943,7 +943,7 @@ Fine: `cem-bench table RESULTS_DIR [--csv] [--metrics ...]`, `cem-bench search -
 `cem-bench table RESULTS_DIR --latex`.
 
 Keys: `cem.lambd` and `config.cem.surrogate` exist, `cem.lambda` does not, nor `train.ampp`;
-`cem.surrogate=slotcross` is not a surrogate. Not keys: `data.py`, `data.BatchIterator`, `trials.parquet`,
+`cem.surrogate=slotcross` is not a surrogate, `train.amp='off':` is. Not keys: `data.py`, `data.BatchIterator`, `trials.parquet`,
 `torch.compile`, `model.forward(x)`; nor is cem.lamdba, outside a code span.
 
 Paths: `search_spaces/demo.yaml` and [the docs](docs/performance.md#gpu) exist; `docs/performence.md`,
