@@ -707,11 +707,13 @@ FIGURES = (
     Figure("the demo's trial times on the idle CPU", PERF,
            (r"once\s+\.venv\s+exist[^()]{0,60}\(trials of (?P<v>\d+–\d+ s)\)",), "duration"),
     Figure("the demo's trials", "search_spaces/demo.yaml",
-           (r"demo(?:\.yaml)?\s*\)?\s*(?:search\s*)?(?:trains and attacks\s+|[(:]\s*)(?P<v>\d+) trials",),
+           (r"demo(?:\.yaml)?\s*\)?\s*(?:search\s*)?(?:trains and attacks\s+|[(:]\s*)(?P<v>\d+) trials",
+            r"demo\.yaml\s*\|[^|]*?(?P<v>\d+) trials"),
            computed=_plan("demo.yaml", "trials")),
     # the paper grid (cifar10_paper.yaml)
     Figure("the paper grid's cells", "search_spaces/cifar10_paper.yaml",
-           (r"(?:5\s*[x×]\s*\(1\s*\+\s*2\s*[x×]\s*5\)|(?:the )?five surrogates\))\s*=\s*(?P<v>\d+)\s+cells",),
+           (r"(?:5\s*[x×]\s*\(1\s*\+\s*2\s*[x×]\s*5\)|(?:the )?five surrogates\))\s*=\s*(?P<v>\d+)\s+cells",
+            r"paper's grid:\s*(?P<v>\d+) cells"),
            computed=_plan("cifar10_paper.yaml", "cells")),
     Figure("the paper grid's trials", "search_spaces/cifar10_paper.yaml",
            (r"(?:cifar10_paper|paper(?:'s)? grid|grid's)(?:(?!\. ).){0,300}?\b(?P<v>\d+) trials\b"
@@ -821,9 +823,9 @@ def figure_statements(fig: Figure, page: Page) -> list[tuple[int, str]]:
 
 
 def banner_problems(pages: list[Page], spaces: list[Path]) -> list[str]:
-    """A quoted first line of ``cem-bench search`` (a code span ``N trials ...: ...``) is what it prints for one of
-    the shipped spaces or for a search space written out on the same page: the part before a ``…`` (and before
-    the concurrency, which depends on the machine) is the beginning of that space's plan."""
+    """A quoted first line of ``cem-bench search`` (a code span or a fenced block ``N trials ...: ...``) is what it
+    prints for one of the shipped spaces or for a search space written out on the same page: the part before a
+    ``…`` (and before the concurrency, which depends on the machine) is the beginning of that space's plan."""
     from cem_bench.errors import SpaceError
     from cem_bench.search.run import plan
     from cem_bench.spaces import load_space, parse_space
@@ -838,7 +840,9 @@ def banner_problems(pages: list[Page], spaces: list[Path]) -> list[str]:
                     plans[f"the space of {page.rel}:{f.open_line + 1}"] = plan(parse_space(doc))
             except (yaml.YAMLError, SpaceError):
                 pass                        # reported by test_every_search_space_and_yaml_block_validates
-        for line, content in page.spans:
+        quoted = page.spans + [(f.open_line + 1, " ".join(" ".join(f.lines).split())) for f in page.fences
+                               if f.lang in SHELL_LANGS]     # a fenced line, wrapped or not
+        for line, content in quoted:
             if not re.match(r"^\d+ trials(?: at most)?: ", content):
                 continue
             head = re.split(r"…|\.\.\.|, \d+ at a time|, as many at a time|, objectives", content)[0].rstrip(" ,")
