@@ -141,8 +141,8 @@ def set_tf32(mode: str) -> None:
 
 
 # Inductor options of the compiled surrogate (train.compile_surrogate): its backward computes each slot-attention
-# iteration's weight gradients as separate small products of one shape, which this pass batches into one (on
-# an H200 it took serial_enhanced's graphed step from 1.59x to 1.53x the lambda = 0 step; docs/performance.md)
+# iteration's weight gradients as separate small products of one shape, which this pass batches into one; on a
+# graphed CUDA step each product is a kernel on the step's critical path (docs/performance.md)
 SURROGATE_COMPILE_OPTIONS = {"post_grad_fusion_options": {"batch_linear_post_grad": {}}}
 
 
@@ -288,7 +288,7 @@ class Trainer:
             with self._surrogate_stream(zin, y, ok), torch.autocast(self.device.type, enabled=False):
                 out = self._surrogate_fwd(zin, y)          # statistics in fp32
                 finite = torch.isfinite(out.loss)
-                ok.copy_(finite)                           # read by the gate's backward, after this stream's
+                ok.copy_(finite)                           # the gate's backward reads it after this stream's gradient
                 rob = torch.where(finite, out.loss, 0.0) * self.loss_scale
                 nonfinite = (~finite).float()
                 acc["rob_nonfinite"] += nonfinite
