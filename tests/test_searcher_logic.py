@@ -5,6 +5,7 @@ proposals. A fake sampler stands in for Optuna; the Ray carrier is tested in tes
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -184,3 +185,22 @@ def test_a_stopped_trial_is_told_as_stopped_and_never_confirmed():
     q.run_finished("b", ok(0.5, 0.5), False)
     assert [t[0] for t in q.told] == ["a", "b"] and q.told[0][1]["status"] == "running"
     assert q.next_run("c") == {"x": 2, "seed": 5, "role": "confirm"}
+
+
+def test_a_trial_clears_the_staging_folders_of_ended_workers_only(tmp_path):
+    """A worker killed with its trial leaves its staging folders (nothing runs its clean-up); the next trial
+    anywhere removes those of processes that have ended and keeps those of running ones (this one's)."""
+    from cem_bench.search.trainable import clear_dead_staging, staging_dirs
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    for d in (*staging_dirs(dead_pid, str(tmp_path)), *staging_dirs(os.getpid(), str(tmp_path))):
+        os.makedirs(d)
+        (tmp_path / d / "state.pt").write_bytes(b"x")
+    (tmp_path / "cem-bench-trial-notapid").mkdir()
+    (tmp_path / "unrelated-123").mkdir()
+    removed = clear_dead_staging(str(tmp_path))
+    assert sorted(removed) == sorted(os.path.basename(d) for d in staging_dirs(dead_pid, str(tmp_path)))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([*(os.path.basename(d) for d in staging_dirs(os.getpid(), str(tmp_path))),
+                           "cem-bench-trial-notapid", "unrelated-123"])

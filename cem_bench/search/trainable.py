@@ -53,6 +53,42 @@ def with_resources(trainable: Callable, resources: dict):
 
 
 # ---------------------------------------------------------------------------------------- trainable
+STAGING_PREFIXES = ("cem-bench-trial-", "cem-bench-ckpt-")   # + the worker's pid, in the temp folder
+
+
+def staging_dirs(pid: int, tmp: str | None = None) -> tuple[str, str]:
+    """The gallery and checkpoint staging folders of worker process ``pid``."""
+    tmp = tmp or tempfile.gettempdir()
+    return tuple(os.path.join(tmp, f"{prefix}{pid}") for prefix in STAGING_PREFIXES)
+
+
+def clear_dead_staging(tmp: str | None = None) -> list[str]:
+    """Remove the staging folders of worker processes that no longer run (a worker killed with its trial, or
+    ended with Ray, leaves the folders of its last trial: nothing runs its clean-up); returns what it removed.
+    A folder whose pid runs is kept, whoever owns the process."""
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return removed
+    for name in names:
+        prefix = next((p for p in STAGING_PREFIXES if name.startswith(p)), None)
+        if prefix is None or not name[len(prefix):].isdigit():
+            continue
+        pid = int(name[len(prefix):])
+        try:
+            os.kill(pid, 0)
+            continue                      # alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:           # alive, another user's
+            continue
+        shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
 def _scalars(record: dict) -> dict:
     out = {}
     for k, v in record.items():
@@ -130,12 +166,12 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
 
         # Per worker process, not per trial, and made only when needed: a trial that a scheduler stops ends with
         # SystemExit inside tune.report while its actor is shut down or reused, so its own clean-up may never
-        # run. The next trial of the same process clears what the last one left; run_trial creates out_dir
-        # only to write the gallery at the end.
-        out_dir = os.path.join(tempfile.gettempdir(), f"cem-bench-trial-{os.getpid()}")
-        ckpt_dir = os.path.join(tempfile.gettempdir(), f"cem-bench-ckpt-{os.getpid()}")
+        # run. The next trial of the same process clears what the last one left, and any trial clears those of
+        # processes that have ended; run_trial creates out_dir only to write the gallery at the end.
+        out_dir, ckpt_dir = staging_dirs(os.getpid())
         for leftover in (out_dir, ckpt_dir):
             shutil.rmtree(leftover, ignore_errors=True)
+        clear_dead_staging()
 
         def finish(result: dict, status: str, error: str | None) -> None:
             info = dict(result.get("info") or {})
