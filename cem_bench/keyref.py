@@ -115,10 +115,21 @@ def _resolved(kinds, datasets) -> dict[tuple[str, str, str], dict]:
     return out
 
 
+_MIXED = object()   # _common's answer when the values differ
+
+
+def _common(values) -> Any:
+    """The value every one of ``values`` has (a per-dataset dict is never common), else ``_MIXED``."""
+    values = list(values)
+    if not values or isinstance(values[0], dict) or any(v != values[0] for v in values):
+        return _MIXED
+    return values[0]
+
+
 def _collapse(by_dataset: dict) -> Any:
     """One value when every dataset gives it, else the dict by dataset."""
-    values = list(by_dataset.values())
-    return values[0] if all(v == values[0] for v in values) else dict(by_dataset)
+    one = _common(by_dataset.values())
+    return dict(by_dataset) if one is _MIXED else one
 
 
 def reference(kinds=PLUGIN_KINDS) -> dict:
@@ -160,9 +171,9 @@ def _plugin_defaults(ref: KeyRef, pk: PluginKind, resolved, datasets) -> None:
     ref.depends_on = [reg.key]
     if any(isinstance(v, dict) for v in by.values()):
         ref.depends_on.append(DATASET_KEY)
-    values = list(by.values())
-    if values and not isinstance(values[0], dict) and all(v == values[0] for v in values):
-        ref.default = values[0]
+    one = _common(by.values())
+    if one is not _MIXED:
+        ref.default = one
     if own:
         fields = {n: specs_of(reg.section, reg.get(n).Keys)[ref.name] for n in names}
         ref.help = fields[next(o for o in spec.owners if o in fields)].help if fields else spec.help
@@ -201,9 +212,8 @@ def select(ref: dict, patterns=(), plugins: dict[str, str] | None = None, datase
         if dataset is not None and r.defaults_by is not None:
             r.defaults_by = {p: v[dataset] if isinstance(v, dict) else v for p, v in r.defaults_by.items()}
         if r.defaults_by is not None:
-            values = list(r.defaults_by.values())
-            uniform = not isinstance(values[0], dict) and all(v == values[0] for v in values)
-            r.default = values[0] if uniform else None
+            one = _common(r.defaults_by.values())
+            r.default = None if one is _MIXED else one
         out.append(r)
     if patterns and not out:
         raise ConfigError(f"no configuration key contains {' or '.join(map(repr, patterns))}; "
