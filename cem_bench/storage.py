@@ -8,11 +8,15 @@ object), so a crash never leaves a half-written file. ``Dir`` reads a folder the
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
-import shutil
+import secrets
+import stat
 from typing import Any
+
+from .errors import UnsafePath
 
 
 def is_uri(path: str | os.PathLike) -> bool:
@@ -49,31 +53,201 @@ def filesystem(path: str):
     return pafs.LocalFileSystem(), os.path.abspath(path)
 
 
+def relative_inside(root: str | os.PathLike, path: str) -> str | None:
+    """``path`` (relative to ``root``, or absolute) as a path relative to ``root`` when it lies inside it,
+    judged on the names alone (no ``..``, nothing empty); None otherwise. A path read from a results table
+    (``trial_dir``) goes through this before it is joined to anything: a table may come from anyone."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        return None
+    root = os.path.abspath(_local(str(root)))
+    if os.path.isabs(path):
+        for base in dict.fromkeys((root, os.path.realpath(root))):
+            rel = os.path.relpath(os.path.normpath(path), base)
+            if not (rel == os.curdir or rel.startswith(os.pardir)) and os.pardir not in path.split(os.sep):
+                return rel
+        return None
+    parts = path.replace("\\", "/").split("/")
+    if any(p in ("", os.curdir, os.pardir) for p in parts):
+        return None
+    return os.path.join(*parts)
+
+
+def publish(stage: str | os.PathLike, root: str | os.PathLike, folders: list[str]) -> str:
+    """Copy every file under the private folder ``stage`` into ``root/folders...`` (created when missing),
+    each through :func:`_replace_in` and each folder through :func:`open_dir`: no link there is followed, a
+    link in the way is refused (UnsafePath) before the first file is written. Returns the target folder."""
+    root = os.path.abspath(str(root))
+    os.makedirs(root, exist_ok=True)
+    target = os.path.join(root, *folders)
+    top = open_dir(root, folders, create=True)
+    try:
+        subdirs = sorted({os.path.relpath(d, stage) for d, _, files in os.walk(stage) if files} - {os.curdir})
+        fds = {os.curdir: top}
+        try:
+            for sub in subdirs:   # every folder opened (and checked) before any file is written
+                fds[sub] = open_dir(target, sub.split(os.sep), create=True)
+            for d, _, files in os.walk(stage):
+                rel = os.path.relpath(d, stage)
+                for name in sorted(files):
+                    with open(os.path.join(d, name), "rb") as fh:
+                        _replace_in(fds[rel], name, fh.read(), os.path.join(target, rel, name))
+        finally:
+            for rel, fd in fds.items():
+                if rel != os.curdir:
+                    os.close(fd)
+    finally:
+        os.close(top)
+    return target
+
+
 def exists(path: str) -> bool:
     import pyarrow.fs as pafs
     fs, p = filesystem(path)
     return fs.get_file_info(p).type != pafs.FileType.NotFound
 
 
-def write_bytes(path: str, data: bytes) -> None:
-    """Write a file atomically: temp file + ``os.replace`` locally; a single PUT on object stores."""
+def write_bytes(path: str, data: bytes, *, within: str | os.PathLike | None = None) -> None:
+    """Write a file atomically: a new temp file + rename locally; a single PUT on object stores.
+
+    Locally nothing is written through a symbolic link: the temp file is created with ``O_EXCL |
+    O_NOFOLLOW`` and renamed over the target, which replaces a link planted at the target instead of
+    writing where it points. ``within`` (a folder above ``path``) extends that to the folders in between:
+    each is opened without following a link (created when missing), and a link among them is refused
+    with :class:`~cem_bench.errors.UnsafePath`. Results folders are shared and cem-bench often runs as root,
+    so a folder of the user's own naming is trusted (``within`` itself, or ``path``'s parent when
+    ``within`` is None) and nothing below it is."""
     path = str(path)
     if not is_uri(path) or path.startswith("file://"):
-        path = _local(path)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
+        path = os.path.abspath(_local(path))
+        root = os.path.dirname(path) if within is None else os.path.abspath(_local(str(within)))
+        rel = os.path.relpath(path, root)
+        if rel.startswith(os.pardir) or os.path.isabs(rel) or rel == os.curdir:
+            raise ValueError(f"write_bytes: {path} is not inside {root}")
+        *folders, name = rel.split(os.sep)
+        os.makedirs(root, exist_ok=True)
+        fd = open_dir(root, folders, create=True)
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
+            _replace_in(fd, name, data, path)
         finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            os.close(fd)
         return
     fs, p = filesystem(path)
     fs.create_dir(p.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(p) as out:
         out.write(data)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _link_message(shown: str, name: str, dir_fd: int) -> str:
+    try:
+        target = os.readlink(name, dir_fd=dir_fd)
+    except OSError:
+        return f"{shown} is not a folder"
+    return (f"{shown} is a symbolic link (to {target}); cem-bench does not write or read through links inside "
+            f"a results folder, which may be shared. Remove the link (or give --out a folder of your own)")
+
+
+def open_dir(root: str, folders: list[str], *, create: bool) -> int:
+    """A descriptor of ``root/folders...``: ``root`` as given (links followed: the user named it), each
+    folder below it opened with ``O_NOFOLLOW`` (made when missing and ``create``). UnsafePath when one of
+    them is a link or a file; FileNotFoundError when one is missing and not ``create``."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    shown = root
+    try:
+        for part in folders:
+            if part in ("", os.curdir, os.pardir) or os.sep in part or "\0" in part:
+                raise UnsafePath(f"{os.path.join(shown, part)}: not a plain folder name")
+            shown = os.path.join(shown, part)
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                        raise UnsafePath(_link_message(shown, part, fd)) from e
+                    raise
+            except OSError as e:
+                if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                    raise UnsafePath(_link_message(shown, part, fd)) from e
+                raise
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _replace_in(dir_fd: int, name: str, data: bytes, shown: str) -> None:
+    """``name`` in the folder ``dir_fd`` becomes ``data``: a fresh temp file (never an existing one, never
+    through a link) renamed over it."""
+    tmp = f".{name}.tmp{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        try:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except IsADirectoryError as e:
+            raise UnsafePath(f"{shown} is a folder; cem-bench writes a file there: remove or rename the folder") from e
+    finally:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+
+
+# the largest file cem-bench reads whole; a link to /dev/zero or a runaway file stops here, not in memory
+READ_LIMIT = 4 << 30
+
+
+def read_regular(path: str | os.PathLike, *, within: str | os.PathLike | None = None,
+                 limit: int = READ_LIMIT) -> bytes:
+    """The bytes of a regular file, read without hanging or flooding memory: a named pipe, a device
+    (``/dev/zero``), or a file over ``limit`` bytes is refused with UnsafePath before it is read. With
+    ``within``, no link is followed below that folder (the file itself included): what a shared results
+    folder links to elsewhere is never read. FileNotFoundError (and other OSErrors) as they come."""
+    path = os.path.abspath(_local(str(path)))
+    root = os.path.dirname(path) if within is None else os.path.abspath(_local(str(within)))
+    rel = os.path.relpath(path, root)
+    if rel.startswith(os.pardir) or os.path.isabs(rel) or rel == os.curdir:
+        raise UnsafePath(f"{path} lies outside {root}; cem-bench reads only files inside the results folder")
+    *folders, name = rel.split(os.sep)
+    dfd = open_dir(root, folders, create=False)
+    try:
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if within is not None else 0)
+        try:
+            fd = os.open(name, flags, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafePath(_link_message(path, name, dfd).replace("write or read", "read")) from e
+            raise
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            what = ("a named pipe" if stat.S_ISFIFO(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise UnsafePath(f"{path} is {what}, not a file cem-bench wrote; cem-bench reads only regular files")
+        if st.st_size > limit:
+            raise UnsafePath(f"{path} holds {st.st_size:,} bytes, more than the {limit:,} cem-bench reads from one "
+                             f"file; it is not a file cem-bench wrote")
+        os.set_blocking(fh.fileno(), True)
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafePath(f"{path} is larger than the {limit:,} bytes cem-bench reads from one file")
+    return data
 
 
 def jsonable(obj: Any) -> Any:
@@ -111,13 +285,7 @@ def nearest_existing(path: str) -> str:
 
 
 def copy_file(src: str, dest: str) -> None:
-    """Copy a local file to a local path or a URI, atomically."""
-    if not is_uri(dest):
-        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-        tmp = f"{dest}.tmp{os.getpid()}"
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
-        return
+    """Copy a local file to a local path or a URI, atomically (``write_bytes``: never through a link)."""
     with open(src, "rb") as fh:
         write_bytes(dest, fh.read())
 
@@ -171,21 +339,17 @@ class Dir:
         return {pafs.FileType.NotFound: "missing", pafs.FileType.Directory: "dir"}.get(t, "file")
 
     def read_bytes_or_raise(self, *parts: str) -> bytes:
-        """The file's bytes; OSError (FileNotFoundError, IsADirectoryError, ...) as it comes."""
+        """The file's bytes; OSError (FileNotFoundError, IsADirectoryError, ...) as it comes; UnsafePath for a
+        named pipe, a device or a file larger than ``READ_LIMIT`` (read_regular)."""
         if not self.uri:
-            with open(self.join(*parts), "rb") as fh:
-                return fh.read()
+            return read_regular(self.join(*parts))
         with self.fs.open_input_stream(self.join(*parts)) as fh:
             return fh.read()
 
     def read_bytes(self, *parts: str) -> bytes | None:
         try:
-            if not self.uri:
-                with open(self.join(*parts), "rb") as fh:
-                    return fh.read()
-            with self.fs.open_input_stream(self.join(*parts)) as fh:
-                return fh.read()
-        except (FileNotFoundError, OSError):
+            return self.read_bytes_or_raise(*parts)
+        except OSError:
             return None
 
     def read_text(self, *parts: str) -> str | None:

@@ -126,7 +126,7 @@ def test_write_is_atomic(experiment, monkeypatch):
     assert not [p.name for p in experiment.iterdir() if ".tmp" in p.name]
     monkeypatch.undo()
 
-    def no_rename(src, dst):    # the crash comes after the temporary file was written
+    def no_rename(src, dst, **kw):    # the crash comes after the temporary file was written
         raise OSError("crash before the rename")
     monkeypatch.setattr("cem_bench.storage.os.replace", no_rename)
     with pytest.raises(OSError):

@@ -49,7 +49,7 @@ from cem_bench.schema import (
     load_objectives,
     rank_table,
 )
-from cem_bench.storage import Dir, is_uri
+from cem_bench.storage import Dir, is_uri, relative_inside, write_bytes
 
 MAIN_PARAMS: list[str] = [
     "config.cem.lambd",
@@ -90,6 +90,8 @@ class Results:
     colors: dict[str, tuple] = field(default_factory=dict)
     # one row per configuration (configs.parquet) with helper columns; None when the trials have no config
     configs: pd.DataFrame | None = None
+    # the space's ``utility_tolerance`` (search_space.json); None: not stated, the report's default applies
+    utility_tolerance: float | None = None
 
     @property
     def replicated(self) -> bool:
@@ -162,16 +164,20 @@ def fetch_remote(uri: str, local: Path) -> Path:
         except Exception as exc:  # noqa: BLE001 - any failure means: nothing to report on
             raise ResultsError(f"{uri}: no {TRIALS_FILE} and none could be built ({exc}); {VALID_FOLDER}") from exc
     trials = read_table(src, TRIALS_FILE, "trials")   # verified before anything is written here
+    local = Path(os.path.abspath(local))
     local.mkdir(parents=True, exist_ok=True)
     for name in (TRIALS_FILE, EPOCHS_FILE, CONFIGS_FILE, SPACE_FILE, MANIFEST_FILE):
         data = src.read_bytes(name)
         if data is not None:
-            (local / name).write_bytes(data)
+            write_bytes(str(local / name), data, within=local)
     for d in trials.get("trial_dir", pd.Series(dtype=object)).dropna().astype(str):
-        data = src.read_bytes(d, GALLERY_FILE)
+        # a trial folder is a plain relative name: one from a table that leaves `local` is skipped
+        rel = relative_inside(local, d) if not os.path.isabs(d) else None
+        if rel is None:
+            continue
+        data = src.read_bytes(*rel.split(os.sep), GALLERY_FILE)
         if data is not None:
-            (local / d).mkdir(parents=True, exist_ok=True)
-            (local / d / GALLERY_FILE).write_bytes(data)
+            write_bytes(str(local / rel / GALLERY_FILE), data, within=local)
     return local
 
 
@@ -247,18 +253,27 @@ def _label_columns(df: pd.DataFrame) -> None:
     df["_label"] = df["_surrogate"].where(~df["_baseline"], BASELINE_LABEL)
 
 
-def _stored_configs(results_dir: Path, ids: pd.Series) -> pd.DataFrame | None:
+def _stored_configs(results_dir: Path | None, ids: pd.Series) -> pd.DataFrame | None:
     """``configs.parquet`` when it describes exactly these trials (same configurations, as many runs)."""
-    stored = read_table(results_dir, CONFIGS_FILE, "configs")   # a damaged table stops the report
-    if stored is None:
+    stored = read_table(results_dir, CONFIGS_FILE, "configs") if results_dir is not None else None
+    if stored is None:   # (a damaged table stops the report)
         return None
     if not {CONFIG_ID, "runs", "runs_ok", "role", "final_front"} <= set(stored.columns):
         return None   # older than the comparison with the baseline: rebuilt from the trials
+    if not has_adjusted_verdicts(stored):
+        return None   # older than the adjustment for many comparisons: its verdicts are single tests
     same = set(stored[CONFIG_ID].astype(str)) == set(ids) and int(stored["runs"].sum()) == len(ids)
     return stored if same else None
 
 
-def load_configs(results_dir: Path, raw: pd.DataFrame, trials: pd.DataFrame,
+def has_adjusted_verdicts(configs: pd.DataFrame) -> bool:
+    """Does every ``<m>_verdict`` of a configurations table come with its family's adjustment (``<m>_q``,
+    ``_holm``, ``_verdict_single``)? Tables written before it hold single-test verdicts only."""
+    metrics = [c[: -len("_verdict")] for c in configs.columns if c.endswith("_verdict")]
+    return all({f"{m}_q", f"{m}_holm", f"{m}_verdict_single"} <= set(configs.columns) for m in metrics)
+
+
+def load_configs(results_dir: Path | None, raw: pd.DataFrame, trials: pd.DataFrame,
                  objectives: Sequence[dict]) -> pd.DataFrame | None:
     """One row per configuration: ``configs.parquet`` when it matches the trials, else
     ``aggregate.build_configs`` of ``raw`` (the table as read; statuses normalised like the report's). Adds
@@ -299,8 +314,30 @@ def load_results(results_dir: str | Path) -> Results:
     ``trials.parquet`` nor a Ray experiment of ``cem-bench search``."""
     results_dir = check_results_dir(results_dir)
     objectives, name = load_objectives(results_dir)
+    return results_of(_read_trials(results_dir), objectives, results_dir=results_dir, name=name,
+                      epochs=_read_epochs(results_dir), utility_tolerance=read_utility_tolerance(results_dir))
+
+
+def read_utility_tolerance(results_dir: Path) -> float | None:
+    """The space's ``utility_tolerance`` from ``search_space.json``; None when it states none (a space saved
+    before the key, or no space) or states something that is not a number >= 0."""
+    from cem_bench.integrity import read_json_file
+    spec = read_json_file(results_dir, SPACE_FILE, "the search space the search saved (JSON)")
+    value = spec.get("utility_tolerance") if isinstance(spec, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        return None
+    return float(value)
+
+
+def results_of(trials: pd.DataFrame, objectives: Sequence[dict], results_dir: Path | None = None,
+               name: str | None = None, epochs: pd.DataFrame | None = None,
+               utility_tolerance: float | None = None) -> Results:
+    """A ``Results`` of a trials table as read (``load_results`` without the folder: the claims' simulation in
+    tests/test_claims.py judges hundreds of tables this way). ``objectives`` are copied, their missing
+    references filled from the data; without ``results_dir`` no stored ``configs.parquet`` is read."""
+    objectives = [dict(o) for o in objectives]
     # λ = 0 rows are the baseline, whatever surrogate keys an older table recorded for them
-    trials = null_inapplicable(_read_trials(results_dir)).reset_index(drop=True)
+    trials = null_inapplicable(trials).reset_index(drop=True)
     trials[ROLE_COLUMN] = roles(trials)
     raw = trials.copy()  # as stored: configuration ids hash the config values before any coercion
     if CONFIG_ID not in trials and len(trials) and config_columns(raw):
@@ -352,7 +389,7 @@ def load_results(results_dir: str | Path) -> Results:
 
     if not name and "experiment" in trials and trials["experiment"].notna().any():
         name = str(trials["experiment"].dropna().iloc[0])
-    name = name or results_dir.resolve().name
+    name = name or (results_dir.resolve().name if results_dir is not None else "results")
 
     ok_non_baseline = trials[trials["_ok"] & ~trials["_baseline"]]
     surrogates = sorted(set(ok_non_baseline["_surrogate"]) | set(trials.loc[~trials["_baseline"], "_surrogate"]))
@@ -362,7 +399,7 @@ def load_results(results_dir: str | Path) -> Results:
     ]  # fmt: skip
     colors = {s: palette[i % len(palette)] for i, s in enumerate(surrogates)}
     configs = load_configs(results_dir, raw, trials, objectives)
-    return Results(results_dir, name, objectives, trials, _read_epochs(results_dir), surrogates, colors, configs)
+    return Results(results_dir, name, objectives, trials, epochs, surrogates, colors, configs, utility_tolerance)
 
 
 def _ns(ts: pd.Series) -> np.ndarray:

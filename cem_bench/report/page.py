@@ -4,7 +4,8 @@ and ``index.html`` (templates/index.html.j2) of a results folder."""
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
@@ -13,7 +14,7 @@ import pandas as pd
 
 from cem_bench.errors import ResultsError
 from cem_bench.schema import GALLERY_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
-from cem_bench.storage import is_uri, write_bytes
+from cem_bench.storage import is_uri, open_dir, publish, read_regular, relative_inside, write_bytes
 
 from .load import (
     BASELINE_LABEL,
@@ -59,23 +60,21 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("cem_bench.report", "templ
 
 # ================================================================= galleries
 def _recon_path(res: Results, row: pd.Series) -> Path | None:
-    candidates = []
-    trial_dir = row.get("trial_dir")
-    if isinstance(trial_dir, str) and trial_dir:
-        p = Path(trial_dir)
-        candidates.append(p if p.is_absolute() else res.results_dir / p)
-    candidates.append(res.results_dir / str(row["trial_id"]))
-    for c in candidates:
-        if (c / GALLERY_FILE).is_file():
-            return c / GALLERY_FILE
+    """The trial's recon.png inside the results folder, or None. ``trial_dir`` comes from a table that may
+    come from anyone: a path that leaves the folder is ignored, and the file is read without following a
+    link (copy_galleries)."""
+    for name in (row.get("trial_dir"), str(row["trial_id"])):
+        rel = relative_inside(res.results_dir, name) if isinstance(name, str) else None
+        if rel is not None and os.path.isfile(res.results_dir / rel / GALLERY_FILE):
+            return res.results_dir / rel / GALLERY_FILE
     return None
 
 
 def copy_galleries(res: Results, out_dir: Path) -> list[dict]:
     """Copy recon.png of the front's trials and of the best baseline to out_dir/galleries/.
 
-    Returns one dict per shown trial: ``row`` and ``src`` (relative path, or None when recon.png is missing).
-    """
+    Returns one dict per shown trial: ``row`` and ``src`` (relative path, or None when recon.png is missing,
+    or is a link, a pipe or a device: only the results folder's own regular files are copied)."""
     gallery_dir = out_dir / "galleries"
     rows = [r for _, r in res.front.head(MAX_GALLERY).iterrows()]
     base = best_baseline(res)
@@ -86,10 +85,15 @@ def copy_galleries(res: Results, out_dir: Path) -> list[dict]:
         src = _recon_path(res, row)
         rel = None
         if src is not None:
-            gallery_dir.mkdir(parents=True, exist_ok=True)
-            dest = gallery_dir / f"{safe_name(str(row['trial_id']))}.png"
-            shutil.copyfile(src, dest)
-            rel = f"galleries/{dest.name}"
+            try:
+                data = read_regular(src, within=res.results_dir, limit=64 << 20)
+            except (OSError, ResultsError):
+                data = None
+            if data is not None:
+                gallery_dir.mkdir(parents=True, exist_ok=True)
+                dest = gallery_dir / f"{safe_name(str(row['trial_id']))}.png"
+                write_bytes(str(dest), data)
+                rel = f"galleries/{dest.name}"
         shown.append({"row": row, "src": rel})
     return shown
 
@@ -125,7 +129,12 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
 
     Raises ResultsError (nothing written) when ``results_dir`` does not exist or holds neither
     ``trials.parquet`` nor a Ray experiment of ``cem-bench search``. A folder on object storage (``s3://``,
-    ``gs://``) needs a local ``out_dir``: what the report reads is fetched into ``out_dir/source`` first."""
+    ``gs://``) needs a local ``out_dir``: what the report reads is fetched into ``out_dir/source`` first.
+
+    The page is drawn in a private temporary folder and then published into ``out_dir`` (default
+    ``results_dir/report``) file by file, each renamed into place: no symbolic link under the folder the
+    user named is followed, so a link planted in a shared results folder (``report/`` itself, or
+    ``report/frontier.csv``) is refused or replaced, never written through (UnsafePath)."""
     if is_uri(str(results_dir)):
         if out_dir is None:
             raise ResultsError(f"{results_dir}: the report of a folder on object storage is written locally; "
@@ -133,9 +142,20 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         results_dir = fetch_remote(str(results_dir), Path(out_dir) / "source")
     res = load_results(results_dir)  # first: it checks the folder before anything is written
     results_dir = res.results_dir
-    out_dir = Path(out_dir) if out_dir is not None else results_dir / REPORT_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir is None:   # inside the results folder: nothing below it is trusted
+        root, folders = results_dir, [REPORT_DIR]
+    else:                 # the user's own folder (links in its path are the user's)
+        root, folders = Path(os.path.abspath(out_dir)), []
+        root.mkdir(parents=True, exist_ok=True)
+    os.close(open_dir(str(root), folders, create=True))   # a link in the way: refused before any drawing
+    with tempfile.TemporaryDirectory(prefix="cem-bench-report-") as stage:
+        _draw(res, Path(stage))
+        target = publish(stage, root, folders)
+    return Path(target) / "index.html"
 
+
+def _draw(res: Results, out_dir: Path) -> None:
+    """Every file of the report, into ``out_dir`` (a private staging folder)."""
     ok = res.ok
     # frontier plots: the search objectives after the first, then the other privacy metrics present
     pairs: list[tuple[str, str]] = [(o["metric"], o["mode"]) for o in res.objectives[1:]]
@@ -248,6 +268,4 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         replicated=res.replicated,
         facts_table=facts_table(run_facts(res, final_hv)),
     )
-    index = out_dir / "index.html"
-    write_bytes(str(index), page.encode("utf-8"))
-    return index
+    write_bytes(str(out_dir / "index.html"), page.encode("utf-8"))

@@ -1,0 +1,233 @@
+"""A results folder is shared, and cem-bench often runs as root: links, pipes and paths planted in one must
+never make a command write outside the folders it was given, copy another file into a report, or hang.
+
+Each class of planted input is tried against the real commands (``cem-bench report``, the remote fetch,
+the tables' readers) and against the primitives they all go through (``storage.write_bytes``,
+``storage.read_regular``, ``storage.publish``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+from test_report import write_results
+
+from cem_bench import storage
+from cem_bench.cli import main
+from cem_bench.errors import ResultsError, UnsafePath
+from cem_bench.report import build_report
+
+SECRET = b"root's private file\n"
+
+
+@pytest.fixture
+def outside(tmp_path) -> Path:
+    """A folder outside the results with one file in it: nothing may change here."""
+    d = tmp_path / "outside"
+    d.mkdir()
+    (d / "secret.txt").write_bytes(SECRET)
+    return d
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(autouse=True)
+def no_hang():
+    """A read that blocks (a named pipe opened for reading) fails the test instead of hanging the suite."""
+    def boom(*_):
+        raise TimeoutError("blocked for 60 s: a file was opened that never answers")
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+# ---------------------------------------------------------------- the report
+@pytest.mark.parametrize("name", ["frontier.csv", "hypervolume.png", "index.html"])
+def test_a_link_planted_in_report_is_replaced_not_written_through(tmp_path, outside, name):
+    res = write_results(tmp_path / "R", n=6, vary_params=False)
+    (res / "report").mkdir()
+    os.symlink(outside / "secret.txt", res / "report" / name)
+    before = snapshot(outside)
+    index = build_report(res)
+    assert snapshot(outside) == before
+    assert index == res / "report" / "index.html"
+    planted = res / "report" / name
+    assert planted.is_file() and not planted.is_symlink() and planted.read_bytes() != SECRET
+
+
+@pytest.mark.parametrize("link", ["report", "report/galleries"])
+def test_a_linked_report_folder_is_refused_before_anything_is_written(tmp_path, outside, link, capsys):
+    res = write_results(tmp_path / "R", n=6, vary_params=False)
+    (res / link).parent.mkdir(exist_ok=True)
+    os.symlink(outside, res / link)
+    before, inside = snapshot(outside), snapshot(res)
+    assert main(["report", str(res)]) == 2
+    err = capsys.readouterr().err
+    assert f"{res / link} is a symbolic link (to {outside})" in err and "Remove the link" in err
+    assert len(err.strip().splitlines()) == 1
+    assert snapshot(outside) == before
+    assert snapshot(res) == inside
+
+
+def test_out_named_by_the_user_may_be_a_link_of_theirs(tmp_path):
+    """The folder the user named is theirs to point anywhere; only what lies below it is not followed."""
+    res = write_results(tmp_path / "R", n=6, vary_params=False)
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "mine")
+    index = build_report(res, tmp_path / "mine")
+    assert (tmp_path / "real" / "index.html").is_file() and index == tmp_path / "mine" / "index.html"
+
+
+def test_a_linked_recon_png_is_not_copied_into_the_gallery(tmp_path, outside):
+    res = write_results(tmp_path / "R", n=6, vary_params=False)
+    recons = sorted(res.rglob("recon.png"))
+    assert recons
+    for p in recons:
+        p.unlink()
+        os.symlink(outside / "secret.txt", p)
+    build_report(res)
+    copied = [p.read_bytes() for p in (res / "report").rglob("*") if p.is_file()]
+    assert SECRET not in copied and not any(SECRET in c for c in copied)
+
+
+def test_a_trial_dir_that_leaves_the_folder_is_ignored(tmp_path, outside):
+    """trial_dir comes from the table: ``../x`` or an absolute path elsewhere is never read or written."""
+    import pandas as pd
+    res = write_results(tmp_path / "R", n=6, vary_params=False)
+    (outside / "t").mkdir()
+    (outside / "t" / "recon.png").write_bytes(SECRET)
+    t = pd.read_parquet(res / "trials.parquet")
+    t["trial_dir"] = [os.path.relpath(outside / "t", res), str(outside / "t")] * (len(t) // 2) + \
+        ["../" * 5 + "etc"] * (len(t) % 2)
+    (res / "trials.parquet").unlink()
+    (res / "configs.parquet").unlink(missing_ok=True)
+    (res / "cem_bench_files.json").unlink(missing_ok=True)
+    t.to_parquet(res / "trials.parquet")
+    build_report(res)
+    assert not any(SECRET == p.read_bytes() for p in (res / "report").rglob("*.png"))
+
+
+def test_a_remote_report_keeps_every_file_under_out(tmp_path, monkeypatch):
+    """`report URI --out o1/o2/o3` with a trial_dir of ../../x/PLANT: the fetch writes only under o1/o2/o3
+    (issue 39, item 2: it wrote o1/o2/x/PLANT/recon.png)."""
+    import pandas as pd
+    bucket = tmp_path / "bucket" / "res"
+    write_results(bucket, n=6, vary_params=False)
+    t = pd.read_parquet(bucket / "trials.parquet")
+    t["trial_dir"] = "../../x/PLANT"
+    for f in ("trials.parquet", "configs.parquet", "cem_bench_files.json"):
+        (bucket / f).unlink(missing_ok=True)
+    t.to_parquet(bucket / "trials.parquet")
+    (bucket.parent / "x" / "PLANT").mkdir(parents=True)
+    (bucket.parent / "x" / "PLANT" / "recon.png").write_bytes(SECRET)
+    real = storage.filesystem
+
+    def fake(path):
+        if str(path).startswith("test://"):
+            return pafs.LocalFileSystem(), str(tmp_path / "bucket" / str(path)[len("test://"):])
+        return real(path)
+    monkeypatch.setattr(storage, "filesystem", fake)
+    out = tmp_path / "o1" / "o2" / "o3"
+    build_report("test://res", out)
+    written = [p for p in (tmp_path / "o1").rglob("*") if p.is_file()]
+    assert written and all(out in p.parents for p in written)
+    assert not any(p.read_bytes() == SECRET for p in written)
+
+
+# ---------------------------------------------------------------- pipes, devices and runaway files
+@pytest.mark.parametrize("special", ["fifo", "devzero"])
+@pytest.mark.parametrize("command", ["report", "table"])
+def test_a_pipe_or_device_as_trials_parquet_is_refused_not_read(tmp_path, special, command, capsys):
+    res = write_results(tmp_path / "R", n=6, vary_params=False)
+    (res / "trials.parquet").unlink()
+    if special == "fifo":
+        os.mkfifo(res / "trials.parquet")
+    else:
+        os.symlink("/dev/zero", res / "trials.parquet")
+    assert main([command, str(res)]) == 2
+    err = capsys.readouterr().err
+    assert str(res / "trials.parquet") in err
+    assert ("named pipe" if special == "fifo" else "a device") in err
+    assert not (res / "report").exists()
+
+
+def test_read_regular_refuses_what_is_not_a_regular_file(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(UnsafePath, match="named pipe"):
+        storage.read_regular(tmp_path / "pipe")
+    with pytest.raises(UnsafePath, match="a device"):
+        storage.read_regular("/dev/zero")
+    (tmp_path / "big").write_bytes(b"x" * 100)
+    with pytest.raises(UnsafePath, match="more than the 99 cem-bench reads"):
+        storage.read_regular(tmp_path / "big", limit=99)
+    assert storage.read_regular(tmp_path / "big", limit=100) == b"x" * 100
+    os.symlink(tmp_path / "big", tmp_path / "link")
+    assert storage.read_regular(tmp_path / "link") == b"x" * 100            # a path the user named
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        storage.read_regular(tmp_path / "link", within=tmp_path)            # inside a results folder
+    with pytest.raises(UnsafePath, match="outside"):
+        storage.read_regular(tmp_path / "big", within=tmp_path / "sub")
+
+
+# ---------------------------------------------------------------- the primitives
+def test_write_bytes_never_writes_through_a_link(tmp_path, outside):
+    os.symlink(outside / "secret.txt", tmp_path / "f")
+    storage.write_bytes(str(tmp_path / "f"), b"new")
+    assert (outside / "secret.txt").read_bytes() == SECRET
+    assert not (tmp_path / "f").is_symlink() and (tmp_path / "f").read_bytes() == b"new"
+    # a folder between `within` and the file that is a link: refused, nothing written there
+    (tmp_path / "R").mkdir()
+    os.symlink(outside, tmp_path / "R" / "sub")
+    with pytest.raises(UnsafePath, match="is a symbolic link"):
+        storage.write_bytes(str(tmp_path / "R" / "sub" / "g"), b"x", within=tmp_path / "R")
+    assert snapshot(outside) == {"secret.txt": SECRET}
+    # without `within` the parent is the user's: followed
+    storage.write_bytes(str(tmp_path / "R" / "sub" / "g"), b"x")
+    assert (outside / "g").read_bytes() == b"x"
+    with pytest.raises(ValueError, match="not inside"):
+        storage.write_bytes(str(tmp_path / "elsewhere"), b"x", within=tmp_path / "R")
+
+
+def test_write_bytes_temp_names_cannot_be_planted(tmp_path, outside, monkeypatch):
+    """The old temp name was ``FILE.tmpPID``, opened with ``open(..., "wb")``: a link planted under it was
+    written through. The temp file is now created with O_EXCL | O_NOFOLLOW under a random name."""
+    for pid in range(os.getpid() - 2, os.getpid() + 3):
+        os.symlink(outside / "secret.txt", tmp_path / f"f.tmp{pid}")
+        os.symlink(outside / "secret.txt", tmp_path / f".f.tmp{pid}")
+    storage.write_bytes(str(tmp_path / "f"), b"new")
+    assert (outside / "secret.txt").read_bytes() == SECRET and (tmp_path / "f").read_bytes() == b"new"
+
+
+def test_relative_inside_accepts_only_paths_inside(tmp_path):
+    root = tmp_path / "R"
+    assert storage.relative_inside(root, "exp/t1") == "exp/t1"
+    assert storage.relative_inside(root, str(root / "t1")) == "t1"
+    for bad in ("../x", "a/../../x", "/etc", str(tmp_path / "x"), "", ".", "a//b", "a\0b", str(root)):
+        assert storage.relative_inside(root, bad) is None, bad
+
+
+def test_publish_refuses_a_linked_subfolder_before_writing_any_file(tmp_path, outside):
+    stage = tmp_path / "stage"
+    (stage / "galleries").mkdir(parents=True)
+    (stage / "index.html").write_bytes(b"page")
+    (stage / "galleries" / "a.png").write_bytes(b"png")
+    (tmp_path / "out").mkdir()
+    os.symlink(outside, tmp_path / "out" / "galleries")
+    with pytest.raises(UnsafePath):
+        storage.publish(stage, tmp_path / "out", [])
+    assert not (tmp_path / "out" / "index.html").exists() and snapshot(outside) == {"secret.txt": SECRET}
+    os.unlink(tmp_path / "out" / "galleries")
+    assert storage.publish(stage, tmp_path, ["out"]) == str(tmp_path / "out")
+    assert (tmp_path / "out" / "galleries" / "a.png").read_bytes() == b"png"
+
+
+def test_unsafe_path_is_a_results_error():
+    """The CLI prints it as one paragraph and exits 2, like every other results error."""
+    assert issubclass(UnsafePath, ResultsError)
