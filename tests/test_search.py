@@ -177,6 +177,45 @@ def test_cli_local_search_end_to_end(tmp_path, monkeypatch, capsys):
     assert (exp / "report" / "index.html").is_file()
 
 
+@pytest.mark.ray
+def test_a_second_search_of_the_same_experiment_is_refused_and_nothing_is_lost(tmp_path):
+    """Two `cem-bench search` with one --storage and --name (issue 39: both ran, two of four trials were
+    dropped, one journal held both): the second is refused before Ray starts, and so is a --resume while the
+    first runs; the first finishes every trial once, with a journal of its own."""
+    space = write_space(tmp_path, "twice", num_samples=2, max_concurrent=2)
+    storage = tmp_path / "res"
+    exp = storage / "twice"
+    env = subprocess_env()
+    first = subprocess.Popen(cli_cmd(space, "--storage", str(storage)), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (exp / "tuner.pkl").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the first search did not start"
+            time.sleep(0.2)
+        for extra in ([], ["--resume"]):
+            second = subprocess.run(cli_cmd(space, "--storage", str(storage), *extra), env=env,
+                                    capture_output=True, text=True, timeout=120)
+            assert second.returncode == 2, second.stdout + second.stderr
+            said = "already exists" if not extra else f"another cem-bench search is running on {exp} (pid {first.pid}"
+            assert said in second.stderr, second.stderr
+            assert "Ray" not in second.stdout   # refused before Ray started
+        out, _ = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == 0, out[-3000:]
+    trials = pd.read_parquet(exp / "trials.parquet")
+    assert len(trials) == 2 and trials["trial_id"].is_unique and (trials["status"] == "ok").all()
+    assert len([d for d in exp.iterdir() if d.is_dir() and (d / schema.RESULT_FILE).is_file()]) == 2
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name="twice",
+                              storage=JournalStorage(JournalFileBackend(str(exp / "optuna_journal.log"))))
+    assert len(study.trials) == 2
+
+
 # --------------------------------------------------------------------- two-node Ray cluster
 def _free_port() -> int:
     with socket.socket() as s:

@@ -111,9 +111,11 @@ class Started(Exception):
 
 
 @pytest.fixture
-def fake_machine(monkeypatch):
-    """One GPU and 8 CPUs, and a run_search that records the spec it was given instead of starting Ray."""
+def fake_machine(monkeypatch, tmp_path):
+    """One GPU and 8 CPUs, and a run_search that records the spec it was given instead of starting Ray
+    (in a folder of its own: the default --storage ./results may hold a user's experiments)."""
     got = {}
+    monkeypatch.chdir(tmp_path)
 
     def fake_run_search(spec, **kw):
         got["spec"] = spec

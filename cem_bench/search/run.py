@@ -19,6 +19,7 @@ from ..errors import SearchError, StorageFull
 from ..integrity import read_table, write_recorded_json
 from ..schema import RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
 from ..storage import exists, filesystem, is_uri, join, jsonable, nearest_existing, resolve_storage
+from .lock import experiment_lock
 from .resume import repair_experiment_state
 from .trainable import DIE_ENV, make_trainable, trial_resources, with_resources
 
@@ -151,26 +152,30 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
     bundle that an older cem-bench wrote as a pickle. ``stats`` (a dict), when given, receives timings:
     ``ray_start_s``, ``trials_s``, ``trials_ok``, ``trials_error``, ``mode``.
     """
-    import ray
-    from ray import tune
 
     stats = stats if stats is not None else {}
     storage = resolve_storage(storage)
     exp_path = join(storage, spec.name)
     check_storage(storage)
-    from .diskspace import StorageGuard, full_message, is_enospc, one_line_when_full, warn_if_short
+    from .diskspace import StorageGuard, warn_if_short
     warning = warn_if_short(spec, storage)
     if warning:
         print(warning, flush=True)
     guard = StorageGuard(storage)
-    if exists(exp_path) and not resume:
-        raise SearchError(f"the experiment folder {exp_path} already exists; continue it with --resume or "
-                          f"start a new experiment with --name NEW_NAME (nothing was changed)")
-    if resume and not exists(join(exp_path, "tuner.pkl")):
-        raise SearchError(f"--resume: {exp_path} holds no Ray Tune experiment to continue "
-                          f"({'missing' if not exists(exp_path) else 'no tuner.pkl in'} the folder); "
-                          f"drop --resume to start it")
+    if resume:
+        check_resumable(exp_path)
+    # the folder is made (new) or locked (--resume) here, before Ray starts: a second driver of the same
+    # experiment stops now (search_command already holds it around the tables too: re-entrant)
+    with experiment_lock(exp_path, resume):
+        return _run_locked(spec, storage, exp_path, address, resume, stats, trust_pickled_state, guard)
 
+
+def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: bool, stats: dict,
+                trust_pickled_state: bool, guard) -> str:
+    import ray
+    from ray import tune
+
+    from .diskspace import full_message, is_enospc, one_line_when_full
     t0 = time.perf_counter()
     started_ray = False
     if not ray.is_initialized():
@@ -283,6 +288,14 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
         if started_ray:
             ray.shutdown()
     return exp_path
+
+
+def check_resumable(exp_path: str) -> None:
+    """SearchError unless ``exp_path`` holds a Ray Tune experiment to continue (nothing is touched)."""
+    if not exists(join(exp_path, "tuner.pkl")):
+        raise SearchError(f"--resume: {exp_path} holds no Ray Tune experiment to continue "
+                          f"({'missing' if not exists(exp_path) else 'no tuner.pkl in'} the folder); "
+                          f"drop --resume to start it")
 
 
 def check_storage(storage: str) -> None:
@@ -406,14 +419,21 @@ def search_command(args) -> dict:
     from .. import mps
     # MPS on this machine for a local search whose trials share a GPU (a cluster starts it in cluster.yaml)
     mode = (getattr(args, "mps", None) or "auto") if args.address is None else "off"
-    with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _detect_gpus() > 0):
-        exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
-                         stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)))
+    exp_path = join(resolve_storage(args.storage), spec.name)
+    if args.resume:
+        check_resumable(exp_path)
+    else:
+        check_storage(resolve_storage(args.storage))
+    # one driver per experiment, from before Ray starts until its tables are written (search/lock.py)
+    with experiment_lock(exp_path, bool(args.resume)):
+        with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _detect_gpus() > 0):
+            exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
+                             stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)))
 
-    t_write = time.perf_counter()
-    from .. import results
-    trials_path, epochs_path = results.write_tables(exp)
-    stats["write_s"] = time.perf_counter() - t_write
+        t_write = time.perf_counter()
+        from .. import results
+        trials_path, epochs_path = results.write_tables(exp)
+        stats["write_s"] = time.perf_counter() - t_write
 
     if is_uri(str(trials_path)):
         n_ok, n_err, n_stop = stats.get("trials_ok", 0), stats.get("trials_error", 0), stats.get("trials_stopped", 0)

@@ -1,0 +1,159 @@
+"""One driver per experiment folder: a new search claims its folder by creating it, and every driver (new or
+``--resume``) holds an exclusive lock on a file in it until its tables are written.
+
+Two ``cem-bench search`` commands with the same ``--storage`` and ``--name`` used to both run: the "already
+exists" check came long before Ray made the folder, so both passed it, both trained, and the second's
+tables replaced the first's (trials dropped, one Optuna journal holding both searches). Now:
+
+* a new search makes its folder with one ``mkdir``: atomic on a local or network file system, so of two
+  racing drivers exactly one makes it and the other is told the folder exists, before Ray starts;
+* the driver then holds ``flock(LOCK_EX)`` on :data:`LOCK_FILE` inside it, and a ``--resume`` of the same
+  folder takes the same lock without waiting: while one driver runs, another is refused with the holder's
+  pid, host and start time. The kernel drops the lock when the process ends however it ends, so a killed
+  driver never leaves a stale lock behind (NFSv4 and Lustre carry ``flock`` between hosts; a file system
+  without it gets the atomic ``mkdir`` only);
+* a new search that fails before Ray wrote anything resumable (no ``tuner.pkl``) removes the folder it
+  made, so the same command can simply be run again.
+
+On object storage (``s3://``, ``gs://``) there is no atomic create in pyarrow's file systems and no lock:
+a new search writes a claim with a random token, waits, and reads it back; of two drivers that started
+within that wait, the one whose token was overwritten stops. That narrows the race to the store's
+write-after-write window; it does not close it (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+
+from ..errors import SearchError
+from ..storage import Dir, exists, is_uri, join, write_bytes
+
+LOCK_FILE = ".cem-bench-driver.lock"
+CLAIM_FILE = ".cem-bench-driver.json"   # object storage: the claim read back after CLAIM_WAIT_S
+CLAIM_WAIT_S = 2.0
+
+_HELD: set[str] = set()   # experiment folders this process holds (search_command, then run_search inside it)
+
+
+def _holder(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        info = json.loads(os.read(fd, 4096).decode() or "{}")
+        return f" (pid {info['pid']} on {info['host']}, started {info['started']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def _busy(exp_path: str, who: str) -> SearchError:
+    return SearchError(f"another cem-bench search is running on {exp_path}{who}; wait for it to end (or stop "
+                       f"it) and then continue with --resume, or start a new experiment with --name NEW_NAME "
+                       f"(nothing was changed)")
+
+
+def _lock_local(exp_path: str) -> int:
+    """The descriptor holding the folder's lock; SearchError when another process holds it."""
+    try:
+        fd = os.open(os.path.join(exp_path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SearchError(f"{os.path.join(exp_path, LOCK_FILE)} is a symbolic link; cem-bench does not follow "
+                              f"links inside an experiment folder: remove it") from e
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        who = _holder(fd)
+        os.close(fd)
+        raise _busy(exp_path, who) from None
+    except OSError as e:   # no flock on this file system: the atomic mkdir still guards new searches
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            os.close(fd)
+            raise
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode())
+    return fd
+
+
+def _claim_remote(exp_path: str) -> None:
+    token = secrets.token_hex(16)
+    path = join(exp_path, CLAIM_FILE)
+    write_bytes(path, json.dumps({"token": token, "host": socket.gethostname(), "pid": os.getpid()}).encode())
+    time.sleep(CLAIM_WAIT_S)
+    data = Dir(exp_path).read_bytes(CLAIM_FILE) or b"{}"
+    try:
+        if json.loads(data.decode()).get("token") == token:
+            return
+    except ValueError:
+        pass
+    raise _busy(exp_path, "")
+
+
+def _remove(path: str) -> None:
+    if is_uri(path) and not path.startswith("file://"):
+        from ..storage import filesystem
+        fs, p = filesystem(path)
+        with contextlib.suppress(OSError):
+            fs.delete_dir(p)
+        return
+    shutil.rmtree(path[len("file://"):] if path.startswith("file://") else path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
+    """Hold ``exp_path`` for this driver: made here for a new search (SearchError when it exists), locked
+    for a resumed one (SearchError while another driver holds it). Re-entrant within one process."""
+    key = str(exp_path)
+    if key in _HELD:
+        yield
+        return
+    made = False
+    fd = None
+    if is_uri(key) and not key.startswith("file://"):
+        if not resume:
+            if exists(key):
+                raise SearchError(f"the experiment folder {key} already exists; continue it with --resume or start "
+                                  f"a new experiment with --name NEW_NAME (nothing was changed)")
+            _claim_remote(key)
+            made = True
+    else:
+        local = key[len("file://"):] if key.startswith("file://") else key
+        if not resume:
+            os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+            try:
+                os.mkdir(local)
+            except FileExistsError:
+                raise SearchError(f"the experiment folder {local} already exists; continue it with --resume or "
+                                  f"start a new experiment with --name NEW_NAME (nothing was changed)") from None
+            made = True
+        elif not os.path.isdir(local):
+            yield   # nothing to lock: the caller says what is missing
+            return
+        try:
+            fd = _lock_local(local)
+        except BaseException:
+            if made:
+                shutil.rmtree(local, ignore_errors=True)
+            raise
+    _HELD.add(key)
+    try:
+        yield
+    except BaseException:
+        # a new search that failed before Ray wrote anything resumable: the folder goes, so the same
+        # command can run again (with tuner.pkl there, --resume continues it: kept)
+        if made and not exists(join(key, "tuner.pkl")):
+            _remove(key)
+        raise
+    finally:
+        _HELD.discard(key)
+        if fd is not None:
+            os.close(fd)

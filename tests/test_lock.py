@@ -1,0 +1,143 @@
+"""One driver per experiment folder (cem_bench.search.lock): of two searches with the same --storage and
+--name exactly one runs, a --resume waits for nobody and is refused while a driver holds the folder, a killed
+driver leaves no stale lock, and a search that fails before anything resumable exists leaves no folder."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cem_bench import cli
+from cem_bench.errors import SearchError
+from cem_bench.search.lock import LOCK_FILE, experiment_lock
+
+HOLD = """
+import sys, time
+from cem_bench.search.lock import experiment_lock
+with experiment_lock(sys.argv[1], resume=sys.argv[2] == "resume"):
+    open(sys.argv[3], "w").close()
+    time.sleep(120)
+"""
+
+
+def _race(exp: str, barrier, results) -> None:
+    barrier.wait()
+    try:
+        with experiment_lock(exp, resume=False):
+            results.put("ran")
+            time.sleep(0.5)
+            # a trial's output: the folder is kept because the run "succeeded"
+    except SearchError as e:
+        results.put("refused: " + str(e).split(";")[0])
+
+
+def test_of_racing_new_searches_exactly_one_runs(tmp_path):
+    exp = str(tmp_path / "res" / "same")
+    ctx = mp.get_context("fork")
+    n = 6
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(exp, barrier, results)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    got = sorted(results.get(timeout=5) for _ in range(n))
+    assert got.count("ran") == 1, got
+    assert all(g == f"refused: the experiment folder {exp} already exists" for g in got if g != "ran"), got
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Start a process that holds a folder's lock; yields a function (exp, resume) -> the Popen."""
+    procs = []
+
+    def start(exp: Path, resume: bool = False) -> subprocess.Popen:
+        ready = tmp_path / f"ready{len(procs)}"
+        p = subprocess.Popen([sys.executable, "-c", HOLD, str(exp), "resume" if resume else "new", str(ready)],
+                             start_new_session=True)
+        procs.append(p)
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert p.poll() is None and time.monotonic() < deadline, "the holder did not start"
+            time.sleep(0.05)
+        return p
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_resume_is_refused_while_a_driver_holds_the_folder(tmp_path, holder, capsys):
+    storage = tmp_path / "res"
+    from test_search import write_space
+    space = write_space(tmp_path, "busy")
+    exp = storage / "busy"
+    p = holder(exp)
+    (exp / "tuner.pkl").write_bytes(b"a Ray experiment")   # resumable, as far as the check goes
+    before = {q.name: q.read_bytes() for q in exp.iterdir()}
+    rc = cli.main(["search", space, "--storage", str(storage), "--resume"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"another cem-bench search is running on {exp} (pid {p.pid} on " in err and "--resume" in err
+    assert {q.name: q.read_bytes() for q in exp.iterdir()} == before
+    rc = cli.main(["search", space, "--storage", str(storage)])
+    assert rc == 2 and "already exists" in capsys.readouterr().err
+    if "ray" in sys.modules:
+        import ray
+        assert not ray.is_initialized()
+
+
+def test_a_killed_driver_leaves_no_stale_lock(tmp_path, holder):
+    exp = tmp_path / "res" / "killed"
+    p = holder(exp)
+    with pytest.raises(SearchError, match="another cem-bench search is running"):
+        with experiment_lock(str(exp), resume=True):
+            pass
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert exp.is_dir() and (exp / LOCK_FILE).is_file()
+    with experiment_lock(str(exp), resume=True):   # the kernel dropped the lock with the process
+        pass
+
+
+def test_a_search_that_fails_before_ray_wrote_anything_leaves_no_folder(tmp_path):
+    exp = tmp_path / "res" / "failed"
+    with pytest.raises(RuntimeError):
+        with experiment_lock(str(exp), resume=False):
+            (exp / "search_space.json").write_text("{}")
+            raise RuntimeError("Ray did not start")
+    assert not exp.exists()
+    # once Ray wrote its experiment, a failure keeps the folder: --resume continues it
+    with pytest.raises(KeyboardInterrupt):
+        with experiment_lock(str(exp), resume=False):
+            (exp / "tuner.pkl").write_bytes(b"x")
+            raise KeyboardInterrupt
+    assert (exp / "tuner.pkl").is_file()
+
+
+def test_the_lock_is_reentrant_in_one_process(tmp_path):
+    """search_command holds the folder around run_search and the tables; run_search takes it again."""
+    exp = str(tmp_path / "res" / "r")
+    with experiment_lock(exp, resume=False):
+        with experiment_lock(exp, resume=False):
+            pass
+        assert os.path.isdir(exp)
+
+
+def test_a_linked_lock_file_is_refused(tmp_path):
+    exp = tmp_path / "res" / "l"
+    exp.mkdir(parents=True)
+    (tmp_path / "target").write_text("not a lock")
+    os.symlink(tmp_path / "target", exp / LOCK_FILE)
+    with pytest.raises(SearchError, match="symbolic link"):
+        with experiment_lock(str(exp), resume=True):
+            pass
+    assert (tmp_path / "target").read_text() == "not a lock"
