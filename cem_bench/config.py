@@ -25,15 +25,21 @@ _f = key
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = _f("synthetic", "dataset: synthetic (built in, no download), cifar10, cifar100",
-                      choices=("synthetic", "cifar10", "cifar100"))
-    seed: int = _f(0, "seed of the synthetic images and of cifar subsets; separate from the trial seed so "
-                   "every trial of a search sees the same data")
+    dataset: str = _f("synthetic", "dataset: synthetic (built in, no download), cifar10, cifar100, digits "
+                      "(scikit-learn's 8x8 handwritten digits at 32x32, a fixed stratified 1437/360 split), photos "
+                      "(32x32 patches of the 10 colour photographs in the scikit-image and scikit-learn wheels, a "
+                      "class per photograph, train and test from disjoint regions); digits and photos are read "
+                      "from the installed packages, never downloaded (docs/datasets.md)",
+                      choices=("synthetic", "cifar10", "cifar100", "digits", "photos"))
+    seed: int = _f(0, "seed of the synthetic images, of the photos' patch positions and of cifar and digits "
+                   "subsets; separate from the trial seed so every trial of a search sees the same data")
     root: str = _f("~/.cache/cem-bench/data", "where torchvision datasets live (downloaded if missing and online)")
-    train_size: Optional[int] = _f(None, "client training images (synthetic: how many to generate; "
-                                   "cifar: a seeded subset; empty = all / 4096 for synthetic)", lo=1)
-    test_size: Optional[int] = _f(None, "test images (synthetic: how many to generate; cifar: a seeded "
-                                  "subset; empty = all / 2560 for synthetic)", lo=20)
+    train_size: Optional[int] = _f(None, "client training images (synthetic: how many to generate; photos: "
+                                   "how many patches to cut; cifar, digits: a seeded subset; empty = all / "
+                                   "4096 for synthetic and photos)", lo=1)
+    test_size: Optional[int] = _f(None, "test images (synthetic: how many to generate; photos: how many "
+                                  "patches to cut from the held-out regions; cifar, digits: a seeded subset; "
+                                  "empty = all / 2560 for synthetic and photos)", lo=20)
     attack_split: str = _f("inference", "attacker protocol: 'inference' = attacker trains on test[:90%] and is "
                            "evaluated on test[90%:]; 'training' = attacker trains on the client's training set "
                            "and is evaluated on the whole test set (the paper's headline protocol)",

@@ -6,6 +6,8 @@ its extra per-epoch data pass dominate its epoch time, docs/reference.md §9).
 
 * ``synthetic``: 10 classes of 32x32 RGB shapes generated in memory, deterministic from ``data.seed``.
 * ``cifar10`` / ``cifar100``: torchvision's files under ``data.root``; downloaded when missing and online.
+* ``digits`` / ``photos``: real images read from files inside the installed scikit-learn and scikit-image
+  wheels, never downloaded (``realdata.py``; docs/datasets.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import realdata
 from .config import DataConfig
 from .errors import ConfigError, DataError  # noqa: F401  (DataError re-exported)
 
@@ -78,22 +81,39 @@ def load(cfg: DataConfig, device: torch.device | str = "cpu") -> Splits:
         mean, std, num_classes = SYNTHETIC_MEAN, SYNTHETIC_STD, len(SYNTHETIC_CLASSES)
     elif cfg.dataset in ("cifar10", "cifar100"):
         train, test, num_classes = load_cifar(cfg.dataset, cfg.root)
-        g = torch.Generator().manual_seed(cfg.seed)
-        if cfg.train_size is not None and cfg.train_size < len(train):
-            idx = torch.randperm(len(train), generator=g)[: cfg.train_size]
-            train = Split(train.images[idx], train.labels[idx])
-        if cfg.test_size is not None and cfg.test_size < len(test):
-            idx = torch.randperm(len(test), generator=g)[: cfg.test_size]
-            test = Split(test.images[idx], test.labels[idx])
+        train, test = seeded_subsets(train, test, cfg)
         mean, std = CIFAR_MEAN, CIFAR_STD
+    elif cfg.dataset == "digits":
+        tr_x, tr_y, te_x, te_y = realdata.digits()
+        train, test = seeded_subsets(Split(tr_x, tr_y), Split(te_x, te_y), cfg)
+        mean, std, num_classes = realdata.DIGITS_MEAN, realdata.DIGITS_STD, len(realdata.DIGITS_CLASSES)
+    elif cfg.dataset == "photos":
+        tr = realdata.photo_patches("train", cfg.train_size or realdata.PHOTOS_TRAIN, seed=cfg.seed * 2 + 1)
+        te = realdata.photo_patches("test", cfg.test_size or realdata.PHOTOS_TEST, seed=cfg.seed * 2 + 2)
+        train, test = Split(tr.images, tr.labels), Split(te.images, te.labels)
+        mean, std, num_classes = realdata.PHOTOS_MEAN, realdata.PHOTOS_STD, len(realdata.PHOTO_CLASSES)
     else:  # pragma: no cover - validated by the config
-        raise ConfigError(f"data.dataset: unknown dataset {cfg.dataset!r}; known: synthetic, cifar10, cifar100")
+        raise ConfigError(f"data.dataset: unknown dataset {cfg.dataset!r}; known: "
+                          f"{', '.join(DataConfig.__dataclass_fields__['dataset'].metadata.get('choices', ()))}")
     aux, ev = attack_splits(train, test, cfg.attack_split)
     device = torch.device(device)
     return Splits(train=train.to(device), test=test.to(device), attack_aux=aux.to(device),
                   attack_eval=ev.to(device), num_classes=num_classes,
                   mean=torch.tensor(mean, device=device).view(1, 3, 1, 1),
                   std=torch.tensor(std, device=device).view(1, 3, 1, 1), name=cfg.dataset)
+
+
+def seeded_subsets(train: Split, test: Split, cfg: DataConfig) -> tuple[Split, Split]:
+    """``data.train_size`` / ``data.test_size`` images of a data set with fixed splits (CIFAR, digits), a
+    subset drawn with ``data.seed``; all of a split when the size is empty or larger."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    if cfg.train_size is not None and cfg.train_size < len(train):
+        idx = torch.randperm(len(train), generator=g)[: cfg.train_size]
+        train = Split(train.images[idx], train.labels[idx])
+    if cfg.test_size is not None and cfg.test_size < len(test):
+        idx = torch.randperm(len(test), generator=g)[: cfg.test_size]
+        test = Split(test.images[idx], test.labels[idx])
+    return train, test
 
 
 def attack_splits(train: Split, test: Split, protocol: str) -> tuple[Split, Split]:

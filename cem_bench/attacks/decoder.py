@@ -124,12 +124,12 @@ def encode(encoder: nn.Module, split, splits, batch_size: int, device: torch.dev
 
 @dataclass(frozen=True)
 class DecoderKeys:
-    epochs: Optional[int] = key(None, "attack decoder epochs (empty = 50 as the paper on CIFAR, 10 on synthetic)",
-                                lo=0)
+    epochs: Optional[int] = key(None, "attack decoder epochs (empty = 50 as the paper on CIFAR, 10 on synthetic, "
+                                "digits and photos)", lo=0)
     blocks: Optional[int] = key(None, "residual blocks of the decoder (empty = 8 as the paper's res_normN8C64 "
-                                "on CIFAR, 2 on synthetic)", lo=0, hi=64)
+                                "on CIFAR, 2 on synthetic, digits and photos)", lo=0, hi=64)
     channels: Optional[int] = key(None, "channels of the decoder (empty = 64 as the paper on CIFAR, 32 on "
-                                  "synthetic)", lo=1, hi=1024)
+                                  "synthetic, digits and photos)", lo=1, hi=1024)
     lr: float = key(1e-3, "Adam learning rate (cosine to 1e-5)", lo=0.0, lo_open=True)
     weight_decay: float = key(1e-4, "Adam weight decay", lo=0.0)
     batch_size: int = key(256, "attack batch size", lo=1)
@@ -141,6 +141,9 @@ DATASET_DEFAULTS = {
     "cifar10": {"epochs": 50, "blocks": 8, "channels": 64},
     "cifar100": {"epochs": 50, "blocks": 8, "channels": 64},
     "synthetic": {"epochs": 10, "blocks": 2, "channels": 32},
+    # the real sets that ship in the wheels are CPU-sized too: the synthetic data's decoder
+    "digits": {"epochs": 10, "blocks": 2, "channels": 32},
+    "photos": {"epochs": 10, "blocks": 2, "channels": 32},
 }
 
 
