@@ -120,8 +120,9 @@ def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------- photos
-# The colour photographs whose files the wheels carry (scikit-image 0.22-0.26 keeps these in skimage/data/ as
-# "legacy" files; the rest of its registry, e.g. eagle.png, is fetched on demand and is not used). Not used:
+# The colour photographs whose files the wheels carry: scikit-image's wheel holds these in skimage/data/ (the
+# files its fetcher finds there as "legacy" files and returns without a download; checked on 0.26), while
+# the rest of its registry, e.g. eagle.png, would be fetched on demand and is not used. Not used:
 # motorcycle_right (the same scene as motorcycle_left), color.png and chessboard_RGB.png (test patterns, not
 # photographs), horse.png and logo.png (RGBA drawings), and the grey images.
 PHOTOS = (
