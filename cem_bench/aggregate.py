@@ -10,10 +10,15 @@ The λ = 0 baseline is its own kind of row (``null_inapplicable``): no surrogate
 surrogate is "none" and every other ``cem.*`` key is null, and all λ = 0 trials that share the other keys are
 one configuration. Every configuration is compared with the baseline that shares its non-``cem`` keys (σ,
 data, model, training, attack): ``<m>_noise`` is that baseline's standard deviation (the search's noise
-floor), and ``<m>_delta``, ``_delta_lo``, ``_delta_hi``, ``_p_better`` and ``_verdict`` come from
-``noise.compare`` on the runs. A configuration that was re-run with new seeds after the search
-(``role == "confirm"``, ``confirm:`` in the space) is summarised over those runs only: the search's own run
-was chosen because it looked good, so counting it would bias the mean (the winner's curse).
+floor), and ``<m>_delta``, ``_delta_lo``, ``_delta_hi``, ``_p_better``, ``_p`` and ``_verdict_single`` come
+from ``noise.compare`` on the runs. One table makes many such comparisons, so each is also adjusted within its
+family (``comparison_families``: one metric, the confirmed configurations or the others): ``<m>_q``
+(Benjamini-Hochberg) and ``<m>_holm`` (Holm's step-down); ``<m>_verdict``, what the report and ``cem-bench
+table`` state, is the single verdict where ``<m>_q`` <= 0.05 and "within noise" elsewhere.
+
+A configuration that was re-run with new seeds after the search (``role == "confirm"``, ``confirm:`` in the
+space) is summarised over those runs only: the search's own run was chosen because it looked good, so counting
+it would bias the mean (the winner's curse).
 """
 
 from __future__ import annotations
@@ -275,8 +280,8 @@ def _final_front(means: pd.DataFrame, objectives: Sequence[dict], ok: np.ndarray
 def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: pd.DataFrame,
                             compared: Sequence[str], objectives: Sequence[dict]) -> None:
     """In place: ``baseline_id`` and, per compared metric, ``_noise``, ``_delta``, ``_delta_lo``,
-    ``_delta_hi``, ``_p_better``, ``_verdict`` (``noise.compare_many``, all configurations at once), and
-    ``spread_borrowed``."""
+    ``_delta_hi``, ``_p_better``, ``_p``, ``_verdict_single`` (``noise.compare_many``, all configurations at
+    once), their adjusted ``_q``, ``_holm`` and ``_verdict`` (``adjust_comparisons``), and ``spread_borrowed``."""
     base = configs[configs["role"] == BASELINE]
     # one baseline per value of the baseline keys: the one with the most ok runs
     best = base.sort_values("runs_ok", ascending=False, kind="stable").drop_duplicates("_key")
@@ -294,7 +299,8 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
         slot = pd.Series(ids[keep]).groupby(ids[keep]).cumcount().to_numpy()
         runs = np.full((len(configs), max(1, int(slot.max()) + 1 if len(slot) else 1)), np.nan)
         runs[ids[keep], slot] = v[keep]
-        out = {k: np.full(len(configs), np.nan) for k in ("noise", "delta", "delta_lo", "delta_hi", "p_better")}
+        out = {k: np.full(len(configs), np.nan)
+               for k in ("noise", "delta", "delta_lo", "delta_hi", "p_better", "p")}
         verdict = np.full(len(configs), "", dtype=object)
         has_base = bidx >= 0
         out["noise"][has_base] = configs[f"{m}_std"].to_numpy(dtype=float)[bidx[has_base]]   # the floor
@@ -305,9 +311,36 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
             lo, hi = sign * c["lo"], sign * c["hi"]
             out["delta_lo"][rows], out["delta_hi"][rows] = np.minimum(lo, hi), np.maximum(lo, hi)
             out["p_better"][rows] = c["p_better"]
+            out["p"][rows] = c["p"]
             verdict[rows] = c["verdict"]
             borrowed[rows] |= c["borrowed"]
         for k, col in out.items():
             configs[f"{m}_{k}"] = col
-        configs[f"{m}_verdict"] = verdict
+        configs[f"{m}_verdict_single"] = verdict
+        adjust_comparisons(configs, m)
     configs["spread_borrowed"] = borrowed
+
+
+def comparison_families(configs: pd.DataFrame) -> np.ndarray:
+    """The family each configuration's comparisons are adjusted in (per metric): the confirmed configurations
+    (new seeds, run after the choice: a claim on them is a claim on fresh data, corrected only among
+    themselves) and the others (the search's own runs, every one of which the page compares)."""
+    role = configs["role"].astype(str).to_numpy() if "role" in configs else np.full(len(configs), SEARCH)
+    return np.where(role == CONFIRMED, CONFIRMED, SEARCH)
+
+
+def adjust_comparisons(configs: pd.DataFrame, metric: str) -> None:
+    """In place, from ``<metric>_p`` and ``_verdict_single``: ``_q`` (Benjamini-Hochberg) and ``_holm`` (Holm)
+    within each family of ``comparison_families``, and ``_verdict``: the single verdict where it survives
+    ``noise.ALPHA`` after Benjamini-Hochberg, "within noise" where it does not, "" without a comparison."""
+    p = pd.to_numeric(configs[f"{metric}_p"], errors="coerce").to_numpy(dtype=float)
+    q, fw = np.full(len(p), np.nan), np.full(len(p), np.nan)
+    family = comparison_families(configs)
+    for f in np.unique(family):
+        rows = np.flatnonzero(family == f)
+        q[rows], fw[rows] = noise.bh(p[rows]), noise.holm(p[rows])
+    configs[f"{metric}_q"], configs[f"{metric}_holm"] = q, fw
+    single = configs[f"{metric}_verdict_single"].fillna("").astype(str).to_numpy(dtype=object)
+    survives = np.isfinite(q) & (q <= noise.ALPHA)
+    claimed = np.isin(single, [noise.BETTER, noise.WORSE])
+    configs[f"{metric}_verdict"] = np.where(claimed & ~survives, noise.WITHIN, single)

@@ -23,6 +23,12 @@ single run of the configuration usually beats one of the baseline (a mean moved 
 docs/protocol.md §9 explains the choice and gives the false-claim rates. With fewer than two baseline runs
 there is no noise floor and no verdict ("").
 
+Each comparison also has a p-value, Welch's two-sided t-test (the borrowed spread's t with n_b - 1 degrees of
+freedom for a single run): p <= 0.05 exactly where Welch's interval excludes 0, so it speaks for the same
+interval. One page makes many comparisons, and the best-looking of many single tests at 5 % is a winner on
+pure noise; ``holm`` and ``bh`` adjust a family of p-values (the report's summary claim is held to Holm's
+family-wise rate, the tables' marks to Benjamini-Hochberg's false-discovery rate; docs/protocol.md §9).
+
 Imports numpy and scipy only (a foundation module).
 """
 
@@ -35,6 +41,7 @@ import numpy as np
 
 LEVEL = 0.95           # the intervals' confidence level
 P_MIN = 0.75           # probability of improvement a claim needs
+ALPHA = 1 - LEVEL      # the adjusted p-value (Holm) a summary claim and the q-value (BH) a mark need
 N_RESAMPLES = 2000     # bootstrap resamples: interval ends stable to ~1 % of the spread at n = 3
 BETTER, WORSE, WITHIN, NO_FLOOR = "better", "worse", "within noise", ""
 VERDICTS = (BETTER, WORSE, WITHIN)
@@ -48,6 +55,7 @@ class Comparison:
     p_better: float        # probability of improvement of one run over one baseline run
     verdict: str           # BETTER, WORSE, WITHIN or NO_FLOOR (fewer than two baseline runs)
     borrowed: bool         # a single-run configuration: its spread is the baseline's
+    p: float = math.nan    # Welch's two-sided p-value (the borrowed spread's t test for a single run)
 
     @property
     def claim(self) -> bool:
@@ -79,7 +87,8 @@ def packed(groups, width: int | None = None) -> np.ndarray:
 def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0) -> dict[str, np.ndarray]:
     """``compare`` for k configurations at once: ``x`` (k, a) and ``y`` (k, b) hold each configuration's runs
     and its baseline's, finite values first and NaN after (``packed``). Returns arrays of length k: ``diff``,
-    ``lo``, ``hi``, ``p_better``, ``verdict``, ``borrowed``. Vectorised because a search of 100,000 trials
+    ``lo``, ``hi``, ``p_better``, ``verdict``, ``borrowed``, ``p`` (Welch's two-sided p-value; NaN without
+    an interval). Vectorised because a search of 100,000 trials
     holds tens of thousands of configurations and one scipy call each took minutes; the bootstrap is
     scipy's percentile method, resampled here for all rows at once."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
@@ -98,12 +107,17 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
         borrowed = (nx == 1) & (ny >= 2)
         half = student.ppf(0.5 + LEVEL / 2, ny - 1) * np.sqrt(vy) * np.sqrt(1 + 1 / ny)
         lo[borrowed], hi[borrowed] = (diff - half)[borrowed], (diff + half)[borrowed]
+        p = np.full(k, np.nan)
+        # the t statistic of the interval it goes with: p <= 1 - LEVEL exactly where that interval excludes 0
+        scale = np.sqrt(vy) * np.sqrt(1 + 1 / ny)
+        p[borrowed] = _two_sided(diff[borrowed], scale[borrowed], ny[borrowed] - 1)
         # two or more runs a side: Welch's interval, widened to the percentile bootstrap's where that is wider
         both = (nx >= 2) & (ny >= 2)
         se2 = vx / nx + vy / ny
         dof = se2 ** 2 / ((vx / nx) ** 2 / (nx - 1) + (vy / ny) ** 2 / (ny - 1))
         w_half = np.where(se2 > 0, student.ppf(0.5 + LEVEL / 2, dof) * np.sqrt(se2), 0.0)
         lo[both], hi[both] = (diff - w_half)[both], (diff + w_half)[both]
+        p[both] = _two_sided(diff[both], np.sqrt(se2[both]), dof[both])
         rows = np.flatnonzero(both & (se2 > 0))
         if len(rows):
             b_lo, b_hi = _bootstrap(x[rows], y[rows], nx[rows], ny[rows], sign, seed)
@@ -119,7 +133,50 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
     verdict[floor] = WITHIN
     verdict[floor & (lo > 0) & (p_better >= P_MIN)] = BETTER
     verdict[floor & (hi < 0) & (p_better <= 1 - P_MIN)] = WORSE
-    return {"diff": diff, "lo": lo, "hi": hi, "p_better": p_better, "verdict": verdict, "borrowed": borrowed}
+    return {"diff": diff, "lo": lo, "hi": hi, "p_better": p_better, "verdict": verdict, "borrowed": borrowed,
+            "p": p}
+
+
+def _two_sided(diff: np.ndarray, scale: np.ndarray, dof: np.ndarray) -> np.ndarray:
+    """2 P(T_dof > |diff| / scale); a zero scale (every run equal on both sides) gives 1 for no difference
+    and 0 for any other (the interval is the point itself, as ``compare_many`` draws it)."""
+    from scipy.stats import t as student
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = 2 * student.sf(np.abs(diff) / scale, dof)
+    zero = scale == 0
+    p[zero] = np.where(diff[zero] == 0, 1.0, 0.0)
+    return np.clip(p, 0.0, 1.0)
+
+
+def holm(p) -> np.ndarray:
+    """Holm's step-down adjusted p-values of one family (NaN entries are not members and stay NaN): the
+    i-th smallest of m is max over j <= i of (m - j + 1) p_(j), at most 1. Rejecting where the adjusted value
+    is <= alpha keeps the probability of any false claim in the family at most alpha, under any dependence."""
+    p = np.asarray(p, dtype=float)
+    out = np.full(p.shape, np.nan)
+    keep = np.flatnonzero(np.isfinite(p))
+    if not len(keep):
+        return out
+    order = keep[np.argsort(p[keep], kind="stable")]
+    m = len(order)
+    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    return out
+
+
+def bh(p) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (q-values) of one family, NaN entries not members: the i-th
+    smallest of m is min over j >= i of m p_(j) / j, at most 1 (``scipy.stats.false_discovery_control``).
+    Marking where q <= alpha keeps the expected share of false marks among the marks at most alpha."""
+    p = np.asarray(p, dtype=float)
+    out = np.full(p.shape, np.nan)
+    keep = np.flatnonzero(np.isfinite(p))
+    if not len(keep):
+        return out
+    order = keep[np.argsort(p[keep], kind="stable")]
+    m = len(order)
+    scaled = m * p[order] / np.arange(1, m + 1)
+    out[order] = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
+    return out
 
 
 def _bootstrap(x, y, nx, ny, sign: float, seed: int, budget: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
@@ -147,7 +204,7 @@ def compare(x, y, mode: str = "max", seed: int = 0) -> Comparison:
     """The configuration's runs ``x`` against the baseline's ``y`` on one metric (module docstring)."""
     r = compare_many(packed([x]), packed([y]), mode, seed)
     return Comparison(float(r["diff"][0]), float(r["lo"][0]), float(r["hi"][0]), float(r["p_better"][0]),
-                      str(r["verdict"][0]), bool(r["borrowed"][0]))
+                      str(r["verdict"][0]), bool(r["borrowed"][0]), float(r["p"][0]))
 
 
 

@@ -91,6 +91,12 @@ def per_attack_columns(columns) -> list[str]:
     return [c for c in columns if attack_of(c) is not None]
 
 
+# How far a configuration's utility (the first objective) may fall below its baseline's and still count as "at
+# the baseline's accuracy": the 95 % interval of the difference must lie above minus this (an equivalence
+# test), in the objective's own units. A search space sets it (``utility_tolerance``); 2 points of accuracy
+# otherwise. docs/protocol.md §9 says why a stated number and not the baseline's spread.
+DEFAULT_UTILITY_TOLERANCE = 0.02
+
 # used when a results folder has no search_space.json; ref = the hypervolume reference point
 DEFAULT_OBJECTIVES: tuple[dict, ...] = (
     {"metric": "test_acc", "mode": "max", "ref": 0.1},        # chance on 10 classes

@@ -7,13 +7,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from cem_bench import noise
 from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
-from cem_bench.schema import privacy_mode, strongest_column
+from cem_bench.schema import DEFAULT_UTILITY_TOLERANCE, privacy_mode, strongest_column
 from cem_bench.table import DEFAULT_METRICS, SIGMA, column_label, paper_table
 
 from .load import LAMBD_COL, MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, is_attack_metric
@@ -114,27 +115,45 @@ def facts_table(facts: Sequence[tuple[str, str]]) -> str:
 
 
 # ================================================================= the summary sentence
+AT, TRADE_OFF, UNRESOLVED = "at", "trade-off", "unresolved"   # a claimed configuration's utility (``Claim``)
+POWER = 0.8          # the chance a suggested confirmation resolves a difference of the size seen
+MOST_SEEDS = 30      # confirmation seeds beyond which the page says the baseline needs more seeds instead
+
+
 def _accuracy_point(values: pd.Series) -> float:
     """'One point' of a utility metric: 0.01 for fractions in [0, 1], else 1.0 (percent)."""
     v = values.dropna()
     return 0.01 if len(v) == 0 or v.abs().max() <= 1.0 else 1.0
 
 
-def utility_tolerances(rows: pd.DataFrame, metric: str, values: pd.Series) -> pd.Series:
-    """How far each configuration's utility may fall below its baseline's and still count as "at the
-    baseline's accuracy": the baseline's own noise (its standard deviation over the seeds, ``<metric>_noise``)
-    or 2 points of ``values``' scale, the larger."""
-    noise = pd.to_numeric(rows[f"{metric}_noise"], errors="coerce").fillna(0.0) if f"{metric}_noise" in rows \
-        else pd.Series(0.0, index=rows.index)
-    return noise.clip(lower=2 * _accuracy_point(values)).astype(float)
+def utility_tolerance(res: Results) -> float:
+    """How far a configuration's utility may fall below its baseline's and still count as "at the baseline's
+    accuracy": the space's ``utility_tolerance``, else ``schema.DEFAULT_UTILITY_TOLERANCE`` (2 points of a
+    fraction; 2.0 for a utility in percent). A stated number, not the baseline's spread: a noisy baseline
+    would otherwise excuse any cost (docs/protocol.md §9)."""
+    if res.utility_tolerance is not None:
+        return float(res.utility_tolerance)
+    return DEFAULT_UTILITY_TOLERANCE * _accuracy_point(res.configs[res.metrics[0]]) / 0.01
+
+
+def utility_states(rows: pd.DataFrame, res: Results) -> pd.Series:
+    """Each configuration's utility against its baseline's: ``AT`` where the 95 % interval of the difference
+    lies above -``utility_tolerance`` (an equivalence test: a drop, if any, is shown smaller than the
+    tolerance), else ``TRADE_OFF`` where the drop itself is beyond the noise (the single test: the
+    configuration was chosen on privacy, so this is one test), else ``UNRESOLVED``."""
+    u = res.objectives[0]
+    m, tol = u["metric"], utility_tolerance(res)
+    if f"{m}_delta_lo" not in rows:
+        return pd.Series(UNRESOLVED, index=rows.index, dtype=object)
+    lo, hi = (pd.to_numeric(rows[f"{m}_delta_{k}"], errors="coerce") for k in ("lo", "hi"))
+    at = ((lo >= -tol) if u["mode"] == "max" else (hi <= tol)).fillna(False)
+    worse = rows.get(f"{m}_verdict_single", pd.Series("", index=rows.index)) == noise.WORSE
+    return pd.Series(np.where(at, AT, np.where(worse, TRADE_OFF, UNRESOLVED)), index=rows.index, dtype=object)
 
 
 def at_utility(rows: pd.DataFrame, res: Results) -> pd.Series:
-    """Is each configuration's first objective within ``utility_tolerances`` of its baseline's?"""
-    u = res.objectives[0]
-    delta = pd.to_numeric(rows[f"{u['metric']}_delta"], errors="coerce")
-    tol = utility_tolerances(rows, u["metric"], res.configs[u["metric"]])
-    return ((delta >= -tol) if u["mode"] == "max" else (delta <= tol)).fillna(False)
+    """Is each configuration shown to be at its baseline's utility (``utility_states`` is ``AT``)?"""
+    return utility_states(rows, res) == AT
 
 
 def candidates(res: Results) -> pd.DataFrame:
@@ -144,19 +163,64 @@ def candidates(res: Results) -> pd.DataFrame:
     return pool[pool["role"] == "confirmed"] if res.confirmed else pool
 
 
-def claims(res: Results) -> pd.DataFrame:
-    """The configurations the report may call more private than their baseline: among ``candidates``, better
-    on the first privacy objective beyond the noise (``noise.compare``) and ``at_utility``. Sorted best
-    privacy first; empty without a noise floor."""
+@dataclass
+class Claim:
+    """What the summary may say about privacy (``claim``): the ``pool`` it chooses from (``candidates``), the
+    ``family`` of comparisons its correction covers (the pool's configurations with a p-value on the privacy
+    objective: the same family ``aggregate.adjust_comparisons`` corrects), whether they are ``confirmed``, the
+    ``claimed`` configurations (better beyond the noise by the single test and by Holm's correction over the
+    family; most private first), the one ``named`` and its ``utility`` state (``utility_states``)."""
+
+    pool: pd.DataFrame
+    family: int
+    confirmed: bool
+    claimed: pd.DataFrame
+    named: pd.Series | None
+    utility: str
+
+
+def claim(res: Results) -> Claim | None:
+    """The summary's claim (``Claim``); None without two objectives or a noise floor. Among the claimed
+    configurations, the most private one shown at the baseline's utility is named, else the most private."""
     c = res.configs
     if c is None or len(res.objectives) < 2 or not res.has_floor:
-        return pd.DataFrame()
-    um, p = res.metrics[0], res.objectives[1]
-    if f"{p['metric']}_verdict" not in c or f"{um}_delta" not in c:
-        return pd.DataFrame()
+        return None
+    pm, mode = res.metrics[1], res.modes[1]
     pool = candidates(res)
-    out = pool[(pool[f"{p['metric']}_verdict"] == noise.BETTER) & at_utility(pool, res)]
-    return out.sort_values(p["metric"], ascending=p["mode"] == "min", kind="stable")
+    if f"{pm}_holm" not in pool:
+        return Claim(pool, 0, res.confirmed, pool.iloc[0:0], None, "")
+    holm = pd.to_numeric(pool[f"{pm}_holm"], errors="coerce")
+    found = pool[(pool[f"{pm}_verdict_single"] == noise.BETTER) & (holm <= noise.ALPHA)]
+    found = found.sort_values(pm, ascending=mode == "min", kind="stable")
+    named, state = None, ""
+    if len(found):
+        states = utility_states(found, res)
+        at = found[states == AT]
+        named = at.iloc[0] if len(at) else found.iloc[0]
+        state = str(states[named.name])
+    return Claim(pool, int(holm.notna().sum()), res.confirmed, found, named, state)
+
+
+def seeds_needed(row: pd.Series, base: pd.Series, metric: str, alpha: float = noise.ALPHA) -> int | None:
+    """Confirmation seeds that would resolve a difference of ``row``'s size on ``metric`` (Welch's test at
+    ``alpha`` against the baseline's runs as they are) with probability ``POWER``, on the row's spread (the
+    baseline's where it has none); None beyond ``MOST_SEEDS`` (the baseline's own spread is then the limit)."""
+    from scipy.stats import nct
+    from scipy.stats import t as student
+    d = abs(float(row.get(f"{metric}_delta", np.nan)))
+    s_b, n_b = float(base.get(f"{metric}_std", np.nan)), int(base.get(f"{metric}_n", 0) or 0)
+    s_c = float(row.get(f"{metric}_std", np.nan))
+    s_c = s_b if not np.isfinite(s_c) else s_c
+    if not (np.isfinite(d) and d > 0 and np.isfinite(s_b) and n_b >= 2):
+        return None
+    for n in range(2, MOST_SEEDS + 1):
+        a, b = s_c ** 2 / n, s_b ** 2 / n_b
+        if a + b <= 0:
+            return n
+        dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (n_b - 1))
+        if nct.sf(student.ppf(1 - alpha / 2, dof), dof, d / np.sqrt(a + b)) >= POWER:
+            return n
+    return None
 
 
 def _pm(row: pd.Series, metric: str) -> str:
@@ -178,12 +242,46 @@ def _interval(row: pd.Series, metric: str) -> str:
     return text
 
 
+def _p(value) -> str:
+    """A p- or q-value: two significant digits, "< 0.0001" below that."""
+    if _is_missing(value):
+        return "—"
+    v = float(value)
+    return "< 0.0001" if v < 1e-4 else f"{v:.2g}"
+
+
+def _family_text(cl: Claim) -> str:
+    """``the 12 configurations compared`` / ``the 3 confirmed configurations compared``."""
+    kind = "confirmed configuration" if cl.confirmed else "configuration"
+    return f"the {cl.family} {kind}{'s' * (cl.family != 1)} compared"
+
+
+def _strength(cl: Claim, row: pd.Series, metric: str) -> str:
+    """How the claim on ``row`` was tested: confirmed, or exploratory; the p-value and Holm's."""
+    test = (f"p {_p(row.get(f'{metric}_p'))}, {_p(row.get(f'{metric}_holm'))} after Holm's correction over "
+            f"{_family_text(cl)}")
+    if cl.confirmed:
+        return f"confirmed with new seeds ({test})"
+    return (f"exploratory until confirmed with new seeds: no configuration ran again after the choice ({test})")
+
+
+def _marks(res: Results) -> pd.DataFrame:
+    """The configurations the page's tables mark on either objective (``<m>_verdict`` better or worse, after
+    the Benjamini-Hochberg correction)."""
+    c = res.configs
+    marked = np.zeros(len(c), dtype=bool)
+    for m in res.metrics[:2]:
+        if f"{m}_verdict" in c:
+            marked |= c[f"{m}_verdict"].isin([noise.BETTER, noise.WORSE]).to_numpy()
+    return c[marked & (c["role"] != "baseline").to_numpy()]
+
+
 def summary_sentence(res: Results) -> str:
-    """A few plain sentences on what the search found, claiming only what its replicates support (unescaped
-    text; docs/protocol.md section 9)."""
+    """A few plain sentences on what the search found, claiming only what its replicates support after the
+    correction for the comparisons made (unescaped text; docs/protocol.md section 9)."""
     ok = res.ok
-    n_err = int((~res.trials["_ok"]).sum())
-    counts = f"{len(res.trials)} trials ({len(ok)} ok, {n_err} errored)"
+    counts = f"{len(res.trials)} trials {status_counts(res.trials)}"
+    tail = f" {counts[0].upper() + counts[1:]}."
     if len(res.objectives) < 2 or ok.empty:
         return f"{counts}; no completed trial to compare."
     u, p = res.objectives[0], res.objectives[1]
@@ -192,55 +290,125 @@ def summary_sentence(res: Results) -> str:
     base_rows = c[(c["role"] == "baseline") & c["_ok"]] if c is not None else pd.DataFrame()
     if base_rows.empty:
         return (f"No λ=0 baseline ran, so there is no noise floor and no reference accuracy: this report claims "
-                f"no difference between configurations. {counts[0].upper() + counts[1:]}.")
+                f"no difference between configurations.{tail}")
     base = base_rows.sort_values("runs_ok", ascending=False, kind="stable").iloc[0]
     base_txt = f"{pm} {_pm(base, pm)}, {um} {_pm(base, um)}"
     if not res.has_floor:
         return (f"The λ=0 baseline ran once ({base_txt}): with one seed there is no noise floor, so this report "
-                f"claims no difference; the plots show single runs. {counts[0].upper() + counts[1:]}.")
+                f"claims no difference; the plots show single runs.{tail}")
     scope = "confirmed configurations (re-run with new seeds after the search)" if res.confirmed else \
         "configurations"
-    found = claims(res)
-    tol = float(utility_tolerances(base.to_frame().T, um, c[um]).iloc[0])
-    tol_txt = f"{um} within {format_value(tol)} of the baseline's (its noise or 2 points, the larger)"
-    if found.empty:
-        pool = candidates(res)
-        costly = pool[pool[f"{pm}_verdict"] == noise.BETTER].sort_values(pm, ascending=p["mode"] == "min",
-                                                                          kind="stable")
-        if len(costly):   # more private beyond the noise, but not at the baseline's utility: a trade-off
-            r = costly.iloc[0]
-            return (f"A trade-off, not free privacy: {r['_label']} ({r[CONFIG_ID]}, {_params_text(res, r)}) is more "
-                    f"private than the λ=0 baseline ({base_txt}) beyond its noise, {pm} {_pm(r, pm)}, "
-                    f"{_interval(r, pm)}, but its {um} falls further than the {format_value(tol)} allowed (the "
-                    f"baseline's noise or 2 points, the larger): {_pm(r, um)}, {_interval(r, um)}. None of the "
-                    f"{scope} is more private at the baseline's {um}. {counts[0].upper() + counts[1:]}.")
-        closest = pool.dropna(subset=[pm]).sort_values(pm, ascending=p["mode"] == "min", kind="stable")
-        near = ""
-        if len(closest):
-            r = closest.iloc[0]
-            if isinstance(r.get("baseline_id"), str):
-                verdict = f"{_interval(r, pm)}: {r.get(f'{pm}_verdict') or 'no verdict'}"
-            else:
-                verdict = "no λ=0 baseline shares its other keys (σ, …), so it is compared with none"
-            near = (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}, "
-                    f"{verdict}; {um} {_pm(r, um)}.")
-        return (f"None of the {scope} is more private than the λ=0 baseline "
-                f"({base_txt}) beyond its noise at {tol_txt}: the differences the plots show are within the "
-                f"noise of the baseline.{near} {counts[0].upper() + counts[1:]}.")
-    best = found.iloc[0]
-    borrowed = " Its spread is the baseline's (it ran once)." if bool(best.get("spread_borrowed")) else ""
+    cl = claim(res)
+    tol = utility_tolerance(res)
+    tol_txt = f"{format_value(tol)} (the space's utility_tolerance)"
+    if cl.named is None:
+        return _no_claim(res, cl, base_txt, scope) + tail
+    r = cl.named
+    strength = _strength(cl, r, pm)
+    borrowed = " Its spread is the baseline's (it ran once)." if bool(r.get("spread_borrowed")) else ""
     others = ""
-    if len(found) > 1:
-        by = found.groupby("_label").size()
-        others = (f" {len(found)} {scope.split(' (')[0]} in all pass the same test (" +
+    if len(cl.claimed) > 1:
+        by = cl.claimed.groupby("_label").size()
+        others = (f" {len(cl.claimed)} of {_family_text(cl)} pass the same test and correction (" +
                   ", ".join(f"{k}: {v}" for k, v in by.items()) + ").")
-    return (f"Beyond the noise of the λ=0 baseline ({base_txt}): {best['_label']} (configuration "
-            f"{best[CONFIG_ID]}, {'confirmed, ' if best['role'] == 'confirmed' else ''}"
-            f"{_params_text(res, best)}) {'lowers' if p['mode'] == 'min' else 'raises'} {pm} to "
-            f"{_pm(best, pm)}, {_interval(best, pm)}, at "
-            f"{um} {_pm(best, um)}: {_interval(best, um)}, within {format_value(tol)} of the baseline (its noise or 2 "
-            f"points, the larger)."
-            f"{borrowed}{others} {counts[0].upper() + counts[1:]}.")
+    if cl.utility == TRADE_OFF:
+        return (f"A trade-off, not free privacy: {r['_label']} ({r[CONFIG_ID]}, {_params_text(res, r)}) is more "
+                f"private than the λ=0 baseline ({base_txt}) beyond its noise, {pm} {_pm(r, pm)}, "
+                f"{_interval(r, pm)}, {strength}; but its {um} falls beyond the noise: {_pm(r, um)}, "
+                f"{_interval(r, um)}, p {_p(r.get(f'{um}_p'))} (one test: the configuration was chosen on "
+                f"privacy{_um_table_note(r, um)}). None of the {scope} is more private at the baseline's {um}."
+                f"{borrowed}{others}{tail}")
+    head = (f"Beyond the noise of the λ=0 baseline ({base_txt}), {strength}: {r['_label']} (configuration "
+            f"{r[CONFIG_ID]}, {'confirmed, ' if r['role'] == 'confirmed' else ''}{_params_text(res, r)}) "
+            f"{'lowers' if p['mode'] == 'min' else 'raises'} {pm} to {_pm(r, pm)}, {_interval(r, pm)}")
+    if cl.utility == AT:
+        body = (f", at the baseline's {um}: {_pm(r, um)}, {_interval(r, um)}, an interval within the {tol_txt} "
+                f"allowed.")
+    else:
+        body = (f"; its cost in {um} is not resolved: {_pm(r, um)}, {_interval(r, um)} reaches below the −"
+                f"{tol_txt} allowed, and no drop is beyond the noise either.")
+        own = _baseline_of(res, r)
+        need = equivalence_seeds(r, own, um, tol, res.modes[0]) if own is not None else None
+        if need is not None:
+            body += (f" With {need} confirmation seeds its interval would be narrow enough to lie inside the "
+                     f"tolerance, if the difference is what it seems.")
+        elif own is not None:
+            body += (f" Confirmation seeds alone cannot narrow its interval inside the tolerance: the baseline's "
+                     f"own {um} spread needs more seeds too.")
+    return head + body + borrowed + others + tail
+
+
+def _baseline_of(res: Results, row: pd.Series) -> pd.Series | None:
+    c = res.configs
+    own = c[c[CONFIG_ID] == row.get("baseline_id")]
+    return own.iloc[0] if len(own) else None
+
+
+def equivalence_seeds(row: pd.Series, base: pd.Series, metric: str, tol: float, mode: str) -> int | None:
+    """Runs of ``row``'s configuration at which the expected half-width of Welch's interval of the difference
+    fits inside ``tol`` less the drop seen (against the baseline's runs as they are, on the row's spread or the
+    baseline's); None beyond ``MOST_SEEDS`` or where the drop seen already reaches the tolerance."""
+    from scipy.stats import t as student
+    d = float(row.get(f"{metric}_delta", np.nan)) * (1 if mode == "max" else -1)
+    s_b, n_b = float(base.get(f"{metric}_std", np.nan)), int(base.get(f"{metric}_n", 0) or 0)
+    s_c = float(row.get(f"{metric}_std", np.nan))
+    s_c = s_b if not np.isfinite(s_c) else s_c
+    margin = tol + min(d, 0.0)
+    if not (np.isfinite(d) and margin > 0 and np.isfinite(s_b) and n_b >= 2):
+        return None
+    for n in range(2, MOST_SEEDS + 1):
+        a, b = s_c ** 2 / n, s_b ** 2 / n_b
+        dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (n_b - 1)) if a + b > 0 else n + n_b - 2
+        if student.ppf(0.5 + noise.LEVEL / 2, dof) * np.sqrt(a + b) <= margin:
+            return n
+    return None
+
+
+def _um_table_note(row: pd.Series, metric: str) -> str:
+    """Why the tables may leave that drop unmarked: their marks are corrected over every configuration."""
+    if row.get(f"{metric}_verdict") == noise.WORSE:
+        return ""
+    return (f"; the tables, corrected over every configuration of the page, leave it unmarked: q "
+            f"{_p(row.get(f'{metric}_q'))}")
+
+
+def _no_claim(res: Results, cl: Claim, base_txt: str, scope: str) -> str:
+    """The summary when no configuration survives: what was compared, the most private one's numbers, what
+    the tables mark instead, and how many confirmation seeds a difference of that size would need."""
+    pm, um = res.metrics[1], res.metrics[0]
+    corrected = f" once corrected for {_family_text(cl)} (Holm)" if cl.family > 1 else ""
+    text = f"None of the {scope} is more private than the λ=0 baseline ({base_txt}) beyond its noise{corrected}"
+    marks = _marks(res)
+    if marks.empty:
+        text += ": the differences the plots show are within the noise of the baseline, after the correction."
+    else:
+        text += (f". The tables mark {len(marks)} configuration{'s' * (len(marks) != 1)} against the baseline "
+                 f"on {pm} or {um} (Benjamini-Hochberg, q ≤ {noise.ALPHA:g}: at most 5 % of the marks false, on "
+                 f"average, a weaker guarantee than the summary's)"
+                 + ("; they are the search's own runs, not confirmed." if not (marks["role"] == "confirmed").all()
+                    else "."))
+    closest = cl.pool.dropna(subset=[pm]).sort_values(pm, ascending=res.modes[1] == "min", kind="stable")
+    if not len(closest):
+        return text
+    r = closest.iloc[0]
+    if not isinstance(r.get("baseline_id"), str):
+        return (text + f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}: no "
+                f"λ=0 baseline shares its other keys (σ, …), so it is compared with none.")
+    verdict = r.get(f"{pm}_verdict") or "no verdict"
+    text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}, "
+             f"{_interval(r, pm)}: {verdict}, p {_p(r.get(f'{pm}_p'))}, {_p(r.get(f'{pm}_holm'))} after Holm's "
+             f"correction; {um} {_pm(r, um)}.")
+    better = r.get(f"{pm}_delta")
+    if not _is_missing(better) and (float(better) < 0) == (res.modes[1] == "min") and float(better) != 0:
+        base = _baseline_of(res, r)
+        need = seeds_needed(r, base, pm) if base is not None else None
+        if need is not None:
+            text += (f" Confirming it alone with {need} new seeds would resolve a difference of this size "
+                     f"{POWER:.0%} of the time, if it is real (the most private of many looks better than it is).")
+        elif base is not None:
+            text += (f" A difference of this size would need more than {MOST_SEEDS} confirmation seeds against "
+                     f"the baseline's runs: the baseline needs more seeds too.")
+    return text
 
 
 def _params_text(res: Results, row: pd.Series) -> str:
@@ -326,11 +494,18 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
     return facts
 
 
+def status_counts(t: pd.DataFrame) -> str:
+    """``(3 ok, 1 stopped early, 2 interrupted, 1 errored)``: a trial the scheduler stopped or a signal
+    interrupted is not an error (results.mark_stopped, results.mark_interrupted)."""
+    status = t["status"] if "status" in t else pd.Series("ok", index=t.index)
+    stopped, interrupted = int((status == "stopped").sum()), int((status == "interrupted").sum())
+    errored = int((~t["_ok"]).sum()) - stopped - interrupted
+    return (f"({int(t['_ok'].sum())} ok, " + (f"{stopped} stopped early, " if stopped else "")
+            + (f"{interrupted} interrupted, " if interrupted else "") + f"{errored} errored)")
+
+
 def trials_text(t: pd.DataFrame) -> str:
-    stopped = int((t["status"] == "stopped").sum()) if "status" in t else 0
-    errored = int((~t["_ok"]).sum()) - stopped
-    return f"{len(t)} ({int(t['_ok'].sum())} ok, " + (f"{stopped} stopped early, " if stopped else "") + \
-        f"{errored} errored)"
+    return f"{len(t)} {status_counts(t)}"
 
 
 def stopped_text(t: pd.DataFrame) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
+from ..schema import DEFAULT_UTILITY_TOLERANCE
 from .parse_params import ParamStages, as_number, fmt_value
 from .spec import (
     DEFAULT_BASELINE_REPLICATES,
@@ -159,6 +160,7 @@ class _Parser(ParamStages):
             num_samples = self.grid(params, num_samples)
         baseline, cells = self.baseline(doc.get("baseline"), fixed, params, grid, seeds)
         top, confirm_reps = self.confirm(doc.get("confirm"))
+        tolerance = self.utility_tolerance(doc.get("utility_tolerance", DEFAULT_UTILITY_TOLERANCE))
         scheduler = self.scheduler(doc.get("scheduler"), objectives, fixed, params, grid, seeds)
         if scheduler and not self.errors:
             fixed = self.probe_at_rungs(scheduler, fixed)
@@ -168,7 +170,17 @@ class _Parser(ParamStages):
                           max_concurrent=max_concurrent, resources=resources, fixed=fixed, params=tuple(params),
                           max_failures=max_failures, path=self.path, seeds=seeds, baseline_replicates=baseline,
                           baseline_cells=cells, confirm_top=top, confirm_replicates=confirm_reps,
-                          scheduler=scheduler)
+                          scheduler=scheduler, utility_tolerance=tolerance)
+
+    def utility_tolerance(self, value) -> float:
+        """``utility_tolerance: T`` (a number >= 0, in the first objective's units): how far a configuration's
+        utility may fall below its baseline's for the report to call it "at the baseline's accuracy" (the
+        95 % interval of the difference must lie above -T; docs/protocol.md §9)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            self.err("utility_tolerance", f"{value!r} must be a number >= 0 in the first objective's units (0.02: "
+                     "2 points of accuracy)")
+            return DEFAULT_UTILITY_TOLERANCE
+        return float(value)
 
     def scheduler(self, value, objectives, fixed: dict, params, grid: bool, seeds) -> dict | None:
         """``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}`` (docs/search.md): stop trials that

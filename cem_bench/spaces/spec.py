@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schema import OBJECTIVE_METRICS
+from ..schema import DEFAULT_UTILITY_TOLERANCE, OBJECTIVE_METRICS
 
 METRICS: tuple[str, ...] = OBJECTIVE_METRICS
 MODES = ("max", "min")
@@ -43,7 +43,7 @@ SAMPLERS = tuple(sorted(SAMPLER_OPTIONS))
 
 # The shape of the YAML file itself (used by the parser).
 TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "replicates", "seeds", "baseline", "confirm",
-            "scheduler", "max_concurrent", "max_failures", "resources", "fixed", "params")
+            "scheduler", "max_concurrent", "max_failures", "resources", "fixed", "params", "utility_tolerance")
 # Multi-objective early stopping (docs/search.md): the schedulers a space may name, and for each objective the
 # value every epoch record carries that stands for it at a rung (the privacy probe for the attack's SSIM).
 SCHEDULERS = ("fifo", "moasha")
@@ -139,6 +139,8 @@ class SearchSpec:
     confirm_replicates: int = 0
     # ``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}``: None = every trial runs to the end
     scheduler: dict | None = None
+    # the report's equivalence margin on the first objective (schema.DEFAULT_UTILITY_TOLERANCE)
+    utility_tolerance: float = DEFAULT_UTILITY_TOLERANCE
 
     @property
     def replicates(self) -> int:
@@ -240,5 +242,6 @@ class SearchSpec:
             "confirm": {"top": self.confirm_top, "replicates": self.confirm_replicates,
                         "seeds": list(self.confirm_seeds)},
             "scheduler": dict(self.scheduler) if self.scheduler else None,
+            "utility_tolerance": self.utility_tolerance,
             "path": self.path,
         }
