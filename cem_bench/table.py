@@ -2,12 +2,15 @@
 
 ``cem-bench table RESULTS_DIR [--csv] [--metrics ...]`` prints one table per metric (noisy test accuracy,
 attack SSIM, PSNR, MSE by default) as Markdown, or as CSV. The numbers come from ``configs.parquet`` (built
-from ``trials.parquet`` when missing). A configuration's cell is ``mean ± std (n)``; a cell several
-configurations fall in (they differ in a key that is not a row or column, e.g. ``cem.num_slots``) shows each,
-separated by " / ", so nothing is averaged away silently. A cell that differs from the λ = 0 baseline of its
-row beyond the noise (``noise.compare``: the bootstrap interval of the difference excludes zero and the
-probability of improvement is at least 0.75) ends in ``[+]`` (better) or ``[−]`` (worse); an unmarked cell
-claims nothing. The legend under each table says so.
+from ``trials.parquet`` when missing or older than the adjusted verdicts). A configuration's cell is
+``mean ± std (n)``, ``(n confirmed)`` when its statistics are confirmation runs (new seeds after the search's
+choice); a cell several configurations fall in (they differ in a key that is not a row or column, e.g.
+``cem.num_slots``) shows each, separated by " / ", so nothing is averaged away silently. A cell ends in
+``[+]`` (better) or ``[−]`` (worse) where it differs from the λ = 0 baseline of its row beyond the noise
+(``noise.compare``) and the difference survives Benjamini-Hochberg's correction over the metric's comparisons
+(``<m>_q`` <= 0.05; the confirmed configurations are corrected among themselves); an unmarked cell claims
+nothing. Under each compared metric's table, a second one gives each comparison's single-test p and its q.
+The legend under each table says so.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .aggregate import build_configs
+from .aggregate import CONFIRMED, build_configs
 from .errors import ResultsError
 from .integrity import read_table
-from .noise import BETTER, P_MIN, WORSE
+from .noise import ALPHA, BETTER, P_MIN, WORSE
 from .schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
 from .storage import Dir
 
@@ -31,9 +34,10 @@ SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "conf
 def load_configs(results_dir: str | Path) -> pd.DataFrame:
     d = Dir(results_dir)
     configs = read_table(d, CONFIGS_FILE, "configs")
-    if configs is not None and "role" in configs:
+    if configs is not None and "role" in configs and adjusted(configs):
         return configs
-    # missing, or written before the comparison with the baseline: built from the trials when they are there
+    # missing, or written before the comparison with the baseline or before its adjustment for many
+    # comparisons: built from the trials when they are there
     trials = read_table(d, TRIALS_FILE, "trials")
     if trials is None and configs is not None:
         return configs
@@ -44,6 +48,19 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
     return build_configs(trials, objectives)
 
 
+def adjusted(configs: pd.DataFrame) -> bool:
+    """Does every ``<m>_verdict`` come with its family's adjustment (``<m>_q``)? Older tables' verdicts are
+    single tests: without the trials to rebuild from, such a table is shown without marks."""
+    return all(f"{c[: -len('_verdict')]}_q" in configs for c in configs.columns if c.endswith("_verdict"))
+
+
+def _mark(row: pd.Series, metric: str) -> str:
+    verdict = row.get(f"{metric}_verdict")
+    if f"{metric}_q" not in row:     # an older table's single-test verdict: no mark it can stand behind
+        return ""
+    return {BETTER: " [+]", WORSE: " [−]"}.get(verdict if isinstance(verdict, str) else "", "")
+
+
 def _cell(row: pd.Series, metric: str) -> str:
     mean, std, n = row.get(f"{metric}_mean"), row.get(f"{metric}_std"), row.get(f"{metric}_n", 0)
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
@@ -52,23 +69,47 @@ def _cell(row: pd.Series, metric: str) -> str:
     text = f"{mean:.{digits}f}"
     if std is not None and not (isinstance(std, float) and math.isnan(std)):
         text += f" ± {std:.{digits}f}"
-    verdict = row.get(f"{metric}_verdict")
-    mark = {BETTER: " [+]", WORSE: " [−]"}.get(verdict if isinstance(verdict, str) else "", "")
-    return f"{text} ({int(n)}){mark}"
+    confirmed = " confirmed" if row.get("role") == CONFIRMED else ""
+    return f"{text} ({int(n)}{confirmed}){_mark(row, metric)}"
+
+
+def _pq(row: pd.Series, metric: str) -> str:
+    """``p 0.012 q 0.034`` of a configuration's comparison with its baseline; "" for none (a baseline)."""
+    p, q = row.get(f"{metric}_p"), row.get(f"{metric}_q")
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return ""
+
+    def fmt(v) -> str:
+        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else (
+            "<0.0001" if v < 1e-4 else f"{v:.2g}")
+    return f"p {fmt(p)} q {fmt(q)}"
 
 
 def legend(configs: pd.DataFrame, metric: str) -> str:
-    """What the table claims about ``metric``: which cells differ from their baseline beyond the noise."""
+    """What the table claims about ``metric``: which cells differ from their baseline beyond the noise, after
+    the correction for the comparisons made, and which cells are confirmed."""
     col = f"{metric}_verdict"
     verdicts = configs[col].fillna("").astype(str) if col in configs else pd.Series([], dtype=str)
     if not (verdicts != "").any():
         return ("No λ=0 baseline with two or more runs shares these keys: the table claims nothing about "
                 "differences.")
+    if f"{metric}_q" not in configs:
+        return ("These results predate the correction for many comparisons and have no trials to rebuild it "
+                "from: the table marks nothing (its single tests are not corrected for the comparisons made).")
     claims = int(verdicts.isin([BETTER, WORSE]).sum())
-    head = (f"[+] / [−]: better / worse than the λ=0 baseline of the same row beyond its noise (the 95 % "
-            f"interval of the difference, a percentile bootstrap widened to Welch's, excludes 0 and the probability "
-            f"of improvement is ≥ {P_MIN:g} / ≤ {1 - P_MIN:g}); an unmarked cell is within the noise. A cell of one "
-            f"run takes its spread from the baseline's.")
+    p = pd.to_numeric(configs.get(f"{metric}_p"), errors="coerce")
+    confirmed = (configs["role"] == CONFIRMED) if "role" in configs else pd.Series(False, index=configs.index)
+    n_conf, n_search = int((p.notna() & confirmed).sum()), int((p.notna() & ~confirmed).sum())
+    families = " and ".join(x for x in (
+        f"{n_search} of the search's own runs" if n_search else "",
+        f"{n_conf} confirmed (new seeds after the choice; corrected among themselves)" if n_conf else "") if x)
+    head = (f"[+] / [−]: better / worse than the λ=0 baseline of the same row beyond its noise — the 95 % "
+            f"interval of the difference (a percentile bootstrap widened to Welch's) excludes 0, the probability "
+            f"of improvement is ≥ {P_MIN:g} / ≤ {1 - P_MIN:g}, and the difference survives Benjamini-Hochberg's "
+            f"correction over the {int(p.notna().sum())} comparisons of this metric ({families}): q ≤ {ALPHA:g}. "
+            f"p is a comparison's own Welch p-value, q the adjusted one (the p / q table). An unmarked cell "
+            f"claims no difference. (n confirmed): the statistics of the confirmation runs; other cells are the "
+            f"search's own runs, exploratory. A cell of one run takes its spread from the baseline's.")
     return head + ("" if claims else " No cell differs from its baseline beyond the noise.")
 
 
@@ -98,6 +139,24 @@ def paper_table(configs: pd.DataFrame, metric: str) -> pd.DataFrame:
     return cells.fillna("")
 
 
+def pq_table(configs: pd.DataFrame, metric: str) -> pd.DataFrame | None:
+    """The comparisons behind ``paper_table``'s marks, in its layout: ``p … q …`` per configuration (empty
+    for the baselines); None for a metric with no comparison (or a table older than the adjustment)."""
+    if f"{metric}_p" not in configs or f"{metric}_q" not in configs or \
+            not pd.to_numeric(configs[f"{metric}_p"], errors="coerce").notna().any():
+        return None
+    df = configs.copy()
+    df["_col"] = df.apply(column_label, axis=1)
+    df["_lam"] = pd.to_numeric(df.get(LAMBDA), errors="coerce").fillna(0.0)
+    df["_cell"] = df.apply(lambda r: _pq(r, metric), axis=1)
+    order = (df.sort_values(["_lam", "_col"]).drop_duplicates("_col")["_col"]).tolist()
+    cells = df.groupby([SIGMA, "_col"])["_cell"].agg(" / ".join).unstack("_col")
+    cells = cells.reindex(columns=order).sort_index()
+    cells.index = [f"σ={s:g}" for s in cells.index]
+    cells.index.name = f"{metric} p / q"
+    return cells.fillna("")
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     head = [table.index.name or ""] + [str(c) for c in table.columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -111,12 +170,19 @@ def main(args) -> int:
     metrics = args.metrics or [m for m in DEFAULT_METRICS if f"{m}_mean" in configs]
     tables = [paper_table(configs, m) for m in metrics]   # every metric checked before anything is printed
     for m, t in zip(metrics, tables):
+        pq = pq_table(configs, m)
         if args.csv:
             print(f"# {m}")
             print(t.to_csv(), end="")
+            if pq is not None:
+                print(f"# {m}: p (single test) and q (Benjamini-Hochberg) against the λ=0 baseline")
+                print(pq.to_csv(), end="")
             print(f"# {legend(configs, m)}")
         else:
             print(f"\n**{m}** (mean ± std over replicates (n))\n")
             print(to_markdown(t))
+            if pq is not None:
+                print(f"\n{m}: p (single test) and q (Benjamini-Hochberg) against the λ=0 baseline\n")
+                print(to_markdown(pq))
             print(f"\n{legend(configs, m)}")
     return 0

@@ -36,6 +36,7 @@ from .plots import (
     replicate_caption,
 )
 from .summary import (
+    comparison_note,
     config_front_table,
     facts_table,
     format_value,
@@ -236,10 +237,7 @@ def _draw(res: Results, out_dir: Path) -> None:
             front_heading = f"Configurations on the front of the means ({n_front})"
             front_note = ("Each objective as mean ± std (sample standard deviation) over the ok runs of the "
                           "configuration; the front is computed on the means.")  # fmt: skip
-        front_note += (" Against the λ=0 baseline: the difference of the means, its 95 % interval (percentile "
-                       "bootstrap, widened to Welch's t interval where that is wider) and "
-                       "the probability that a run beats a baseline run; \"beyond the noise\" needs the interval "
-                       "to exclude 0 and that probability to be at least 0.75 (docs/protocol.md).")
+        front_note += " " + comparison_note(res)
         front_table = config_front_table(res)
     else:
         front_heading = f"Trials on the front ({len(front)})"

@@ -15,7 +15,7 @@ import pandas as pd
 from cem_bench import noise
 from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
 from cem_bench.schema import DEFAULT_UTILITY_TOLERANCE, privacy_mode, strongest_column
-from cem_bench.table import DEFAULT_METRICS, SIGMA, column_label, paper_table
+from cem_bench.table import DEFAULT_METRICS, SIGMA, column_label, legend, paper_table
 
 from .load import LAMBD_COL, MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, is_attack_metric
 
@@ -583,12 +583,30 @@ def config_front_table(res: Results) -> str:
     shown["_runs"] = [_runs(r) for r in rows]
     shown["_seeds"] = [_seeds(r.get("seeds")) for r in rows]
     by_metric = {m: strongest_column(m) for m in res.metrics if strongest_column(m) in front}  # strongest_summary
+    pq = [m for m in res.metrics if f"{m}_q" in front]
+    for m in pq:
+        shown[f"_p_{m}"] = [_p(r.get(f"{m}_p")) for r in rows]
+        shown[f"_q_{m}"] = [_p(r.get(f"{m}_q")) for r in rows]
     columns = [CONFIG_ID, "_label", "role", *searched, *(f"_ms_{m}" for m in res.metrics),
-               *(f"_vs_{m}" for m in res.metrics), *by_metric.values(), "_runs", "_seeds"]
+               *(f"_vs_{m}" for m in res.metrics), *(c for m in pq for c in (f"_p_{m}", f"_q_{m}")),
+               *by_metric.values(), "_runs", "_seeds"]
     headers = ["configuration", "surrogate", "role", *(short(c) for c in searched),
                *(f"{m} (mean ± std)" for m in res.metrics), *(f"{m} vs the λ=0 baseline" for m in res.metrics),
+               *(h for m in pq for h in (f"{m} p (single test)", f"{m} q (adjusted)")),
                *(f"strongest attack ({m})" for m in by_metric), "runs", "seeds (of the statistics)"]  # fmt: skip
     return html_table(shown, columns, headers)
+
+
+def comparison_note(res: Results) -> str:
+    """What the front and per-surrogate tables' verdicts mean (the note above the front table)."""
+    return (f"Against the λ=0 baseline: the difference of the means, its 95 % interval (percentile bootstrap, "
+            f"widened to Welch's t interval where that is wider) and the probability that a run beats a baseline "
+            f"run; \"beyond the noise\" needs the interval to exclude 0, that probability to be at least "
+            f"{noise.P_MIN:g}, and the difference to survive Benjamini-Hochberg's correction over the page's "
+            f"comparisons of that metric (q ≤ {noise.ALPHA:g}; the confirmed configurations are corrected among "
+            f"themselves). p is the comparison's own Welch p-value, q the adjusted one; a confirmed role means "
+            f"the statistics are confirmation runs (new seeds after the choice), a search role the search's own "
+            f"runs, exploratory (docs/protocol.md §9).")
 
 
 def versus_baseline(row: pd.Series, metric: str) -> str:
@@ -599,6 +617,9 @@ def versus_baseline(row: pd.Series, metric: str) -> str:
         return "—"
     text = {noise.BETTER: "better beyond the noise", noise.WORSE: "worse beyond the noise"}.get(
         verdict, "within the noise")
+    single = row.get(f"{metric}_verdict_single")
+    if verdict == noise.WITHIN and single in (noise.BETTER, noise.WORSE):
+        text += f" after the correction ({'better' if single == noise.BETTER else 'worse'} as a single test)"
     text += f": {_interval(row, metric)}"
     if bool(row.get("spread_borrowed")):
         text += "; one run, the baseline's spread"
@@ -634,9 +655,14 @@ def surrogate_bests(res: Results) -> str | None:
     shown["_vs_u"] = [versus_baseline(r, um) for r in rows]
     shown["_vs_p"] = [versus_baseline(r, pm) for r in rows]
     shown["_runs"] = [_runs(r) for r in rows]
-    columns = ["_label", CONFIG_ID, "role", "_ms_p", "_vs_p", "_ms_u", "_vs_u", "_runs"]
+    for key, m in (("p", pm), ("u", um)):
+        shown[f"_pp_{key}"] = [_p(r.get(f"{m}_p")) for r in rows]
+        shown[f"_q_{key}"] = [_p(r.get(f"{m}_q")) for r in rows]
+    columns = ["_label", CONFIG_ID, "role", "_ms_p", "_vs_p", "_pp_p", "_q_p", "_ms_u", "_vs_u", "_pp_u", "_q_u",
+               "_runs"]
     headers = ["surrogate", "configuration", "role", f"{pm} (mean ± std)", f"{pm} vs the λ=0 baseline",
-               f"{um} (mean ± std)", f"{um} vs the λ=0 baseline", "runs"]
+               f"{pm} p (single test)", f"{pm} q (adjusted)", f"{um} (mean ± std)", f"{um} vs the λ=0 baseline",
+               f"{um} p (single test)", f"{um} q (adjusted)", "runs"]
     return html_table(shown, columns, headers)
 
 
@@ -652,9 +678,9 @@ def paper_tables(res: Results) -> list[dict] | None:
         return None
     columns = c.apply(column_label, axis=1).nunique() if len(c) <= MAX_PAPER_COLUMNS * 50 else MAX_PAPER_COLUMNS + 1
     if columns > MAX_PAPER_COLUMNS:   # a continuous λ: one column per configuration, unreadable and slow
-        return [{"metric": "paper-style tables", "table": None, "error": f"the configurations span more than "
-                 f"{MAX_PAPER_COLUMNS} λ × surrogate columns (a searched λ, not a grid); configs.parquet and "
-                 f"`cem-bench table --csv` hold them"}]
+        return [{"metric": "paper-style tables", "table": None, "legend": None, "error": f"the configurations "
+                 f"span more than {MAX_PAPER_COLUMNS} λ × surrogate columns (a searched λ, or a grid that wide); "
+                 f"`cem-bench table --csv` prints them"}]
     out = []
     for m in DEFAULT_METRICS:
         col = f"{m}_mean"
@@ -663,11 +689,12 @@ def paper_tables(res: Results) -> list[dict] | None:
         try:
             table = paper_table(c, m)
         except Exception as exc:  # noqa: BLE001 - one table that cannot be built must not sink the report
-            out.append({"metric": m, "table": None, "error": f"{type(exc).__name__}: {exc}"})
+            out.append({"metric": m, "table": None, "legend": None, "error": f"{type(exc).__name__}: {exc}"})
             continue
         table = table.copy()
         table.columns.name, table.index.name = m, None  # one header row: the metric above the σ labels
-        out.append({"metric": m, "table": _to_html(table, classes=["paper"]), "error": None})
+        out.append({"metric": m, "table": _to_html(table, classes=["paper"]), "legend": legend(c, m),
+                    "error": None})
     return out
 
 
