@@ -163,10 +163,19 @@ def cmd_search(args) -> int:
             print(f"cem-bench: the report could not be built ({type(e).__name__}: {e}); "
                   f"rebuild it with `cem-bench report {exp}`", file=sys.stderr)
     stopped = f", {done['stopped']} stopped early" if done.get("stopped") else ""
-    print(f"summary: {done['ok']} trial(s) ok, {done['error']} error(s){stopped}; mode {stats.get('mode')}; wall "
-          f"{done['seconds'] + time.perf_counter() - t0:.1f} s = Ray start {stats.get('ray_start_s', 0):.1f} s + "
-          f"trials {stats.get('trials_s', 0):.1f} s + tables {stats.get('write_s', 0):.1f} s + report "
-          f"{time.perf_counter() - t0:.1f} s (+ setup)")
+    interrupted = f", {done['interrupted']} interrupted" if done.get("interrupted") else ""
+    print(f"summary: {done['ok']} trial(s) ok, {done['error']} error(s){stopped}{interrupted}; mode "
+          f"{stats.get('mode')}; wall {done['seconds'] + time.perf_counter() - t0:.1f} s = Ray start "
+          f"{stats.get('ray_start_s', 0):.1f} s + trials {stats.get('trials_s', 0):.1f} s + tables "
+          f"{stats.get('write_s', 0):.1f} s + report {time.perf_counter() - t0:.1f} s (+ setup)")
+    if stats.get("interrupted"):
+        import signal
+
+        from .search.interrupt import EXIT_CODES
+        sig = signal.Signals[stats["interrupted"]]
+        print(f"interrupted by {sig.name}: the trials in flight keep their last checkpoint; continue with:\n"
+              f"  {stats['resume_command']}")
+        return EXIT_CODES[sig]
     return 0
 
 

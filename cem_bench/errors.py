@@ -29,11 +29,6 @@ class ResultsError(ConfigError):
     """A results folder cannot be read or reported on (missing, empty, not written by cem-bench)."""
 
 
-class UnsafePath(ResultsError):
-    """A path cem-bench will not write or read: a symbolic link inside a results folder, a named pipe, a
-    device, a file too large to be one cem-bench wrote. The message names the path and what to do."""
-
-
 class StorageFull(RuntimeError):
     """The storage of a search or run is out of space; the message says where, how much is free and how to
     finish (``--resume``)."""

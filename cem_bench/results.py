@@ -35,6 +35,7 @@ from .schema import (
     CONFIGS_FILE,
     EPOCH_COLUMNS,
     EPOCHS_FILE,
+    INTERRUPTED_FILE,
     METRIC_COLUMNS,
     PROVENANCE,
     RAY_ERROR_FILE,
@@ -259,6 +260,7 @@ def read_trial(exp: _Dir, name: str, experiment: str) -> tuple[dict, list[dict]]
         row["status"] = "error"
         row["error"] = _last_error(exp.read_text(name, RAY_ERROR_FILE)) or \
             "no final result: the trial did not finish (stopped, or it failed for good without a recorded error)"
+        row["_error_at"] = exp.mtime(name, RAY_ERROR_FILE)
         config = params if isinstance(params, dict) else {}
         last = lines[-1] if lines else {}
         row["node_id"] = last.get("node_id")
@@ -347,6 +349,29 @@ def mark_stopped(row: dict, stops: dict[str, dict]) -> dict:
             "stop_reason": d.get("reason")}
 
 
+# an error Ray recorded up to this long before the signal is the signal's doing (a worker ended by it)
+INTERRUPT_SLACK_S = 5.0
+
+
+def interruption(exp: _Dir) -> dict | None:
+    """The record of the signal that stopped the search (search/interrupt.py), or None."""
+    doc = _load_json(exp.read_text(INTERRUPTED_FILE)) if exp.exists(INTERRUPTED_FILE) else None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("signal"), str) else None
+
+
+def mark_interrupted(row: dict, record: dict | None) -> dict:
+    """A trial that was in flight (or waiting) when a signal stopped the search: status "interrupted", not
+    "error" (``--resume`` continues it from its last checkpoint). An error Ray recorded before the signal
+    stays an error."""
+    error_at = row.pop("_error_at", None)
+    if record is None or row.get("status") != "error":
+        return row
+    at = record.get("at")
+    if error_at is not None and isinstance(at, (int, float)) and error_at < at - INTERRUPT_SLACK_S:
+        return row
+    return {**row, "status": "interrupted", "error": None, "interrupted_by": record["signal"]}
+
+
 def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The trials and epochs DataFrames of an experiment folder (nothing written)."""
     exp = _Dir(experiment_dir)
@@ -372,9 +397,10 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
         read = list(pool.map(one, dirs))
     dirs = [d for d, r in zip(dirs, read) if r is not None]
     stops = scheduler_stops(exp)
+    interrupted = interruption(exp)
     for r in read:
         if r is not None:
-            rows.append(mark_stopped(r[0], stops))
+            rows.append(mark_interrupted(mark_stopped(r[0], stops), interrupted))
             epoch_rows.extend(r[1])
     for t in state or []:
         if t["dir"] in dirs:
@@ -385,7 +411,7 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
         config = dict(t["config"])
         row["role"] = str(config.pop("role", None) or "search")
         row.update({f"config.{k}": v for k, v in config.items()})
-        rows.append(row)
+        rows.append(mark_interrupted(row, interrupted))
 
     from .aggregate import null_inapplicable
     trials = null_inapplicable(pd.DataFrame(rows))

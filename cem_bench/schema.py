@@ -27,6 +27,9 @@ JOURNAL_FILE = "optuna_journal.log"          # the Optuna study (optuna-dashboar
 # a restoring Tune driver copies every .json and .pkl of the experiment folder into its staging folder and
 # uploads them again later, which would put back a stale copy over the scheduler's newer one.
 SCHEDULER_FILE = "scheduler_state.jsonl"
+# Written when SIGINT/SIGTERM stopped the search (search/interrupt.py): the signal, when, the --resume command.
+# Not ".json" either, for the same reason: --resume removes it, and a stale copy must not come back.
+INTERRUPTED_FILE = "interrupted.jsonl"
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
 CONFIGS_FILE = "configs.parquet"             # one row per configuration: its replicates aggregated

@@ -16,7 +16,18 @@ import secrets
 import stat
 from typing import Any
 
-from .errors import UnsafePath
+
+class UnsafePath(OSError):
+    """A path cem-bench will not write or read: a symbolic link inside a results folder, a named pipe, a
+    device, a file too large to be one cem-bench wrote. An OSError (EPERM) whose ``strerror`` is the whole
+    message, naming the path and what to do: the CLI prints it as one line and exits 2, and a reader that
+    reports unreadable files (integrity.read_strict) names it like any other."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EPERM, message)
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 def is_uri(path: str | os.PathLike) -> bool:
@@ -248,6 +259,21 @@ def read_regular(path: str | os.PathLike, *, within: str | os.PathLike | None = 
     if len(data) > limit:
         raise UnsafePath(f"{path} is larger than the {limit:,} bytes cem-bench reads from one file")
     return data
+
+
+def remove_file(path: str) -> None:
+    """Delete a file, local or on object storage; nothing when it is missing."""
+    if not is_uri(path) or path.startswith("file://"):
+        try:
+            os.unlink(_local(path))
+        except FileNotFoundError:
+            pass
+        return
+    fs, p = filesystem(path)
+    try:
+        fs.delete_file(p)
+    except FileNotFoundError:
+        pass
 
 
 def jsonable(obj: Any) -> Any:

@@ -17,8 +17,8 @@ from test_report import write_results
 
 from cem_bench import storage
 from cem_bench.cli import main
-from cem_bench.errors import ResultsError, UnsafePath
 from cem_bench.report import build_report
+from cem_bench.storage import UnsafePath
 
 SECRET = b"root's private file\n"
 
@@ -226,8 +226,3 @@ def test_publish_refuses_a_linked_subfolder_before_writing_any_file(tmp_path, ou
     os.unlink(tmp_path / "out" / "galleries")
     assert storage.publish(stage, tmp_path, ["out"]) == str(tmp_path / "out")
     assert (tmp_path / "out" / "galleries" / "a.png").read_bytes() == b"png"
-
-
-def test_unsafe_path_is_a_results_error():
-    """The CLI prints it as one paragraph and exits 2, like every other results error."""
-    assert issubclass(UnsafePath, ResultsError)

@@ -216,6 +216,54 @@ def test_a_second_search_of_the_same_experiment_is_refused_and_nothing_is_lost(t
     assert len(study.trials) == 2
 
 
+@pytest.mark.ray
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signalled_search_is_interrupted_not_failed_and_resumes(tmp_path, sig):
+    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM: the trials in flight are recorded as
+    interrupted, not as errors; the exit code is 130 / 143; the last line is the exact --resume command, and
+    running it finishes every trial; the report says the search was interrupted."""
+    space = write_space(tmp_path, "sig", num_samples=2, max_concurrent=2, fixed={"train.epochs": 40})
+    storage = tmp_path / "res"
+    exp = storage / "sig"
+    env = subprocess_env()
+    proc = subprocess.Popen(cli_cmd(space, "--storage", str(storage)), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        # wait until a trial has reported an epoch (a checkpoint exists to continue from)
+        while not any(p.stat().st_size for p in exp.glob("*/result.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.3)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)    # what Ctrl-C in a terminal does
+        else:
+            proc.send_signal(sig)       # what `kill PID`, a job scheduler or systemd does
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], out[-4000:]
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert lines[-2].startswith(f"interrupted by {sig.name}") and lines[-1].strip().endswith("--resume"), out[-2000:]
+    resume = lines[-1].strip()
+    assert "error(s)" in out and "0 error(s)" in out, out[-3000:]
+    trials = pd.read_parquet(exp / "trials.parquet")
+    assert set(trials["status"]) <= {"ok", "interrupted"} and (trials["status"] == "interrupted").any()
+    assert (exp / schema.INTERRUPTED_FILE).is_file()
+    page = (exp / "report" / "index.html").read_text()
+    assert f"interrupted by {sig.name}" in page and "--resume" in page
+    # the printed command continues it: every trial once, all ok
+    import shlex
+    argv = shlex.split(resume)
+    assert argv[:2] == ["cem-bench", "search"]
+    done = subprocess.run([sys.executable, "-m", "cem_bench.cli", *argv[1:]], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    trials = pd.read_parquet(exp / "trials.parquet")
+    assert len(trials) == 2 and trials["trial_id"].is_unique and (trials["status"] == "ok").all()
+    assert not (exp / schema.INTERRUPTED_FILE).exists()
+
+
 # --------------------------------------------------------------------- two-node Ray cluster
 def _free_port() -> int:
     with socket.socket() as s:

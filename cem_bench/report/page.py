@@ -13,7 +13,7 @@ import jinja2
 import pandas as pd
 
 from cem_bench.errors import ResultsError
-from cem_bench.schema import GALLERY_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
+from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
 from cem_bench.storage import is_uri, open_dir, publish, read_regular, relative_inside, write_bytes
 
 from .load import (
@@ -121,6 +121,23 @@ def attack_rows(row: pd.Series) -> list[str]:
 
 
 # ================================================================= the report
+def interrupted_note(res: Results) -> str | None:
+    """What the page says first when a signal stopped the search (search/interrupt.py), else None."""
+    try:
+        data = read_regular(res.results_dir / INTERRUPTED_FILE, within=res.results_dir, limit=1 << 20)
+        record = json.loads(data.decode())
+    except (OSError, ValueError, ResultsError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("signal"), str):
+        return None
+    n = int((res.trials["status"] == "interrupted").sum())
+    note = (f"This search was interrupted by {record['signal']}: {n} trial{'s' * (n != 1)} in flight or waiting "
+            f"{'are' if n != 1 else 'is'} marked interrupted (not errors) and the results below are partial.")
+    if isinstance(record.get("resume"), str):
+        note += f" Continue it with: {record['resume']}"
+    return note
+
+
 def _figure(src: str, alt: str, caption: str | None = None) -> dict:
     return {"src": quote(src), "alt": alt, "caption": caption}
 
@@ -218,7 +235,7 @@ def _draw(res: Results, out_dir: Path) -> None:
         own = front_of(base, res.metrics, res.modes)
         groups.append({"name": BASELINE_LABEL, "n": len(own), "table": html_table(own, table_cols, table_heads)})
 
-    errored = res.trials[~res.trials["_ok"]]
+    errored = res.trials[~res.trials["_ok"] & ~res.trials["status"].isin(["stopped", "interrupted"])]
     errors_table = None
     if not errored.empty:
         err = errored.copy()
@@ -265,5 +282,6 @@ def _draw(res: Results, out_dir: Path) -> None:
         errors_table=errors_table,
         replicated=res.replicated,
         facts_table=facts_table(run_facts(res, final_hv)),
+        interrupted=interrupted_note(res),
     )
     write_bytes(str(out_dir / "index.html"), page.encode("utf-8"))

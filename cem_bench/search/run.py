@@ -17,8 +17,19 @@ from typing import Any, NamedTuple
 
 from ..errors import SearchError, StorageFull
 from ..integrity import read_table, write_recorded_json
-from ..schema import RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
-from ..storage import exists, filesystem, is_uri, join, jsonable, nearest_existing, resolve_storage
+from ..schema import INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
+from ..storage import (
+    exists,
+    filesystem,
+    is_uri,
+    join,
+    jsonable,
+    nearest_existing,
+    remove_file,
+    resolve_storage,
+    write_bytes,
+)
+from .interrupt import Interruption, resume_command
 from .lock import experiment_lock
 from .resume import repair_experiment_state
 from .trainable import DIE_ENV, make_trainable, trial_resources, with_resources
@@ -258,8 +269,10 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
                     stop=guard,
                 ),
             )
+        if resume and exists(join(exp_path, INTERRUPTED_FILE)):   # this run continues the interrupted one
+            remove_file(join(exp_path, INTERRUPTED_FILE))
         try:
-            with one_line_when_full(guard):
+            with one_line_when_full(guard), Interruption() as interruption:
                 grid = tuner.fit()
         except Exception as e:  # noqa: BLE001 - Ray's own failure on a full disk is a traceback of its files
             if guard.full or is_enospc(e):
@@ -267,6 +280,10 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
             raise
         if guard.full:
             raise StorageFull(full_message(storage, f"trial {guard.full} ran out of space"))
+        if interruption.signal is not None:
+            stats["interrupted"] = interruption.signal.name
+            record = {"signal": interruption.signal.name, "at": interruption.at, "resume": stats.get("resume_command")}
+            write_bytes(join(exp_path, INTERRUPTED_FILE), (json.dumps(record) + "\n").encode())
         stats["trials_s"] = time.perf_counter() - t1
         ok = err = stopped = 0
         for r in grid:
@@ -420,29 +437,37 @@ def search_command(args) -> dict:
     # MPS on this machine for a local search whose trials share a GPU (a cluster starts it in cluster.yaml)
     mode = (getattr(args, "mps", None) or "auto") if args.address is None else "off"
     exp_path = join(resolve_storage(args.storage), spec.name)
+    stats["resume_command"] = resume_command(args, spec.name, resolve_storage(args.storage))
     if args.resume:
         check_resumable(exp_path)
     else:
         check_storage(resolve_storage(args.storage))
     # one driver per experiment, from before Ray starts until its tables are written (search/lock.py)
-    with experiment_lock(exp_path, bool(args.resume)):
-        with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _detect_gpus() > 0):
-            exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
-                             stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)))
-
-        t_write = time.perf_counter()
-        from .. import results
-        trials_path, epochs_path = results.write_tables(exp)
-        stats["write_s"] = time.perf_counter() - t_write
+    try:
+        with experiment_lock(exp_path, bool(args.resume)):
+            with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _detect_gpus() > 0):
+                exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
+                                 stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)))
+            t_write = time.perf_counter()
+            from .. import results
+            trials_path, epochs_path = results.write_tables(exp)
+            stats["write_s"] = time.perf_counter() - t_write
+    except KeyboardInterrupt:   # a second signal, or one outside Tune's loop: stopped at once
+        if exists(join(exp_path, "tuner.pkl")):
+            print(f"cem-bench: stopped at once; the experiment keeps its last saved state. Continue with:\n"
+                  f"  {stats['resume_command']}", file=sys.stderr, flush=True)
+        raise
 
     if is_uri(str(trials_path)):
         n_ok, n_err, n_stop = stats.get("trials_ok", 0), stats.get("trials_error", 0), stats.get("trials_stopped", 0)
+        n_int = 0
     else:
         df = read_table(exp, os.path.basename(str(trials_path)), "trials")
-        n_stop = int((df["status"] == "stopped").sum())
-        n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum()) - n_stop
+        n_stop, n_int = int((df["status"] == "stopped").sum()), int((df["status"] == "interrupted").sum())
+        n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] == "error").sum())
     print(f"experiment: {exp}")
     print(f"trials: {trials_path}")
     print(f"epochs: {epochs_path}")
     return {"experiment": exp, "name": spec.name, "trials": trials_path, "epochs": epochs_path, "ok": n_ok,
-            "error": n_err, "stopped": n_stop, "stats": stats, "seconds": time.perf_counter() - t_all}
+            "error": n_err, "stopped": n_stop, "interrupted": n_int, "stats": stats,
+            "seconds": time.perf_counter() - t_all}
