@@ -20,7 +20,7 @@ import torch
 from .errors import ResultsError
 from .integrity import read_recorded, write_recorded
 from .schema import CHECKPOINT_FILE
-from .storage import Dir
+from .storage import Dir, read_regular
 
 KIND = "cem-bench-checkpoint"
 VERSION = 2        # 1: written before checkpoints carried a version
@@ -101,8 +101,7 @@ def save_state(path: str, state: dict) -> None:
 
 def load_state(path: str) -> dict:
     """The trainer state of :func:`save_state` (or of a version-1 ``state.pt``: the state itself)."""
-    with open(path, "rb") as fh:
-        data = fh.read()
+    data = read_regular(path)   # a pipe or a device in a checkpoint folder: refused, never blocked on
     obj = parse(data, path)
     state = obj["trainer"] if obj.get("format") == KIND else obj
     if not isinstance(state, dict) or "epoch" not in state or "client" not in state:

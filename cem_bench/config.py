@@ -12,6 +12,7 @@ Surrogate-specific keys default to ``None``: "use the chosen surrogate's own def
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,11 @@ from .errors import ConfigError  # noqa: F401  (re-exported: config errors are r
 from .keys import KeySpec, coerce_value, key, plugin_specs, registered_names, spec_of_field, specs_of, unknown_key_message  # noqa: F401
 
 _f = key
+
+
+# the most images a split may ask for: 100x CIFAR-10, 4x ImageNet's training set. A typo of a few zeros
+# (10^9) would otherwise try to allocate terabytes before anything said a word (data.check_memory below it).
+MAX_IMAGES = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -36,10 +42,10 @@ class DataConfig:
     root: str = _f("~/.cache/cem-bench/data", "where torchvision datasets live (downloaded if missing and online)")
     train_size: Optional[int] = _f(None, "client training images (synthetic: how many to generate; photos: "
                                    "how many patches to cut; cifar, digits: a seeded subset; empty = all / "
-                                   "4096 for synthetic and photos)", lo=1)
+                                   "4096 for synthetic and photos)", lo=1, hi=MAX_IMAGES)
     test_size: Optional[int] = _f(None, "test images (synthetic: how many to generate; photos: how many "
                                   "patches to cut from the held-out regions; cifar, digits: a seeded subset; "
-                                  "empty = all / 2560 for synthetic and photos)", lo=20)
+                                  "empty = all / 2560 for synthetic and photos)", lo=20, hi=MAX_IMAGES)
     attack_split: str = _f("inference", "attacker protocol: 'inference' = attacker trains on test[:90%] and is "
                            "evaluated on test[90%:]; 'training' = attacker trains on the client's training set "
                            "and is evaluated on the whole test set (the paper's headline protocol)",
@@ -354,8 +360,8 @@ def coerce(key_: str, value: Any, spec: KeySpec | None = None) -> Any:
     if v is not None and typing.get_args(spec.type) == (int,):     # list[int]: whole numbers only, no booleans
         raw = value
         if isinstance(raw, str):
-            import yaml
-            raw = yaml.safe_load(raw)
+            from .parsing import load_yaml
+            raw = load_yaml(raw)
         if any(isinstance(x, bool) for x in raw) or any(not float(x).is_integer() for x in v):
             raise ConfigError(f"{key_}: {value!r} is not a list of integers; allowed: a list of integers")
         v = [int(x) for x in v]
@@ -364,12 +370,19 @@ def coerce(key_: str, value: Any, spec: KeySpec | None = None) -> Any:
 
 def read_yaml(path: str, what: str, error: Callable[[str], ConfigError] = ConfigError) -> Any:
     """The document of a YAML file the user gave (``what``: "config file", "search space"); ``error`` (one
-    message naming the file) when it is missing, a folder, unreadable, not UTF-8 text or not YAML.
-    ``yaml.safe_load``: plain values only, no Python objects."""
+    message naming the file) when it is missing, a folder, a pipe or a device, unreadable, not UTF-8 text,
+    not YAML, or past parsing.py's limits (an alias bomb, deep nesting, a huge integer, a key given twice).
+    Plain values only, no Python objects."""
     import yaml
+
+    from .parsing import MAX_BYTES, ParseError, load_yaml
     try:
-        with open(path, encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
+        with open(path, "rb", buffering=0) as fh:
+            import stat
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode) and not os.path.isdir(path):
+                raise error(f"{what} {path!r} is not a regular file (a pipe or a device): give a YAML file")
+            data = fh.read(MAX_BYTES + 1)
+        return load_yaml(data)
     except FileNotFoundError:
         raise error(f"{what} {path!r} does not exist") from None
     except IsADirectoryError:
@@ -378,6 +391,8 @@ def read_yaml(path: str, what: str, error: Callable[[str], ConfigError] = Config
         raise error(f"{what} {path!r} cannot be read ({e.strerror or type(e).__name__})") from None
     except UnicodeDecodeError as e:
         raise error(f"{what} {path!r} is not UTF-8 text (byte {e.start}): a YAML file is text") from None
+    except ParseError as e:
+        raise error(f"{what} {path!r} is refused: {e}") from None
     except yaml.YAMLError as e:
         raise error(f"{what} {path!r} is not valid YAML: {e}") from None
 

@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from .errors import ResultsError
+from .parsing import loads_json
 from .storage import Dir, json_bytes, write_bytes
 
 MANIFEST_FILE = "cem_bench_files.json"
@@ -98,7 +99,7 @@ def read_manifest(folder: Dir) -> dict[str, list[str]] | None:
         return None
     path = folder.url(MANIFEST_FILE)
     try:
-        obj = json.loads(data.decode("utf-8"))
+        obj = loads_json(data)
     except (UnicodeDecodeError, ValueError):
         obj = None
     body = unseal(obj)
@@ -193,7 +194,7 @@ def parse_table(data: bytes, path: str, kind: str) -> pd.DataFrame:
                            f"{REBUILD_HINT[0].upper()}{REBUILD_HINT[1:]}") from e
     if info is not None:
         try:
-            info = json.loads(info.decode())
+            info = loads_json(info)
             other, version = info["table"], info["format"]
         except (UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
             raise ResultsError(f"{path}: its cem-bench metadata is damaged; {REBUILD_HINT}") from e
@@ -225,7 +226,7 @@ def read_json_file(folder: Dir | str, name: str, what: str) -> Any | None:
     if data is None:
         return None
     try:
-        return json.loads(data.decode("utf-8"))
+        return loads_json(data)
     except (UnicodeDecodeError, ValueError) as e:
         raise ResultsError(f"{folder.url(name)} is not valid JSON ({type(e).__name__}: {e}): it should be "
                            f"{what}; it is truncated, damaged or of another format") from e

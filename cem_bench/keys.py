@@ -128,9 +128,24 @@ def unknown_key_message(key_: str, specs: dict[str, KeySpec], sections) -> str:
     return f"unknown config key {key_!r}{hint}; known keys here: {known}"
 
 
+# the largest integer a key takes: exact in a float64 and in every JSON reader
+MAX_INT = 2**53
+
+
+def _bounded_repr(value: Any) -> str:
+    """``repr(value)`` cut to a line, without walking all of it: a value from a file may be a structure of
+    10⁹ shared references (a YAML alias bomb, a checkpoint's stored config) that a plain repr would expand."""
+    import reprlib
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 2, 4, 4, 4, 4
+    r.maxstring, r.maxlong, r.maxother = 120, 60, 120
+    return r.repr(value)
+
+
 def coerce_value(key: str, value: Any, spec: KeySpec) -> Any:
     """Convert ``value`` (possibly a string from ``--set``) to the key's type and check its range."""
-    bad = lambda why: ConfigError(f"{key}: {value!r} {why}; allowed: {spec.describe()}")  # noqa: E731
+    shown = _bounded_repr(value)
+    bad = lambda why: ConfigError(f"{key}: {shown} {why}; allowed: {spec.describe()}")  # noqa: E731
     empty = value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))
     if empty and spec.optional:
         return None
@@ -153,13 +168,20 @@ def coerce_value(key: str, value: Any, spec: KeySpec) -> Any:
             raise bad("is a boolean, not an integer")
         if isinstance(value, int):
             v = value
+            if abs(v) > MAX_INT:
+                raise bad("is larger than any count or size cem-bench takes (|n| <= 2^53)")
         elif isinstance(value, float) and value.is_integer():
             v = int(value)
         elif isinstance(value, str):
+            text = value.strip()
+            if len(text.lstrip("+-")) > 20:
+                raise bad("is larger than any count or size cem-bench takes (|n| <= 2^53)")
             try:
-                v = int(value.strip())
+                v = int(text)
             except ValueError:
                 raise bad("is not an integer") from None
+            if abs(v) > MAX_INT:
+                raise bad("is larger than any count or size cem-bench takes (|n| <= 2^53)")
         else:
             raise bad("is not an integer")
     elif tp is float:
@@ -167,6 +189,8 @@ def coerce_value(key: str, value: Any, spec: KeySpec) -> Any:
             raise bad("is a boolean, not a number")
         try:
             v = float(value)
+        except OverflowError:
+            raise bad("is too large for a number") from None
         except (TypeError, ValueError):
             raise bad("is not a number") from None
         if not math.isfinite(v):
@@ -180,8 +204,12 @@ def coerce_value(key: str, value: Any, spec: KeySpec) -> Any:
     elif tp is list or typing.get_origin(tp) is list:
         if isinstance(value, str):
             import yaml
+
+            from .parsing import ParseError, load_yaml
             try:
-                value = yaml.safe_load(value)
+                value = load_yaml(value)
+            except ParseError as e:
+                raise bad(f"is refused: {e}") from None
             except yaml.YAMLError:
                 raise bad("is not a list") from None
         if typing.get_args(tp) == (str,):           # list[str]: a bare name is a list of one
@@ -195,6 +223,8 @@ def coerce_value(key: str, value: Any, spec: KeySpec) -> Any:
                 raise bad("is not a list")
             try:
                 v = [float(x) for x in value]
+            except OverflowError:
+                raise bad("holds a number too large for a float") from None
             except (TypeError, ValueError):
                 raise bad("is not a list of numbers") from None
     else:  # pragma: no cover - every field uses one of the types above

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from .integrity import write_table
+from .parsing import loads_json
 from .schema import (
     CONFIGS_FILE,
     EPOCH_COLUMNS,
@@ -63,7 +64,7 @@ def _load_json(text: str | None) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        return loads_json(text)
     except ValueError:
         return None
 
@@ -75,7 +76,7 @@ def _json_lines(text: str | None) -> list[dict]:
         if not line:
             continue
         try:
-            rec = json.loads(line)
+            rec = loads_json(line)
         except ValueError:
             continue  # a line cut by a crash
         if isinstance(rec, dict):
@@ -122,7 +123,7 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
         for entry in state["trial_data"]:
             try:
                 t = entry[0] if isinstance(entry, (list, tuple)) else entry
-                t = json.loads(t) if isinstance(t, str) else t
+                t = loads_json(t) if isinstance(t, str) else t
                 out.append({"trial_id": str(t["trial_id"]), "status": t.get("status"),
                             "dir": t.get("relative_logdir"), "config": t.get("config") or {}})
             except (KeyError, TypeError, ValueError, IndexError):
@@ -177,7 +178,7 @@ def read_resume_bundle(experiment_dir: str | os.PathLike, trust_pickle: bool = F
             raise ValueError(f"{RESUME_STATE_FILE} is not a cem-bench state bundle ({type(e).__name__}: {e})") from e
         return {"version": 1, **bundle}
     try:
-        body = unseal(json.loads(data.decode("utf-8")))
+        body = unseal(loads_json(data))
     except (UnicodeDecodeError, ValueError):
         body = None
     if body is None or body.get("kind") != BUNDLE_KIND:

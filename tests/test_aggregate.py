@@ -110,7 +110,8 @@ def test_the_baseline_is_its_own_row_and_each_configuration_meets_its_own():
     assert sorted(c.index) == [("baseline", 0.05), ("baseline", 0.1), ("confirmed", 0.05), ("confirmed", 0.1)]
     base = c.loc[("baseline", 0.1)]
     assert base["config.cem.surrogate"] == "none" and pd.isna(base["config.cem.num_clusters"])
-    assert base["runs"] == 4 and list(base["seeds"]) == [0, 1, 2]             # seed 2 once
+    # seed 2 once: a repeated seed is one run, never two replicates (issue 39 item 7; this said runs == 4)
+    assert base["runs"] == 3 and base["repeats"] == 1 and list(base["seeds"]) == [0, 1, 2]
     assert base["attack_ssim_mean"] == pytest.approx(0.81)
     conf = c.loc[("confirmed", 0.1)]
     assert conf["baseline_id"] == base["config_id"] and conf["runs"] == 4 and list(conf["seeds"]) == [3, 4, 5]

@@ -440,8 +440,8 @@ def test_baseline_and_confirm_defaults():
     assert spec.total_runs == 3 + 4 + 9
     assert spec.baseline_configs()[0] == {"cem.lambd": 0.0, "seed": 0, "role": "baseline"}
     # λ fixed at 0: the whole search is a baseline; a replicated grid with λ = 0 cells has its own
-    assert parse_space(minimal(fixed={"cem.lambd": 0}, params={"defense.noise_std": {"choice": [0.1, 0.2]}})
-                       ).baseline_replicates == 0
+    assert parse_space(minimal(fixed={"cem.lambd": 0}, params={"defense.noise_std": {"choice": [0.1, 0.2]}},
+                               num_samples=2)).baseline_replicates == 0   # 2 distinct configurations: at most 2
     grid = parse_space(minimal(sampler={"name": "grid"}, num_samples=None, replicates=2,
                                params={"cem.lambd": {"choice": [0, 8]}}))
     assert grid.baseline_replicates == 0

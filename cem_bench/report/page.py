@@ -13,6 +13,7 @@ import jinja2
 import pandas as pd
 
 from cem_bench.errors import ResultsError
+from cem_bench.parsing import loads_json
 from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
 from cem_bench.storage import is_uri, open_dir, publish, read_regular, relative_inside, write_bytes
 
@@ -125,7 +126,7 @@ def interrupted_note(res: Results) -> str | None:
     """What the page says first when a signal stopped the search (search/interrupt.py), else None."""
     try:
         data = read_regular(res.results_dir / INTERRUPTED_FILE, within=res.results_dir, limit=1 << 20)
-        record = json.loads(data.decode())
+        record = loads_json(data)
     except (OSError, ValueError, ResultsError):
         return None
     if not isinstance(record, dict) or not isinstance(record.get("signal"), str):

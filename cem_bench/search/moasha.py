@@ -25,6 +25,7 @@ from typing import Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from .. import storage
+from ..parsing import loads_json
 from .rungs import RungRanker
 
 __all__ = ["MOASHA", "STATE_TARGET"]
@@ -109,7 +110,10 @@ class MOASHA(FIFOScheduler):
         data = _read_bytes(path)
         if data is None:
             return
-        saved = json.loads(data)
+        try:
+            saved = loads_json(data)
+        except ValueError:
+            return   # damaged: the scheduler keeps its own state
         if int(saved["ranker"]["counter"]) > self.ranker.counter:
             self.ranker.load_state_dict(saved["ranker"])
             self._stops = [dict(d) for d in saved.get("decisions", [])]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime, timezone
 
 from ..errors import SearchError
+from ..parsing import loads_json
 from ..provenance import now_iso as _now_iso
 from ..schema import RESUME_STATE_FILE
 from ..storage import filesystem, join, write_bytes
@@ -47,7 +47,7 @@ def _state_error(name: str, data: bytes) -> str | None:
         return "empty file"
     try:
         if RAY_STATE_KINDS[_state_kind(name)] == "json":
-            json.loads(data.decode())
+            loads_json(data)
         else:
             ops = list(pickletools.genops(data))   # ValueError on a truncated or malformed stream
             if not ops or ops[-1][0].name != "STOP":

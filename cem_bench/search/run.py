@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from ..errors import SearchError, StorageFull
 from ..integrity import read_table, write_recorded_json
+from ..parsing import loads_json
 from ..schema import INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
 from ..storage import (
     exists,
@@ -329,7 +330,7 @@ def _warn_if_changed(spec, path: str) -> None:
     try:
         fs, p = filesystem(path)
         with fs.open_input_stream(p) as fh:
-            saved = json.loads(fh.read().decode())
+            saved = loads_json(fh.read())
     except Exception:  # noqa: BLE001
         return
     now = jsonable(spec.to_dict())

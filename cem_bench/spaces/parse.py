@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
+import math
 from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
@@ -110,6 +111,11 @@ def _from_cli(value: Any) -> Any:
     return value
 
 
+# the most trials one search plans (a grid's cells, a baseline's cells): a typo in a choice list must not
+# build a list of 10^9 configurations before a word is said
+MAX_CELLS = 100_000
+
+
 class _Parser(ParamStages):
     """One validation of one document: ``parse()`` runs every stage, collects every problem in ``errors``
     and raises them together as one ``SpaceError``, or returns the ``SearchSpec``."""
@@ -158,6 +164,8 @@ class _Parser(ParamStages):
         params = self.pin(params, fixed)
         if grid:
             num_samples = self.grid(params, num_samples)
+        elif num_samples:
+            self.distinct(params, num_samples)
         baseline, cells = self.baseline(doc.get("baseline"), fixed, params, grid, seeds)
         top, confirm_reps = self.confirm(doc.get("confirm"))
         tolerance = self.utility_tolerance(doc.get("utility_tolerance", DEFAULT_UTILITY_TOLERANCE))
@@ -275,6 +283,11 @@ class _Parser(ParamStages):
                 bad = True
         if bad or not changing:
             return n, ({},)
+        bound = math.prod(len(p.choices) for p in changing)
+        if bound > MAX_CELLS:
+            self.err("baseline", f"the λ = 0 baseline would run once per value of {', '.join(p.key for p in changing)}: "
+                     f"{bound:,} cells, more than the {MAX_CELLS:,} trials cem-bench plans for one search")
+            return n, ({},)
         cells = tuple(dict(zip([p.key for p in changing], combo))
                       for combo in itertools.product(*[p.choices for p in changing]))
         return n, cells
@@ -310,11 +323,39 @@ class _Parser(ParamStages):
                      "(continuous and integer ranges are for the other samplers)")
         if bad:
             return max(num_samples, 1)
+        bound = math.prod(len(p.choices) for p in params)
+        if bound > MAX_CELLS:
+            self.err("params", f"sampler grid over {bound:,} cells (the product of the choices' lengths), more than "
+                     f"the {MAX_CELLS:,} trials cem-bench plans for one search; use a sampler (tpe, nsga2, random) "
+                     f"with num_samples instead")
+            return 1
         cells = len(grid_cells(params))
         if num_samples and num_samples != cells:
             self.err("num_samples", f"{num_samples} with sampler grid, whose space has {cells} cells; leave it "
                      f"out (it defaults to the number of cells) or set it to {cells}")
         return cells
+
+    def distinct(self, params, num_samples: int) -> None:
+        """A sampler cannot propose more distinct configurations than a discrete space holds: the searcher
+        rejects a repeat, and a repeat run would count as a replicate of the same seed. ``num_samples`` above
+        that count is refused, naming it (replicates are ``replicates:``/``seeds:``, not repeats)."""
+        from .sampling import grid_cells
+        if not params or any(p.kind not in ("choice", "int") for p in params):
+            return   # a continuous parameter: more configurations than any budget
+        sizes = [len(p.choices) if p.kind == "choice" else
+                 (int(p.high) - int(p.low)) // int(p.step or 1) + 1 for p in params]
+        bound = math.prod(sizes)
+        if bound >= num_samples:
+            if bound > MAX_CELLS:
+                return
+            if all(p.kind == "choice" for p in params):
+                bound = len(grid_cells(params))   # exact, with the `when` conditions applied
+            if bound >= num_samples:
+                return
+        self.err("num_samples", f"{num_samples}, but the space holds only {bound} distinct configuration"
+                 f"{'s' * (bound != 1)}: a sampler cannot propose more, and a repeat is not a replicate (its runs "
+                 f"would share a seed). Set num_samples to {bound} or fewer (sampler grid runs each once); for "
+                 f"several seeds of each, add replicates: N")
 
     def seeds(self, replicates, seeds, fixed: dict, params) -> tuple[int, ...]:
         """``replicates: N`` (seeds base..base+N-1, base = the fixed ``seed`` or 0) or ``seeds: [...]``: every

@@ -1,0 +1,188 @@
+"""Small inputs that used to exhaust memory, overflow the stack or pass silently (issue 39, items 4-8): each
+class is refused before the memory is spent, in one paragraph naming the limit, with nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cem_bench import checkpoint
+from cem_bench.cli import main
+from cem_bench.errors import SpaceError
+from cem_bench.parsing import MAX_DEPTH, MAX_DIGITS, ParseError, load_yaml, loads_json
+from cem_bench.spaces import parse_space
+
+BOMB = "\n".join([f"{a}: &{a} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]"
+                  for p, a in zip([None, *"abcdefgh"], "abcdefghi")])
+
+
+@pytest.fixture(autouse=True)
+def bounded_time():
+    """A refusal is immediate; a regression that expands a bomb fails the test instead of eating the machine."""
+    def boom(*_):
+        raise TimeoutError("took more than 60 s: something expanded what it should have refused")
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+# ---------------------------------------------------------------- the parsers
+plain = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.text(max_size=8)
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(min_size=1, max_size=6), inner, max_size=4),
+    max_leaves=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(plain)
+def test_ordinary_documents_read_as_the_libraries_read_them(doc):
+    """The limits refuse nothing a configuration or a result would hold."""
+    text = yaml.safe_dump(doc)
+    assert load_yaml(text) == yaml.safe_load(text)
+    text = json.dumps(doc)
+    assert loads_json(text) == json.loads(text)
+
+
+def test_an_alias_bomb_is_refused_before_it_is_expanded():
+    with pytest.raises(ParseError, match="expands to more than 1,000,000 values"):
+        load_yaml(BOMB)
+    small = "a: &a [1, 2]\nb: [*a, *a]\n"        # aliases as people use them still work
+    assert load_yaml(small) == {"a": [1, 2], "b": [[1, 2], [1, 2]]}
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH + 1, 20_000])
+def test_deep_nesting_is_refused(levels):
+    with pytest.raises(ParseError, match="nested"):
+        load_yaml("x: " + "[" * levels + "]" * levels)
+    with pytest.raises(ParseError, match="nested"):
+        loads_json("[" * 20_000 + "]" * 20_000)
+
+
+@pytest.mark.parametrize("digits", [MAX_DIGITS + 1, 400, 5000])
+def test_huge_integers_are_refused(digits):
+    with pytest.raises(ParseError, match=f"{digits:,} digits|more than {MAX_DIGITS} digits"):
+        load_yaml("train.epochs: " + "9" * digits)
+    with pytest.raises(ParseError, match=f"more than {MAX_DIGITS} digits"):
+        loads_json('{"epoch": ' + "9" * digits + "}")
+    assert loads_json('{"text": "' + "9" * digits + '"}')["text"] == "9" * digits   # inside a string: text
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines():
+    with pytest.raises(ParseError, match=r"'train.epochs' appears twice in one mapping \(line 1 and line 3\)"):
+        load_yaml("train.epochs: 2\nseed: 0\ntrain.epochs: 3\n")
+    assert load_yaml("a: {x: 1}\nb: {x: 2}\n") == {"a": {"x": 1}, "b": {"x": 2}}   # same key, two mappings
+
+
+# ---------------------------------------------------------------- the commands
+def run_cli(argv, capsys) -> tuple[int, str]:
+    rc = main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out + cap.err
+
+
+@pytest.mark.parametrize("body, says", [
+    (BOMB + "\ntrain.epochs: *i\n", "billion laughs"),
+    ("train.epochs: " + "[" * 5000 + "]" * 5000, "nested"),
+    ("train.epochs: " + "9" * 5000, "5,000 digits"),
+    ("train.epochs: " + "9" * 400, "400 digits"),
+    ("train.epochs: 2\ntrain.epochs: 3\n", "appears twice"),
+])
+def test_train_config_files_fail_in_one_short_paragraph(tmp_path, capsys, body, says):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(body)
+    rc, out = run_cli(["train", "--config", str(cfg), "--out", str(tmp_path / "run")], capsys)
+    assert rc == 2 and says in out and len(out) < 1000, out[:2000]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_search_space_bomb_is_a_space_error(tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text(BOMB + "\nname: x\n")
+    with pytest.raises(SpaceError, match="billion laughs"):
+        from cem_bench.spaces import load_space
+        load_space(str(space))
+
+
+def test_set_values_are_parsed_with_the_same_limits(tmp_path, capsys):
+    rc, out = run_cli(["train", "--set", "attack.names=" + "[" * 5000 + "]" * 5000, "--out", str(tmp_path / "r")],
+                      capsys)
+    assert rc == 2 and "nested" in out and len(out) < 1000, out[:2000]
+    rc, out = run_cli(["train", "--set", "train.epochs=" + "9" * 400, "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "larger than any count" in out and len(out) < 1000, out[:2000]
+
+
+def test_a_checkpoint_whose_config_is_a_bomb_fails_in_a_short_paragraph(tmp_path, capsys):
+    import torch
+    bomb = ["lol"] * 9
+    for _ in range(9):
+        bomb = [bomb] * 9      # 9^10 values as shared references, as torch.load rebuilds them
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(checkpoint.to_bytes({"train.epochs": bomb}, {"client": {"w": torch.zeros(1)}}))
+    rc, out = run_cli(["attack", str(run)], capsys)
+    assert rc == 2 and "train.epochs" in out and len(out) < 1000, out[:2000]
+
+
+@pytest.mark.parametrize("special", ["fifo", "devzero"])
+def test_a_checkpoint_that_is_a_pipe_or_a_device_is_refused(tmp_path, capsys, special):
+    run = tmp_path / "run"
+    run.mkdir()
+    if special == "fifo":
+        os.mkfifo(run / "checkpoint.pt")
+    else:
+        os.symlink("/dev/zero", run / "checkpoint.pt")
+    rc, out = run_cli(["attack", str(run)], capsys)
+    assert rc == 2 and ("named pipe" if special == "fifo" else "a device") in out
+    assert [p.name for p in run.iterdir()] == ["checkpoint.pt"]
+
+
+def test_a_train_size_past_memory_is_refused_before_allocation(tmp_path, capsys):
+    rc, out = run_cli(["train", "--set", "data.train_size=1000000000", "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "data.train_size" in out and "5e+06" in out
+    rc, out = run_cli(["train", "--set", "data.train_size=4000000", "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "GiB" in out and "give at most" in out
+    assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------- plans that are too large or repeat themselves
+def space(**over) -> dict:
+    doc = {"name": "s", "objectives": [{"metric": "test_acc", "mode": "max"},
+                                       {"metric": "attack_ssim", "mode": "min"}],
+           "num_samples": 4, "params": {"cem.lambd": {"loguniform": [1, 64]}}, "fixed": {"train.epochs": 2}}
+    doc.update(over)
+    return doc
+
+
+def test_a_grid_of_a_billion_cells_is_refused_without_building_it():
+    params = {"cem.lambd": {"choice": list(range(1, 1001))},
+              "defense.noise_std": {"choice": [0.001 * i for i in range(1, 1001)]},
+              "attack.rmle_iterations": {"choice": list(range(1, 1001))}}
+    with pytest.raises(SpaceError, match="1,000,000,000 cells"):
+        parse_space(space(sampler={"name": "grid"}, num_samples=None, params=params))
+
+
+def test_a_baseline_of_a_billion_cells_is_refused_without_building_it():
+    params = {"cem.lambd": {"loguniform": [1, 64]},
+              "defense.noise_std": {"choice": [0.001 * i for i in range(1, 1001)]},
+              "attack.rmle_iterations": {"choice": list(range(1, 1001))},
+              "attack.epochs": {"choice": list(range(1, 1001))}}
+    with pytest.raises(SpaceError, match="1,000,000,000 cells"):
+        parse_space(space(params=params, num_samples=10))
+
+
+def test_more_samples_than_distinct_configurations_is_refused():
+    with pytest.raises(SpaceError, match="only 2 distinct configurations"):
+        parse_space(space(num_samples=3, params={"cem.lambd": {"choice": [8, 16]}}))
+    with pytest.raises(SpaceError, match="only 3 distinct configurations"):
+        parse_space(space(num_samples=4, params={"cem.num_clusters": {"int": [2, 4]}}))
+    assert parse_space(space(num_samples=2, params={"cem.lambd": {"choice": [8, 16]}})).num_samples == 2
+    assert parse_space(space(num_samples=50)).num_samples == 50        # a continuous range: no bound
