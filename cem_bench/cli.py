@@ -45,6 +45,7 @@ def cmd_train(args) -> int:
     from .trial import build_config, run_trial
     cfg = build_config(_config_from_args(args))  # validate before any work
     out = args.out or os.path.join("results", "runs", time.strftime("%Y%m%d-%H%M%S"))
+    check_run_out(out)   # before training: a run is never trained only to be discarded or to replace another
     # the folder is created only once there is something to put in it (a missing dataset writes nothing)
     print(f"cem-bench train: {cfg.cem.surrogate if cfg.cem.lambd > 0 else 'no CEM (lambda=0)'} on "
           f"{cfg.data.dataset}, {cfg.train.epochs} epochs, output in {out}", flush=True)
@@ -64,6 +65,19 @@ def cmd_train(args) -> int:
     gallery = result["info"]["gallery"] or f"none (attack not run: {result.get('attack_skipped') or 'no images'})"
     print(f"metrics: {metrics}\ngallery: {gallery}\ncheckpoint: {ckpt}")
     return 0
+
+
+def check_run_out(out: str) -> None:
+    """ConfigError when ``train --out`` cannot take a new run: a file, or a folder that already holds one
+    (its checkpoint and metrics would be replaced without a word). An empty folder is fine."""
+    from .schema import CHECKPOINT_FILE, METRICS_FILE
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ConfigError(f"--out {out} is a file, not a folder; give a folder for the run (it is created when "
+                          f"missing). Nothing was trained")
+    held = [f for f in (CHECKPOINT_FILE, METRICS_FILE) if os.path.lexists(os.path.join(out, f))]
+    if held:
+        raise ConfigError(f"--out {out} already holds a run ({', '.join(held)}); give another folder, or remove "
+                          f"that one first (`cem-bench attack {out}` re-attacks the run in it). Nothing was trained")
 
 
 def cmd_attack(args) -> int:
@@ -91,6 +105,13 @@ def cmd_attack(args) -> int:
     except (RuntimeError, KeyError, TypeError) as e:
         raise ResultsError(f"{os.path.join(args.run_dir, 'checkpoint.pt')}: its encoder does not fit the model "
                            f"its config builds ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
+    import torch
+    broken = [k for k, v in state["client"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if broken:   # every feature would be NaN: the attack would measure nothing and report all-null metrics
+        raise ResultsError(f"{os.path.join(args.run_dir, 'checkpoint.pt')}: its encoder holds NaN or infinite "
+                           f"weights ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): the run "
+                           f"diverged, and there is nothing to attack. Train it again (a lower train.lr, or "
+                           f"train.amp off)")
     res = attacks.run_all(cfg, trainer.client, splits, cfg.defense.noise_std, device)
     out = stamp = os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S"))
     k = 1
@@ -345,7 +366,10 @@ def os_error_message(e: OSError) -> str:
             pass
         return (f"no space left on the device{where}{free}. Free some space and run the command again (what was "
                 f"written before is intact: every result file is replaced atomically)")
-    return f"{e.strerror or type(e).__name__}{where}"
+    # pyarrow's S3 errors are OSErrors with no strerror: the reason (a host that could not be resolved, a
+    # denied bucket) is only in the text
+    reason = e.strerror or " ".join(str(e).split())[:500] or type(e).__name__
+    return f"{reason}{where}"
 
 
 if __name__ == "__main__":

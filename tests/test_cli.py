@@ -44,6 +44,27 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     assert rmle["attack_ssim"] == rmle["attack_ssim__rmle"] and rmle["attack_ssim_by"] == "rmle"
     assert main(["attack", str(out), "--set", "cem.lambd=3"]) == 2
 
+    # --out: a run is never replaced without a word, and a file is refused before training (issue 39)
+    before = (out / "checkpoint.pt").read_bytes()
+    capsys.readouterr()
+    assert main(["train", *_sets(TINY), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (checkpoint.pt, metrics.json)" in err and "Nothing was trained" in err
+    assert (out / "checkpoint.pt").read_bytes() == before
+    (tmp_path / "afile").write_text("x")
+    assert main(["train", *_sets(TINY), "--out", str(tmp_path / "afile")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+    # a checkpoint whose encoder diverged (NaN weights) says so instead of reporting all-null metrics
+    from cem_bench import checkpoint
+    config, state = checkpoint.load_run(str(out))
+    key = next(k for k, v in state["client"].items() if v.is_floating_point())
+    state["client"][key] = state["client"][key] * float("nan")
+    checkpoint.save_run(str(out), config, state)
+    assert main(["attack", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "NaN or infinite weights" in err and key in err
+
 
 def test_run_trial_reports_every_objective_key_each_epoch():
     records = []

@@ -186,3 +186,17 @@ def test_more_samples_than_distinct_configurations_is_refused():
         parse_space(space(num_samples=4, params={"cem.num_clusters": {"int": [2, 4]}}))
     assert parse_space(space(num_samples=2, params={"cem.lambd": {"choice": [8, 16]}})).num_samples == 2
     assert parse_space(space(num_samples=50)).num_samples == 50        # a continuous range: no bound
+
+
+def test_an_object_store_failure_names_its_reason(monkeypatch, capsys, tmp_path):
+    """pyarrow's S3 errors carry no strerror: the CLI printed only 'cem-bench: OSError'."""
+    from cem_bench import cli
+
+    def unreachable(args):
+        raise OSError("When resolving region for bucket 'b': AWS Error NETWORK_CONNECTION: Could not resolve "
+                      "host: b.s3.amazonaws.com")
+    parser = cli.make_parser()
+    parser._subparsers._group_actions[0].choices["report"].set_defaults(func=unreachable)
+    monkeypatch.setattr(cli, "make_parser", lambda: parser)
+    rc, out = run_cli(["report", "s3://b/res", "--out", str(tmp_path / "o")], capsys)
+    assert rc == 2 and "Could not resolve host: b.s3.amazonaws.com" in out and len(out.splitlines()) == 1
