@@ -65,12 +65,13 @@ def _cell(row: pd.Series, metric: str) -> str:
     mean, std, n = row.get(f"{metric}_mean"), row.get(f"{metric}_std"), row.get(f"{metric}_n", 0)
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "–"
+    n = "?" if n is None or (isinstance(n, float) and not math.isfinite(n)) else int(n)
     digits = 2 if metric in ("attack_psnr",) else (4 if metric == "attack_mse" else 3)
     text = f"{mean:.{digits}f}"
     if std is not None and not (isinstance(std, float) and math.isnan(std)):
         text += f" ± {std:.{digits}f}"
     confirmed = " confirmed" if row.get("role") == CONFIRMED else ""
-    return f"{text} ({int(n)}{confirmed}){_mark(row, metric)}"
+    return f"{text} ({n}{confirmed}){_mark(row, metric)}"
 
 
 def _pq(row: pd.Series, metric: str) -> str:
@@ -89,7 +90,12 @@ def legend(configs: pd.DataFrame, metric: str) -> str:
     """What the table claims about ``metric``: which cells differ from their baseline beyond the noise, after
     the correction for the comparisons made, and which cells are confirmed."""
     col = f"{metric}_verdict"
-    verdicts = configs[col].fillna("").astype(str) if col in configs else pd.Series([], dtype=str)
+    if col not in configs:   # only the search's objectives (and their per-attack columns) are compared
+        compared = sorted(c[: -len("_verdict")] for c in configs.columns
+                          if c.endswith("_verdict") and not c.endswith("_verdict_single"))
+        return (f"{metric} is not compared with the λ=0 baseline (only the search's objectives are"
+                + (f": {', '.join(compared)}" if compared else "") + "): its cells claim nothing about differences.")
+    verdicts = configs[col].fillna("").astype(str)
     if not (verdicts != "").any():
         return ("No λ=0 baseline with two or more runs shares these keys: the table claims nothing about "
                 "differences.")
@@ -120,6 +126,30 @@ def column_label(row: pd.Series) -> str:
     return f"λ={lam:g} {row.get(SURROGATE)}"
 
 
+def _numeric(configs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """A copy whose σ, λ and the metric's statistics are numbers (a hand-made or damaged table may hold them
+    as text; what is not a number becomes NaN and prints as "–" or "σ=?"), with its row labels."""
+    df = configs.copy()
+    for c in (SIGMA, LAMBDA, *(f"{metric}_{s}" for s in ("mean", "std", "n", "p", "q"))):
+        if c in df:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    df["_row"] = df[SIGMA].map(lambda v: f"σ={v:g}" if math.isfinite(v) else "σ=?")
+    df["_sigma"] = df[SIGMA].fillna(math.inf)
+    df["_col"] = df.apply(column_label, axis=1)
+    df["_lam"] = df[LAMBDA].fillna(0.0) if LAMBDA in df else 0.0
+    return df
+
+
+def _layout(df: pd.DataFrame, name: str) -> pd.DataFrame:
+    """``df["_cell"]`` laid out: rows σ ascending, columns λ=0 then by λ and name."""
+    order = (df.sort_values(["_lam", "_col"]).drop_duplicates("_col")["_col"]).tolist()
+    rows = df.sort_values("_sigma", kind="stable").drop_duplicates("_row")["_row"].tolist()
+    cells = df.groupby(["_row", "_col"])["_cell"].agg(" / ".join).unstack("_col")
+    cells = cells.reindex(index=rows, columns=order)
+    cells.index.name = name
+    return cells.fillna("")
+
+
 def paper_table(configs: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Rows σ (ascending), columns "λ=0" then "λ=L surrogate" by λ and name; cells ``mean ± std (n)``."""
     if f"{metric}_mean" not in configs:
@@ -127,16 +157,9 @@ def paper_table(configs: pd.DataFrame, metric: str) -> pd.DataFrame:
                            f"{', '.join(c[:-5] for c in configs.columns if c.endswith('_mean'))}")
     if SIGMA not in configs:
         raise ResultsError(f"the results have no {SIGMA} column: not written by cem-bench search")
-    df = configs.copy()
-    df["_col"] = df.apply(column_label, axis=1)
-    df["_lam"] = pd.to_numeric(df.get(LAMBDA), errors="coerce").fillna(0.0)
+    df = _numeric(configs, metric)
     df["_cell"] = df.apply(lambda r: _cell(r, metric), axis=1)
-    order = (df.sort_values(["_lam", "_col"]).drop_duplicates("_col")["_col"]).tolist()
-    cells = df.groupby([SIGMA, "_col"])["_cell"].agg(" / ".join).unstack("_col")
-    cells = cells.reindex(columns=order).sort_index()
-    cells.index = [f"σ={s:g}" for s in cells.index]
-    cells.index.name = metric
-    return cells.fillna("")
+    return _layout(df, metric)
 
 
 def pq_table(configs: pd.DataFrame, metric: str) -> pd.DataFrame | None:
@@ -145,16 +168,11 @@ def pq_table(configs: pd.DataFrame, metric: str) -> pd.DataFrame | None:
     if f"{metric}_p" not in configs or f"{metric}_q" not in configs or \
             not pd.to_numeric(configs[f"{metric}_p"], errors="coerce").notna().any():
         return None
-    df = configs.copy()
-    df["_col"] = df.apply(column_label, axis=1)
-    df["_lam"] = pd.to_numeric(df.get(LAMBDA), errors="coerce").fillna(0.0)
+    if SIGMA not in configs:
+        return None
+    df = _numeric(configs, metric)
     df["_cell"] = df.apply(lambda r: _pq(r, metric), axis=1)
-    order = (df.sort_values(["_lam", "_col"]).drop_duplicates("_col")["_col"]).tolist()
-    cells = df.groupby([SIGMA, "_col"])["_cell"].agg(" / ".join).unstack("_col")
-    cells = cells.reindex(columns=order).sort_index()
-    cells.index = [f"σ={s:g}" for s in cells.index]
-    cells.index.name = f"{metric} p / q"
-    return cells.fillna("")
+    return _layout(df, f"{metric} p / q")
 
 
 def to_markdown(table: pd.DataFrame) -> str:
@@ -168,7 +186,12 @@ def to_markdown(table: pd.DataFrame) -> str:
 def main(args) -> int:
     configs = load_configs(args.results_dir)
     metrics = args.metrics or [m for m in DEFAULT_METRICS if f"{m}_mean" in configs]
-    tables = [paper_table(configs, m) for m in metrics]   # every metric checked before anything is printed
+    try:
+        tables = [paper_table(configs, m) for m in metrics]   # every metric checked before anything is printed
+    except (TypeError, ValueError, KeyError, AttributeError) as e:   # a table cem-bench did not write
+        raise ResultsError(f"{args.results_dir}: its {CONFIGS_FILE} is not as cem-bench writes it ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:200]}); delete it and run `cem-bench report "
+                           f"{args.results_dir}` to rebuild it from the trials") from e
     for m, t in zip(metrics, tables):
         pq = pq_table(configs, m)
         if args.csv:

@@ -63,3 +63,51 @@ def test_trials_that_did_not_finish_are_left_out():
     trials.loc[4, "role"] = "baseline"
     ids, *_ = trial_records(trials, epochs, OBJECTIVES)
     assert "t3" not in ids and "t4" not in ids and len(ids) == 10
+
+
+# ---------------------------------------------------------------- the command fails in one paragraph (issue 39)
+def _main(monkeypatch, trials, epochs, argv, capsys):
+    from cem_bench import cli
+    from cem_bench.search import replay as mod
+    monkeypatch.setattr(mod, "load", lambda d: (trials, epochs, OBJECTIVES))
+    rc = cli.main(["replay", "R", *argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_a_search_without_probe_records_has_nothing_to_replay(monkeypatch, capsys):
+    trials, epochs = recorded()
+    rc, out, err = _main(monkeypatch, trials, epochs.drop(columns="probe_ssim"), [], capsys)
+    assert rc == 2 and "nothing to replay" in err and "probe_ssim" in err and "attack.probe_epochs" in err
+    assert out == ""   # no hypervolume shares printed for a replay that cannot judge anything
+
+
+def test_the_default_grace_on_a_short_search_skips_what_does_not_fit(monkeypatch, capsys):
+    trials, epochs = recorded(epochs=2)
+    rc, out, err = _main(monkeypatch, trials, epochs, ["--orders", "2"], capsys)
+    assert rc == 0, err
+    assert "--grace 2 skipped" in out and "--grace 3 skipped" in out
+    rc, out, err = _main(monkeypatch, trials, epochs, ["--grace", "2", "3"], capsys)
+    assert rc == 2 and "give --grace below 2" in err
+
+
+@pytest.mark.parametrize("argv, says", [(["--workers", "0"], "--workers 0"), (["--eta", "1"], "--eta 1"),
+                                        (["--grace", "0"], "--grace 0"), (["--orders", "0"], "--orders 0")])
+def test_settings_no_replay_can_run_are_refused_first(monkeypatch, capsys, argv, says):
+    trials, epochs = recorded()
+    rc, out, err = _main(monkeypatch, trials, epochs, argv, capsys)
+    assert rc == 2 and says in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty", "garbage"])
+def test_folders_that_hold_no_search_are_one_paragraph(tmp_path, capsys, folder):
+    from cem_bench import cli
+    d = tmp_path / folder
+    if folder != "missing":
+        d.mkdir()
+    if folder == "garbage":
+        (d / "trial_1").mkdir()
+        (d / "trial_1" / "trial_result.json").write_text("{not json" + "[" * 5000)
+    rc = cli.main(["replay", str(d)])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(d) in err and len(err.splitlines()) == 1 and "Traceback" not in err

@@ -802,3 +802,52 @@ def test_privacy_bought_with_accuracy_is_called_a_trade_off(tmp_path):
     assert summary.startswith("A trade-off, not free privacy: gmm"), summary
     assert "None of the confirmed configurations is more private at the baseline's test_acc" in summary.replace(
         " (re-run with new seeds after the search)", "")
+
+
+# ---------------------------------------------------------------- cem-bench table on tables it did not write (issue 39)
+def _table(tmp_path, capsys, mutate) -> tuple[int, str, str]:
+    root = write_replicates(tmp_path / "t", stored_configs=True)
+    configs = pd.read_parquet(root / "configs.parquet")
+    configs = mutate(configs)
+    (root / "trials.parquet").unlink()          # only the hand-changed configs table is there to read
+    configs.to_parquet(root / "configs.parquet")
+    rc = main(["table", str(root)])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_the_table_legend_is_true_for_metrics_that_are_not_compared(tmp_path, capsys):
+    rc, out, err = _table(tmp_path, capsys, lambda c: c)
+    assert rc == 0, err
+    psnr = out.split("**attack_psnr**", 1)[1].split("**attack_mse**", 1)[0]
+    assert "attack_psnr is not compared with the λ=0 baseline (only the search's objectives are" in psnr
+    assert "No λ=0 baseline with two or more runs" not in psnr
+
+
+def _strings(c):
+    for col in ("config.cem.lambd", "config.defense.noise_std", "attack_ssim_mean", "test_acc_mean"):
+        c[col] = c[col].astype(str)
+    return c
+
+
+def _nan_counts(c):
+    c["test_acc_n"] = np.nan
+    return c
+
+
+@pytest.mark.parametrize("mutate", [_strings, _nan_counts, lambda c: c.drop(columns=["role"]),
+                                    lambda c: c.drop(columns=["config.cem.lambd"])],
+                         ids=["string-typed", "nan-counts", "no-role", "no-lambda"])
+def test_odd_configs_tables_print_or_fail_in_one_paragraph(tmp_path, capsys, mutate):
+    rc, out, err = _table(tmp_path, capsys, mutate)
+    assert "Traceback" not in err
+    assert rc == 0 or (rc == 2 and len(err.strip().splitlines()) == 1), err
+    if rc == 0:
+        assert "σ=" in out
+
+
+def test_an_objective_that_is_not_a_column_is_named(tmp_path, capsys):
+    root = write_replicates(tmp_path / "t", stored_configs=True)
+    rc = main(["table", str(root), "--metrics", "attack_lpips"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "attack_lpips" in err and "known:" in err

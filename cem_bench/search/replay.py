@@ -163,9 +163,14 @@ def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
     from ..schema import EPOCHS_FILE, TRIALS_FILE, load_objectives
     from ..storage import Dir
     d = Dir(results_dir)
+    if not d.is_dir():
+        raise ResultsError(f"{results_dir}: no such folder; give the experiment folder of a `cem-bench search`")
     trials, epochs = read_table(d, TRIALS_FILE, "trials"), read_table(d, EPOCHS_FILE, "epochs")
     if trials is None or epochs is None:
         trials, epochs = build_tables(results_dir)
+    if not len(trials) or "status" not in trials or "trial_id" not in epochs:
+        raise ResultsError(f"{results_dir} holds no trials of a `cem-bench search` (no {TRIALS_FILE}, no trial "
+                           f"folders); give the experiment folder of a search")
     objectives, _ = load_objectives(d)
     for o in objectives:
         if o["metric"] not in RUNG_METRICS:
@@ -174,9 +179,45 @@ def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
     return trials, epochs, objectives
 
 
+def check_args(args) -> None:
+    """ResultsError for a setting no replay can run, naming the option and what it takes (before any read)."""
+    if args.workers < 1:
+        raise ResultsError(f"--workers {args.workers}: give how many trials run at once in the simulation, an "
+                           f"integer >= 1")
+    if args.orders < 1:
+        raise ResultsError(f"--orders {args.orders}: give how many random arrival orders to replay, >= 1")
+    bad = [g for g in args.grace if g < 1]
+    if bad:
+        raise ResultsError(f"--grace {' '.join(map(str, bad))}: grace epochs are whole epochs >= 1")
+    bad = [e for e in args.eta if not (math.isfinite(e) and e > 1)]
+    if bad:
+        raise ResultsError(f"--eta {' '.join(f'{e:g}' for e in bad)}: a reduction factor keeps 1/eta of each rung, "
+                           f"so it must be > 1 (2 or 3 are usual)")
+
+
 def main(args) -> int:
     """``cem-bench replay RESULTS``: the probe's rank correlations, then a table of every grace x η setting."""
+    check_args(args)
     trials, epochs, objectives = load(args.results_dir)
+    ids, by_trial, _, length = trial_records(trials, epochs, objectives)
+    if not ids:
+        raise ResultsError(f"{args.results_dir}: no search trial ran to the end ({len(trials)} trial(s) recorded); the "
+                           f"replay judges the trials that finished")
+    missing = [RUNG_METRICS[o["metric"]] for o in objectives
+               if not any(np.isfinite(float(v.get(RUNG_METRICS[o["metric"]], math.nan)))
+                          for rec in by_trial.values() for v in rec.values())]
+    if missing:
+        raise ResultsError(f"{args.results_dir}: nothing to replay: the trials recorded no per-epoch "
+                           f"{' or '.join(missing)}, which the scheduler ranks at its rungs. Search with the privacy "
+                           f"probe on (attack.probe_epochs, docs/search.md), then replay that search")
+    settings = [g for g in args.grace if g < length]
+    for g in sorted(set(args.grace) - set(settings)):
+        print(f"note: --grace {g} skipped: the trials ran {length} epoch{'s' * (length != 1)}, so a first rung at "
+              f"epoch {g} would judge nothing")
+    if not settings:
+        raise ResultsError(f"{args.results_dir}: every --grace ({' '.join(map(str, args.grace))}) is at or past the "
+                           f"trials' {length} epochs; give --grace below {length}")
+    args.grace = settings
     corr = correlations(trials, epochs, objectives)
     print(f"{args.results_dir}: {int(corr['trials'].iloc[0]) if len(corr) else 0} finished search trials")
     print("\nSpearman rank correlation of the per-epoch value with the final objective:")
