@@ -191,6 +191,24 @@ def test_a_trial_asking_more_cpus_than_the_machine_has_is_refused(fake_machine, 
         run.search_command(search_args(paper, "--cpus-per-trial", "12"))
 
 
+def test_resume_with_a_changed_space_counts_the_experiments_own_trials(fake_machine, capsys, tmp_path):
+    """--resume restores the experiment's own plan; the banner said the new file's count (issue 39)."""
+    import json
+
+    from cem_bench.spaces import load_space
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    exp = tmp_path / "results" / "demo"       # the fixture runs in tmp_path: the default --storage ./results
+    exp.mkdir(parents=True)
+    (exp / "tuner.pkl").write_bytes(b"a Ray experiment")
+    saved = load_space(demo, {"num_samples": 2}).to_dict()
+    (exp / "search_space.json").write_text(json.dumps(saved))
+    with pytest.raises(Started):
+        run.search_command(search_args(demo, "--num-samples", "9", "--resume"))
+    line = first_line(capsys)
+    assert run.plan(load_space(demo, {"num_samples": 2})) in line, line
+    assert "9 configurations" not in line
+
+
 # ---------------------------------------------------------------------------------- trial count
 def trials_handed_out(spec, tmp_path) -> int:
     """Drive the searcher Tune would get (make_searcher) to its end: every run it hands out is one Ray trial.

@@ -326,6 +326,23 @@ def check_storage(storage: str) -> None:
                           f"when missing) or an s3:// / gs:// URI")
 
 
+def saved_plan(spec, path: str):
+    """``spec`` with the trial plan of the experiment's own ``search_space.json`` (what a restored search
+    runs: its budget, seeds, baseline, confirmation and scheduler), when it can be read; else ``spec``."""
+    try:
+        fs, p = filesystem(path)
+        with fs.open_input_stream(p) as fh:
+            saved = loads_json(fh.read())
+        base, conf = saved["baseline"], saved["confirm"]
+        return dataclasses.replace(
+            spec, num_samples=int(saved["num_samples"]), seeds=tuple(int(x) for x in saved.get("seeds") or ()),
+            baseline_replicates=int(base["replicates"]), baseline_cells=tuple(dict(c) for c in base["cells"]) or ({},),
+            confirm_top=int(conf["top"]), confirm_replicates=int(conf["replicates"]),
+            scheduler=saved.get("scheduler") or None)
+    except Exception:  # noqa: BLE001 - an older or unreadable file: the banner falls back to the file given
+        return spec
+
+
 def _warn_if_changed(spec, path: str) -> None:
     try:
         fs, p = filesystem(path)
@@ -433,7 +450,9 @@ def search_command(args) -> dict:
         conc = concurrency(spec.max_concurrent, spec.resources, cli_limit=getattr(args, "max_concurrent", None),
                            cli_gpu=getattr(args, "gpus_per_trial", None) is not None, gpus=gpus, cpus=cpus)
         spec = dataclasses.replace(spec, max_concurrent=conc.limit)
-    print(banner(spec, conc), flush=True)
+        print(banner(spec, conc), flush=True)
+    else:   # the restored experiment keeps its own plan: the banner counts its trials, not the file's
+        print(banner(saved_plan(spec, join(resolve_storage(args.storage), spec.name, SPACE_FILE)), conc), flush=True)
     from .. import mps
     # MPS on this machine for a local search whose trials share a GPU (a cluster starts it in cluster.yaml)
     mode = (getattr(args, "mps", None) or "auto") if args.address is None else "off"
