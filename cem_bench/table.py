@@ -93,8 +93,8 @@ def legend(configs: pd.DataFrame, metric: str) -> str:
     if col not in configs:   # only the search's objectives (and their per-attack columns) are compared
         compared = sorted(c[: -len("_verdict")] for c in configs.columns
                           if c.endswith("_verdict") and not c.endswith("_verdict_single"))
-        return (f"{metric} is not compared with the λ=0 baseline (only the search's objectives are"
-                + (f": {', '.join(compared)}" if compared else "") + "): its cells claim nothing about differences.")
+        return (f"{metric} is not compared with the λ=0 baseline; only the search's objectives are"
+                + (f" ({', '.join(compared)})" if compared else "") + ". Its cells claim nothing about differences.")
     verdicts = configs[col].fillna("").astype(str)
     if not (verdicts != "").any():
         return ("No λ=0 baseline with two or more runs shares these keys: the table claims nothing about "

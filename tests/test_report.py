@@ -623,8 +623,9 @@ def _errorbars(fig) -> dict[str, dict[str, np.ndarray]]:
         assert isinstance(c, ErrorbarContainer)
         data, _, (xbars, ybars) = c.lines
         xy = data.get_xydata()
-        xs = np.array([seg[1][0] - seg[0][0] for seg in xbars.get_segments()]) / 2
-        ys = np.array([seg[1][1] - seg[0][1] for seg in ybars.get_segments()]) / 2
+        # the bar's length below and above the point (an interval of a bounded metric is cut at its bound)
+        xs = np.array([[xy[i][0] - seg[0][0], seg[1][0] - xy[i][0]] for i, seg in enumerate(xbars.get_segments())])
+        ys = np.array([[xy[i][1] - seg[0][1], seg[1][1] - xy[i][1]] for i, seg in enumerate(ybars.get_segments())])
         out[c.get_label()] = {"xy": xy, "xerr": xs, "yerr": ys}
     return out
 
@@ -656,8 +657,12 @@ def test_replicates_are_drawn_and_tabled_per_configuration(tmp_path, stored_conf
         assert len(runs) == 2
         got = drawn[surrogate or "λ=0 baseline"]
         assert got["xy"] == pytest.approx(np.array([[runs["test_acc"].mean(), runs["attack_ssim"].mean()]]))
-        assert got["xerr"] == pytest.approx([t * runs["test_acc"].std(ddof=1) / np.sqrt(2)])
-        assert got["yerr"] == pytest.approx([t * runs["attack_ssim"].std(ddof=1) / np.sqrt(2)])
+        # the 95 % CI's half-width on each side, cut where accuracy would pass 1 (issue 39: no interval past 1.0)
+        half = t * runs["test_acc"].std(ddof=1) / np.sqrt(2)
+        mean = runs["test_acc"].mean()
+        assert got["xerr"] == pytest.approx(np.array([[half, min(half, 1.0 - mean)]]))
+        half, mean = t * runs["attack_ssim"].std(ddof=1) / np.sqrt(2), runs["attack_ssim"].mean()
+        assert got["yerr"] == pytest.approx(np.array([[min(half, mean + 1.0), min(half, 1.0 - mean)]]))  # SSIM ≤ 1
     assert not [c for c in fig.axes[0].collections if c.get_offsets().shape[0] == len(ok)]  # no trial scatter
     # the front's step line passes through the configurations of pareto_rank 0, at their means
     front = res.configs[res.configs["pareto_rank"] == 0]
@@ -820,7 +825,7 @@ def test_the_table_legend_is_true_for_metrics_that_are_not_compared(tmp_path, ca
     rc, out, err = _table(tmp_path, capsys, lambda c: c)
     assert rc == 0, err
     psnr = out.split("**attack_psnr**", 1)[1].split("**attack_mse**", 1)[0]
-    assert "attack_psnr is not compared with the λ=0 baseline (only the search's objectives are" in psnr
+    assert "attack_psnr is not compared with the λ=0 baseline; only the search's objectives are" in psnr
     assert "No λ=0 baseline with two or more runs" not in psnr
 
 
