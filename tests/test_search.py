@@ -526,9 +526,11 @@ def test_dead_worker_is_retried_from_checkpoint(tmp_path, local_ray, monkeypatch
     assert (tdir / search.DIE_MARKER).is_file() and (tdir / "error.txt").is_file()
     epochs = pd.read_parquet(epochs_path)
     assert epochs["epoch"].tolist() == [1, 2]
-    # Ray's own per-report log agrees: each epoch was reported once over both attempts
-    lines = [json.loads(x) for x in (tdir / "result.json").read_text().splitlines() if x.strip()]
-    assert sorted(r["epoch"] for r in lines if r.get("status") == "running") == [1, 2]
+    # the trial's own record agrees: each epoch once over both attempts. (Ray's result.json is not asserted:
+    # on a busy machine Ray may not have logged the killed attempt's epoch 1 while the project's records were
+    # right, issue 37.)
+    record = json.loads((tdir / schema.RESULT_FILE).read_text())
+    assert [h["epoch"] for h in record["info"]["history"]] == [1, 2]
 
 
 # ------------------------------------------------------------------------------- duplicate proposals
