@@ -44,6 +44,7 @@ from .summary import (
     html_table,
     metric_columns,
     paper_tables,
+    plural,
     run_facts,
     safe_name,
     searched_columns,
@@ -206,8 +207,9 @@ def _draw(res: Results, out_dir: Path) -> None:
     # which attack set each worst-case privacy objective (several attacks per trial: attack.names)
     by_metric = {m: strongest_column(m) for m in res.metrics if strongest_column(m) in res.trials
                  and res.trials[strongest_column(m)].fillna("").astype(str).str.len().gt(0).any()}
-    table_cols = ["trial_id", "_label", *searched, *metrics, *by_metric.values()]
-    table_heads = ["trial", "surrogate", *[short(c) for c in searched], *metrics,
+    role = ["role"] if res.confirmed and "role" in res.trials else []   # a search's run or a confirmation's
+    table_cols = ["trial_id", "_label", *role, *searched, *metrics, *by_metric.values()]
+    table_heads = ["trial", "surrogate", *role, *[short(c) for c in searched], *metrics,
                    *[f"strongest attack ({m})" for m in by_metric]]
 
     shown = []
@@ -230,11 +232,12 @@ def _draw(res: Results, out_dir: Path) -> None:
         if own.empty:
             continue
         own = own.sort_values(res.metrics[0], ascending=res.modes[0] == "min", kind="stable")
-        groups.append({"name": s, "n": len(own), "table": html_table(own, table_cols, table_heads)})
+        groups.append({"name": s, "n": plural(len(own), "trial"), "table": html_table(own, table_cols, table_heads)})
     base = ok[ok["_baseline"]]
     if not base.empty:
         own = front_of(base, res.metrics, res.modes)
-        groups.append({"name": BASELINE_LABEL, "n": len(own), "table": html_table(own, table_cols, table_heads)})
+        groups.append({"name": BASELINE_LABEL, "n": plural(len(own), "trial"),
+                       "table": html_table(own, table_cols, table_heads)})
 
     errored = res.trials[~res.trials["_ok"] & ~res.trials["status"].isin(["stopped", "interrupted"])]
     errors_table = None
@@ -247,7 +250,7 @@ def _draw(res: Results, out_dir: Path) -> None:
     if res.replicated:
         n_front = len(res.front_configs)
         if res.confirmed:
-            front_heading = f"The confirmed front ({n_front} configurations)"
+            front_heading = f"The confirmed front ({plural(n_front, 'configuration')})"
             front_note = ("After the search, its best configurations ran again with new seeds; each objective is "
                           "the mean ± std over those confirmation runs only (the search's own run was chosen for "
                           "looking good), and the front is computed on these means, with the λ=0 baseline.")
@@ -282,6 +285,7 @@ def _draw(res: Results, out_dir: Path) -> None:
         n_errored=len(errored),
         errors_table=errors_table,
         replicated=res.replicated,
+        confirmed=res.confirmed,
         facts_table=facts_table(run_facts(res, final_hv)),
         interrupted=interrupted_note(res),
     )

@@ -9,17 +9,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 
 from cem_bench.aggregate import CONFIG_ID
 from cem_bench.frontier import hypervolume_curve
 from cem_bench.noise import WITHIN, band_of
 
 from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, NOISE_COL, Results, front_of, is_attack_metric, numeric
-from .summary import better, format_value, short
+from .summary import better, format_value, plural, short
 
 MAX_CURVES = 12  # front trials drawn in the training curves
 
@@ -72,17 +73,109 @@ def uses_param(res: Results, param: str) -> pd.Series:
 
 
 def _new_figure(width: float, height: float, top_in: float = 0.45) -> Figure:
-    """A figure with fixed margins in inches (a layout engine would double the drawing time)."""
+    """A figure with margins in inches (a layout engine would double the drawing time); ``fit_margins``
+    widens them, before saving, where a label or a tick label would leave the image."""
     fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
     fig.subplots_adjust(left=0.8 / width, right=1 - 0.2 / width, bottom=0.6 / height, top=1 - top_in / height,
                         wspace=0.45)  # fmt: skip
     return fig
 
 
+MARGIN_PX = 4  # the blank strip every label keeps from the image's edge
+
+
+def fit_margins(fig: Figure) -> None:
+    """Widen the figure's margins (and the space between its panels) until every axes' labels, tick labels
+    and title lie inside the image: the extents of their text are measured, no drawing is done. A
+    two-line y label or a long tick label (0.0001) no longer runs off the left edge."""
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    if not axes:
+        return
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    sp = fig.subplotpars
+    for _ in range(3):   # a wider margin narrows the panels, which may move their labels again
+        boxes = [ax.get_tightbbox(renderer) for ax in axes]
+        boxes = [b for b in boxes if b is not None]
+        if not boxes:
+            return
+        x0, y0 = min(b.x0 for b in boxes), min(b.y0 for b in boxes)
+        x1, y1 = max(b.x1 for b in boxes), max(b.y1 for b in boxes)
+        left = sp.left + max(0.0, MARGIN_PX - x0) / width
+        right = sp.right - max(0.0, x1 - (width - MARGIN_PX)) / width
+        bottom = sp.bottom + max(0.0, MARGIN_PX - y0) / height
+        top = sp.top - max(0.0, y1 - (height - MARGIN_PX - _suptitle_px(fig, renderer))) / height
+        wspace = sp.wspace
+        if len(axes) > 1:    # a panel's y label must not run into its left neighbour
+            for a, b in zip(axes, axes[1:]):
+                ba, bb = a.get_tightbbox(renderer), b.get_tightbbox(renderer)
+                gap = bb.x0 - ba.x1 if ba is not None and bb is not None else 1.0
+                if gap < MARGIN_PX:
+                    panel = (sp.right - sp.left) * width / (len(axes) + (len(axes) - 1) * sp.wspace)
+                    wspace = max(wspace, sp.wspace + (MARGIN_PX - gap) / panel)
+        if (left, right, bottom, top, wspace) == (sp.left, sp.right, sp.bottom, sp.top, sp.wspace):
+            return
+        fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=wspace)
+
+
+def _suptitle_px(fig: Figure, renderer) -> float:
+    """The height the figure's suptitle takes at the top (0 without one)."""
+    title = fig._suptitle
+    if title is None or not title.get_text():
+        return 0.0
+    return title.get_window_extent(renderer).height + MARGIN_PX
+
+
 def _save(fig: Figure, path: Path) -> Path:
+    fit_margins(fig)
     fig.savefig(path, format="png")
     fig.clear()
     return path
+
+
+# ================================================================= bounded metrics
+def metric_bounds(metric: str, values=None) -> tuple[float, float] | None:
+    """The range a metric cannot leave, where it has one: accuracy in [0, 1] (in [0, 100] when the values are
+    percentages), SSIM in [-1, 1] (docs/results.md §3.2: "≤ 1"); None for MSE, PSNR and the rest. An interval
+    or a band of a bounded metric is drawn and printed clipped to it."""
+    if metric.startswith("test_acc"):
+        v = pd.to_numeric(pd.Series(values), errors="coerce").abs() if values is not None else pd.Series(dtype=float)
+        return (0.0, 100.0) if len(v.dropna()) and v.max() > 1.0 else (0.0, 1.0)
+    if metric.startswith(("attack_ssim", "probe_ssim")):
+        return (-1.0, 1.0)
+    return None
+
+
+def clip_interval(metric: str, lo, hi, values=None):
+    """``lo``, ``hi`` (scalars or arrays) clipped to ``metric_bounds``, unchanged for an unbounded metric."""
+    bounds = metric_bounds(metric, values)
+    if bounds is None:
+        return lo, hi
+    return np.clip(lo, *bounds), np.clip(hi, *bounds)
+
+
+# ================================================================= the λ axis
+MAX_LAMBDA_TICKS = 10   # distinct λ values beyond which the λ axis gets round ticks instead of every value
+
+
+def lambda_axis(ax, values) -> None:
+    """A symlog λ axis (linear below the smallest positive λ, so λ = 0 shows) whose ticks are the λ values
+    used, labelled plainly (0, 1, 4, 16, 64), not 10⁰ and 10¹; more than ``MAX_LAMBDA_TICKS`` values: 0 and
+    the powers of two between the smallest and the largest."""
+    lam = np.unique(pd.to_numeric(pd.Series(values), errors="coerce").dropna().to_numpy(dtype=float))
+    positive = lam[lam > 0]
+    if not len(positive):
+        return
+    ax.set_xscale("symlog", linthresh=float(positive.min()))
+    ticks = lam
+    if len(lam) > MAX_LAMBDA_TICKS:
+        lo, hi = np.floor(np.log2(positive.min())), np.ceil(np.log2(positive.max()))
+        step = max(1, int(np.ceil((hi - lo + 1) / MAX_LAMBDA_TICKS)))
+        ticks = np.concatenate([[0.0] if (lam == 0).any() else [], 2.0 ** np.arange(lo, hi + 1, step)])
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(ticks, [format_value(float(t)) for t in ticks])
 
 
 def _no_data(ax, text: str = "no completed trials with these metrics") -> None:
@@ -114,13 +207,13 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
             ax, df, x_metric, y_metric, marker="X" if base else "o", markersize=9 if base else 7, color=color,
             alpha=1.0 if base else 0.8, zorder=4 if base else 3, label=label)
         front_label, empty = "front (configuration means)", "no configuration with an ok run and these metrics"
-        title = f"{len(data)} configurations, {replicate_caption(res, y_metric)}"
+        title = f"{plural(len(data), 'configuration')}, {replicate_caption(res, y_metric)}"
     else:
         data = trials_drawn(res, y_metric)
         points = lambda ax, df, color, label, base: ax.scatter(  # noqa: E731
             df[x_metric], df[y_metric], s=80 if base else 28, marker="X" if base else "o", color=color,
             alpha=1.0 if base else 0.75, edgecolors="none", zorder=4 if base else 3)
-        front_label, empty, title = "front (all trials)", None, f"{len(data)} ok trials"
+        front_label, empty, title = "front (all trials)", None, plural(len(data), "ok trial")
     fig = _new_figure(7.5, 5.0)
     ax = fig.add_subplot()
     handles = []
@@ -164,21 +257,39 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
 
 
 ALL_WITHIN = "(every point within the noise of the λ=0 baseline)"
+
+
+def _widened(lim: tuple[float, float], edges: list[float]) -> tuple[float, float]:
+    """Axis limits ``lim`` widened, with a margin, to hold every band edge in ``edges``."""
+    lo, hi = min([lim[0], *edges]), max([lim[1], *edges])
+    if (lo, hi) == tuple(lim):
+        return lim
+    pad = 0.04 * (hi - lo)
+    return (lo - pad if lo < lim[0] else lim[0], hi + pad if hi > lim[1] else lim[1])
+
+
+def _band_range(band: tuple[float, float, float]) -> str:
+    """``0.72 to 1.00``: a band's edges at the precision its width needs."""
+    from .summary import round_to
+    lo, hi = round_to(band[1], band[2] - band[1]), round_to(band[2], band[2] - band[1])
+    return f"{lo} to {hi}"
 DENSE_POINTS = 2000  # beyond this many points a frontier plot draws their density and the fronts only
 
 
 def baseline_bands(res: Results, metric: str) -> dict[str, tuple[float, float, float]]:
     """Per baseline configuration (its id) with two or more ok runs: (mean, lo, hi), the 95 % band of one
-    more run of the baseline on ``metric`` (``noise.band_of``)."""
+    more run of the baseline on ``metric`` (``noise.band_of``), clipped to the metric's range (``metric_bounds``:
+    no accuracy band past 1)."""
     c = res.configs
     if c is None or metric not in c:
         return {}
     out = {}
     for _, r in c[(c["role"] == "baseline") & c["_ok"]].iterrows():
         n = r.get(f"{metric}_n")
-        band = band_of(float(r[metric]), float(r.get(f"{metric}_std", np.nan)), int(n) if pd.notna(n) else 0)
-        if np.isfinite(band[1]):
-            out[str(r[CONFIG_ID])] = band
+        mean, lo, hi = band_of(float(r[metric]), float(r.get(f"{metric}_std", np.nan)), int(n) if pd.notna(n) else 0)
+        if np.isfinite(lo):
+            lo, hi = clip_interval(metric, lo, hi, c[metric])
+            out[str(r[CONFIG_ID])] = (mean, float(lo), float(hi))
     return out
 
 
@@ -204,22 +315,32 @@ def within_noise(res: Results, df: pd.DataFrame, metric: str) -> np.ndarray:
 
 
 def _draw_noise(ax, res: Results, data: pd.DataFrame, x: str, y: str, handles: list) -> tuple[bool, bool]:
-    """The baselines' means (dashed) and 95 % bands of one run (grey) on both axes, inside the limits the
-    points set; the points within the noise on both axes (``within_noise``) redrawn hollow. Returns whether
-    every non-baseline point is within the noise on x, on y."""
+    """The baselines' means (dashed) and 95 % bands of one run on both axes: a light fill with its edges
+    drawn (dotted, ``gid="band-edge"``) and the axes widened to show both edges, so a band wider than the
+    points never fills the plot without showing where it ends; the legend gives each band's range. The points
+    within the noise on both axes (``within_noise``) are redrawn hollow. Returns whether every non-baseline
+    point is within the noise on x, on y."""
     bx, by = baseline_bands(res, x), baseline_bands(res, y)
     if not bx and not by:
         return False, False
     xlim, ylim = ax.get_xlim(), ax.get_ylim()
+    edge = dict(color="0.35", ls=":", lw=1.1, zorder=1, gid="band-edge")
     for mean, lo, hi in bx.values():
-        ax.axvspan(lo, hi, color="0.5", alpha=0.12, lw=0, zorder=0)
+        ax.axvspan(lo, hi, color="0.5", alpha=0.07, lw=0, zorder=0)
+        ax.axvline(lo, **edge)
+        ax.axvline(hi, **edge)
         ax.axvline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
     for mean, lo, hi in by.values():
-        ax.axhspan(lo, hi, color="0.5", alpha=0.12, lw=0, zorder=0)
+        ax.axhspan(lo, hi, color="0.5", alpha=0.07, lw=0, zorder=0)
+        ax.axhline(lo, **edge)
+        ax.axhline(hi, **edge)
         ax.axhline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
-    ax.set_xlim(xlim)
-    ax.set_ylim(ylim)
-    handles.append(Patch(facecolor="0.5", alpha=0.3, label="λ=0 baseline: mean, 95 % band of one run"))
+    ax.set_xlim(_widened(xlim, [v for b in bx.values() for v in b[1:]]))
+    ax.set_ylim(_widened(ylim, [v for b in by.values() for v in b[1:]]))
+    ranges = [f"{m} {_band_range(b)}" for m, bands in ((x, bx), (y, by)) for b in bands.values()]
+    handles.append(Patch(facecolor="0.5", alpha=0.15, edgecolor="0.35", linestyle=":",
+                         label="λ=0 baseline: mean (dashed), 95 % band of one run (dotted edges)\n"
+                               + ", ".join(ranges)))
     cem = data[~data["_baseline"]]
     in_x, in_y = within_noise(res, cem, x), within_noise(res, cem, y)
     both = cem[in_x & in_y]
@@ -256,16 +377,28 @@ def configs_drawn(res: Results, y_metric: str) -> pd.DataFrame:
 
 
 def replicate_caption(res: Results, y_metric: str | None = None, spread: str = "95 % CI") -> str:
-    """"mean ± 95 % CI over N seeds": N the ok runs of the configurations drawn against ``y_metric`` (all
-    configurations with an ok run without it); a range when they differ."""
+    """"mean ± 95 % CI over N seeds": N the runs behind the statistics of the configurations drawn against
+    ``y_metric`` (``stats_runs``; all configurations with an ok run without it); a range when they differ."""
     if res.configs is None:
         return f"mean ± {spread} over the seeds"
     cfg = configs_drawn(res, y_metric) if y_metric is not None else res.configs[res.configs["_ok"]]
+    if y_metric is not None:
+        y_metric = [y_metric, res.objectives[0]["metric"]]
     if cfg.empty:
         return f"mean ± {spread} over the seeds"
-    lo, hi = int(cfg["runs_ok"].min()), int(cfg["runs_ok"].max())
+    lo, hi = stats_runs(cfg, y_metric or [])
     n = str(lo) if lo == hi else f"{lo}–{hi}"
     return f"mean ± {spread} over {n} seed{'s' * (hi != 1)}"
+
+
+def stats_runs(cfg: pd.DataFrame, metrics) -> tuple[int, int]:
+    """The fewest and most runs behind the statistics of ``cfg``'s configurations on ``metrics`` (``<m>_n``:
+    a confirmed configuration's confirmation runs only, not the search's run the choice was made on), the
+    ok runs where the table has no count."""
+    cols = [f"{m}_n" for m in metrics if f"{m}_n" in cfg]
+    n = cfg[cols].apply(pd.to_numeric, errors="coerce").max(axis=1) if cols else cfg["runs_ok"]
+    n = n.fillna(cfg["runs_ok"]).astype(int)
+    return int(n.min()), int(n.max())
 
 
 def _ci(df: pd.DataFrame, metric: str) -> np.ndarray:
@@ -276,8 +409,16 @@ def _ci(df: pd.DataFrame, metric: str) -> np.ndarray:
     return np.nan_to_num(numeric(df[col]).to_numpy(), nan=0.0)
 
 
+def _bars(values: np.ndarray, half: np.ndarray, metric: str, every) -> np.ndarray:
+    """(2, n) error-bar lengths below and above ``values``: the CI's half-width, cut where it would leave the
+    metric's range (``metric_bounds``: no accuracy interval past 1, none below 0)."""
+    lo, hi = clip_interval(metric, values - half, values + half, every)
+    return np.nan_to_num(np.vstack([values - lo, hi - values]), nan=0.0).clip(min=0.0)
+
+
 def _errorbar(ax, df: pd.DataFrame, x: str, y: str, **kw) -> None:
-    ax.errorbar(df[x].to_numpy(dtype=float), df[y].to_numpy(dtype=float), xerr=_ci(df, x), yerr=_ci(df, y),
+    xs, ys = df[x].to_numpy(dtype=float), df[y].to_numpy(dtype=float)
+    ax.errorbar(xs, ys, xerr=_bars(xs, _ci(df, x), x, df[x]), yerr=_bars(ys, _ci(df, y), y, df[y]),
                 linestyle="none", elinewidth=0.9, capsize=2.5, **kw)  # fmt: skip
 
 
@@ -331,6 +472,14 @@ def param_columns(res: Results) -> list[str]:
     return out
 
 
+def wrapped(label: str, width: int = 28) -> str:
+    """A y label of a small panel on two lines when long: ``attack_ssim_paper\n(lower = more private)``."""
+    if len(label) <= width or " (" not in label:
+        return label
+    head, rest = label.split(" (", 1)
+    return f"{head}\n({rest}"
+
+
 def plot_param_effects(res: Results, param: str, path: Path) -> Path:
     """Each objective against one parameter (small multiples), coloured by surrogate; only the trials whose
     surrogate uses ``param`` (λ = 0 baselines only for λ and σ)."""
@@ -348,9 +497,9 @@ def plot_param_effects(res: Results, param: str, path: Path) -> Path:
                 ax.scatter(sub[param], sub[obj["metric"]], s=22, color=color, marker=marker, alpha=0.8, label=label)
         if param == LAMBD_COL and len(positive):
             # log scale, but keep λ = 0 visible: linear within the smallest positive λ
-            ax.set_xscale("symlog", linthresh=float(positive.min()))
+            lambda_axis(ax, ok[param])
         ax.set_xlabel(short(param) + (" (log)" if param == LAMBD_COL else ""))
-        ax.set_ylabel(better(obj["metric"], obj["mode"]), fontsize=8)
+        ax.set_ylabel(wrapped(better(obj["metric"], obj["mode"])), fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="best")
     fig.suptitle(f"effect of {short(param)}", fontsize=10)
@@ -385,7 +534,6 @@ def plot_lambda_curves(res: Results, path: Path) -> Path | None:
     fig = _new_figure(4.0 * len(metrics), 3.4, top_in=0.5)
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     base = cfg[cfg["_lam"] == 0].iloc[0]
-    positive = cfg.loc[cfg["_lam"] > 0, "_lam"]
     for ax, m in zip(axes, metrics):
         mean, std = f"{m}_mean", f"{m}_std"
         for s in res.surrogates:
@@ -395,18 +543,20 @@ def plot_lambda_curves(res: Results, path: Path) -> Path | None:
             x = np.concatenate([[0.0], sub["_lam"].to_numpy(dtype=float)])
             y = np.concatenate([[float(base[mean])], numeric(sub[mean]).to_numpy()])
             err = np.nan_to_num(np.concatenate([[float(base.get(std, np.nan))], numeric(sub[std]).to_numpy()]))
-            ax.errorbar(x, y, yerr=err, marker="o", ms=4, lw=1.3, capsize=2.5, color=res.colors[s], label=s)
-        ax.errorbar([0.0], [float(base[mean])], yerr=[np.nan_to_num(float(base.get(std, np.nan)))], marker="X",
-                    ms=7, color="black", linestyle="none", capsize=2.5, label=BASELINE_LABEL)
-        ax.set_xscale("symlog", linthresh=float(positive.min()))
+            ax.errorbar(x, y, yerr=_bars(y, err, m, cfg[mean]), marker="o", ms=4, lw=1.3, capsize=2.5,
+                        color=res.colors[s], label=s)
+        b = np.array([float(base[mean])])
+        ax.errorbar([0.0], b, yerr=_bars(b, np.nan_to_num([float(base.get(std, np.nan))]), m, cfg[mean]),
+                    marker="X", ms=7, color="black", linestyle="none", capsize=2.5, label=BASELINE_LABEL)
+        lambda_axis(ax, cfg["_lam"])
         ax.set_xlabel("cem.lambd (log; 0 = the baseline)")
         mode = next((o["mode"] for o in res.objectives if o["metric"] == m), None)
-        ax.set_ylabel(better(m, mode) if mode else m, fontsize=8)
+        ax.set_ylabel(wrapped(better(m, mode) if mode else m), fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="best")
-    runs = cfg["runs_ok"]
-    n = f"{int(runs.min())}" if runs.min() == runs.max() else f"{int(runs.min())}–{int(runs.max())}"
-    fig.suptitle(f"trade-off over λ per surrogate: mean ± std over {n} seeds", fontsize=10)
+    lo, hi = stats_runs(cfg, metrics)
+    n = str(lo) if lo == hi else f"{lo}–{hi}"
+    fig.suptitle(f"trade-off over λ per surrogate: mean ± std over {n} seed{'s' * (hi != 1)}", fontsize=10)
     return _save(fig, path)
 
 

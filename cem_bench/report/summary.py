@@ -223,21 +223,61 @@ def seeds_needed(row: pd.Series, base: pd.Series, metric: str, alpha: float = no
     return None
 
 
-def _pm(row: pd.Series, metric: str) -> str:
-    """``mean ± std (n runs)`` of a configuration row."""
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 configuration``, ``2 configurations``, ``1 ok trial``: a count with its noun in agreement."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def round_to(value, scale, signed: bool = False) -> str:
+    """``value`` at the precision ``scale`` (a spread, a half-width) allows: two significant digits of the
+    scale, so "0.905 ± 0.019", not "0.9054 ± 0.01851"; three significant digits without a scale."""
+    if _is_missing(value):
+        return "—"
+    v, s = float(value), abs(float(scale)) if not _is_missing(scale) else float("nan")
+    sign = "+" if signed else ""
+    if not math.isfinite(v):
+        return format_value(v)
+    if not (math.isfinite(s) and s > 0):
+        return f"{v:{sign}.3g}"
+    decimals = min(8, max(0, 1 - math.floor(math.log10(s))))
+    return f"{v:{sign},.{decimals}f}"
+
+
+def _runs_of(row: pd.Series, metric: str) -> str:
+    """``4 runs`` / ``4 confirmation runs``: how many runs a configuration's statistics on ``metric`` use."""
     n = row.get(f"{metric}_n")
-    runs = f" over {int(n)} run{'s' * (int(n) != 1)}" if not _is_missing(n) else ""
-    return mean_std(row, metric) + runs
+    if _is_missing(n):
+        return ""
+    kind = "confirmation run" if row.get("role") == "confirmed" else "run"
+    return plural(int(n), kind)
+
+
+def _ms(row: pd.Series, metric: str) -> str:
+    """``0.905 ± 0.019`` of a configuration row, rounded to its spread (the mean alone for a single run)."""
+    mean, std = row.get(metric), row.get(f"{metric}_std")
+    if _is_missing(mean):
+        return "—"
+    if _is_missing(std):
+        return round_to(mean, None)
+    return f"{round_to(mean, std)} ± {round_to(std, std)}"
+
+
+def _pm(row: pd.Series, metric: str) -> str:
+    """``0.905 ± 0.019 over 4 runs`` of a configuration row (the runs its statistics use)."""
+    runs = _runs_of(row, metric)
+    return _ms(row, metric) + (f" over {runs}" if runs else "")
 
 
 def _interval(row: pd.Series, metric: str) -> str:
-    """``Δ -0.062 (95 % interval -0.09 to -0.03, P(improvement) 0.89)`` of a configuration row."""
+    """``Δ -0.062 (95 % interval -0.090 to -0.030, P(improvement) 0.89)`` of a configuration row, rounded to the
+    interval's half-width."""
     d, lo, hi, pb = (row.get(f"{metric}_{k}") for k in ("delta", "delta_lo", "delta_hi", "p_better"))
     if _is_missing(d):
         return "Δ —"
-    text = f"Δ {float(d):+.3g}"
+    half = (float(hi) - float(lo)) / 2 if not (_is_missing(lo) or _is_missing(hi)) else None
+    text = f"Δ {round_to(d, half, signed=True)}"
     if not _is_missing(lo):
-        text += f" (95 % interval {float(lo):+.3g} to {float(hi):+.3g}"
+        text += f" (95 % interval {round_to(lo, half, signed=True)} to {round_to(hi, half, signed=True)}"
         text += f", P(improvement) {float(pb):.2f})" if not _is_missing(pb) else ")"
     return text
 
@@ -253,16 +293,17 @@ def _p(value) -> str:
 def _family_text(cl: Claim) -> str:
     """``the 12 configurations compared`` / ``the 3 confirmed configurations compared``."""
     kind = "confirmed configuration" if cl.confirmed else "configuration"
-    return f"the {cl.family} {kind}{'s' * (cl.family != 1)} compared"
+    return f"the {plural(cl.family, kind)} compared"
 
 
 def _strength(cl: Claim, row: pd.Series, metric: str) -> str:
-    """How the claim on ``row`` was tested: confirmed, or exploratory; the p-value and Holm's."""
-    test = (f"p {_p(row.get(f'{metric}_p'))}, {_p(row.get(f'{metric}_holm'))} after Holm's correction over "
-            f"{_family_text(cl)}")
+    """How the claim on ``row`` was tested, as a sentence: confirmed, or exploratory; the p-value and Holm's."""
+    test = (f"p {_p(row.get(f'{metric}_p'))} ({_p(row.get(f'{metric}_holm'))} after Holm's correction over "
+            f"{_family_text(cl)})")
     if cl.confirmed:
-        return f"confirmed with new seeds ({test})"
-    return (f"exploratory until confirmed with new seeds: no configuration ran again after the choice ({test})")
+        return f"The claim is confirmed with new seeds: {test}."
+    return (f"The claim is exploratory until confirmed with new seeds, since no configuration ran again after the "
+            f"choice: {test}.")
 
 
 def _marks(res: Results) -> pd.DataFrame:
@@ -276,66 +317,77 @@ def _marks(res: Results) -> pd.DataFrame:
     return c[marked & (c["role"] != "baseline").to_numpy()]
 
 
+def _verdict_words(verdict: str) -> str:
+    """The tables' verdict (Benjamini-Hochberg) on the summary's closest candidate, as prose."""
+    return {noise.WITHIN: "within the noise", noise.BETTER: "marked better by the tables' correction",
+            noise.WORSE: "marked worse by the tables' correction"}.get(verdict, verdict)
+
+
+MAX_SENTENCE_WORDS = 32   # tests/test_report.py holds every sentence of the summary to this
+
+
 def summary_sentence(res: Results) -> str:
-    """A few plain sentences on what the search found, claiming only what its replicates support after the
-    correction for the comparisons made (unescaped text; docs/protocol.md section 9)."""
+    """A few short plain sentences on what the search found, claiming only what its replicates support after
+    the correction for the comparisons made (unescaped text; docs/protocol.md section 9). Numbers are rounded
+    to the precision their spread allows (``round_to``)."""
     ok = res.ok
-    counts = f"{len(res.trials)} trials {status_counts(res.trials)}"
+    counts = f"{plural(len(res.trials), 'trial')} {status_counts(res.trials)}"
     tail = f" {counts[0].upper() + counts[1:]}."
     if len(res.objectives) < 2 or ok.empty:
-        return f"{counts}; no completed trial to compare."
+        return f"{counts[0].upper() + counts[1:]}. No completed trial to compare."
     u, p = res.objectives[0], res.objectives[1]
     um, pm = u["metric"], p["metric"]
     c = res.configs
     base_rows = c[(c["role"] == "baseline") & c["_ok"]] if c is not None else pd.DataFrame()
     if base_rows.empty:
-        return (f"No λ=0 baseline ran, so there is no noise floor and no reference accuracy: this report claims "
+        return (f"No λ=0 baseline ran, so there is no noise floor and no reference accuracy. This report claims "
                 f"no difference between configurations.{tail}")
     base = base_rows.sort_values("runs_ok", ascending=False, kind="stable").iloc[0]
-    base_txt = f"{pm} {_pm(base, pm)}, {um} {_pm(base, um)}"
+    base_runs = _runs_of(base, pm)
+    base_txt = f"{pm} {_ms(base, pm)}, {um} {_ms(base, um)}" + (f" over {base_runs}" if base_runs else "")
     if not res.has_floor:
-        return (f"The λ=0 baseline ran once ({base_txt}): with one seed there is no noise floor, so this report "
-                f"claims no difference; the plots show single runs.{tail}")
-    scope = "confirmed configurations (re-run with new seeds after the search)" if res.confirmed else \
-        "configurations"
+        return (f"The λ=0 baseline ran once ({base_txt}). With one seed there is no noise floor, so this report "
+                f"claims no difference. The plots show single runs.{tail}")
+    base_sentence = f" The λ=0 baseline has {base_txt}."
+    scope = "confirmed configurations" if res.confirmed else "configurations"
     cl = claim(res)
     tol = utility_tolerance(res)
     tol_txt = f"{format_value(tol)} (the space's utility_tolerance)"
     if cl.named is None:
-        return _no_claim(res, cl, base_txt, scope) + tail
+        return _no_claim(res, cl, scope) + base_sentence + tail
     r = cl.named
-    strength = _strength(cl, r, pm)
+    strength = " " + _strength(cl, r, pm)
     borrowed = " Its spread is the baseline's (it ran once)." if bool(r.get("spread_borrowed")) else ""
     others = ""
     if len(cl.claimed) > 1:
         by = cl.claimed.groupby("_label").size()
         others = (f" {len(cl.claimed)} of {_family_text(cl)} pass the same test and correction (" +
                   ", ".join(f"{k}: {v}" for k, v in by.items()) + ").")
+    who = f"{r['_label']} (configuration {r[CONFIG_ID]}, {'confirmed, ' if r['role'] == 'confirmed' else ''}" \
+          f"{_params_text(res, r)})"
+    moves = f"{'lowers' if p['mode'] == 'min' else 'raises'} {pm} to {_pm(r, pm)}. That is {_interval(r, pm)}."
     if cl.utility == TRADE_OFF:
-        return (f"A trade-off, not free privacy: {r['_label']} ({r[CONFIG_ID]}, {_params_text(res, r)}) is more "
-                f"private than the λ=0 baseline ({base_txt}) beyond its noise, {pm} {_pm(r, pm)}, "
-                f"{_interval(r, pm)}, {strength}; but its {um} falls beyond the noise: {_pm(r, um)}, "
-                f"{_interval(r, um)}, p {_p(r.get(f'{um}_p'))} (one test: the configuration was chosen on "
-                f"privacy{_um_table_note(r, um)}). None of the {scope} is more private at the baseline's {um}."
-                f"{borrowed}{others}{tail}")
-    head = (f"Beyond the noise of the λ=0 baseline ({base_txt}), {strength}: {r['_label']} (configuration "
-            f"{r[CONFIG_ID]}, {'confirmed, ' if r['role'] == 'confirmed' else ''}{_params_text(res, r)}) "
-            f"{'lowers' if p['mode'] == 'min' else 'raises'} {pm} to {_pm(r, pm)}, {_interval(r, pm)}")
+        return (f"A trade-off, not free privacy: {who} is more private than the λ=0 baseline beyond its noise. "
+                f"It {moves}{strength} But its {um} falls beyond the noise: {_pm(r, um)}, {_interval(r, um)}, "
+                f"p {_p(r.get(f'{um}_p'))}. That is one test, as the configuration was chosen on privacy."
+                f"{_um_table_note(r, um)} None of the {scope} is more private at the baseline's {um}."
+                f"{borrowed}{others}{base_sentence}{tail}")
+    head = f"Beyond the noise of the λ=0 baseline, {who} {moves}{strength}"
     if cl.utility == AT:
-        body = (f", at the baseline's {um}: {_pm(r, um)}, {_interval(r, um)}, an interval within the {tol_txt} "
-                f"allowed.")
+        body = (f" It is at the baseline's {um}: {_pm(r, um)}, {_interval(r, um)}. That interval lies within the "
+                f"{tol_txt} allowed.")
     else:
-        body = (f"; its cost in {um} is not resolved: {_pm(r, um)}, {_interval(r, um)} reaches below the −"
-                f"{tol_txt} allowed, and no drop is beyond the noise either.")
+        body = (f" Its cost in {um} is not resolved: {_pm(r, um)}, {_interval(r, um)}. That interval reaches "
+                f"below the −{tol_txt} allowed, and no drop is beyond the noise either.")
         own = _baseline_of(res, r)
         need = equivalence_seeds(r, own, um, tol, res.modes[0]) if own is not None else None
         if need is not None:
             body += (f" With {need} confirmation seeds its interval would be narrow enough to lie inside the "
                      f"tolerance, if the difference is what it seems.")
         elif own is not None:
-            body += (f" Confirmation seeds alone cannot narrow its interval inside the tolerance: the baseline's "
+            body += (f" Confirmation seeds alone cannot narrow its interval inside the tolerance. The baseline's "
                      f"own {um} spread needs more seeds too.")
-    return head + body + borrowed + others + tail
+    return head + body + borrowed + others + base_sentence + tail
 
 
 def _baseline_of(res: Results, row: pd.Series) -> pd.Series | None:
@@ -368,46 +420,46 @@ def _um_table_note(row: pd.Series, metric: str) -> str:
     """Why the tables may leave that drop unmarked: their marks are corrected over every configuration."""
     if row.get(f"{metric}_verdict") == noise.WORSE:
         return ""
-    return (f"; the tables, corrected over every configuration of the page, leave it unmarked: q "
-            f"{_p(row.get(f'{metric}_q'))}")
+    return (f" The tables, corrected over every configuration of the page, leave it unmarked: q "
+            f"{_p(row.get(f'{metric}_q'))}.")
 
 
-def _no_claim(res: Results, cl: Claim, base_txt: str, scope: str) -> str:
+def _no_claim(res: Results, cl: Claim, scope: str) -> str:
     """The summary when no configuration survives: what was compared, the most private one's numbers, what
     the tables mark instead, and how many confirmation seeds a difference of that size would need."""
     pm, um = res.metrics[1], res.metrics[0]
-    corrected = f" once corrected for {_family_text(cl)} (Holm)" if cl.family > 1 else ""
-    text = f"None of the {scope} is more private than the λ=0 baseline ({base_txt}) beyond its noise{corrected}"
+    corrected = f", once corrected for {_family_text(cl)} (Holm)" if cl.family > 1 else ""
+    text = f"None of the {scope} is more private than the λ=0 baseline beyond its noise{corrected}."
     marks = _marks(res)
     if marks.empty:
-        text += ": the differences the plots show are within the noise of the baseline, after the correction."
+        text += " After the correction, the differences the plots show are within the noise of the baseline."
     else:
-        text += (f". The tables mark {len(marks)} configuration{'s' * (len(marks) != 1)} against the baseline "
-                 f"on {pm} or {um} (Benjamini-Hochberg, q ≤ {noise.ALPHA:g}: at most 5 % of the marks false, on "
-                 f"average, a weaker guarantee than the summary's)"
-                 + ("; they are the search's own runs, not confirmed." if not (marks["role"] == "confirmed").all()
-                    else "."))
+        text += (f" The tables mark {plural(len(marks), 'configuration')} against the baseline on {pm} or {um}, "
+                 f"by Benjamini-Hochberg (q ≤ {noise.ALPHA:g}). That rule keeps false marks to 5 % of the marks "
+                 f"on average, a weaker guarantee than the summary's."
+                 + (" They are the search's own runs, not confirmed." if not (marks["role"] == "confirmed").all()
+                    else ""))
     closest = cl.pool.dropna(subset=[pm]).sort_values(pm, ascending=res.modes[1] == "min", kind="stable")
     if not len(closest):
         return text
     r = closest.iloc[0]
     if not isinstance(r.get("baseline_id"), str):
-        return (text + f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}: no "
+        return (text + f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}. No "
                 f"λ=0 baseline shares its other keys (σ, …), so it is compared with none.")
     verdict = r.get(f"{pm}_verdict") or "no verdict"
-    text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}, "
-             f"{_interval(r, pm)}: {verdict}, p {_p(r.get(f'{pm}_p'))}, {_p(r.get(f'{pm}_holm'))} after Holm's "
-             f"correction; {um} {_pm(r, um)}.")
+    text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)} and {um} "
+             f"{_ms(r, um)}. Against the baseline: {_interval(r, pm)}, {_verdict_words(verdict)}, p "
+             f"{_p(r.get(f'{pm}_p'))} ({_p(r.get(f'{pm}_holm'))} after Holm's correction).")
     better = r.get(f"{pm}_delta")
     if not _is_missing(better) and (float(better) < 0) == (res.modes[1] == "min") and float(better) != 0:
         base = _baseline_of(res, r)
         need = seeds_needed(r, base, pm) if base is not None else None
         if need is not None:
             text += (f" Confirming it alone with {need} new seeds would resolve a difference of this size "
-                     f"{POWER:.0%} of the time, if it is real (the most private of many looks better than it is).")
+                     f"{POWER:.0%} of the time, if it is real. The most private of many looks better than it is.")
         elif base is not None:
             text += (f" A difference of this size would need more than {MOST_SEEDS} confirmation seeds against "
-                     f"the baseline's runs: the baseline needs more seeds too.")
+                     f"the baseline's runs. The baseline needs more seeds too.")
     return text
 
 
@@ -543,17 +595,24 @@ def noise_floor_text(res: Results) -> str:
 
 # ================================================================= replicates: configurations
 def mean_std(row: pd.Series, metric: str) -> str:
-    """``mean ± std`` of ``metric`` in a configuration row (the mean alone for a single run)."""
-    mean, std = row.get(metric), row.get(f"{metric}_std")
-    if _is_missing(mean):
-        return "—"
-    text = format_value(float(mean), metric)
-    return text if _is_missing(std) else f"{text} ± {format_value(float(std), metric)}"
+    """``mean ± std`` of ``metric`` in a configuration row, rounded to the spread (``round_to``: the summary's
+    numbers and the tables' agree); the mean alone for a single run."""
+    return _ms(row, metric)
 
 
 def _runs(row: pd.Series) -> str:
+    """The runs of a configuration, saying which its statistics use: ``3 (1 errored)``; for a confirmed
+    configuration ``4 confirmation runs (+1 search run, not in the statistics)``, so the count agrees with
+    the summary's and the plot's (``<m>_n``: the confirmation's runs only)."""
     runs, ok = int(row["runs"]), int(row["runs_ok"])
-    return str(runs) if ok == runs else f"{runs} ({runs - ok} errored)"
+    text = str(runs) if ok == runs else f"{runs} ({runs - ok} errored)"
+    seeds = row.get("seeds")
+    used = len(seeds) if isinstance(seeds, (list, tuple, np.ndarray)) else None
+    if row.get("role") == "confirmed" and used is not None and 0 < used < ok:
+        left = ok - used
+        text = (f"{plural(used, 'confirmation run')} (+{plural(left, 'search run')}, not in the statistics"
+                + (f"; {runs - ok} errored)" if ok != runs else ")"))
+    return text
 
 
 def _seeds(value) -> str:
@@ -593,7 +652,8 @@ def config_front_table(res: Results) -> str:
     headers = ["configuration", "surrogate", "role", *(short(c) for c in searched),
                *(f"{m} (mean ± std)" for m in res.metrics), *(f"{m} vs the λ=0 baseline" for m in res.metrics),
                *(h for m in pq for h in (f"{m} p (single test)", f"{m} q (adjusted)")),
-               *(f"strongest attack ({m})" for m in by_metric), "runs", "seeds (of the statistics)"]  # fmt: skip
+               *(f"strongest attack ({m})" for m in by_metric), "runs (of the statistics)",
+               "seeds (of the statistics)"]  # fmt: skip
     return html_table(shown, columns, headers)
 
 
@@ -662,7 +722,7 @@ def surrogate_bests(res: Results) -> str | None:
                "_runs"]
     headers = ["surrogate", "configuration", "role", f"{pm} (mean ± std)", f"{pm} vs the λ=0 baseline",
                f"{pm} p (single test)", f"{pm} q (adjusted)", f"{um} (mean ± std)", f"{um} vs the λ=0 baseline",
-               f"{um} p (single test)", f"{um} q (adjusted)", "runs"]
+               f"{um} p (single test)", f"{um} q (adjusted)", "runs (of the statistics)"]
     return html_table(shown, columns, headers)
 
 
