@@ -574,9 +574,14 @@ def path_problems(pages: list[Page], root: Path = ROOT) -> list[str]:
         seen = set()
         for m in REPO_PATH.finditer(text):
             p = m.group(1).split("#")[0].rstrip(".:")
-            if is_placeholder(p) or any(c in p for c in "*{"):
+            if is_placeholder(p) or "{" in p:
                 continue
             n = line_of(text, m.start())
+            if "*" in p:   # a glob names files: at least one must match (issue 37: globs were skipped)
+                if not list(root.glob(p)) and (n, p) not in seen:
+                    seen.add((n, p))
+                    problems.append(f"{page.rel}:{n}: {p} matches no file{close_files(p.replace('*', ''), root)}")
+                continue
             file, _, node = p.partition("::")
             if not (root / file).exists() and (n, file) not in seen:
                 seen.add((n, file))

@@ -91,7 +91,7 @@ def reference_attention_centroid(sur, z, y, noise) -> torch.Tensor:
             if sur.cfg.estimator_fit == "adversarial":             # spread around the cell's own mean embedding
                 fs = torch.stack([embeds[j] for j, _ in cell])
                 dists = list(((fs - fs.mean(0)) ** 2).sum(-1) / h)
-            else:                                                 # seed 000: distance to the slot centroid
+            else:                                                 # design note 000: distance to the slot centroid
                 dists = [d for _, d in cell]
             var = torch.stack(dists).mean()
             loss_c = loss_c + len(dists) / len(members) * torch.log(var + rho2)
@@ -258,7 +258,7 @@ def test_seed_defaults():
 
 
 def test_serial_enhanced_distance_subtracts_the_cosine_term():
-    """d = ||y - S||^2 - 0.1 (1 - cos(y, S)) as written in seed 001: at equal Euclidean distance the slot
+    """d = ||y - S||^2 - 0.1 (1 - cos(y, S)) as written in design note 001: at equal Euclidean distance the slot
     pointing *away* from y is the closer one."""
     dist = surrogates.get("serial_enhanced").distance
     y = torch.tensor([[1.0, 0.0]])

@@ -5,8 +5,11 @@
 (the CLI then builds the HTML report). This package is the only one that imports Ray: ``searcher.py`` at
 the top, the others inside functions.
 
-Modules: ``trainable`` (one trial), ``searcher`` (the Optuna search algorithm), ``resume`` (the
-experiment-state guard), ``run`` (Ray start-up, the Tuner, the summary).
+Modules: ``trainable`` (one trial), ``searcher`` (the Optuna search algorithm) and ``queue`` (its plan of
+runs, without Ray or Optuna), ``resume`` (the experiment-state guard), ``lock`` (one driver per experiment
+folder), ``interrupt`` (SIGINT/SIGTERM as an interruption), ``diskspace`` (the free-space guard), ``run`` (Ray
+start-up, the Tuner, the summary), ``rungs`` and ``moasha`` (multi-objective early stopping) and ``replay``
+(``cem-bench replay``).
 
 Results on disk (``STORAGE/NAME`` is Ray's experiment folder; STORAGE may be a folder, ``s3://`` or ``gs://``)::
 

@@ -1,21 +1,21 @@
-"""``attention_centroid``: slot centroids over spatial tokens (docs/surrogates.md §4, seed 000 "Attention-CEM").
+"""``attention_centroid``: slot centroids over spatial tokens (docs/surrogates.md §4, design note 000 "Attention-CEM").
 
 Each *sample* is a set of H*W spatial tokens of C channels:
 
 1. tokens e_j = P(z_j as (H*W, C)) in R^{H*W x h}, P: C -> h (h = ``cem.hidden_dim``);
    SlotAttention per sample (K = ``num_slots``, ``num_iterations`` rounds, plain Locatello logits
-   k.q / sqrt(h) as in seed 000, so ``cem.slot_temp`` does not apply) gives slots S_j in R^{K x h};
+   k.q / sqrt(h) as in design note 000, so ``cem.slot_temp`` does not apply) gives slots S_j in R^{K x h};
    cross-attention (``num_heads`` heads) of the tokens to the slots with a residual gives enhanced tokens
    e_j + MHA(e_j, S_j, S_j); the sample embedding f_j is the mean of its enhanced tokens (in R^h).
 2. class centroids c_ck = mean over the class's members of their k-th slot S_jk (K per class);
 3. each sample goes to the nearest centroid *of its own class*, comparing its embedding f_j with the
    c_ck: slots and embeddings live in the same h-space (both are outputs of width h fed by the same
-   projected tokens), so this distance is well defined; seed 000 writes ``||features - centroids||``
+   projected tokens), so this distance is well defined; design note 000 writes ``||features - centroids||``
    with the features already in that space (the seed projects one side onto the other).
    sigma^2_ck = mean over the assigned members of ||f_j - c_ck||^2 / h;
 4. L_c = sum_k w_k log(sigma^2_ck + rho^2), w_k = n_ck / M_c (the assigned fraction), rho =
    ``cem.reg_strength``; L = mean over the classes with M_c >= 2 (the others contribute nothing, also to
-   the mean). The loss is a log-variance, so it is negative once the clusters are tight (seed 000 reports
+   the mean). The loss is a log-variance, so it is negative once the clusters are tight (design note 000 reports
    about -0.64); it is bounded below by log(rho^2).
 
 The statistics live in the surrogate's h-space (as docs/surrogates.md §4 prescribes), so ``cem.stats_on`` has no effect here;
@@ -48,7 +48,7 @@ class AttentionCentroidKeys(SlotKeys):
 
 @register("attention_centroid")
 class AttentionCentroid(Surrogate):
-    # seed 000: lambda 16, 8 slots, 3 iterations, 8 heads, rho 0.025; joint loss CE + lambda*L.
+    # design note 000: lambda 16, 8 slots, 3 iterations, 8 heads, rho 0.025; joint loss CE + lambda*L.
     # Seed 000 names no warm-up: keep the paper's (no CEM in epoch 1).
     Keys = AttentionCentroidKeys
     # cem.loss_scale: calibrated so that one unit of lambda pulls on the encoder as gmm's does (cem-bench calibrate;
@@ -97,7 +97,7 @@ class AttentionCentroid(Surrogate):
             class_loss = (w * F.relu(torch.log(var + self.cfg.var_eps) - self.hinge_level)).sum(1)
         else:
             assign = sq.detach().argmin(1)                             # nearest own-class centroid
-            own = sq.gather(1, assign.unsqueeze(1)).squeeze(1)         # (B,) seed 000: distance to the centroid
+            own = sq.gather(1, assign.unsqueeze(1)).squeeze(1)         # (B,) design note 000: distance to the centroid
             cell = y * k + assign                                      # flat (class, slot)
             n = f.new_zeros(g * k).index_add_(0, cell, f.new_ones(b)).view(g, k)
             var = f.new_zeros(g * k).index_add_(0, cell, own).view(g, k) / n.clamp(min=1)

@@ -1,4 +1,4 @@
-"""``gated_attention``: gated-attention pooling per class (docs/surrogates.md §2, seed 003 "gated-att").
+"""``gated_attention``: gated-attention pooling per class (docs/surrogates.md §2, design note 003 "gated-att").
 
 Per class c, over its members j: u_j = LN(x_j) (no affine); attention logits a_j = w.(tanh(V u_j) *
 sigmoid(U u_j)) (Ilse et al. 2018; V, U: D -> hidden_dim, w: hidden_dim -> 1); alpha = softmax over the

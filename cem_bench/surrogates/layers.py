@@ -2,7 +2,7 @@
 
 * ``SlotAttention``: Locatello et al. 2020 on a padded batch of sets (``mask`` marks the real tokens), with
   the extra damping, temperature schedule and slot competition that seeds 001/002/004 add.
-* ``GatedCrossAttention``: Flamingo's gated xattn-dense block (seed 004): tokens attend to a context
+* ``GatedCrossAttention``: Flamingo's gated xattn-dense block (design note 004): tokens attend to a context
   (the slots) and the result is written back through ``tanh(alpha)`` gates that start almost closed.
 * ``VarianceGates``: the gate/penalty block of §2 step 4 (dimension gate, SNR gate, softplus hinge), used
   per class by ``gated_attention`` and per (class, slot) by ``slot_cross``.
@@ -31,7 +31,7 @@ Rng = torch.Generator | Callable[[torch.device], torch.Generator] | None
 
 @dataclass(frozen=True)
 class GateKeys:
-    """The keys of ``VarianceGates`` and the class gate (gated_attention and slot_cross, seed 003)."""
+    """The keys of ``VarianceGates`` and the class gate (gated_attention and slot_cross, design note 003)."""
     snr_thresh: float = key(0.3, "SNR gate threshold on var/(mean^2+eps)", lo=0.0)
     snr_sharp: float = key(10.0, "SNR gate sharpness", lo=0.0)
     softplus_beta: float = key(1.0, "beta of the softplus hinge", lo=0.0, lo_open=True)
@@ -54,7 +54,7 @@ class SlotAttention(nn.Module):
     ``q = W_q LN(slots)``; ``logits = k.q / (sqrt(dim) * temperature * temp_schedule(t))``; softmax over
     slots (slots compete for tokens), + eps, masked tokens set to 0, renormalised over tokens; updates =
     weighted mean of v; ``slots = GRU(updates, slots)``; ``slots += MLP(LN(slots))``; with ``competition``
-    also ``slots *= sigmoid(MLP_c(slots))`` (seed 001: a per-slot scalar weight). An all-masked set gives
+    also ``slots *= sigmoid(MLP_c(slots))`` (design note 001: a per-slot scalar weight). An all-masked set gives
     finite slots (its updates are 0).
     """
 

@@ -1,4 +1,4 @@
-"""``serial_enhanced``: serial attention -> mixture (docs/surrogates.md §5, seed 001 "CEM-Enhanced").
+"""``serial_enhanced``: serial attention -> mixture (docs/surrogates.md §5, design note 001 "CEM-Enhanced").
 
 The entropy is measured on attention-enhanced features (X_enh = Attention(X); L = L_GMM(X_enh)). Per class c,
 the members are the tokens (one token per sample), h = ``cem.hidden_dim``:
@@ -38,9 +38,9 @@ from ..keys import key
 from .base import SlotKeys, Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
 from .layers import SlotAttention, dropout, dropout_keep
 
-VAR_FLOOR = 1e-4        # seed 001: sigma^2 = Var + 1e-4, hinge at log(1e-4)
-LOG_EPS = 1e-8          # seed 001: log(sigma^2 + 1e-8)
-COS_WEIGHT = 0.1        # seed 001: d = ||y - S||^2 - 0.1 * (1 - cos)
+VAR_FLOOR = 1e-4        # design note 001: sigma^2 = Var + 1e-4, hinge at log(1e-4)
+LOG_EPS = 1e-8          # design note 001: log(sigma^2 + 1e-8)
+COS_WEIGHT = 0.1        # design note 001: d = ||y - S||^2 - 0.1 * (1 - cos)
 ASSIGN_BETA_INIT = 1.0  # soft cells of the adversarial fit: d is a squared distance of LN'd h-vectors, O(h)
 
 
@@ -63,7 +63,7 @@ class SerialEnhancedKeys(SlotKeys):
 
 @register("serial_enhanced")
 class SerialEnhanced(Surrogate):
-    # seed 001: lambda 16, 12 slots, 4 iterations, 8 heads, dropout 0.1; "direct loss fusion" = fused.
+    # design note 001: lambda 16, 12 slots, 4 iterations, 8 heads, dropout 0.1; "direct loss fusion" = fused.
     # Seed 001 names no warm-up: keep the paper's (no CEM in epoch 1).
     Keys = SerialEnhancedKeys
     # cem.loss_scale: calibrated so that one unit of lambda pulls on the encoder as gmm's does (cem-bench calibrate;
@@ -140,7 +140,7 @@ class SerialEnhanced(Surrogate):
 
     @staticmethod
     def distance(y: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Step 5's d (..., K) between y (..., h) and slots (..., K, h), as written in seed 001.
+        """Step 5's d (..., K) between y (..., h) and slots (..., K, h), as written in design note 001.
 
         The cosine term is *subtracted*: a slot pointing away from y looks slightly closer. The seed calls
         it a combined metric (probably meant +); docs/surrogates.md §5 keeps the formula as written."""

@@ -1,9 +1,9 @@
 """``slot_cross``: Slot Attention + gated cross-attention mixture (docs/surrogates.md §3, seeds 002 and 004).
 
 Per class c the members are the tokens (one token per sample), so the slots are sub-clusters of the class
-(seed 002's "team captains"):
+(design note 002's "team captains"):
 
-1. e_j = P(LN(x_j)), P: D -> hidden_dim (LN without affine); never a D x D layer (seed 004's defect).
+1. e_j = P(LN(x_j)), P: D -> hidden_dim (LN without affine); never a D x D layer (design note 004's defect).
 2. ``SlotAttention`` over the class's tokens, K = ``num_slots``, logits damped by sqrt(h) * ``slot_temp``.
 3. ``GatedCrossAttention``: the tokens query the slots, y = e + tanh(a_x) proj(attn); y += tanh(a_f) FFN.
 4. Responsibilities r_jk = softmax_k(beta_a * cos(LN(y_j), slot_k)) with a learnable beta_a (stored as its
