@@ -15,7 +15,9 @@ problem, one a line, each starting with its YAML path (``params.cem.lambd: empty
 - ``spec.py``: ``Objective``, ``Param``, ``SearchSpec`` and the vocabularies (metrics, modes, kinds, samplers);
 - ``parse.py``: ``load_space``, ``parse_space`` and the validator's top-level stages;
   ``parse_params.py``: its params / when / combination stages;
-- ``sampling.py``: ``define_by_run``, ``make_sampler``, ``trial_config`` (the Optuna side).
+- ``sampling.py``: ``define_by_run``, ``make_sampler``, ``trial_config`` (the Optuna side);
+- ``samplers/``: the sampler plug-ins, one file each (``tpe``, ``nsga`` for nsga2/nsga3, ``gp``, ``random``,
+  ``grid``): a name, the options a space may give, a builder.
 
 Nothing here imports Ray; Optuna is imported only by ``make_sampler``. ``import cem_bench.spaces`` imports
 no torch either; validating a file does, because it needs the surrogate and attack registries (their names,

@@ -20,6 +20,7 @@ from typing import Any
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
 from ..schema import DEFAULT_UTILITY_TOLERANCE
+from . import samplers
 from .parse_params import ParamStages, as_number, fmt_value
 from .spec import (
     DEFAULT_BASELINE_REPLICATES,
@@ -30,8 +31,6 @@ from .spec import (
     REQUIRED_KEYS,
     RUNG_METRICS,
     SAFE_NAME,
-    SAMPLER_OPTIONS,
-    SAMPLERS,
     SCHEDULERS,
     TOP_KEYS,
     Objective,
@@ -442,13 +441,14 @@ class _Parser(ParamStages):
         if isinstance(value, str):
             value = {"name": value}
         if not isinstance(value, dict):
-            self.err("sampler", f"expected {{name: {'|'.join(SAMPLERS)}, seed: ..., ...}}, got {value!r}")
+            self.err("sampler", f"expected {{name: {'|'.join(samplers.names())}, seed: ..., ...}}, got {value!r}")
             return {"name": "tpe"}
         name = value.get("name", "tpe")
-        if name not in SAMPLER_OPTIONS:
-            self.err("sampler.name", f"unknown sampler {name!r}; known: {', '.join(SAMPLERS)}")
+        plugin = samplers.get(name) if isinstance(name, str) else None
+        if plugin is None:
+            self.err("sampler.name", f"unknown sampler {name!r}; known: {', '.join(samplers.names())}")
             return dict(value)
-        known = SAMPLER_OPTIONS[name]
+        known = plugin.options
         for k, v in value.items():
             if k == "name":
                 continue

@@ -11,7 +11,8 @@ from typing import Any
 
 from ..config import ConfigError, coerce, flatten, key_specs
 from ..errors import SpaceError
-from .spec import SAMPLERS, SearchSpec
+from . import samplers
+from .spec import SearchSpec
 
 
 def define_by_run(spec: SearchSpec) -> Callable[[Any], dict]:
@@ -66,26 +67,11 @@ def make_sampler(spec: SearchSpec):
 
 
 def _make_sampler(optuna, spec: SearchSpec):
-    opts = {k: v for k, v in spec.sampler.items() if k != "name"}
     name = spec.sampler.get("name", "tpe")
-    if name == "tpe":
-        opts.setdefault("multivariate", True)
-        opts.setdefault("group", spec.conditional and opts["multivariate"])
-        opts.setdefault("constant_liar", True)
-        return optuna.samplers.TPESampler(**opts)
-    if name in ("nsga2", "nsga3"):
-        opts.setdefault("population_size", max(4, min(50, spec.num_samples // 4)))
-        klass = optuna.samplers.NSGAIISampler if name == "nsga2" else optuna.samplers.NSGAIIISampler
-        return klass(**opts)
-    if name == "gp":
-        opts.setdefault("warn_independent_sampling", False)
-        return optuna.samplers.GPSampler(**opts)
-    if name == "random":
-        return optuna.samplers.RandomSampler(**opts)
-    if name == "grid":
-        # the cells are enqueued one by one (searcher.make_searcher); nothing is left to sample
-        return optuna.samplers.RandomSampler(seed=0)
-    raise SpaceError(f"sampler.name: unknown sampler {name!r}; known: {', '.join(SAMPLERS)}", spec.path)
+    plugin = samplers.get(name)
+    if plugin is None:
+        raise SpaceError(f"sampler.name: unknown sampler {name!r}; known: {', '.join(samplers.names())}", spec.path)
+    return plugin.build(optuna, spec, {k: v for k, v in spec.sampler.items() if k != "name"})
 
 
 def trial_config(spec: SearchSpec, params: dict) -> dict:

@@ -17,28 +17,14 @@ from ..schema import DEFAULT_UTILITY_TOLERANCE, OBJECTIVE_METRICS
 
 METRICS: tuple[str, ...] = OBJECTIVE_METRICS
 MODES = ("max", "min")
+from . import samplers as _samplers  # noqa: E402 - the plug-ins need nothing of this module
+
 KINDS = ("uniform", "loguniform", "int", "choice")
 
-# Sampler name -> options it accepts (with their type check). Anything else is an error listing these.
-_INT = ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
-_INT_OR_NONE = ("an integer or empty", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)))
-_BOOL = ("true or false", lambda v: isinstance(v, bool))
-_PROB = ("a number in [0, 1]", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1)
-_POS_INT = ("an integer >= 1", lambda v: _INT[1](v) and v >= 1)
-_NONNEG_INT = ("an integer >= 0", lambda v: _INT[1](v) and v >= 0)
-_NSGA = {"seed": _INT_OR_NONE, "population_size": ("an integer >= 2", lambda v: _INT[1](v) and v >= 2),
-         "mutation_prob": ("a number in [0, 1] or empty", lambda v: v is None or _PROB[1](v)),
-         "crossover_prob": _PROB, "swapping_prob": _PROB}
-SAMPLER_OPTIONS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
-    "tpe": {"seed": _INT_OR_NONE, "n_startup_trials": _NONNEG_INT, "n_ei_candidates": _POS_INT,
-            "multivariate": _BOOL, "group": _BOOL, "constant_liar": _BOOL},
-    "nsga2": dict(_NSGA),
-    "nsga3": {**_NSGA, "dividing_parameter": _POS_INT},
-    "gp": {"seed": _INT_OR_NONE, "n_startup_trials": _NONNEG_INT, "deterministic_objective": _BOOL},
-    "random": {"seed": _INT_OR_NONE},
-    # every cell of a discrete space exactly once (the cells are enqueued in order; see sampling.grid_cells)
-    "grid": {},
-}
+# Sampler name -> options it accepts (with their type check), from the sampler plug-ins (spaces/samplers/, one
+# file each). The parser and sampling.make_sampler ask the registry itself, so a sampler registered later
+# (a plug-in of a user's, a test's) is seen too; these two names are the shipped set, for readers.
+SAMPLER_OPTIONS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = _samplers.options()
 SAMPLERS = tuple(sorted(SAMPLER_OPTIONS))
 
 # The shape of the YAML file itself (used by the parser).

@@ -1,0 +1,11 @@
+"""``random``: independent uniform draws (Optuna's RandomSampler): the baseline every other sampler must beat."""
+
+from __future__ import annotations
+
+from . import register
+from ._checks import INT_OR_NONE
+
+
+@register("random", {"seed": INT_OR_NONE}, doc=__doc__)
+def build(optuna, spec, opts):
+    return optuna.samplers.RandomSampler(**opts)
