@@ -856,3 +856,247 @@ def test_an_objective_that_is_not_a_column_is_named(tmp_path, capsys):
     rc = main(["table", str(root), "--metrics", "attack_lpips"])
     err = capsys.readouterr().err
     assert rc == 2 and "attack_lpips" in err and "known:" in err
+
+
+# ---------------------------------------------------------------- the page as a reader sees it (issue 39)
+# Lessons of headless-browser screenshots of a null result and a real effect (issue 39, "the report on a null
+# result is hard to read"), kept as checks on the figures and the text.
+def demo_like(root: Path, effect: float, acc_spread: float, seed: int) -> Path:
+    """A demo-like search: λ ∈ {1, 4, 16, 64} × {gmm, slot_cross}, 2 search seeds each, the 2 most private
+    configurations confirmed with 4 new seeds, a λ = 0 baseline of 4 seeds whose accuracy spreads by
+    ``acc_spread`` (the newcomer's demo: 0.099, intervals past 1.0); gmm λ=16 lowers SSIM by ``effect``.
+    Objectives test_acc, attack_ssim and attack_ssim_paper (the long y label that left the PNG)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+
+    def run(sur, lam, s, role):
+        ssim = rng.normal(0.70 - (effect if (sur, lam) == ("gmm", 16.0) else 0.0), 0.02)
+        rows.append({"trial_id": f"t{len(rows):03d}", "status": "ok", "role": role, "config.seed": s,
+                     "config.defense.noise_std": 0.1, "config.cem.lambd": lam, "config.cem.surrogate": sur,
+                     "test_acc": min(1.0, rng.normal(0.91, acc_spread)), "attack_ssim": ssim,
+                     "attack_ssim_paper": ssim + 0.05, "attack_psnr": 14 - 8 * ssim, "feature_spread": 0.05 / (1 + lam),
+                     "wall_s": 30.0})
+    for s in range(4):
+        run(None, 0.0, s, "baseline")
+    for sur in ("gmm", "slot_cross"):
+        for lam in (1.0, 4.0, 16.0, 64.0):
+            for s in range(2):
+                run(sur, lam, s, "search")
+    searched = pd.DataFrame(rows)
+    best = searched[searched["role"] == "search"].groupby(["config.cem.surrogate", "config.cem.lambd"])["attack_ssim"]
+    for sur, lam in best.mean().nsmallest(2).index:
+        for s in range(100, 104):
+            run(sur, lam, s, "confirm")
+    root.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(root / "trials.parquet")
+    objectives = [*THREE_OBJECTIVES[:2], {"metric": "attack_ssim_paper", "mode": "min", "ref": 1.0}]
+    (root / "search_space.json").write_text(json.dumps({"name": root.name, "objectives": objectives}))
+    return root
+
+
+def _captured(monkeypatch) -> list:
+    """Every figure the report saves, as it is saved: its axes' tick labels, limits, label boxes and the image's
+    box (``plots.fit_margins`` runs just before savefig, and the figure is cleared after)."""
+    from cem_bench.report import plots
+
+    seen = []
+    real = plots.fit_margins
+
+    def fit(fig):
+        real(fig)
+        r = fig.canvas.get_renderer()
+        seen.append({
+            "size": (fig.bbox.width, fig.bbox.height),
+            "boxes": [ax.get_tightbbox(r) for ax in fig.axes],
+            "ylabels": [ax.yaxis.label.get_window_extent(r) for ax in fig.axes if ax.get_ylabel()],
+            "suptitle": fig._suptitle.get_text() if fig._suptitle is not None else "",
+            "xticks": [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes],
+            "xlabel": [ax.get_xlabel() for ax in fig.axes],
+            "errorbars": [[seg for c in ax.containers for col in c.lines[2] for seg in col.get_segments()]
+                          for ax in fig.axes],
+            "ylabel_text": [ax.get_ylabel() for ax in fig.axes]})
+    monkeypatch.setattr(plots, "fit_margins", fit)
+    return seen
+
+
+def _sentences(text: str) -> list[str]:
+    import re
+    return [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z0-9])", text) if s]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """The two pages of the screenshots: a null result (a baseline spread like the newcomer's demo) and a real
+    effect (gmm λ=16, SSIM -0.1)."""
+    base = tmp_path_factory.mktemp("outcomes")
+    return {"null": demo_like(base / "null", 0.0, 0.09, 1), "real": demo_like(base / "real", 0.10, 0.02, 2)}
+
+
+@pytest.mark.parametrize("outcome", ["null", "real"])
+def test_every_label_lies_inside_its_image(outcomes, outcome, monkeypatch, tmp_path):
+    """The attack_ssim_paper plot's two-line y label ran off the PNG's left edge: every axes' labels, tick labels
+    and title now lie inside the image of every figure the report saves."""
+    seen = _captured(monkeypatch)
+    from cem_bench.report import build_report
+    build_report(outcomes[outcome], tmp_path / "out")
+    assert len(seen) >= 6     # frontiers, hypervolume, λ curves, parameter effects
+    for fig in seen:
+        w, h = fig["size"]
+        for box in [*fig["boxes"], *fig["ylabels"]]:
+            assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= w and box.y1 <= h, (fig["ylabel_text"], box)
+    # the long label of a small panel is wrapped, not shrunk away
+    panel = next(f for f in seen if f["suptitle"].startswith("trade-off over λ"))
+    assert any("attack_ssim_paper\n(lower = more private)" == t for t in panel["ylabel_text"])
+
+
+def test_lambda_ticks_name_every_lambda_used(outcomes, monkeypatch, tmp_path):
+    """The λ panels labelled only 0 and 10¹: their ticks are now the λ values used, written plainly."""
+    seen = _captured(monkeypatch)
+    build_report(outcomes["null"], tmp_path / "out")
+    lam = [f for f in seen if any("lambd" in x for x in f["xlabel"])]
+    assert lam, "no λ axis drawn"
+    for fig in lam:
+        for ticks, label in zip(fig["xticks"], fig["xlabel"]):
+            if "lambd" in label:
+                assert ticks == ["0", "1", "4", "16", "64"], ticks
+
+
+def test_no_accuracy_or_ssim_interval_leaves_its_range(outcomes, monkeypatch, tmp_path):
+    """The demo's accuracy intervals ran past 1.0: error bars, bands and the plotted λ curves of accuracy stay in
+    [0, 1], SSIM's in [-1, 1]; MSE and PSNR are not clipped."""
+    from cem_bench.report.plots import baseline_bands, frontier_figure
+
+    res = load_results(outcomes["null"])
+    c = res.configs
+    assert ((c["test_acc"] + c["test_acc_ci95"]) > 1).any()     # the raw interval does pass 1
+    for _, lo, hi in baseline_bands(res, "test_acc").values():
+        assert 0.0 <= lo <= hi <= 1.0
+    fig = frontier_figure(res, "attack_ssim", "min")
+    for container in fig.axes[0].containers:
+        _, _, (xbars, ybars) = container.lines
+        xs = np.concatenate([seg[:, 0] for seg in xbars.get_segments()])
+        ys = np.concatenate([seg[:, 1] for seg in ybars.get_segments()])
+        assert xs.min() >= 0.0 and xs.max() <= 1.0 and ys.min() >= -1.0 and ys.max() <= 1.0
+    seen = _captured(monkeypatch)
+    build_report(outcomes["null"], tmp_path / "out")
+    curves = next(f for f in seen if f["suptitle"].startswith("trade-off over λ"))
+    assert curves["ylabel_text"][0].startswith("test_acc")
+    acc = np.concatenate([seg[:, 1] for seg in curves["errorbars"][0]])   # the accuracy panel's mean ± std
+    assert acc.min() >= 0.0 and acc.max() <= 1.0
+
+
+def test_the_noise_band_shows_where_it_ends(outcomes):
+    """On a null result the grey band filled the whole frontier plot: both edges of each band are drawn and lie
+    inside the axes, with room outside them, and the legend gives the band's range."""
+    from cem_bench.report.plots import baseline_bands, frontier_figure
+
+    for outcome in ("null", "real"):
+        res = load_results(outcomes[outcome])
+        ax = frontier_figure(res, "attack_ssim", "min").axes[0]
+        edges = [ln for ln in ax.get_lines() if ln.get_gid() == "band-edge"]
+        assert len(edges) == 4                                  # two on each axis
+        (xmean, xlo, xhi), = baseline_bands(res, "test_acc").values()
+        (ymean, ylo, yhi), = baseline_bands(res, "attack_ssim").values()
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+        assert x0 < xlo < xhi < x1 and y0 < ylo < yhi < y1
+        legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+        assert "dotted edges" in legend and "test_acc " in legend and " to " in legend
+
+
+@pytest.mark.parametrize("outcome", ["null", "real"])
+def test_the_summary_is_short_sentences_with_rounded_numbers(outcomes, outcome):
+    """The summary was one 90-word sentence with "within 0.09855 of the baseline's": each sentence is now short
+    and every number in it carries at most 4 significant digits."""
+    import re
+
+    from cem_bench.report.summary import MAX_SENTENCE_WORDS
+    summary = summary_sentence(load_results(outcomes[outcome]))
+    for sentence in _sentences(summary):
+        assert len(sentence.split()) <= MAX_SENTENCE_WORDS, sentence
+    for number in re.findall(r"\d+\.\d+", summary):
+        assert len(number.replace(".", "").lstrip("0")) <= 4, (number, summary)
+
+
+def test_short_sentences_in_every_kind_of_summary(tmp_path):
+    """The claim's wordings (at the baseline's accuracy, unresolved, a trade-off, exploratory, nothing found)
+    each keep to short sentences."""
+    from cem_bench.report.claims import simulated_trials
+    from cem_bench.report.load import results_of
+    from cem_bench.report.summary import MAX_SENTENCE_WORDS
+
+    rng = np.random.default_rng(7)
+    tables = [simulated_trials(rng, 12, effect={0: (0.0, -0.2)}), simulated_trials(rng, 12, confirm=3),
+              simulated_trials(rng, 12, effect={0: (-0.1, -0.1)}, confirm=3), simulated_trials(rng, 100)]
+    res = [results_of(t, THREE_OBJECTIVES[:2]) for t in tables]
+    res.append(load_results(noisy_search(tmp_path / "trade", effect=0.2, acc_cost=0.3)))
+    for r in res:
+        for sentence in _sentences(summary_sentence(r)):
+            assert len(sentence.split()) <= MAX_SENTENCE_WORDS, sentence
+
+
+def test_run_counts_agree_across_the_page(outcomes, tmp_path):
+    """The per-surrogate table said gmm had 5 runs where the summary, the plot and the paper table used its 4
+    confirmation runs: each count on the page now says which runs it is, and they agree."""
+    import html
+    import re
+
+    root = outcomes["real"]
+    res = load_results(root)
+    named = res.configs[res.configs["role"] == "confirmed"].sort_values("attack_ssim").iloc[0]
+    n = int(named["attack_ssim_n"])
+    assert n == 4 and int(named["runs_ok"]) == 6                  # 2 search runs + 4 confirmation runs
+    summary = summary_sentence(res)
+    assert f"over {n} confirmation runs" in summary and f"over {named['runs_ok']} " not in summary
+    text = html.unescape(build_report(root, tmp_path / "out").read_text())
+    bests = _section(text, "bests")
+    assert f"{n} confirmation runs (+2 search runs, not in the statistics)" in bests
+    assert f"({n} confirmed)" in _section(text, "paper-table")
+    # the plot's caption counts the runs behind its statistics: 2 (search only) to 4 (confirmed), never 6
+    caption = re.search(r"mean ± 95 % CI over (\d+)–(\d+) seeds", text)
+    assert caption and caption.groups() == ("2", "4")
+
+
+def test_plurals_agree_everywhere_on_the_page(outcomes, tmp_path):
+    """"1 configurations": a count of one takes the singular on the page and in the figures' titles."""
+    import re
+
+    from cem_bench.report.plots import frontier_figure
+    bad = re.compile(r"\b1 (configurations|trials|runs|seeds|ok trials|confirmation runs|search runs)\b")
+    text = build_report(outcomes["real"], tmp_path / "out").read_text()
+    assert "The confirmed front (1 configuration)" in text
+    assert not bad.search(text), bad.search(text)
+    root = write_results(tmp_path / "one", n=1, baseline=0, errors=0, epochs=False, recon=False)
+    text = build_report(root).read_text()
+    assert "1 trial (1 ok, 0 errored)" in text and not bad.search(text)
+    assert frontier_figure(load_results(root), "attack_ssim", "min").axes[0].get_title().endswith("(1 ok trial)")
+
+
+def test_a_bare_trials_table_gets_its_configurations_and_a_true_note(tmp_path):
+    """Issue 34 item 6: on a folder holding only trials.parquet the report writes no configs.parquet into the
+    results folder and says so; configs.csv beside the page holds every configuration. With the search's
+    configs.parquet the page says it read it."""
+    import html
+
+    root = noisy_search(tmp_path / "bare", effect=0.0)
+    (root / "search_space.json").unlink()
+    assert sorted(p.name for p in root.iterdir()) == ["trials.parquet"]
+    index = build_report(root)
+    assert not (root / "configs.parquet").exists()
+    text = html.unescape(index.read_text())
+    run = _section(text, "run")
+    assert "built from trials.parquet by this report" in run and "writes none there" in run
+    every = pd.read_csv(index.parent / "configs.csv")
+    assert len(every) == len(load_results(root).configs) and "_label" not in every
+    assert 'href="configs.csv"' in text
+    stored = write_replicates(tmp_path / "stored", stored_configs=True)
+    text = html.unescape(build_report(stored).read_text())
+    assert "configs.parquet of the results folder" in _section(text, "run")
+
+
+def test_a_long_table_says_where_its_other_rows_are():
+    from cem_bench.report.summary import CONFIGS_IN_FULL, MAX_TABLE_ROWS, html_table
+
+    df = pd.DataFrame({"a": range(MAX_TABLE_ROWS + 5)})
+    assert "every trial is in trials.parquet" in html_table(df, ["a"])
+    assert "configs.csv beside this page" in html_table(df, ["a"], full=CONFIGS_IN_FULL)
+    assert "configs.parquet" not in html_table(df, ["a"])

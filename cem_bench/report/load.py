@@ -92,6 +92,9 @@ class Results:
     configs: pd.DataFrame | None = None
     # the space's ``utility_tolerance`` (search_space.json); None: not stated, the report's default applies
     utility_tolerance: float | None = None
+    # ``configs`` came from the folder's configs.parquet (False: built from the trials by the report, which
+    # writes no configs.parquet into the results folder; the page says so)
+    configs_stored: bool = False
 
     @property
     def replicated(self) -> bool:
@@ -274,15 +277,17 @@ def has_adjusted_verdicts(configs: pd.DataFrame) -> bool:
 
 
 def load_configs(results_dir: Path | None, raw: pd.DataFrame, trials: pd.DataFrame,
-                 objectives: Sequence[dict]) -> pd.DataFrame | None:
+                 objectives: Sequence[dict]) -> tuple[pd.DataFrame | None, bool]:
     """One row per configuration: ``configs.parquet`` when it matches the trials, else
     ``aggregate.build_configs`` of ``raw`` (the table as read; statuses normalised like the report's). Adds
     the helper columns, each metric's mean under the metric's own name, ``_ok`` (an ok run) and recomputes
-    ``pareto_rank`` on the means. None when the trials have no config columns (nothing to group by)."""
+    ``pareto_rank`` on the means. None when the trials have no config columns (nothing to group by). Also
+    returns whether the table is the folder's ``configs.parquet`` (False: built here)."""
     if not len(raw) or not config_columns(raw):
-        return None
+        return None, False
     ids = trials[CONFIG_ID].astype(str)
     configs = _stored_configs(results_dir, ids)
+    stored = configs is not None
     if configs is None:
         status = np.where(trials["_ok"].to_numpy(), "ok", "error")
         configs = build_configs(raw.assign(**{CONFIG_ID: ids.to_numpy(), "status": status}), objectives)
@@ -296,7 +301,7 @@ def load_configs(results_dir: Path | None, raw: pd.DataFrame, trials: pd.DataFra
     _label_columns(configs)
     configs["pareto_rank"] = rank_table(configs, objectives, configs["_ok"].to_numpy()).astype(int)
     configs["final_front"] = configs["final_front"].fillna(False).astype(bool)
-    return configs
+    return configs, stored
 
 
 def add_pareto_ranks(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFrame:
@@ -398,8 +403,9 @@ def results_of(trials: pd.DataFrame, objectives: Sequence[dict], results_dir: Pa
         "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd",
     ]  # fmt: skip
     colors = {s: palette[i % len(palette)] for i, s in enumerate(surrogates)}
-    configs = load_configs(results_dir, raw, trials, objectives)
-    return Results(results_dir, name, objectives, trials, epochs, surrogates, colors, configs, utility_tolerance)
+    configs, stored = load_configs(results_dir, raw, trials, objectives)
+    return Results(results_dir, name, objectives, trials, epochs, surrogates, colors, configs, utility_tolerance,
+                   stored)
 
 
 def _ns(ts: pd.Series) -> np.ndarray:

@@ -196,8 +196,12 @@ def _draw(res: Results, out_dir: Path) -> None:
     front = res.front
     public_cols = [c for c in res.trials.columns if not c.startswith("_")]
     front[public_cols].to_csv(out_dir / "frontier.csv", index=False)
+    aliases = set(METRIC_COLUMNS) | set(res.metrics)
+    if res.configs is not None:  # every configuration, as configs.parquet holds them (no helper columns)
+        every = res.configs
+        every[[c for c in every.columns if not c.startswith("_") and c not in aliases]].to_csv(
+            out_dir / "configs.csv", index=False)
     if res.replicated:  # the front's configurations, as configs.parquet holds them (no helper columns)
-        aliases = set(METRIC_COLUMNS) | set(res.metrics)
         fronts = res.front_configs
         fronts[[c for c in fronts.columns if not c.startswith("_") and c not in aliases]].to_csv(
             out_dir / "frontier_configs.csv", index=False)
@@ -286,6 +290,7 @@ def _draw(res: Results, out_dir: Path) -> None:
         errors_table=errors_table,
         replicated=res.replicated,
         confirmed=res.confirmed,
+        has_configs=res.configs is not None,
         facts_table=facts_table(run_facts(res, final_hv)),
         interrupted=interrupted_note(res),
     )

@@ -84,12 +84,17 @@ def _to_html(df: pd.DataFrame, **kw) -> str:
     return text.replace("'", "&#x27;").replace(_NEWLINE, "\n")
 
 
+TRIALS_IN_FULL = "every trial is in trials.parquet (and the front's in frontier.csv)"
+CONFIGS_IN_FULL = "every configuration is in configs.csv beside this page (and the front's in frontier_configs.csv)"
+
+
 def html_table(df: pd.DataFrame, columns: Sequence[str], headers: Sequence[str] | None = None,
-               pre: Sequence[str] = (), classes: Sequence[str] = ()) -> str:
+               pre: Sequence[str] = (), classes: Sequence[str] = (), full: str = TRIALS_IN_FULL) -> str:
     """An HTML table of ``df[columns]`` with formatted numbers; every cell is escaped.
 
     ``pre`` columns keep their line breaks in a monospace font; they must be the last columns. ``classes``:
-    more CSS classes of the table."""
+    more CSS classes of the table. ``full``: where the rows a long table leaves out are (``TRIALS_IN_FULL``,
+    ``CONFIGS_IN_FULL``)."""
     headers = list(headers) if headers is not None else [short(c) for c in columns]
     columns = list(columns)
     total = len(df)
@@ -103,8 +108,7 @@ def html_table(df: pd.DataFrame, columns: Sequence[str], headers: Sequence[str] 
     classes = ["results"] + ([f"pre{len(pre)}"] if pre else []) + list(classes)
     html = _to_html(shown, index=False, classes=classes)
     if total > MAX_TABLE_ROWS:
-        html += (f'\n<p class="note">The first {MAX_TABLE_ROWS} of {total:,} rows; every row is in trials.parquet '
-                 f'and configs.parquet (and the front in frontier.csv).</p>')
+        html += f'\n<p class="note">The first {MAX_TABLE_ROWS} of {total:,} rows; {full}.</p>'
     return html
 
 
@@ -516,6 +520,7 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
             ("configurations on the front (means)", str(int((c["pareto_rank"] == 0).sum()))),
         ]
     if res.configs is not None:
+        facts.append(("configurations table", configs_source_text(res)))
         facts.append(("noise floor (λ=0 baseline, std over its seeds)", noise_floor_text(res)))
         if "role" in t:
             n = t["role"].value_counts()
@@ -544,6 +549,16 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
             values = sorted({str(v) for v in t[col].dropna()})
             facts.append((label, ", ".join(values) if values else "—"))
     return facts
+
+
+def configs_source_text(res: Results) -> str:
+    """Where the page's configurations come from: the folder's configs.parquet, or the trials (issue 34: a
+    folder holding only trials.parquet gets no configs.parquet from the report, and the page says so)."""
+    if res.configs_stored:
+        return "configs.parquet of the results folder; configs.csv beside this page is a copy"
+    return ("built from trials.parquet by this report: the results folder holds no configs.parquet about these "
+            "trials, and the report writes none there (it writes only its own folder); configs.csv beside this "
+            "page holds the configurations, and `cem-bench table --csv` prints them")
 
 
 def status_counts(t: pd.DataFrame) -> str:
@@ -654,7 +669,7 @@ def config_front_table(res: Results) -> str:
                *(h for m in pq for h in (f"{m} p (single test)", f"{m} q (adjusted)")),
                *(f"strongest attack ({m})" for m in by_metric), "runs (of the statistics)",
                "seeds (of the statistics)"]  # fmt: skip
-    return html_table(shown, columns, headers)
+    return html_table(shown, columns, headers, full=CONFIGS_IN_FULL)
 
 
 def comparison_note(res: Results) -> str:
@@ -740,7 +755,8 @@ def paper_tables(res: Results) -> list[dict] | None:
     if columns > MAX_PAPER_COLUMNS:   # a continuous λ: one column per configuration, unreadable and slow
         return [{"metric": "paper-style tables", "table": None, "legend": None, "error": f"the configurations "
                  f"span more than {MAX_PAPER_COLUMNS} λ × surrogate columns (a searched λ, or a grid that wide); "
-                 f"`cem-bench table --csv` prints them"}]
+                 f"`cem-bench table --csv` prints them, and configs.csv beside this page holds every "
+                 f"configuration"}]
     out = []
     for m in DEFAULT_METRICS:
         col = f"{m}_mean"
