@@ -1084,7 +1084,7 @@ def test_a_bare_trials_table_gets_its_configurations_and_a_true_note(tmp_path):
     assert not (root / "configs.parquet").exists()
     text = html.unescape(index.read_text())
     run = _section(text, "run")
-    assert "built from trials.parquet by this report" in run and "writes none there" in run
+    assert "built from trials.parquet by this report" in run and "wrote none there" in run
     every = pd.read_csv(index.parent / "configs.csv")
     assert len(every) == len(load_results(root).configs) and "_label" not in every
     assert 'href="configs.csv"' in text

@@ -11,6 +11,9 @@ writes into ``results_dir/report``:
 * ``training_curves.png``: per-epoch curves of the front's trials
 * ``galleries/<trial>.png``: reconstruction galleries of the front and of the best λ=0 baseline
 * ``frontier.csv``: the front's trials (all columns); with replicates also ``frontier_configs.csv``
+* ``configs.csv``: every configuration (``configs.parquet``, or the table the report built from a
+  ``trials.parquet`` it was given without one: it writes no ``configs.parquet`` there, and its run facts say
+  which it used)
 * ``index.html``: everything above, relative links only, inline CSS, no external resources
 
 With replicates (some configuration ran more than once: ``configs.parquet``, built from the trials when

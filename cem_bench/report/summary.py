@@ -557,7 +557,7 @@ def configs_source_text(res: Results) -> str:
     if res.configs_stored:
         return "configs.parquet of the results folder; configs.csv beside this page is a copy"
     return ("built from trials.parquet by this report: the results folder holds no configs.parquet about these "
-            "trials, and the report writes none there (it writes only its own folder); configs.csv beside this "
+            "trials, and this report wrote none there (it writes only its own folder); configs.csv beside this "
             "page holds the configurations, and `cem-bench table --csv` prints them")
 
 
