@@ -206,3 +206,18 @@ def test_the_table_marks_only_what_survives_and_prints_p_and_q(tmp_path, capsys)
     old.to_parquet(tmp_path / "configs.parquet")
     assert main(["table", str(tmp_path), "--metrics", "attack_ssim"]) == 0
     assert "attack_ssim p / q" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_independent_check_finds_no_winner_on_pure_noise(tmp_path):
+    """scripts/independent_claims.py writes pure-noise folders without claims.py and reads them through
+    `cem-bench report` and `cem-bench table` (docs/protocol.md §9 gives its rates on 40 tables per design)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import independent_claims as ic
+    rng = np.random.default_rng(11)
+    results = [ic.judge(ic.write_folder(tmp_path / f"t{i}", rng, 12)) for i in range(6)]
+    assert sum(claimed for claimed, _, _ in results) <= 1, results    # binomial(6, 0.05): P(>= 2) = 3 %
+    assert sum(m for _, m, _ in results) <= 0.05 * sum(k for _, _, k in results) + 2, results
