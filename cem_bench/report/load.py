@@ -60,8 +60,9 @@ MAIN_PARAMS: list[str] = [
     "config.cem.softplus_beta",
 ]
 
-# the metric columns the report reads (objectives and costs; schema.py owns the lists)
-METRIC_COLUMNS: list[str] = list(OBJECTIVE_METRICS + COST_COLUMNS)
+# the metrics the report reads and shows (objectives and costs); not schema.METRIC_COLUMNS, every final
+# column of a trial row, which also holds counters such as epochs_done
+REPORTED_METRICS: list[str] = list(OBJECTIVE_METRICS + COST_COLUMNS)
 
 SKIP_COL = "attack_skipped"  # why the attack did not run ("" when it ran); absent in older results
 SURROGATE_COL = "config.cem.surrogate"
@@ -295,7 +296,7 @@ def load_configs(results_dir: Path | None, raw: pd.DataFrame, trials: pd.DataFra
     configs[CONFIG_ID] = configs[CONFIG_ID].astype(str)
     for col in ("runs", "runs_ok"):
         configs[col] = pd.to_numeric(configs[col], errors="coerce").fillna(0).astype(int)
-    for m in dict.fromkeys([*METRIC_COLUMNS, *(o["metric"] for o in objectives)]):
+    for m in dict.fromkeys([*REPORTED_METRICS, *(o["metric"] for o in objectives)]):
         configs[m] = numeric(configs[f"{m}_mean"]) if f"{m}_mean" in configs else np.nan
     configs["_ok"] = configs["runs_ok"] > 0
     _label_columns(configs)
@@ -355,7 +356,7 @@ def results_of(trials: pd.DataFrame, objectives: Sequence[dict], results_dir: Pa
         trials["status"] = "ok"
     trials["status"] = trials["status"].fillna("error").astype(str)
     trials["_ok"] = trials["status"].str.lower() == "ok"
-    for col in set(METRIC_COLUMNS) | {o["metric"] for o in objectives}:
+    for col in set(REPORTED_METRICS) | {o["metric"] for o in objectives}:
         if col not in trials:
             trials[col] = np.nan
         trials[col] = numeric(trials[col])

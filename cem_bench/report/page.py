@@ -19,7 +19,7 @@ from cem_bench.storage import is_uri, open_dir, publish, read_regular, relative_
 
 from .load import (
     BASELINE_LABEL,
-    METRIC_COLUMNS,
+    REPORTED_METRICS,
     SURROGATE_COL,
     Results,
     best_baseline,
@@ -196,7 +196,7 @@ def _draw(res: Results, out_dir: Path) -> None:
     front = res.front
     public_cols = [c for c in res.trials.columns if not c.startswith("_")]
     front[public_cols].to_csv(out_dir / "frontier.csv", index=False)
-    aliases = set(METRIC_COLUMNS) | set(res.metrics)
+    aliases = set(REPORTED_METRICS) | set(res.metrics)
     if res.configs is not None:  # every configuration, as configs.parquet holds them (no helper columns)
         every = res.configs
         every[[c for c in every.columns if not c.startswith("_") and c not in aliases]].to_csv(

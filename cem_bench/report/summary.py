@@ -17,7 +17,7 @@ from cem_bench.aggregate import CONFIG_ID, SEED_COLUMN
 from cem_bench.schema import DEFAULT_UTILITY_TOLERANCE, privacy_mode, strongest_column
 from cem_bench.table import DEFAULT_METRICS, SIGMA, column_label, legend, paper_table
 
-from .load import LAMBD_COL, MAIN_PARAMS, METRIC_COLUMNS, SKIP_COL, SURROGATE_COL, Results, is_attack_metric
+from .load import LAMBD_COL, MAIN_PARAMS, REPORTED_METRICS, SKIP_COL, SURROGATE_COL, Results, is_attack_metric
 
 MAX_TABLE_ROWS = 200  # rows an HTML table of the report shows (the rest are in the Parquet tables and CSVs)
 _NEWLINE = "\x1f"  # stands for a line break inside a cell: to_html would print "\n" as a backslash and an n
@@ -491,7 +491,7 @@ def searched_columns(res: Results) -> list[str]:
 def metric_columns(res: Results) -> list[str]:
     """The objectives, then the other metric columns that hold a value."""
     cols = list(res.metrics)
-    cols += [c for c in METRIC_COLUMNS if c not in cols and res.trials[c].notna().any()]
+    cols += [c for c in REPORTED_METRICS if c not in cols and res.trials[c].notna().any()]
     return cols
 
 
