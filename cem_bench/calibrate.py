@@ -25,8 +25,9 @@ import torch.nn.functional as F
 
 from . import data as data_mod
 from .config import ConfigError
+from .runtime import resolve_device
 from .surrogates import names as surrogate_names
-from .trainer import inject_scale, lr_at, resolve_device
+from .trainer import inject_scale, lr_at
 from .trial import build, build_config
 
 REFERENCE = "gmm"

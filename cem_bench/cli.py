@@ -83,8 +83,8 @@ def check_run_out(out: str) -> None:
 def cmd_attack(args) -> int:
     from . import attacks, checkpoint
     from .errors import ResultsError
+    from .runtime import resolve_device
     from .storage import write_json
-    from .trainer import resolve_device
     from .trial import build, build_config
     overrides = parse_set(args.set)
     bad = [k for k in overrides if not (k.startswith("attack.") or k in ("train.device", "train.eval_batch_size"))]

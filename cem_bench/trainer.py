@@ -43,6 +43,7 @@ from . import data as data_mod
 from . import graphs, models
 from .config import TrialConfig
 from .errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
+from .runtime import set_tf32
 from .surrogates import Surrogate, intra_class_mse
 
 INJECT_LR_KNEE = 4.1e-4  # the reference's s(eta) switches to 1 below this lr
@@ -75,14 +76,6 @@ def graph_mode(cfg: TrialConfig, device: torch.device) -> bool:
         raise ConfigError(f"train.cuda_graph=on needs a CUDA device; the trial runs on {device}. Use "
                           f"train.cuda_graph=auto (graphs on CUDA, the eager step elsewhere) or off")
     return graphs.graph_mode(cfg.train.cuda_graph, device, cfg.train.compile)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name!r} but CUDA is not available; use train.device=cpu or auto")
-    return torch.device(name)
 
 
 def lr_at(cfg: TrialConfig, epoch: int) -> float:
@@ -129,15 +122,6 @@ def surrogate_options(cfg: TrialConfig, graphed: bool) -> tuple[bool, bool]:
     t = cfg.train
     return (t.surrogate_stream == "on" or (t.surrogate_stream == "auto" and graphed),
             t.compile_surrogate == "on" or (t.compile_surrogate == "auto" and graphed))
-
-
-def set_tf32(mode: str) -> None:
-    """``train.tf32``: the process's TF32 flags for cuDNN convolutions and cuBLAS matrix products (process-wide, as
-    PyTorch keeps them; a trial is one process). ``auto`` restores PyTorch's defaults rather than leaving what an
-    earlier trial of the same process set. The legacy ``allow_tf32`` flags, as graphs.py uses: PyTorch refuses a
-    mix of these and the newer ``fp32_precision`` settings."""
-    conv, matmul = {"auto": (True, False), "on": (True, True), "off": (False, False)}[mode]
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, matmul
 
 
 # Inductor options of the compiled surrogate (train.compile_surrogate): its backward computes each slot-attention
@@ -630,12 +614,3 @@ class Trainer:
             move = lambda sd: {k: v.to(self.device) for k, v in sd.items()}  # noqa: E731
             best = {**best, "client": move(best["client"]), "server": move(best["server"])}
         self.best = best
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
-    torch.manual_seed(seed)

@@ -18,8 +18,9 @@ import torch
 from . import __version__, attacks, data, models, surrogates
 from .config import TrialConfig
 from .provenance import device_name, git_sha
+from .runtime import resolve_device, seed_everything
 from .schema import ATTACK_METRICS, GALLERY_FILE
-from .trainer import Trainer, resolve_device, seed_everything
+from .trainer import Trainer
 
 Report = Callable[..., None]
 

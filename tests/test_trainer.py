@@ -390,7 +390,7 @@ def test_surrogate_stream_and_compile_default_to_the_graphed_step(value, graphed
 def test_tf32_key_sets_the_process_flags(mode, conv, matmul):
     """train.tf32: auto restores PyTorch's defaults (TF32 convolutions, fp32 matrix products) whatever an earlier
     trial of the process set; on and off set both."""
-    from cem_bench.trainer import set_tf32
+    from cem_bench.runtime import set_tf32
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:
         set_tf32("off" if mode != "off" else "on")

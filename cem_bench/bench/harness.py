@@ -69,10 +69,10 @@ TINY_TRIAL = {"data.train_size": 256, "data.test_size": 100, "model.width": 0.12
 DEMO_SPACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                           "search_spaces", "demo.yaml")
 DEMO_PINNED = {"cem.surrogate": "gmm", "cem.lambd": 16.0}
-DEMO_FALLBACK = {"data.dataset": "synthetic", "data.train_size": 4096, "data.test_size": 1280, "model.width": 0.125,
+DEMO_FALLBACK = {"data.dataset": "digits", "model.width": 0.125,
                  "train.epochs": 8, "train.milestones": [0.75], "train.warmup_lr_epochs": 1, "train.batch_size": 64,
                  "train.augment": "none", "cem.warmup_epochs": 1, "attack.epochs": 4, "attack.blocks": 2,
-                 "attack.channels": 32, "attack.batch_size": 32, "defense.noise_std": 0.1}
+                 "attack.channels": 32, "attack.batch_size": 32, "defense.noise_std": 0.05}
 
 
 def demo_trial() -> dict:
@@ -302,7 +302,7 @@ def run_bench(device: str = "cpu", quick: bool = False, only: list[str] | tuple[
               tiny: bool = False, progress: bool = True) -> dict:
     """Measure the rows of ``only`` (default: every registered group; ``flops`` only on CUDA) and return
     ``{"header": {...}, "rows": [{name, value, unit, baseline, ratio, target, met, note, error, ...}]}``."""
-    from ..trainer import resolve_device
+    from ..runtime import resolve_device
     dev = resolve_device(device)
     known = group_names()
     wanted = set(known if only is None else only)
