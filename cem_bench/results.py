@@ -94,8 +94,10 @@ def _num(v: Any) -> float:
 
 # ----------------------------------------------------------------------------------- reading
 def ray_trials(exp: _Dir) -> list[dict] | None:
-    """The trials of Ray's newest ``experiment_state-*.json`` (``trial_id``, ``status``, ``dir``, ``config``),
-    or None when there is no readable state file."""
+    """The trials of Ray's newest ``experiment_state-*.json`` (``trial_id``, ``status``, ``dir``, ``config``,
+    ``failures``), or None when there is no readable state file. ``failures`` is Ray's ``num_failures`` from the
+    trial's run metadata (the second item of its entry): how often the trial failed (its worker or node died)
+    and, within ``max_failures``, was started again from its last checkpoint; None when Ray did not record it."""
     names = []
     if not exp.uri:
         names = [e.name for e in os.scandir(exp.root) if e.is_file() and e.name.startswith("experiment_state-")
@@ -124,8 +126,12 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
             try:
                 t = entry[0] if isinstance(entry, (list, tuple)) else entry
                 t = loads_json(t) if isinstance(t, str) else t
+                meta = entry[1] if isinstance(entry, (list, tuple)) and len(entry) > 1 else None
+                meta = loads_json(meta) if isinstance(meta, str) else meta
+                failures = meta.get("num_failures") if isinstance(meta, dict) else None
                 out.append({"trial_id": str(t["trial_id"]), "status": t.get("status"),
-                            "dir": t.get("relative_logdir"), "config": t.get("config") or {}})
+                            "dir": t.get("relative_logdir"), "config": t.get("config") or {},
+                            "failures": int(failures) if isinstance(failures, (int, float)) else None})
             except (KeyError, TypeError, ValueError, IndexError):
                 continue
         return out
@@ -399,8 +405,11 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
     dirs = [d for d, r in zip(dirs, read) if r is not None]
     stops = scheduler_stops(exp)
     interrupted = interruption(exp)
+    # a trial retried after a lost worker or node is one row like any other; this column says it was retried
+    failures = {t["dir"]: t["failures"] for t in state or [] if t["dir"]}
     for r in read:
         if r is not None:
+            r[0]["failures"] = failures.get(r[0]["trial_dir"])
             rows.append(mark_interrupted(mark_stopped(r[0], stops), interrupted))
             epoch_rows.extend(r[1])
     for t in state or []:

@@ -14,6 +14,7 @@ import math
 import os
 import secrets
 import stat
+import time
 from typing import Any
 
 
@@ -54,14 +55,123 @@ def join(base: str, *parts: str) -> str:
 
 
 def filesystem(path: str):
-    """(pyarrow filesystem, path on it) for a local path or a URI."""
+    """(pyarrow filesystem, path on it) for a local path or a URI.
+
+    An object-store URI goes to ``pyarrow.fs.FileSystem.from_uri`` as given, as Ray Tune's ``storage_path``
+    does, so the driver, the trials, ``report`` and ``table`` all resolve it the same way: pyarrow's AWS SDK
+    reads the standard variables (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for an S3-compatible
+    endpoint, ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_PROFILE`` / the instance profile,
+    ``AWS_DEFAULT_REGION``); nothing of them is copied into Ray's pickled state. The first use of a bucket in a
+    process checks it (:func:`_check_bucket`) so that a wrong endpoint, credential or bucket is one clear
+    :class:`StorageUnavailable` instead of a pyarrow message about the first file touched."""
     import pyarrow.fs as pafs
     path = str(path)
     if is_uri(path):
         if path.startswith("file://"):
             return pafs.LocalFileSystem(), _local(path)
-        return pafs.FileSystem.from_uri(path)
+        fs, p = pafs.FileSystem.from_uri(path)
+        _check_bucket(fs, path, p)
+        return fs, p
     return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+class StorageUnavailable(OSError):
+    """An object store cem-bench cannot use: its endpoint unreachable, access refused, the bucket missing. An
+    OSError whose ``strerror`` is the whole message (the CLI prints it as one line and exits 2)."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EIO, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+# the environment that decides where an s3:// URI goes and who asks: a checked bucket is checked again when it changes
+_AWS_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE",
+            "AWS_DEFAULT_REGION", "AWS_REGION")
+# (scheme, bucket, query, environment) -> None when the bucket answered, else (when it failed, the message)
+_CHECKED: dict[tuple, tuple[float, str] | None] = {}
+_RECHECK_S = 10.0   # a failed check is repeated no sooner: one command asks several times, each ~6 s of SDK retries
+
+
+def _endpoint(uri: str) -> str:
+    query = uri.partition("?")[2]
+    for part in query.split("&"):
+        if part.startswith("endpoint_override="):
+            return part.partition("=")[2]
+    if uri.startswith("s3://"):
+        for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if os.environ.get(var):
+                return f"{os.environ[var]} ({var})"
+        return "AWS S3"
+    return uri.split("://", 1)[0] + " storage"
+
+
+def _aws_credentials() -> str | None:
+    """Where the AWS SDK would find credentials, as far as the environment and files show; None when nowhere
+    (an EC2 instance profile, reached over the network, cannot be seen from here)."""
+    env = os.environ
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        return "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+    if env.get("AWS_PROFILE"):
+        return f"the profile {env['AWS_PROFILE']} (AWS_PROFILE)"
+    if env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+        return "AWS_WEB_IDENTITY_TOKEN_FILE"
+    if env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        return "the container's credentials"
+    for var, default in (("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), ("AWS_CONFIG_FILE", "~/.aws/config")):
+        f = os.path.expanduser(env.get(var) or default)
+        if os.path.isfile(f):
+            return f
+    if env.get("AWS_EC2_METADATA_DISABLED", "").lower() != "true":
+        return "the EC2 instance profile, if this machine has one"
+    return None
+
+
+def _check_bucket(fs, uri: str, path: str) -> None:
+    """StorageUnavailable unless the bucket of ``uri`` answers (one HeadBucket, once per process while the
+    AWS environment stays the same)."""
+    import pyarrow.fs as pafs
+    bucket = path.split("/", 1)[0]
+    key = (uri.split("://", 1)[0], bucket, uri.partition("?")[2], tuple(os.environ.get(v) for v in _AWS_ENV))
+    if key in _CHECKED:
+        failed = _CHECKED[key]
+        if failed is None:
+            return
+        if time.monotonic() - failed[0] < _RECHECK_S:
+            raise StorageUnavailable(failed[1])
+    shown = uri.partition("?")[0]
+    s3 = uri.startswith("s3://")
+    creds = _aws_credentials() if s3 else None
+    try:
+        kind = fs.get_file_info(bucket).type
+    except OSError as e:
+        text = " ".join(str(e).split())
+        if any(w in text for w in ("NETWORK_CONNECTION", "curlCode", "connect to", "resolve host", "timed out")):
+            why = (f"cannot reach {_endpoint(uri)}: {text.rpartition('Details: ')[2] or text}. Check the endpoint "
+                   f"{'(AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, or unset them for AWS itself) ' if s3 else ''}"
+                   f"and that the server runs")
+        elif s3 and creds is None:
+            why = (f"no AWS credentials found (none of AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+                   f"~/.aws/credentials), so the request went unsigned and {_endpoint(uri)} refused it ({text}). "
+                   f"Set the credentials of an account that may use the bucket")
+        elif any(w in text for w in ("ACCESS_DENIED", "HTTP status 403", "AccessDenied", "INVALID_ACCESS_KEY",
+                                     "SIGNATURE_DOES_NOT_MATCH")):
+            why = (f"access to the bucket '{bucket}' was refused by {_endpoint(uri)}"
+                   f"{f' for the credentials from {creds}' if creds else ''} ({text}). Check the key and secret "
+                   f"(or the profile / instance role) and that they may read and write the bucket")
+        else:
+            why = f"{_endpoint(uri)} answered an error for the bucket '{bucket}': {text}"
+        message = f"{shown}: {why}"
+    else:
+        if kind != pafs.FileType.NotFound:
+            _CHECKED[key] = None
+            return
+        mk = f" (`aws s3 mb s3://{bucket}`)" if s3 else ""
+        message = (f"{shown}: the bucket '{bucket}' does not exist at {_endpoint(uri)}; create it{mk} or name an "
+                   f"existing one (cem-bench never creates buckets)")
+    _CHECKED[key] = (time.monotonic(), message)
+    raise StorageUnavailable(message)
 
 
 def relative_inside(root: str | os.PathLike, path: str) -> str | None:

@@ -319,6 +319,9 @@ def check_resumable(exp_path: str) -> None:
 def check_storage(storage: str) -> None:
     """SearchError unless ``storage`` is a folder (or can become one): nothing is started or written."""
     if is_uri(storage) and not storage.startswith("file://"):
+        # the bucket is asked once now, before Ray starts: a wrong endpoint, credential or bucket is one line
+        # (storage.StorageUnavailable), not a failure inside Ray's first upload
+        filesystem(storage)
         return
     path = nearest_existing(storage)
     if not os.path.isdir(path):
