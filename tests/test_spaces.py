@@ -128,7 +128,7 @@ def test_demo_is_small_and_covers_baseline_and_three_surrogates():
     spec = load_space(os.path.join(ROOT, "search_spaces", "demo.yaml"))
     assert spec.name == "demo" and spec.max_concurrent == 2
     assert spec.resources == {"cpu": 1.0, "gpu": 0.0}
-    assert spec.fixed["data.dataset"] == "synthetic" and spec.fixed["train.device"] == "cpu"
+    assert spec.fixed["data.dataset"] == "digits" and spec.fixed["train.device"] == "cpu"   # no download
     assert spec.sampler.get("seed") is not None
     # the noise floor (4 λ = 0 seeds) and a confirmation with enough seeds for an interval, within 12 trials
     assert spec.baseline_replicates == 4 and spec.baseline_seeds == (0, 1, 2, 3)
@@ -337,7 +337,7 @@ def test_trial_config_merges_and_coerces():
     spec = load_space(os.path.join(ROOT, "search_spaces", "demo.yaml"))
     flat = trial_config(spec, {"cem.lambd": 4, "cem.surrogate": "gmm", "cem.num_clusters": 3})
     assert flat["cem.lambd"] == 4.0 and isinstance(flat["cem.lambd"], float)
-    assert flat["data.dataset"] == "synthetic" and flat["cem.num_clusters"] == 3
+    assert flat["data.dataset"] == "digits" and flat["cem.num_clusters"] == 3
     nested = trial_config(spec, {"cem": {"lambd": 8, "surrogate": "slot_cross"}})
     assert nested["cem.lambd"] == 8.0 and nested["cem.surrogate"] == "slot_cross"
 
