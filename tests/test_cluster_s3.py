@@ -18,6 +18,7 @@ same `--storage s3://BUCKET/prefix` a user passes on AWS.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -233,6 +234,37 @@ def _node_ids(address: str, env: dict) -> set[str]:
     return set(NODE_ID.findall(active))
 
 
+def _descendants(pid: int) -> dict[int, int]:
+    """{pid: process group} of every living process below ``pid`` (from /proc): a node is its `ray start`, the
+    raylet and GCS it started and their workers, whichever process group each put itself in."""
+    children: dict[int, list[int]] = {}
+    groups: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(d))
+        groups[int(d)] = int(fields[2])
+    out, todo = {}, [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out[c] = groups[c]
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 class Cluster(NamedTuple):
     address: str
     env: dict
@@ -322,7 +354,7 @@ def test_a_worker_node_lost_mid_search_costs_no_trial(tmp_path, s3_cluster):
     nodes run a trial that has checkpointed: the search ends with both trials ok, once each; b's trial failed
     once and finished on `a` from its last checkpoint on S3; the report counts it as retried. Run last: the
     cluster has one worker afterwards."""
-    epochs = 8
+    epochs = 20   # long enough that b's trial is still training when its first checkpoint is seen
     space = write_space(tmp_path, "s3nodeloss", num_samples=2, max_concurrent=2, max_failures=2,
                         fixed={"train.epochs": epochs})
     exp = f"{PREFIX}/s3nodeloss"
@@ -337,12 +369,21 @@ def test_a_worker_node_lost_mid_search_costs_no_trial(tmp_path, s3_cluster):
             files = s3_files(exp)
             dirs = {f.split("/", 1)[0] for f in files if "/checkpoint_" in f and f.endswith(".pt")}
             if len(dirs) == 2:
+                seen = sorted(f.split("/")[0][:18] + "/" + f.split("/")[1] for f in files
+                              if "/checkpoint_" in f and f.endswith(".pt"))
                 break
             assert driver.poll() is None and time.time() < deadline, (tmp_path / "driver.log").read_text()[-3000:]
             time.sleep(0.5)
         killed_at = time.time()
-        os.killpg(proc_b.pid, signal.SIGKILL)   # the node: `ray start`, its raylet, its workers
+        # the node, as a reclaimed spot instance goes: `ray start`, its raylet and every worker, all at once
+        # (Ray puts some of its processes in process groups of their own: each group is killed)
+        node = _descendants(proc_b.pid)
+        for group in {proc_b.pid, *node.values()} - {os.getpgrp()}:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
         proc_b.wait(timeout=30)
+        assert not [p for p in node if _alive(p)], "a process of node b survived"
+        groups = len({proc_b.pid, *node.values()})
         driver.wait(timeout=400)
     finally:
         if driver.poll() is None:
@@ -365,5 +406,6 @@ def test_a_worker_node_lost_mid_search_costs_no_trial(tmp_path, s3_cluster):
     assert rep.returncode == 0, rep.stderr[-3000:]
     page = (tmp_path / "report" / "index.html").read_text()
     assert re.search(r"retried after a failure.{0,200}1 trial", page, re.S), page[:3000]
-    print(f"node b lost {time.time() - killed_at:.1f} s before the search ended; trial {lost.name} resumed from "
-          f"epoch {lost['resumed_from_epoch']}")
+    print(f"node b ({len(node) + 1} processes in {groups} process groups) lost {time.time() - killed_at:.1f} s before "
+          f"the search ended; checkpoints when killed: {seen}; "
+          f"trial {lost.name} resumed from epoch {lost['resumed_from_epoch']}")

@@ -512,11 +512,11 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
         facts.append(("stopped early (scheduler)", stopped))
     if "failures" in t:   # Ray's num_failures (results.ray_trials): a worker or node lost, the trial started again
         n = pd.to_numeric(t["failures"], errors="coerce").fillna(0)
-        k = int((n > 0).sum())
+        k, failures = int((n > 0).sum()), int(n.sum())
         resumed = pd.to_numeric(t.loc[n > 0, "resumed_from_epoch"], errors="coerce") if "resumed_from_epoch" in t else []
         where = sorted({int(e) for e in pd.Series(resumed).dropna()})
         facts.append(("retried after a failure (worker or node lost)", f"{k} trial{'s' * (k != 1)}" + (
-            f" ({int(n.sum())} failure{'s' * (n.sum() != 1)}; the last attempt resumed from the checkpoint of epoch "
+            f" ({failures} failure{'s' * (failures != 1)}; the last attempt resumed from the checkpoint of epoch "
             f"{', '.join(map(str, where))}; 0 = from the start)" if k else "")))
     if SKIP_COL in t:
         k = int(t["_attack_skipped"].sum())
