@@ -15,7 +15,7 @@ from the epoch records in Ray's ``result.json`` lines (the last record of an epo
 Both tables are written to a temporary file and renamed into place (``os.replace``), so a crash never
 leaves a half-written table. Local folders and ``file://`` paths are supported directly; ``s3://``/
 ``gs://`` experiment URIs are read and written through ``pyarrow.fs`` (a single PUT per table, which
-object stores make atomic); ``cem-bench report`` itself needs a local copy (``aws s3 sync``).
+object stores make atomic); ``cem-bench report s3://... --out DIR`` reads them there (docs/cluster.md).
 """
 
 from __future__ import annotations
