@@ -10,6 +10,7 @@ row, and this one becomes an error row.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -51,13 +52,16 @@ def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
 
     def spec_for(i: int):
         # every Tune trial runs ``flat`` with seed 0 (a one-value choice: a space needs a searched key)
-        return spaces.parse_space({
+        spec = spaces.parse_space({
             "name": f"bench-ray-{os.getpid()}-{i}",
             "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.0},
                            {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
-            "sampler": {"name": "random", "seed": 0}, "num_samples": per, "max_concurrent": 1,
+            "sampler": {"name": "random", "seed": 0}, "num_samples": 1, "max_concurrent": 1,
             "max_failures": 0, "resources": {"cpu": cpus, "gpu": 1 if cuda else 0}, "fixed": flat,
             "params": {"seed": {"choice": [0]}}, "baseline": False, "confirm": False})   # only the timed trials
+        # the same trial ``per`` times on purpose (the bench times repeats of one trial); a space may not ask
+        # for that (a repeat is not a replicate), so the count is set past the parser
+        return dataclasses.replace(spec, num_samples=per)
 
     spec_for(0)  # before any work: a bad spec is an error row at once
     direct_flat = dict(flat, seed=0)
