@@ -705,11 +705,11 @@ R = r"(?P<v>\d+(?:\.\d+)?(?:\s*[–-]\s*\d+(?:\.\d+)?)?)"        # a number or a
 PERF = "docs/performance.md"
 FIGURES = (
     # the demo (make demo)
-    Figure("the demo's wall time on the idle 2-core CPU", PERF,
+    Figure("the demo's wall time on the 2-core CPU (as measured: docs/performance.md says under what load)", PERF,
            (r"(?P<v>\d+ min(?: \d+ s)?)\s+(?:of wall time\s+)?(?:on [\d-]+\s+)?once\s+\.venv\s+exist",), "duration"),
     Figure("the time creating .venv adds to the first make demo", PERF,
            (r"creating\s+\.venv\s+adds\s+(?:about\s+)?(?P<v>[\d.]+ min)",), "duration"),
-    Figure("the demo's trial times on the idle CPU", PERF,
+    Figure("the demo's trial times on the 2-core CPU", PERF,
            (r"once\s+\.venv\s+exist[^()]{0,60}\(trials of (?P<v>\d+–\d+ s)\)",), "duration"),
     Figure("the demo's trials", "search_spaces/demo.yaml",
            (r"demo(?:\.yaml)?\s*\)?\s*(?:search\s*)?(?:trains and attacks\s+|[(:]\s*)(?P<v>\d+) trials",
