@@ -22,7 +22,6 @@ file's path and turn it into their own error type (ConfigError, SpaceError, Resu
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 MAX_BYTES = 16 << 20      # a search space or config is a few KB; results JSON (a trial's record) under 1 MB
@@ -30,26 +29,27 @@ MAX_NODES = 1_000_000     # values in a document once every alias is expanded
 MAX_DEPTH = 200           # nesting levels: a space needs about 6
 MAX_DIGITS = 100          # an integer's digits: float64 holds about 308 before it overflows
 
-_BIG_INT = re.compile(r"\d{" + str(MAX_DIGITS + 1) + ",}")
 
 
 class ParseError(ValueError):
     """A document cem-bench will not read; the message says which limit and why."""
 
 
-def _check_text(text: str) -> None:
+def _text(text: str | bytes) -> str:
+    """``text`` as a string (UTF-8), refused when it is longer than any file cem-bench reads."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
     if len(text) > MAX_BYTES:
         raise ParseError(f"it is {len(text):,} characters long, more than the {MAX_BYTES:,} cem-bench reads from "
                          f"a configuration or results file")
+    return text
 
 
 def load_yaml(text: str | bytes) -> Any:
     """The document of YAML ``text`` (safe tags only: plain values, no Python objects), or ParseError."""
     import yaml
 
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")
-    _check_text(text)
+    text = _text(text)
 
     class Loader(yaml.SafeLoader):
         pass
@@ -126,33 +126,21 @@ def _check_nodes(root) -> None:
 
 
 def loads_json(text: str | bytes) -> Any:
-    """The value of JSON ``text``, or ParseError for a document past the limits (see the module)."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")
-    _check_text(text)
-    if _BIG_INT.search(text) and _has_big_int(text):
-        raise ParseError(f"it holds an integer of more than {MAX_DIGITS} digits; cem-bench reads integers of at "
-                         f"most {MAX_DIGITS} digits")
+    """The value of JSON ``text``, or ParseError for a document past the limits (see the module). One parse:
+    each integer goes through ``_bounded_int``, and a too-deep document ends in the RecursionError caught."""
+    text = _text(text)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_bounded_int)
     except RecursionError:
         raise ParseError(f"it is nested deeper than cem-bench reads (about {MAX_DEPTH} levels)") from None
 
 
-def _has_big_int(text: str) -> bool:
-    """A long run of digits outside a string (inside one, it is just text)."""
-    def check(s: str) -> int:
-        if len(s.lstrip("+-")) > MAX_DIGITS:
-            raise ParseError(f"it holds an integer of more than {MAX_DIGITS} digits; cem-bench reads integers of "
-                             f"at most {MAX_DIGITS} digits")
-        return 0
-    try:
-        json.loads(text, parse_int=check)
-    except ParseError:
-        return True
-    except (ValueError, RecursionError):
-        return False
-    return False
+def _bounded_int(s: str) -> int:
+    """An integer of the document (inside a string, digits are just text and never come here)."""
+    if len(s.lstrip("+-")) > MAX_DIGITS:
+        raise ParseError(f"it holds an integer of more than {MAX_DIGITS} digits; cem-bench reads integers of at "
+                         f"most {MAX_DIGITS} digits")
+    return int(s)
 
 
 def _short(value: Any, limit: int = 80) -> Any:

@@ -46,3 +46,17 @@ def feature_batch(shape: tuple, n: int, classes: int, seed: int):
     """``n`` uniform features of ``shape`` from a seeded generator, labels 0, 1, ..., classes - 1, 0, ..."""
     g = torch.Generator().manual_seed(seed)
     return torch.rand(n, *shape, generator=g), torch.arange(n) % classes
+
+
+def alarm_after(seconds: int, what: str):
+    """A generator for an autouse fixture: a test that blocks (a named pipe read, an expanded alias bomb) fails
+    after ``seconds`` instead of hanging the suite or eating the machine."""
+    import signal
+
+    def boom(*_):
+        raise TimeoutError(f"took more than {seconds} s: {what}")
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(seconds)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)

@@ -8,11 +8,11 @@ the tables' readers) and against the primitives they all go through (``storage.w
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
+from conftest import alarm_after
 from test_report import write_results
 
 from cem_bench import storage
@@ -38,14 +38,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 @pytest.fixture(autouse=True)
 def no_hang():
-    """A read that blocks (a named pipe opened for reading) fails the test instead of hanging the suite."""
-    def boom(*_):
-        raise TimeoutError("blocked for 60 s: a file was opened that never answers")
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    yield from alarm_after(60, "a file was opened that never answers")
 
 
 # ---------------------------------------------------------------- the report
