@@ -21,27 +21,33 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from . import data as data_mod
+from . import strength, surrogates
 from .config import ConfigError
 from .runtime import resolve_device
 from .surrogates import names as surrogate_names
 from .trainer import inject_scale, lr_at
 from .trial import build, build_config
 
-REFERENCE = "gmm"
+REFERENCE = strength.REFERENCE
 MATCH_LAMBDA = 16.0      # the paper's λ that the table translates
 
 
 @dataclass
 class Strength:
     surrogate: str
-    strength: float            # per unit λ; over several seeds, their geometric mean
-    loss_scale: float          # the surrogate's cem.loss_scale as measured
+    strength: float            # per unit λ at the fixed loss_scale; over several seeds, their geometric mean
+    loss_scale: float          # the surrogate's fixed cem.loss_scale (its default, or the one set)
     grad_mode: str
     spread: float              # between batches: std of the per-batch strengths, relative to their mean
     per_seed: tuple[float, ...] = ()   # the strength at each reference state (one per seed)
+    warmup: int = 2            # epochs of the λ = 0 reference run
+    # cem.strength=matched, per seed: the ratio to gmm, on held-out batches, of the scale a trial matches here
+    matched: tuple[float, ...] = ()
+    # per seed: the ratio to gmm here of the scale matched at the first warm-up measured (the drift of a match
+    # made at the first CEM epoch as training goes on, the fused term following s(η) as the trainer applies it)
+    drift: tuple[float, ...] = ()
+    matched_scale: tuple[float, ...] = ()   # per seed: the loss_scale a matched trial would use here
 
     def ratio(self, reference: Strength) -> float:
         return self.strength / reference.strength
@@ -53,107 +59,150 @@ class Strength:
         return self.loss_scale * reference.strength / self.strength
 
 
-def reference_state(flat: dict, warmup: int, device: torch.device):
-    """(splits, client state, server state, the rate of epoch warmup + 1): a λ = 0 run of the config after
-    ``warmup`` epochs (its learning-rate schedule is that of the config's ``train.epochs``)."""
-    cfg = build_config({**flat, "cem.lambd": 0.0})
-    splits, trainer = build(cfg, device)
-    for epoch in range(1, warmup + 1):
-        trainer.train_epoch(epoch)
-    states = ({k: v.detach().clone() for k, v in trainer.client.state_dict().items()},
-              {k: v.detach().clone() for k, v in trainer.server.state_dict().items()})
-    return splits, states, lr_at(cfg, warmup + 1)
+def geo(values) -> float:
+    """The geometric mean (0 when a value is 0; NaN when one is negative or not finite, or none is given)."""
+    values = list(values)
+    if not values or not all(v >= 0 and math.isfinite(v) for v in values):
+        return math.nan
+    if any(v == 0 for v in values):
+        return 0.0
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def measure(flat: dict, surrogates: list[str] | None = None, warmup: int = 2, batches: int = 4,
+def _surrogate_module(cfg, splits, device, features, labels):
+    """The surrogate of ``cfg`` as ``trial.build`` makes it (its own seeded init), refitted on ``features``
+    when it refits (gmm), as the trainer does before its first CEM epoch."""
+    fshape = tuple(features.shape[1:])
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(int(cfg.seed) + 7919)
+        module = surrogates.build(cfg, fshape, splits.num_classes).to(device)
+    if module.needs_refit:
+        module.refit(features, labels)
+    return module
+
+
+def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list[int] = 2, batches: int = 8,
             device: str | None = None, seeds: list[int] | None = None) -> list[Strength]:
-    """The strength of each surrogate (``surrogates``: default all registered, gmm first) on ``flat``'s
-    configuration (dataset, width, σ, batch, ...). Keys a surrogate sets by default (``cem.loss_scale``,
-    ``cem.grad_mode``, ...) take its default unless ``flat`` sets them. With ``seeds``, one reference state per
-    seed and the geometric mean of the strengths (so the ratio to gmm is the geometric mean of the per-seed
-    ratios): gmm's hinge makes its strength depend on the state by a factor of about 2 between seeds."""
+    """The strength of each surrogate (``surrogates_``: default all registered, gmm first) on ``flat``'s
+    configuration (dataset, width, σ, batch, ...), after each of the ``warmup`` epoch counts of one λ = 0
+    reference run (rows in warm-up order, gmm first in each). ``strength`` is the fixed scale's
+    (``cem.loss_scale``: the surrogate's default unless ``flat`` sets it); ``matched`` is the ratio to gmm of
+    ``cem.strength=matched`` (the scale a trial would measure at this state on its own batches, checked on
+    ``batches`` held-out ones); ``drift`` that of the scale matched at the first warm-up, applied here. With
+    ``seeds``, one reference run per seed and the geometric mean of the strengths (so the ratio to gmm is the
+    geometric mean of the per-seed ratios): gmm's hinge makes its strength depend on the state by a factor of
+    about 2 between seeds."""
+    warmups = sorted(set([warmup] if isinstance(warmup, int) else warmup))
     if seeds:
-        runs = [measure({**flat, "seed": s}, surrogates, warmup, batches, device) for s in seeds]
+        runs = [measure({**flat, "seed": s}, surrogates_, warmups, batches, device) for s in seeds]
         out = []
         for rows in zip(*runs):
-            vals = [r.strength for r in rows]
-            geo = math.exp(sum(math.log(v) for v in vals) / len(vals)) if all(v > 0 for v in vals) else 0.0
-            out.append(Strength(rows[0].surrogate, geo, rows[0].loss_scale, rows[0].grad_mode,
-                                max(r.spread for r in rows), tuple(vals)))
+            out.append(Strength(rows[0].surrogate, geo(r.strength for r in rows), rows[0].loss_scale,
+                                rows[0].grad_mode, max(r.spread for r in rows), tuple(r.strength for r in rows),
+                                rows[0].warmup, tuple(r.matched[0] for r in rows), tuple(r.drift[0] for r in rows),
+                                tuple(r.matched_scale[0] for r in rows)))
         return out
-    names = list(surrogates or surrogate_names())
+    names = list(surrogates_ or surrogate_names())
     known = surrogate_names()
     bad = [n for n in names if n not in known]
     if bad:
         raise ConfigError(f"unknown surrogate(s) {', '.join(bad)}; known: {', '.join(known)}")
     names = [REFERENCE] + [n for n in names if n != REFERENCE]
-    if warmup < 1 or batches < 1:
-        raise ConfigError(f"calibrate: warm-up epochs and batches must be at least 1 (got {warmup}, {batches})")
-    base = {k: v for k, v in flat.items() if k not in ("cem.surrogate", "cem.lambd")}
-    # validate every surrogate's config before the reference run trains anything
-    cfgs = {n: build_config({**base, "cem.surrogate": n, "cem.lambd": 1.0}) for n in names}
-    dev = resolve_device(device or cfgs[REFERENCE].train.device)
-    splits, (client_state, server_state), lr = reference_state(base, warmup, dev)
+    if not warmups or warmups[0] < 1 or batches < 1:
+        raise ConfigError(f"calibrate: warm-up epochs and batches must be at least 1 (got {warmups}, {batches})")
+    base = {k: v for k, v in flat.items() if k not in ("cem.surrogate", "cem.lambd", "cem.strength")}
+    # the fixed scale: the surrogate's default unless flat sets cem.loss_scale (validated before any training)
+    cfgs = {n: build_config({**base, "cem.surrogate": n, "cem.lambd": 1.0, "cem.strength": "fixed"})
+            for n in names}
+    ref_cfg = cfgs[REFERENCE]
+    if warmups[-1] >= ref_cfg.train.epochs:
+        raise ConfigError(f"calibrate: warm-up {warmups[-1]} leaves no CEM epoch of train.epochs="
+                          f"{ref_cfg.train.epochs}; measure at fewer warm-up epochs or set a longer schedule")
+    dev = resolve_device(device or ref_cfg.train.device)
+    splits, trainer = build(build_config({**base, "cem.lambd": 0.0}), dev)
+    # the batches a matched trial measures on (strength.match), and held-out ones to check its scale on
+    match_batches = strength.fixed_batches(ref_cfg, splits, strength.MATCH_BATCHES)
+    check = strength.fixed_batches(ref_cfg, splits, batches, strength.CHECK_SEED)
+    sigma, seed = ref_cfg.defense.noise_std, int(ref_cfg.seed)
+    first_scale: dict[str, float] = {}
+    first_lr = lr_at(ref_cfg, warmups[0] + 1)
     out = []
-    for name in names:
-        cfg = cfgs[name]
-        _, trainer = build(cfg, dev, splits=splits)
-        trainer.client.load_state_dict(client_state)
-        trainer.server.load_state_dict(server_state)
-        if trainer.surrogate.needs_refit:
-            trainer.refit_surrogate()
-        c = 1.0 if cfg.cem.grad_mode == "fused" else inject_scale(lr)
-        scale = float(cfg.cem.loss_scale if cfg.cem.loss_scale is not None else 1.0)
-        for m in (trainer.client, trainer.server, trainer.surrogate):
-            m.train()
-        # the same batches for every surrogate: a generator seeded from the config
-        gen = torch.Generator(device=dev).manual_seed(int(cfg.seed) + 104729)
-        it = data_mod.BatchIterator(splits.train, splits, cfg.train.batch_size, cfg.train.augment, gen)
-        values = []
-        for i, (x, y) in enumerate(it):
-            if i >= batches:
-                break
-            z = trainer.client(x).float()
-            ce = F.cross_entropy(trainer.server(trainer.add_noise(z)).float(), y)
-            loss = trainer.surrogate(z, y).loss
-            g_ce, = torch.autograd.grad(ce, z, retain_graph=True)
-            g_l, = torch.autograd.grad(loss, z, allow_unused=True)
-            g_l = torch.zeros_like(z) if g_l is None else g_l
-            values.append(c * scale * float(g_l.norm()) / max(float(g_ce.norm()), 1e-30))
-        mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-        out.append(Strength(name, mean, scale, cfg.cem.grad_mode, std / mean if mean > 0 else math.nan, (mean,)))
+    for epoch in range(1, warmups[-1] + 1):
+        trainer.train_epoch(epoch)
+        if epoch not in warmups:
+            continue
+        lr = lr_at(ref_cfg, epoch + 1)           # the rate of the first CEM epoch after this warm-up
+        feats, labels = trainer.encode(splits.train), splits.train.labels
+        client, server = trainer.client, trainer.server
+        g_check = g_match = math.nan
+        for name in names:
+            cfg = cfgs[name]
+            module = _surrogate_module(cfg, splits, dev, feats, labels)
+            fused = cfg.cem.grad_mode == "fused"
+            c = 1.0 if fused else inject_scale(lr)
+            scale = float(cfg.cem.loss_scale)
+            with strength.untouched(client, server, module):
+                own_check = strength.per_batch(client, server, module, check, sigma, c, 1.0, seed)
+                own_match = strength.per_batch(client, server, module, match_batches, sigma, c, 1.0, seed)
+            o_check, o_match = strength.mean(own_check), strength.mean(own_match)
+            if name == REFERENCE:
+                g_check, g_match = o_check, o_match
+            matched_scale = g_match / o_match if o_match > 0 else math.inf
+            first_scale.setdefault(name, matched_scale)
+            # a match made at the first warm-up, applied here: a fused term has followed s(η) since
+            c_now = inject_scale(lr) / inject_scale(first_lr) if fused else c
+            values = [v * scale for v in own_check]
+            out.append(Strength(name, strength.mean(values), scale, cfg.cem.grad_mode, strength.spread(values),
+                                (strength.mean(values),), epoch, (matched_scale * o_check / g_check,),
+                                (first_scale[name] * (c_now / c) * o_check / g_check,), (matched_scale,)))
     return out
 
 
 def table(rows: list[Strength]) -> list[dict]:
-    """One record per surrogate: ``surrogate``, ``strength``, ``ratio_to_gmm``, ``matching_lambda`` (the λ that
-    matches gmm's λ = 16), ``matching_loss_scale``, ``loss_scale``, ``grad_mode``, ``batch_spread``."""
-    ref = next(r for r in rows if r.surrogate == REFERENCE)
-    return [{"surrogate": r.surrogate, "strength": r.strength, "ratio_to_gmm": r.ratio(ref),
-             "ratio_per_seed": [s / g for s, g in zip(r.per_seed, ref.per_seed)],
-             "matching_lambda": r.matching_lambda(ref) if r.strength > 0 else math.inf,
-             "matching_loss_scale": r.matching_loss_scale(ref) if r.strength > 0 else math.inf,
-             "loss_scale": r.loss_scale, "grad_mode": r.grad_mode, "batch_spread": r.spread} for r in rows]
+    """One record per surrogate and warm-up: ``surrogate``, ``warmup``, ``strength``, ``ratio_to_gmm`` (the
+    fixed scale's), ``matching_lambda`` (the λ that matches gmm's λ = 16), ``matching_loss_scale``,
+    ``loss_scale``, ``grad_mode``, ``batch_spread``; ``matched_ratio`` (``cem.strength=matched``: the ratio to
+    gmm, on held-out batches, of the scale a trial measures at this state), ``matched_loss_scale`` (that scale)
+    and ``drift_ratio`` (the ratio here of the scale matched at the first warm-up), each with its per-seed
+    values (geometric means over seeds)."""
+    refs = {r.warmup: r for r in rows if r.surrogate == REFERENCE}
+    out = []
+    for r in rows:
+        ref = refs[r.warmup]
+        out.append({"surrogate": r.surrogate, "warmup": r.warmup, "strength": r.strength,
+                    "ratio_to_gmm": r.ratio(ref), "ratio_per_seed": [s / g for s, g in zip(r.per_seed, ref.per_seed)],
+                    "matching_lambda": r.matching_lambda(ref) if r.strength > 0 else math.inf,
+                    "matching_loss_scale": r.matching_loss_scale(ref) if r.strength > 0 else math.inf,
+                    "loss_scale": r.loss_scale, "grad_mode": r.grad_mode, "batch_spread": r.spread,
+                    "matched_ratio": geo(r.matched), "matched_ratio_per_seed": list(r.matched),
+                    "matched_loss_scale": geo(r.matched_scale), "drift_ratio": geo(r.drift),
+                    "drift_per_seed": list(r.drift)})
+    return out
 
 
 def format_table(records: list[dict]) -> str:
-    head = (f"{'surrogate':20s} {'grad_mode':9s} {'loss_scale':>10s} {'strength/λ':>11s} {'÷ gmm':>8s} "
-            f"{'λ ≙ gmm 16':>11s} {'loss_scale ≙ gmm':>17s} {'batch spread':>12s}  ÷ gmm per seed")
+    head = (f"{'surrogate':20s} {'warm-up':>7s} {'grad_mode':9s} {'loss_scale':>10s} {'strength/λ':>11s} "
+            f"{'÷ gmm':>8s} {'λ ≙ gmm 16':>11s} {'batch spread':>12s} {'matched ÷ gmm':>13s} "
+            f"{'drift ÷ gmm':>11s}  ÷ gmm per seed (fixed | matched)")
     lines = [head]
     for r in records:
-        lines.append(f"{r['surrogate']:20s} {r['grad_mode']:9s} {r['loss_scale']:10.4g} {r['strength']:11.4g} "
-                     f"{r['ratio_to_gmm']:8.3g} {r['matching_lambda']:11.4g} {r['matching_loss_scale']:17.4g} "
-                     f"{r['batch_spread']:11.1%}   {' '.join(f'{v:.3g}' for v in r['ratio_per_seed'])}")
+        lines.append(f"{r['surrogate']:20s} {r['warmup']:7d} {r['grad_mode']:9s} {r['loss_scale']:10.4g} "
+                     f"{r['strength']:11.4g} {r['ratio_to_gmm']:8.3g} {r['matching_lambda']:11.4g} "
+                     f"{r['batch_spread']:11.1%} {r['matched_ratio']:13.3g} {r['drift_ratio']:11.3g}   "
+                     f"{' '.join(f'{v:.3g}' for v in r['ratio_per_seed'])} | "
+                     f"{' '.join(f'{v:.3g}' for v in r['matched_ratio_per_seed'])}")
     return "\n".join(lines)
 
 
 def yaml_fragment(records: list[dict]) -> str:
-    """The matching ``cem.loss_scale`` of each surrogate: one YAML mapping ``surrogate: {cem.loss_scale: v}``,
-    each entry a ``--config`` file's worth for that surrogate (``cem-bench train --config``, or the ``fixed``
-    keys of its family space, search_spaces/<surrogate>.yaml)."""
-    lines = ["# cem-bench calibrate: the cem.loss_scale with which one unit of lambda pulls on the encoder as",
-             "# gmm's does, on the configuration measured (per surrogate; gmm is the reference)"]
+    """The fixed ``cem.loss_scale`` that matches gmm at the first warm-up measured, per surrogate: one YAML
+    mapping ``surrogate: {cem.strength: fixed, cem.loss_scale: v}``, each entry a ``--config`` file's worth for
+    that surrogate (``cem-bench train --config``, or the ``fixed`` keys of its family space)."""
+    first = min(r["warmup"] for r in records)
+    lines = ["# cem-bench calibrate: the fixed cem.loss_scale with which one unit of lambda pulls on the encoder",
+             "# as gmm's does, on the configuration measured (per surrogate; gmm is the reference). The default,",
+             "# cem.strength=matched, measures this on each trial's own encoder instead."]
     for r in records:
-        lines.append(f"{r['surrogate']}: {{cem.loss_scale: {r['matching_loss_scale']:.4g}}}")
+        if r["warmup"] == first:
+            lines.append(f"{r['surrogate']}: {{cem.strength: fixed, cem.loss_scale: {r['matching_loss_scale']:.4g}}}")
     return "\n".join(lines) + "\n"

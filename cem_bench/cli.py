@@ -137,14 +137,16 @@ def cmd_calibrate(args) -> int:
     flat.update(parse_set(args.set))
     build_config(flat)   # a bad key is reported before the reference run trains
     surrogates = args.surrogates or None
-    print(f"cem-bench calibrate: the λ = 0 encoder after {args.warmup} epoch(s), {args.batches} batch(es) per "
-          f"surrogate", flush=True)
+    print(f"cem-bench calibrate: the λ = 0 encoder after {', '.join(map(str, args.warmup))} epoch(s), "
+          f"{args.batches} held-out batch(es) per surrogate", flush=True)
     t0 = time.perf_counter()
     records = calibrate.table(calibrate.measure(flat, surrogates, args.warmup, args.batches, seeds=args.seeds))
     print(calibrate.format_table(records))
     print(f"({time.perf_counter() - t0:.1f} s) strength/λ: ‖∂(CEM term)/∂z‖ ÷ ‖∂CE/∂z‖ per unit λ, as the trainer "
           f"applies it; λ ≙ gmm 16: the λ with gmm's strength at λ = 16; loss_scale ≙ gmm: the cem.loss_scale that "
-          f"gives gmm's strength at equal λ")
+          f"gives gmm's strength at equal λ; matched ÷ gmm: cem.strength=matched (the default of the attention "
+          f"surrogates), the scale a trial measures at this state, checked on held-out batches; drift ÷ gmm: "
+          f"the scale matched at the first warm-up, here")
     if args.json:
         write_json(args.json, records)
         print(f"json: {args.json}")
@@ -304,8 +306,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)")
     c.add_argument("--surrogates", nargs="+", metavar="NAME", help="which surrogates (default: all; gmm is always "
                    "measured, as the reference)")
-    c.add_argument("--warmup", type=int, default=2, help="epochs of the λ = 0 reference run (default 2)")
-    c.add_argument("--batches", type=int, default=4, help="batches averaged per surrogate (default 4)")
+    c.add_argument("--warmup", type=int, nargs="+", default=[2], help="epochs of the λ = 0 reference run; several "
+                   "(2 3 5) measure after each from one run (default 2)")
+    c.add_argument("--batches", type=int, default=8, help="held-out batches averaged per surrogate (default 8)")
     c.add_argument("--seeds", type=int, nargs="+", help="one reference state per seed, strengths averaged "
                    "geometrically (default: the config's seed alone)")
     c.add_argument("--json", help="also write the table here (one record per surrogate)")

@@ -88,7 +88,14 @@ class CemConfig:
     var_threshold: float = _f(0.125, "tau: the hinge sits at log(tau*sigma^2 + gamma)", lo=0.0)
     var_eps: float = _f(0.01, "gamma: added to variances inside the log", lo=0.0, lo_open=True)
     loss_scale: Optional[float] = _f(None, "multiplies the surrogate loss (seed name attention_loss_scale; "
-                                     "empty = surrogate default)", lo=0.0)
+                                     "empty = surrogate default, or measured under cem.strength=matched)", lo=0.0)
+    strength: Optional[str] = _f(None, "what one unit of lambda means (docs/estimators.md, 'One lambda scale'): "
+                                 "matched = gmm's pull on this trial's own encoder, measured at its first CEM epoch "
+                                 "(the loss scale the trial used is recorded as cem_loss_scale; a fused term also "
+                                 "follows the lr schedule as the injected ones do); fixed = cem.loss_scale as given "
+                                 "(empty = surrogate default: matched for the attention surrogates, fixed for gmm, "
+                                 "the reference; fixed whenever cem.loss_scale is set)",
+                                 choices=("matched", "fixed"))
     surrogate_lr: float = _f(1e-3, "Adam learning rate of the surrogate's own parameters", lo=0.0)
     estimator_fit: Optional[str] = _f(None, "how the surrogate's own parameters are trained (docs/estimators.md): "
                                       "adversarial = to maximise the estimate the encoder minimises; joint = to "

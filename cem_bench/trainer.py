@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import data as data_mod
-from . import graphs, models
+from . import graphs, models, strength
 from .config import TrialConfig
 from .errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
 from .runtime import set_tf32
@@ -171,6 +171,13 @@ class Trainer:
         self.gen = torch.Generator(device=device).manual_seed(cfg.seed)
         self.lambd = cfg.cem.lambd
         self.loss_scale = cfg.cem.loss_scale if cfg.cem.loss_scale is not None else 1.0
+        # cem.strength (cem_bench/strength.py): matched measures loss_scale against gmm's pull at the first CEM
+        # epoch; the record of what the trial used goes into its result and its checkpoint
+        self.matched = surrogate is not None and cfg.cem.strength == "matched"
+        self.match_pending = self.matched
+        self.first_cem_lr = lr_at(cfg, (cfg.cem.warmup_epochs or 0) + 1)
+        self.strength_record = ({"cem_strength": cfg.cem.strength or "fixed", "cem_loss_scale": self.loss_scale}
+                                if surrogate is not None else {})
         self._client_fwd = self.client
         self._server_fwd = self.server
         if cfg.train.compile:
@@ -239,7 +246,11 @@ class Trainer:
         of z's gradient instead of one per surrogate parameter: a graphed step's time is its kernel count
         (bench ``kernels``)."""
         fused = self.cfg.cem.grad_mode == "fused"
-        scale = self.lambd if fused else self.lambd * inject_scale(lr)
+        if fused:
+            # matched: the fused weight follows s(η) from the first CEM epoch on, as the injected ones do
+            scale = self.lambd * (inject_scale(lr) / inject_scale(self.first_cem_lr) if self.matched else 1.0)
+        else:
+            scale = self.lambd * inject_scale(lr)
         sign = estimator_sign(self.cfg.cem.estimator_fit)
         weight = scale if (fused and sign > 0) else sign
         return weight, scale / weight
@@ -432,6 +443,8 @@ class Trainer:
         step_lr = applied_lr(self.cfg, epoch)  # 0 in epoch 1 under train.reference_warmup_lr0
         self.set_lr(step_lr)
         cem_on = self.cem_active(epoch)
+        if cem_on and self.match_pending:
+            self.match_strength(epoch, lr)
         self.prepare_steps(cem_on)
         acc = self.epoch_acc()
         if self.device.type == "cuda" and self.step_flops is None:
@@ -500,6 +513,19 @@ class Trainer:
 
         feats = models.encode(self._client_fwd, images(), self.device, self.amp)
         return feats, torch.cat(labels)
+
+    def match_strength(self, epoch: int, lr: float) -> None:
+        """``cem.strength=matched``: set ``loss_scale`` so that the surrogate pulls on this encoder as gmm does
+        (``strength.match``), before the first CEM step; the measurement leaves no trace in the models, the
+        optimizers or any random stream."""
+        s = self.surrogate
+        ref = strength.build_reference(self.cfg, s.feature_shape, s.num_classes, self.device,
+                                       self.encode(self.splits.train), self.splits.train.labels)
+        c_own = 1.0 if self.cfg.cem.grad_mode == "fused" else inject_scale(lr)
+        rec = strength.match(self.cfg, self.splits, self.client, self.server, s, ref, inject_scale(lr), c_own)
+        self.loss_scale = rec["cem_loss_scale"]
+        self.strength_record = {"cem_strength": "matched", **rec, "cem_strength_epoch": epoch}
+        self.match_pending = False
 
     def refit_surrogate(self) -> None:
         """Refit the surrogate on the clean training split, or under ``cem.refit_augmented`` on an extra
@@ -591,6 +617,8 @@ class Trainer:
             "gen": self.gen.get_state(),
             "surrogate_gen": (self.surrogate.rng(self.device).get_state() if self.surrogate is not None else None),
             "best": self.best,
+            "strength": {"loss_scale": self.loss_scale, "record": self.strength_record,
+                         "pending": self.match_pending},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -614,3 +642,7 @@ class Trainer:
             move = lambda sd: {k: v.to(self.device) for k, v in sd.items()}  # noqa: E731
             best = {**best, "client": move(best["client"]), "server": move(best["server"])}
         self.best = best
+        st = state.get("strength")
+        if st is not None:    # a matched scale is the one measured at the first CEM epoch, never re-measured
+            self.loss_scale, self.strength_record = float(st["loss_scale"]), dict(st["record"])
+            self.match_pending = bool(st["pending"])

@@ -53,7 +53,7 @@ class AttentionCentroid(Surrogate):
     Keys = AttentionCentroidKeys
     # cem.loss_scale: calibrated so that one unit of lambda pulls on the encoder as gmm's does (cem-bench calibrate;
     # docs/estimators.md, "One lambda scale"); the seed's own weight was 1.
-    defaults = {"cem.loss_scale": 0.038, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}
+    defaults = {"cem.strength": "matched", "cem.loss_scale": 0.038, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)

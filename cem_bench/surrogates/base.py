@@ -27,6 +27,7 @@ from ..registry import Registry
 
 # Fallbacks of the keys every surrogate has whose default is "the surrogate's own" (None in config.py); a
 # surrogate overrides them in its ``defaults``.
+REFERENCE_SURROGATE = "gmm"   # the surrogate whose strength λ means (cem.strength, cem_bench/strength.py)
 GLOBAL_DEFAULTS = {
     "cem.grad_mode": "inject",
     "cem.warmup_epochs": 1,
@@ -149,9 +150,21 @@ def resolve(cfg: TrialConfig) -> TrialConfig:
     klass = get(cfg.cem.surrogate)
     cem = cfg.cem
     updates = {}
+    # cem.strength: a loss_scale set by hand is a fixed scale; matched leaves loss_scale empty (the trial
+    # measures it at its first CEM epoch and records it)
+    strength = cem.strength
+    if strength is None:
+        strength = "fixed" if cem.loss_scale is not None else klass.defaults.get("cem.strength", "fixed")
+    elif strength == "matched" and cem.loss_scale is not None:
+        raise ConfigError(f"cem.loss_scale={cem.loss_scale!r} is a fixed scale, but cem.strength=matched measures "
+                          f"it on the trial's encoder: set cem.strength=fixed to use your scale, or drop "
+                          f"cem.loss_scale")
+    if strength == "matched" and cfg.cem.surrogate == REFERENCE_SURROGATE:
+        strength = "fixed"      # gmm is the reference: matched to itself is its own loss scale
+    updates["strength"] = strength
     for key_, fallback in GLOBAL_DEFAULTS.items():
         name = key_.split(".", 1)[1]
-        if getattr(cem, name) is None:
+        if getattr(cem, name) is None and not (name == "loss_scale" and strength == "matched"):
             updates[name] = klass.defaults.get(key_, fallback)
     if cem.estimator_fit is None:
         updates["estimator_fit"] = klass.defaults.get("cem.estimator_fit", klass.fit_modes[0])

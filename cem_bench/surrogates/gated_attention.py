@@ -40,7 +40,7 @@ class GatedAttention(Surrogate):
     Keys = GatedAttentionKeys
     # cem.loss_scale: calibrated so that one unit of lambda pulls on the encoder as gmm's does (cem-bench calibrate;
     # docs/estimators.md, "One lambda scale"); the seed's own weight was 0.1.
-    defaults = {"cem.loss_scale": 0.84, "cem.warmup_epochs": 5, "cem.grad_mode": "inject"}
+    defaults = {"cem.strength": "matched", "cem.loss_scale": 0.84, "cem.warmup_epochs": 5, "cem.grad_mode": "inject"}
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)

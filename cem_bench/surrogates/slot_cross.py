@@ -54,7 +54,7 @@ class SlotCross(Surrogate):
     Keys = SlotCrossKeys
     # cem.loss_scale: calibrated so that one unit of lambda pulls on the encoder as gmm's does (cem-bench calibrate;
     # docs/estimators.md, "One lambda scale"); the seed's own weight was 0.25.
-    defaults = {"cem.loss_scale": 0.93, "cem.warmup_epochs": 3, "cem.grad_mode": "inject"}
+    defaults = {"cem.strength": "matched", "cem.loss_scale": 0.93, "cem.warmup_epochs": 3, "cem.grad_mode": "inject"}
 
     @classmethod
     def complete(cls, params: dict) -> dict:

@@ -1,0 +1,140 @@
+"""The CEM strength of a surrogate at a state of the encoder, and the match to gmm's (``cem.strength``).
+
+The strength of a CEM term per unit λ is the ratio of the norm of the gradient it sends into the client's
+features z to the norm of the cross-entropy's gradient there, exactly as the trainer applies it:
+
+    strength = c · loss_scale · ‖∂L/∂z‖ / ‖∂CE/∂z‖,   c = s(η) (inject) or the fused factor (below)
+
+gmm is the reference: the paper's λ keeps its meaning. Under ``cem.strength=matched`` (the attention
+surrogates' default) a trial measures, at the start of its first CEM epoch and on its own encoder, gmm's
+strength and its own on the same batches, and sets its ``loss_scale`` to their ratio: λ then means gmm's pull
+wherever the trial runs (σ, width, warm-up, data set, seed), which a fixed default calibrated at one state
+cannot (docs/estimators.md, "One λ scale": the fixed defaults move 1.7-5× between states). Through the
+schedule the inject surrogates keep their ratio to gmm by construction (both scale with s(η)); a fused
+surrogate's weight is multiplied by s(η)/s(η₀) (η₀ the rate of its first CEM epoch) so that it does too
+(``Trainer.cem_scales``). ``cem-bench calibrate`` measures both the fixed defaults and the match on held-out
+batches (``cem_bench/calibrate.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import data as data_mod
+from . import surrogates
+from .config import TrialConfig
+from .surrogates.base import REFERENCE_SURROGATE as REFERENCE
+
+MATCH_BATCHES = 8          # batches averaged by a match: per-batch spread 9-18 %, so about 5 % on each mean
+BATCH_SEED = 104729        # the match's batches: a generator seeded from the trial seed plus this
+CHECK_SEED = 15485863      # calibrate's held-out batches, to check a match on batches it did not see
+
+
+def reference_config(cfg: TrialConfig) -> TrialConfig:
+    """gmm at its own defaults on ``cfg``'s data, model, noise and training keys (and its hinge: cem.var_*)."""
+    flat = {k: v for k, v in cfg.to_flat().items() if not k.startswith("cem.")}
+    flat.update({"cem.surrogate": REFERENCE, "cem.lambd": 1.0, "cem.var_threshold": cfg.cem.var_threshold,
+                 "cem.var_eps": cfg.cem.var_eps})
+    return surrogates.resolve(TrialConfig.from_flat(flat))
+
+
+def fixed_batches(cfg: TrialConfig, splits: data_mod.Splits, n: int, seed_offset: int = BATCH_SEED,
+                  device: torch.device | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` training batches (augmented as in training) from a generator of their own, seeded from the
+    config's seed: the same batches for every surrogate measured, and the trainer's stream untouched."""
+    dev = device or splits.train.images.device
+    gen = torch.Generator(device=dev).manual_seed(int(cfg.seed) + seed_offset)
+    out = []
+    while len(out) < n:
+        for x, y in data_mod.BatchIterator(splits.train, splits, cfg.train.batch_size, cfg.train.augment, gen):
+            out.append((x, y))
+            if len(out) == n:
+                break
+    return out
+
+
+@contextlib.contextmanager
+def untouched(*modules: torch.nn.Module):
+    """Run a measurement without leaving a trace: the modules' state (BatchNorm's running statistics move in a
+    train-mode forward), their modes, their gradients and every random stream (dropout, a surrogate's slot
+    initialisation) are as before afterwards."""
+    saved = [({k: v.detach().clone() for k, v in m.state_dict().items()}, m.training) for m in modules]
+    # a surrogate's own stream (Surrogate.rng): the generator object and its state, or None before first use
+    streams = [(m, getattr(m, "_stream", None)) for m in modules if hasattr(m, "_stream")]
+    stream_states = [s.get_state() if s is not None else None for _, s in streams]
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            for m, (state, training) in zip(modules, saved):
+                m.load_state_dict(state)
+                m.train(training)
+                m.zero_grad(set_to_none=True)
+            for (m, stream), state in zip(streams, stream_states):
+                m._stream = stream
+                if stream is not None:
+                    stream.set_state(state)
+
+
+def per_batch(client, server, surrogate, batches, noise_std: float, c: float = 1.0, scale: float = 1.0,
+              noise_seed: int = 0) -> list[float]:
+    """The strength on each batch: c · scale · ‖∂L/∂z‖ / ‖∂CE/∂z‖, in train mode as a step runs (call it
+    inside ``untouched``). The CE sees the defense noise, drawn from a generator of its own."""
+    for m in (client, server, surrogate):
+        m.train()
+    values = []
+    for i, (x, y) in enumerate(batches):
+        z = client(x).float()
+        gen = torch.Generator(device=z.device).manual_seed(noise_seed + i)
+        noisy = z + noise_std * torch.randn(z.shape, generator=gen, device=z.device) if noise_std else z
+        ce = F.cross_entropy(server(noisy).float(), y)
+        loss = surrogate(z, y).loss
+        g_ce, = torch.autograd.grad(ce, z, retain_graph=True)
+        g_l, = torch.autograd.grad(loss, z, allow_unused=True)
+        g = 0.0 if g_l is None else float(g_l.norm())
+        values.append(c * scale * g / max(float(g_ce.norm()), 1e-30))
+    return values
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def spread(values: list[float]) -> float:
+    """std / mean of per-batch values (NaN when the mean is 0)."""
+    m = mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / len(values)) / m if m > 0 else math.nan
+
+
+def build_reference(cfg: TrialConfig, feature_shape, num_classes: int, device: torch.device, features,
+                    labels) -> torch.nn.Module:
+    """gmm (``reference_config``), fitted on ``features`` as the trainer fits it before a CEM epoch."""
+    ref_cfg = reference_config(cfg)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(int(cfg.seed) + 7919)
+        ref = surrogates.build(ref_cfg, feature_shape, num_classes).to(device)
+    ref.refit(features, labels)
+    return ref
+
+
+def match(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogate, reference, c_ref: float,
+          c_own: float, batches: list | None = None) -> dict:
+    """The loss_scale with which ``surrogate`` pulls as ``reference`` (gmm) does on this encoder, measured on
+    ``MATCH_BATCHES`` fixed batches; a record of the measurement (``cem_strength_*``) for the trial's result."""
+    batches = batches if batches is not None else fixed_batches(cfg, splits, MATCH_BATCHES)
+    sigma = cfg.defense.noise_std
+    with untouched(client, server, surrogate, reference):
+        ref = per_batch(client, server, reference, batches, sigma, c_ref, 1.0, cfg.seed)
+        own = per_batch(client, server, surrogate, batches, sigma, c_own, 1.0, cfg.seed)
+    g, o = mean(ref), mean(own)
+    if not (g > 0 and o > 0 and math.isfinite(g) and math.isfinite(o)):
+        raise RuntimeError(f"cem.strength=matched: the strengths measured are not positive (gmm {g:.3g}, "
+                           f"{cfg.cem.surrogate} {o:.3g} per unit loss_scale): nothing to match at this state; "
+                           f"set cem.strength=fixed and a cem.loss_scale")
+    return {"cem_loss_scale": g / o, "cem_strength_gmm": g, "cem_strength_own": o,
+            "cem_strength_spread": max(spread(ref), spread(own)), "cem_strength_batches": len(batches)}

@@ -1,0 +1,138 @@
+"""Where the λ scale moves (issue 36): `cem-bench calibrate` over σ × width × warm-up × seed × data set.
+
+Each state is one `cem-bench calibrate` run (one seed, the λ = 0 reference run measured after each warm-up),
+written to OUT/<dataset>_w<width>_s<sigma>_seed<seed>.json and skipped when that file exists, so the script
+can be stopped and run again. ``--summarise`` reads every file and prints the table of docs/estimators.md
+("One λ scale across states") and draws OUT/lambda_states.png: each surrogate's fixed-default ratio to gmm
+and the matched ratio against σ, the spread over seeds as bars.
+
+    python scripts/lambda_states.py --out /tmp/lambda-states --datasets synthetic --widths 1.0 0.25 \\
+        --sigmas 0.01 0.025 0.05 0.1 0.15 --warmups 2 3 5 --seeds 0 1 2
+    python scripts/lambda_states.py --out /tmp/lambda-states --summarise
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def run(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for dataset in args.datasets:
+        for width in args.widths:
+            for sigma in args.sigmas:
+                for seed in args.seeds:
+                    f = out / f"{dataset}_w{width}_s{sigma}_seed{seed}.json"
+                    if f.exists():
+                        continue
+                    cmd = [sys.executable, "-m", "cem_bench.cli", "calibrate", "--set", f"data.dataset={dataset}",
+                           "--set", f"model.width={width}", "--set", f"defense.noise_std={sigma}",
+                           "--set", f"seed={seed}", "--set", "train.device=cpu",
+                           "--warmup", *map(str, args.warmups), "--batches", str(args.batches),
+                           "--json", str(f) + ".part", *sum((["--set", s] for s in args.set), [])]
+                    t0 = time.perf_counter()
+                    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                    Path(str(f) + ".part").rename(f)
+                    print(f"{f.name}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def summarise(args) -> None:
+    out = Path(args.out)
+    rows = []
+    for f in sorted(out.glob("*.json")):
+        dataset, w, s, seed = f.stem.split("_")
+        for r in json.loads(f.read_text()):
+            rows.append({"dataset": dataset, "width": float(w[1:]), "sigma": float(s[1:]), "seed": int(seed[4:]),
+                         **r})
+    import pandas as pd
+    df = pd.DataFrame(rows)
+    df = df[df.surrogate != "gmm"]
+    df["fixed"] = df.ratio_to_gmm
+    df["matched"] = df.matched_ratio
+
+    def gstat(v):
+        lv = np.log(np.asarray(v, dtype=float))
+        return math.exp(lv.mean()), (math.exp(lv.std(ddof=1)) if len(lv) > 1 else math.nan)
+
+    lines = ["| data set | width | σ | warm-up | surrogate | fixed default ÷ gmm (geo mean, ×/÷ seed sd) | "
+             "matched ÷ gmm | drift from warm-up " + str(int(df.warmup.min())) + " | seeds |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for key, g in df.groupby(["dataset", "width", "sigma", "warmup", "surrogate"]):
+        fm, fs = gstat(g.fixed)
+        mm, ms = gstat(g.matched)
+        dm, _ = gstat(g.drift_ratio)
+        lines.append(f"| {key[0]} | {key[1]:g} | {key[2]:g} | {key[3]} | {key[4]} | {fm:.2f} ×/÷ {fs:.2f} | "
+                     f"{mm:.2f} ×/÷ {ms:.2f} | {dm:.2f} | {len(g)} |")
+    print("\n".join(lines))
+    fixed_all = df.fixed.to_numpy(float)
+    matched_all = df.matched.to_numpy(float)
+    print(f"\nfixed defaults: ratio to gmm {fixed_all.min():.2f}-{fixed_all.max():.2f} over {len(df)} "
+          f"(state, seed, surrogate) cells; {np.mean((fixed_all < 2 / 3) | (fixed_all > 1.5)):.0%} outside "
+          f"[0.67, 1.5]")
+    print(f"matched: ratio to gmm on held-out batches {matched_all.min():.2f}-{matched_all.max():.2f}; "
+          f"{np.mean((matched_all < 2 / 3) | (matched_all > 1.5)):.0%} outside [0.67, 1.5]")
+    drift = df.drift_ratio.to_numpy(float)
+    print(f"drift of a match made at the first warm-up: {np.nanmin(drift):.2f}-{np.nanmax(drift):.2f}")
+    gmm = pd.DataFrame([r for r in rows if r["surrogate"] == "gmm"])
+    for key, g in gmm.groupby(["dataset", "width", "warmup"]):
+        print(f"gmm strength per unit λ, {key}: " + ", ".join(
+            f"σ {s:g}: {gstat(gg.strength)[0]:.3g}" for s, gg in g.groupby("sigma")))
+    plot(df, out / "lambda_states.png")
+
+
+def plot(df, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted(df.groupby(["dataset", "width"]).groups)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), sharey=True, squeeze=False)
+    w0 = int(df.warmup.min())
+    for ax, (dataset, width) in zip(axes[0], groups):
+        d = df[(df.dataset == dataset) & (df.width == width) & (df.warmup == w0)]
+        for i, (name, g) in enumerate(d.groupby("surrogate")):
+            for col, style in (("fixed", "-o"), ("matched", "--s")):
+                stats = g.groupby("sigma")[col].apply(lambda v: np.log(v.to_numpy(float)))
+                sig = stats.index.to_numpy(float)
+                mean = np.exp([v.mean() for v in stats])
+                lo = np.exp([v.min() for v in stats])
+                hi = np.exp([v.max() for v in stats])
+                ax.errorbar(sig, mean, yerr=[mean - lo, hi - mean], fmt=style, color=f"C{i}", ms=3, capsize=2,
+                            label=f"{name} ({col})", alpha=0.9 if col == "matched" else 0.7)
+        ax.axhspan(2 / 3, 1.5, color="0.9", zorder=0)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("σ (defense noise)")
+        ax.set_title(f"{dataset}, width {width:g}, warm-up {w0}", fontsize=9)
+    axes[0][0].set_ylabel("strength ÷ gmm's (seeds: min-max)")
+    axes[0][-1].legend(fontsize=6, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--datasets", nargs="+", default=["synthetic"])
+    p.add_argument("--widths", nargs="+", type=float, default=[1.0, 0.25])
+    p.add_argument("--sigmas", nargs="+", type=float, default=[0.01, 0.025, 0.05, 0.1, 0.15])
+    p.add_argument("--warmups", nargs="+", type=int, default=[2, 3, 5])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--batches", type=int, default=8)
+    p.add_argument("--set", action="append", default=[], help="another config key for every state")
+    p.add_argument("--summarise", action="store_true")
+    args = p.parse_args()
+    summarise(args) if args.summarise else run(args)
+
+
+if __name__ == "__main__":
+    main()
