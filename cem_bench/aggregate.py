@@ -37,6 +37,7 @@ from .schema import (
     ATTACK_METRICS,
     COST_COLUMNS,
     OBJECTIVE_METRICS,
+    STRENGTH_COLUMNS,
     per_attack_columns,
     privacy_mode,
     rank_table,
@@ -45,7 +46,7 @@ from .schema import (
 
 SEED_COLUMN = "config.seed"
 CONFIG_ID = "config_id"
-AGGREGATED: tuple[str, ...] = OBJECTIVE_METRICS + COST_COLUMNS
+AGGREGATED: tuple[str, ...] = OBJECTIVE_METRICS + COST_COLUMNS + STRENGTH_COLUMNS
 LAMBDA_COLUMN = "config.cem.lambd"
 SURROGATE_COLUMN = "config.cem.surrogate"
 NO_SURROGATE = "none"          # the surrogate of a λ = 0 row: none runs

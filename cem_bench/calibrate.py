@@ -48,6 +48,7 @@ class Strength:
     # made at the first CEM epoch as training goes on, the fused term following s(η) as the trainer applies it)
     drift: tuple[float, ...] = ()
     matched_scale: tuple[float, ...] = ()   # per seed: the loss_scale a matched trial would use here
+    mode: str = "fixed"        # cem.strength of a trial of this configuration: what its λ means
 
     def ratio(self, reference: Strength) -> float:
         return self.strength / reference.strength
@@ -100,7 +101,7 @@ def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list
             out.append(Strength(rows[0].surrogate, geo(r.strength for r in rows), rows[0].loss_scale,
                                 rows[0].grad_mode, max(r.spread for r in rows), tuple(r.strength for r in rows),
                                 rows[0].warmup, tuple(r.matched[0] for r in rows), tuple(r.drift[0] for r in rows),
-                                tuple(r.matched_scale[0] for r in rows)))
+                                tuple(r.matched_scale[0] for r in rows), rows[0].mode))
         return out
     names = list(surrogates_ or surrogate_names())
     known = surrogate_names()
@@ -111,6 +112,8 @@ def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list
     if not warmups or warmups[0] < 1 or batches < 1:
         raise ConfigError(f"calibrate: warm-up epochs and batches must be at least 1 (got {warmups}, {batches})")
     base = {k: v for k, v in flat.items() if k not in ("cem.surrogate", "cem.lambd", "cem.strength")}
+    # how a trial of this configuration runs (cem.strength, as flat sets it or the surrogate's default)
+    modes = {n: build_config({**flat, "cem.surrogate": n, "cem.lambd": 1.0}).cem.strength for n in names}
     # the fixed scale: the surrogate's default unless flat sets cem.loss_scale (validated before any training)
     cfgs = {n: build_config({**base, "cem.surrogate": n, "cem.lambd": 1.0, "cem.strength": "fixed"})
             for n in names}
@@ -141,9 +144,11 @@ def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list
             fused = cfg.cem.grad_mode == "fused"
             c = 1.0 if fused else inject_scale(lr)
             scale = float(cfg.cem.loss_scale)
+            # each from the same start (dropout masks, the surrogate's stream), as strength.match measures
+            with strength.untouched(client, server, module):
+                own_match = strength.per_batch(client, server, module, match_batches, sigma, c, 1.0, seed)
             with strength.untouched(client, server, module):
                 own_check = strength.per_batch(client, server, module, check, sigma, c, 1.0, seed)
-                own_match = strength.per_batch(client, server, module, match_batches, sigma, c, 1.0, seed)
             o_check, o_match = strength.mean(own_check), strength.mean(own_match)
             if name == REFERENCE:
                 g_check, g_match = o_check, o_match
@@ -154,42 +159,49 @@ def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list
             values = [v * scale for v in own_check]
             out.append(Strength(name, strength.mean(values), scale, cfg.cem.grad_mode, strength.spread(values),
                                 (strength.mean(values),), epoch, (matched_scale * o_check / g_check,),
-                                (first_scale[name] * (c_now / c) * o_check / g_check,), (matched_scale,)))
+                                (first_scale[name] * (c_now / c) * o_check / g_check,), (matched_scale,),
+                                modes[name]))
     return out
 
 
 def table(rows: list[Strength]) -> list[dict]:
-    """One record per surrogate and warm-up: ``surrogate``, ``warmup``, ``strength``, ``ratio_to_gmm`` (the
-    fixed scale's), ``matching_lambda`` (the λ that matches gmm's λ = 16), ``matching_loss_scale``,
-    ``loss_scale``, ``grad_mode``, ``batch_spread``; ``matched_ratio`` (``cem.strength=matched``: the ratio to
-    gmm, on held-out batches, of the scale a trial measures at this state), ``matched_loss_scale`` (that scale)
-    and ``drift_ratio`` (the ratio here of the scale matched at the first warm-up), each with its per-seed
-    values (geometric means over seeds)."""
+    """One record per surrogate and warm-up: ``surrogate``, ``warmup``, ``strength_mode`` (``cem.strength`` of a
+    trial of this configuration) and ``ratio_to_gmm``, its strength over gmm's as that trial applies it (matched:
+    on held-out batches; fixed: at its loss scale); ``fixed_ratio_to_gmm`` and ``strength`` of the fixed
+    ``loss_scale`` (the surrogate's default unless set), with ``matching_lambda`` (the λ that matches gmm's λ =
+    16 at that scale) and ``matching_loss_scale``; ``grad_mode``, ``batch_spread``; ``matched_ratio`` and
+    ``matched_loss_scale`` (the scale a matched trial measures at this state) and ``drift_ratio`` (the ratio
+    here of the scale matched at the first warm-up); per-seed values beside (geometric means over seeds)."""
     refs = {r.warmup: r for r in rows if r.surrogate == REFERENCE}
     out = []
     for r in rows:
         ref = refs[r.warmup]
-        out.append({"surrogate": r.surrogate, "warmup": r.warmup, "strength": r.strength,
-                    "ratio_to_gmm": r.ratio(ref), "ratio_per_seed": [s / g for s, g in zip(r.per_seed, ref.per_seed)],
+        fixed = r.ratio(ref)
+        matched = geo(r.matched)
+        out.append({"surrogate": r.surrogate, "warmup": r.warmup, "strength_mode": r.mode,
+                    "ratio_to_gmm": matched if r.mode == "matched" else fixed,
+                    "fixed_ratio_to_gmm": fixed, "strength": r.strength,
+                    "fixed_ratio_per_seed": [s / g for s, g in zip(r.per_seed, ref.per_seed)],
                     "matching_lambda": r.matching_lambda(ref) if r.strength > 0 else math.inf,
                     "matching_loss_scale": r.matching_loss_scale(ref) if r.strength > 0 else math.inf,
                     "loss_scale": r.loss_scale, "grad_mode": r.grad_mode, "batch_spread": r.spread,
-                    "matched_ratio": geo(r.matched), "matched_ratio_per_seed": list(r.matched),
+                    "matched_ratio": matched, "matched_ratio_per_seed": list(r.matched),
                     "matched_loss_scale": geo(r.matched_scale), "drift_ratio": geo(r.drift),
                     "drift_per_seed": list(r.drift)})
     return out
 
 
 def format_table(records: list[dict]) -> str:
-    head = (f"{'surrogate':20s} {'warm-up':>7s} {'grad_mode':9s} {'loss_scale':>10s} {'strength/λ':>11s} "
-            f"{'÷ gmm':>8s} {'λ ≙ gmm 16':>11s} {'batch spread':>12s} {'matched ÷ gmm':>13s} "
-            f"{'drift ÷ gmm':>11s}  ÷ gmm per seed (fixed | matched)")
+    head = (f"{'surrogate':20s} {'warm-up':>7s} {'λ means':>8s} {'÷ gmm':>6s}  |  {'grad_mode':9s} "
+            f"{'loss_scale':>10s} {'strength/λ':>11s} {'÷ gmm':>6s} {'λ ≙ gmm 16':>11s} {'spread':>7s}  |  "
+            f"{'matched ÷ gmm':>13s} {'scale':>8s} {'drift':>6s}  ÷ gmm per seed (fixed | matched)")
     lines = [head]
     for r in records:
-        lines.append(f"{r['surrogate']:20s} {r['warmup']:7d} {r['grad_mode']:9s} {r['loss_scale']:10.4g} "
-                     f"{r['strength']:11.4g} {r['ratio_to_gmm']:8.3g} {r['matching_lambda']:11.4g} "
-                     f"{r['batch_spread']:11.1%} {r['matched_ratio']:13.3g} {r['drift_ratio']:11.3g}   "
-                     f"{' '.join(f'{v:.3g}' for v in r['ratio_per_seed'])} | "
+        lines.append(f"{r['surrogate']:20s} {r['warmup']:7d} {r['strength_mode']:>8s} {r['ratio_to_gmm']:6.3g}  |  "
+                     f"{r['grad_mode']:9s} {r['loss_scale']:10.4g} {r['strength']:11.4g} "
+                     f"{r['fixed_ratio_to_gmm']:6.3g} {r['matching_lambda']:11.4g} {r['batch_spread']:6.1%}  |  "
+                     f"{r['matched_ratio']:13.3g} {r['matched_loss_scale']:8.3g} {r['drift_ratio']:6.3g}  "
+                     f"{' '.join(f'{v:.3g}' for v in r['fixed_ratio_per_seed'])} | "
                      f"{' '.join(f'{v:.3g}' for v in r['matched_ratio_per_seed'])}")
     return "\n".join(lines)
 

@@ -142,11 +142,12 @@ def cmd_calibrate(args) -> int:
     t0 = time.perf_counter()
     records = calibrate.table(calibrate.measure(flat, surrogates, args.warmup, args.batches, seeds=args.seeds))
     print(calibrate.format_table(records))
-    print(f"({time.perf_counter() - t0:.1f} s) strength/λ: ‖∂(CEM term)/∂z‖ ÷ ‖∂CE/∂z‖ per unit λ, as the trainer "
-          f"applies it; λ ≙ gmm 16: the λ with gmm's strength at λ = 16; loss_scale ≙ gmm: the cem.loss_scale that "
-          f"gives gmm's strength at equal λ; matched ÷ gmm: cem.strength=matched (the default of the attention "
-          f"surrogates), the scale a trial measures at this state, checked on held-out batches; drift ÷ gmm: "
-          f"the scale matched at the first warm-up, here")
+    print(f"({time.perf_counter() - t0:.1f} s) λ means: cem.strength of a trial of this configuration (matched: "
+          f"its loss scale measured on its own encoder at its first CEM epoch, the attention surrogates' default; "
+          f"fixed: cem.loss_scale); ÷ gmm: its strength over gmm's as that trial applies it (matched: on held-out "
+          f"batches). The fixed loss_scale: strength/λ = ‖∂(CEM term)/∂z‖ ÷ ‖∂CE/∂z‖ per unit λ, its ratio to gmm, "
+          f"the λ with gmm's strength at λ = 16, the batch spread. matched ÷ gmm, scale: the match at this state; "
+          f"drift: the ratio here of the scale matched at the first warm-up")
     if args.json:
         write_json(args.json, records)
         print(f"json: {args.json}")

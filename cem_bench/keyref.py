@@ -168,6 +168,8 @@ def _plugin_defaults(ref: KeyRef, pk: PluginKind, resolved, datasets) -> None:
         return
     ref.applies_to = names
     ref.defaults_by = by
+    if any(v is None for v in by.values()):    # a plug-in leaves it empty: say what empty means there
+        ref.note = _empty_means(spec.help)
     ref.depends_on = [reg.key]
     if any(isinstance(v, dict) for v in by.values()):
         ref.depends_on.append(DATASET_KEY)

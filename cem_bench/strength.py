@@ -63,9 +63,7 @@ def untouched(*modules: torch.nn.Module):
     train-mode forward), their modes, their gradients and every random stream (dropout, a surrogate's slot
     initialisation) are as before afterwards."""
     saved = [({k: v.detach().clone() for k, v in m.state_dict().items()}, m.training) for m in modules]
-    # a surrogate's own stream (Surrogate.rng): the generator object and its state, or None before first use
-    streams = [(m, getattr(m, "_stream", None)) for m in modules if hasattr(m, "_stream")]
-    stream_states = [s.get_state() if s is not None else None for _, s in streams]
+    streams = [(m, m.rng_snapshot()) for m in modules if hasattr(m, "rng_snapshot")]   # Surrogate.rng
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
         try:
@@ -75,10 +73,8 @@ def untouched(*modules: torch.nn.Module):
                 m.load_state_dict(state)
                 m.train(training)
                 m.zero_grad(set_to_none=True)
-            for (m, stream), state in zip(streams, stream_states):
-                m._stream = stream
-                if stream is not None:
-                    stream.set_state(state)
+            for m, snapshot in streams:
+                m.rng_restore(snapshot)
 
 
 def per_batch(client, server, surrogate, batches, noise_std: float, c: float = 1.0, scale: float = 1.0,
@@ -128,8 +124,10 @@ def match(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogate, 
     ``MATCH_BATCHES`` fixed batches; a record of the measurement (``cem_strength_*``) for the trial's result."""
     batches = batches if batches is not None else fixed_batches(cfg, splits, MATCH_BATCHES)
     sigma = cfg.defense.noise_std
+    # each from the same start (dropout masks, the surrogate's stream): the two see the same batches alike
     with untouched(client, server, surrogate, reference):
         ref = per_batch(client, server, reference, batches, sigma, c_ref, 1.0, cfg.seed)
+    with untouched(client, server, surrogate, reference):
         own = per_batch(client, server, surrogate, batches, sigma, c_own, 1.0, cfg.seed)
     g, o = mean(ref), mean(own)
     if not (g > 0 and o > 0 and math.isfinite(g) and math.isfinite(o)):

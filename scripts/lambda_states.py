@@ -56,7 +56,9 @@ def summarise(args) -> None:
     import pandas as pd
     df = pd.DataFrame(rows)
     df = df[df.surrogate != "gmm"]
-    df["fixed"] = df.ratio_to_gmm
+    # the fixed default's ratio (files written before calibrate's records named it fixed_ratio_to_gmm hold it
+    # as ratio_to_gmm)
+    df["fixed"] = df["fixed_ratio_to_gmm"].fillna(df.ratio_to_gmm) if "fixed_ratio_to_gmm" in df else df.ratio_to_gmm
     df["matched"] = df.matched_ratio
 
     def gstat(v):

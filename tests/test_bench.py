@@ -130,15 +130,16 @@ def test_ray_row_times_a_real_search():
     assert trial["met"] is None  # a tiny trial is not checked against the demo-size target
 
 
-CHEAP_GROUPS = ("data", "step", "kernels", "refit", "attack", "epoch", "results", "pack")  # run for real, tiny (pack: CUDA only,
-# one note row on the CPU); "ray" by its own test
+# run for real, tiny (pack: CUDA only, one note row on the CPU); "ray" by its own test
+CHEAP_GROUPS = ("data", "step", "kernels", "refit", "attack", "epoch", "results", "ceiling", "pack")
 
 
 def test_every_registered_group_is_in_groups_and_run(monkeypatch):
     pytest.importorskip("sklearn")
     groups = harness.registered()
     names = [g.group for g in groups]
-    assert names == ["data", "step", "kernels", "refit", "attack", "epoch", "ray", "results", "pack"]  # the order
+    assert names == ["data", "step", "kernels", "refit", "attack", "epoch", "ray", "results", "ceiling",
+                     "pack"]  # the order
     assert bench.GROUPS == tuple(names) + ("flops",)
     assert set(CHEAP_GROUPS) | {"ray"} == set(names)
     calls = []
@@ -192,19 +193,57 @@ def test_flop_count_of_one_step():
 
 
 @pytest.mark.slow
-def test_packed_workers_pin_their_threads_and_report_their_epochs():
-    """The ``pack`` row's workers (run here on the CPU): started together, each with OMP_NUM_THREADS = its
-    share of the CPUs, each reporting every epoch's time; the throughput drops each worker's first epoch."""
+def test_packed_workers_pin_their_threads_and_start_together():
+    """The ``pack`` row's workers (run here on the CPU): each with OMP_NUM_THREADS = its share of the CPUs,
+    released together by the barrier (no worker's first timed epoch starts before every worker is ready), each
+    reporting every timed epoch; the window throughput counts only the time all of them ran."""
     import os
 
-    from cem_bench.bench.pack import run_workers, throughput, worker_flat
-    flat = {**worker_flat(128, 3), "train.device": "cpu", "model.width": 0.0625, "data.test_size": 40,
+    from cem_bench.bench.pack import run_workers, window, worker_flat
+    flat = {**worker_flat(128, 2), "train.device": "cpu", "model.width": 0.0625, "data.test_size": 40,
             "train.batch_size": 64}
     res = run_workers(2, flat, timeout=300)
-    assert [len(r["epoch_s"]) for r in res] == [3, 3] and not any(r["graphed"] for r in res)
+    assert [len(r["epochs"]) for r in res] == [2, 2] and not any(r["graphed"] for r in res)
     assert all(r["threads"] == max(1, (os.cpu_count() or 1) // 2) for r in res)
-    want = sum(2 / sum(r["epoch_s"][1:]) for r in res) * 128 / 50000
-    assert throughput(res, 128) == pytest.approx(want)
+    assert all(n == 128 for r in res for *_, n in r["epochs"])
+    w = window(res)
+    assert w["seconds"] > 0 and len(w["per_worker"]) == 2
+    # the window lies inside every worker's timed span, and no worker is credited more images than it trained
+    assert all(r["epochs"][0][0] <= max(q["epochs"][0][0] for q in res) for r in res)
+    assert all(rate * w["seconds"] <= 256 * (1 + 1e-9) for rate in w["per_worker"])
+    assert w["images_per_s"] == pytest.approx(sum(w["per_worker"]))
+
+
+def test_the_pack_window_counts_only_the_time_all_workers_ran():
+    """Two workers that each train 100 images/s alone and 50 each together, one starting 5 s after the other:
+    the sum of their own rates (the old method) reports 150 images/s for a card that never gave more than 100;
+    the common window reports the 100 they trained together."""
+    from cem_bench.bench.pack import window
+
+    # worker a: alone 0-5 s (500 images), with b 5-10 s (250); b: with a 5-10 s (250), alone 10-15 s (500)
+    a = {"epochs": [[0.0, 5.0, 500], [5.0, 10.0, 250]]}
+    b = {"epochs": [[5.0, 10.0, 250], [10.0, 15.0, 500]]}
+    w = window([a, b])
+    assert w["own_sum"] == pytest.approx(150.0)
+    assert w["images_per_s"] == pytest.approx(100.0) and w["seconds"] == pytest.approx(5.0)
+    assert w["per_worker"] == pytest.approx([50.0, 50.0])
+    # an epoch straddling the window's edge counts pro rata
+    c = {"epochs": [[4.0, 8.0, 400], [8.0, 12.0, 400]]}
+    assert window([a, c])["seconds"] == pytest.approx(6.0)          # 4 s to 10 s
+    with pytest.raises(RuntimeError, match="never all ran at once"):
+        window([{"epochs": [[0.0, 1.0, 10]]}, {"epochs": [[2.0, 3.0, 10]]}])
+
+
+def test_a_packed_figure_above_the_ceiling_is_an_error_of_the_measurement(monkeypatch):
+    from cem_bench.bench import pack
+
+    monkeypatch.setattr(pack, "run_workers", lambda k, flat: [
+        {"epochs": [[0.0, 1.0, 3000]]} for _ in range(k)])           # 3,000 images/s each
+    ok = pack.pack_row("k=2", 2, {}, {"images_per_s": 10000.0, "batch": 2048, "precision": "bf16"}, 2)
+    assert ok["error"] is None and ok["ceiling_fraction"] == pytest.approx(0.6)
+    assert ok["value"] == pytest.approx(pack.trials_per_hour(6000.0)) and len(ok["samples"]) == 2
+    over = pack.pack_row("k=4", 4, {}, {"images_per_s": 10000.0, "batch": 2048, "precision": "bf16"}, 2)
+    assert over["error"].startswith("above the card's ceiling (120%)")
 
 
 def test_the_demo_fallback_matches_the_demo_space():

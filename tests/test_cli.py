@@ -141,11 +141,24 @@ def test_calibrate_measures_every_surrogate_against_gmm(tmp_path, capsys):
     assert [r["surrogate"] for r in records][0] == "gmm"
     assert sorted(r["surrogate"] for r in records) == sorted(surrogates.names())
     for r in records:
-        assert {"surrogate", "strength", "ratio_to_gmm", "matching_lambda"} <= set(r)
-        assert r["strength"] > 0 and abs(r["ratio_to_gmm"] * r["matching_lambda"] - 16) < 1e-6 * 16
+        assert {"surrogate", "strength", "ratio_to_gmm", "fixed_ratio_to_gmm", "matching_lambda"} <= set(r)
+        assert r["strength"] > 0 and abs(r["fixed_ratio_to_gmm"] * r["matching_lambda"] - 16) < 1e-6 * 16
+        # a trial at these keys: the attention surrogates match gmm (their default), so that is their ratio
+        assert r["strength_mode"] == ("fixed" if r["surrogate"] == "gmm" else "matched")
+        assert r["ratio_to_gmm"] == (r["matched_ratio"] if r["strength_mode"] == "matched" else 1.0)
     assert records[0]["ratio_to_gmm"] == 1.0 and records[0]["matching_lambda"] == 16.0
+    fixed = main(["calibrate", "--set", "model.width=0.0625", "--set", "data.train_size=256", "--set",
+                  "train.batch_size=64", "--set", "train.device=cpu", "--set", "cem.strength=fixed", "--warmup", "1",
+                  "--batches", "2", "--surrogates", "slot_cross", "--json", str(tmp_path / "fixed.json")])
+    assert fixed == 0
+    as_fixed = json.loads((tmp_path / "fixed.json").read_text())[1]     # cem.strength=fixed: the fixed ratio
+    assert as_fixed["strength_mode"] == "fixed" and as_fixed["ratio_to_gmm"] == as_fixed["fixed_ratio_to_gmm"]
+    for r in records:    # cem.strength=matched: the scale measured on the match's batches, checked on others
+        assert 0.5 < r["matched_ratio"] < 2 and r["matched_loss_scale"] > 0
+    assert records[0]["matched_ratio"] == 1.0
     scales = yaml.safe_load(out_yaml.read_text())
-    assert set(scales) == set(surrogates.names()) and scales["gmm"] == {"cem.loss_scale": 1}
+    assert set(scales) == set(surrogates.names())
+    assert scales["gmm"] == {"cem.strength": "fixed", "cem.loss_scale": 1}
 
 
 def test_calibrate_refuses_an_unknown_surrogate_before_training(capsys):
@@ -162,4 +175,4 @@ def test_the_calibrated_defaults_hold_at_the_reference_state():
     rows = calibrate.table(calibrate.measure({"model.width": 0.25, "defense.noise_std": 0.1, "train.epochs": 10,
                                               "train.device": "cpu"}, warmup=3, batches=4, seeds=[0, 1, 2]))
     for r in rows:
-        assert 1 / 1.5 <= r["ratio_to_gmm"] <= 1.5, rows
+        assert 1 / 1.5 <= r["fixed_ratio_to_gmm"] <= 1.5, rows

@@ -1032,7 +1032,7 @@ def test_a_broken_path_fails(broken_page):
     print(text)
     assert "docs/broken.md:6: search_spaces/nope.yaml does not exist (did you mean search_spaces/demo.yaml" in text
     assert "docs/broken.md:21: docs/performence.md does not exist (did you mean docs/performance.md" in text
-    assert "docs/broken.md:22: scripts/gpu_chek.py does not exist (did you mean scripts/gpu_check.py?)" in text
+    assert "docs/broken.md:22: scripts/gpu_chek.py does not exist (did you mean scripts/gpu_check.py" in text
     assert "docs/broken.md:22: tests/test_docs.py::test_nothing_like_this: tests/test_docs.py has no test " \
            "test_nothing_like_this" in text
     assert "docs/broken.md:23: SURROGATES.md is not a file of the repository (looked in ., docs/, " \
@@ -1093,7 +1093,7 @@ def test_a_figure_that_disagrees_fails(tmp_path):
     assert "README.md:4: the demo's trials: states '11', but search_spaces/demo.yaml (its plan) gives '12'; " \
            "state what the space runs" in text
     assert len(problems) == 2
-    page = Page("README.md", tmp_path / "r.md", "It prints `6 trials: 3 configurations x 2 seeds, 2 at a time` and\n"
+    page = Page("README.md", tmp_path / "r.md", "It prints `36 trials: 12 configurations x 3 seeds, 2 at a time` and\n"
                 "`72 trials at most: 16 λ=0 baseline runs (5 cells x seeds 0, 1, 2), … 8 at a time`.")
     problems = banner_problems([page], sorted((ROOT / "search_spaces").glob("*.yaml")))
     print("\n".join(problems))

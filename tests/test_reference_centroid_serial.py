@@ -250,9 +250,14 @@ def test_finite_for_identical_features_and_large_shapes(name, shape):
 
 def test_seed_defaults():
     a = surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid"})).cem
-    assert (a.num_slots, a.num_iterations, a.num_heads, a.grad_mode, a.loss_scale) == (8, 3, 8, "fused", 0.038)
+    assert (a.num_slots, a.num_iterations, a.num_heads, a.grad_mode, a.strength) == (8, 3, 8, "fused", "matched")
     s = surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": "serial_enhanced"})).cem
-    assert (s.num_slots, s.num_iterations, s.num_heads, s.grad_mode, s.loss_scale) == (12, 4, 8, "fused", 0.017)
+    assert (s.num_slots, s.num_iterations, s.num_heads, s.grad_mode, s.strength) == (12, 4, 8, "fused", "matched")
+    fixed = {"cem.strength": "fixed"}
+    assert surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid", **fixed})).cem.loss_scale \
+        == 0.038
+    assert surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": "serial_enhanced", **fixed})).cem.loss_scale \
+        == 0.017
     explicit = surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": "serial_enhanced", "cem.num_slots": 3}))
     assert explicit.cem.num_slots == 3
 

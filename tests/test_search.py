@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -649,10 +650,18 @@ def test_replicate_queue_survives_a_searcher_restore(tmp_path):
 
 @pytest.mark.ray
 def test_paper_grid_end_to_end(tmp_path, monkeypatch, capsys):
-    """The shipped paper_grid_synthetic.yaml through Ray at a tinier size: 3 cells x 2 seeds, each trial
-    exactly once, configs.parquet with one row of two runs per cell, and the paper-style table."""
+    """The shipped paper_grid_synthetic.yaml through Ray at a tinier size (its own keys, trimmed to one σ, two
+    surrogates and two seeds: 3 cells x 2 seeds), each trial exactly once, configs.parquet with one row of two
+    runs per cell, and the paper-style table with the loss scale each CEM cell used."""
+    import yaml
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    space = os.path.join(os.path.dirname(__file__), "..", "search_spaces", "paper_grid_synthetic.yaml")
+    shipped = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "search_spaces",
+                                               "paper_grid_synthetic.yaml")))
+    shipped["replicates"] = 2
+    shipped["params"]["defense.noise_std"] = {"choice": [0.1]}
+    shipped["params"]["cem.surrogate"]["choice"] = ["gmm", "gated_attention"]
+    space = tmp_path / "paper_grid_synthetic.yaml"
+    space.write_text(yaml.safe_dump(shipped))
     sets = [a for k, v in TINY.items() if k != "train.device" for a in ("--set", f"{k}={v}")]
     storage = tmp_path / "res"
     rc = cli.main(["search", space, "--storage", str(storage), *sets])
@@ -670,6 +679,12 @@ def test_paper_grid_end_to_end(tmp_path, monkeypatch, capsys):
     assert cli.main(["table", str(exp)]) == 0
     table = capsys.readouterr().out
     assert "| test_acc | λ=0 | λ=16 gated_attention | λ=16 gmm |" in table and "(2)" in table
+    # cem.strength: gated_attention matched gmm on each run's encoder (two runs), gmm is the reference at 1
+    assert "| cem loss scale | λ=0 | λ=16 gated_attention | λ=16 gmm |" in table
+    assert re.search(r"\| σ=0.1 \|  \| [\d.e+-]+ ± [\d.e+-]+ matched \(2\) \| 1 fixed \|", table), table
+    assert (trials["cem_strength"].where(trials["config.cem.lambd"] > 0).dropna() ==
+            trials["config.cem.surrogate"].where(trials["config.cem.lambd"] > 0).dropna().map(
+                {"gmm": "fixed", "gated_attention": "matched"})).all()
 
 
 # ------------------------------------------------------------------ a full disk

@@ -176,6 +176,8 @@ def test_resolve_fills_defaults(name):
     cfg = resolve(TrialConfig.from_flat({"cem.surrogate": name})).cem
     klass = get(name)
     for key, value in klass.defaults.items():
+        if key == "cem.loss_scale" and cfg.strength == "matched":
+            value = None            # measured by the trial (cem.strength=matched); the default is the fixed one
         assert getattr(cfg, key.split(".", 1)[1]) == value, key
     import dataclasses
     own = {f.name: f.default for f in dataclasses.fields(klass.Keys)}
@@ -186,10 +188,14 @@ def test_resolve_fills_defaults(name):
 def test_seed_defaults():
     ga = resolve(TrialConfig.from_flat({"cem.surrogate": "gated_attention"})).cem if "gated_attention" in NAMES else None
     if ga is not None:
-        assert (ga.loss_scale, ga.warmup_epochs, ga.grad_mode, ga.stats_on) == (0.84, 5, "inject", "raw")
+        assert (ga.strength, ga.loss_scale, ga.warmup_epochs, ga.grad_mode, ga.stats_on) == \
+            ("matched", None, 5, "inject", "raw")
+        fixed = resolve(TrialConfig.from_flat({"cem.surrogate": "gated_attention", "cem.strength": "fixed"})).cem
+        assert fixed.loss_scale == 0.84
     if "slot_cross" in NAMES:
         sc = resolve(TrialConfig.from_flat({"cem.surrogate": "slot_cross"})).cem
-        assert (sc.loss_scale, sc.warmup_epochs, sc.grad_mode, sc.stats_on) == (0.93, 3, "inject", "raw")
+        assert (sc.strength, sc.loss_scale, sc.warmup_epochs, sc.grad_mode, sc.stats_on) == \
+            ("matched", None, 3, "inject", "raw")
         assert (sc.num_slots, sc.num_iterations, sc.num_heads) == (8, 3, 4)
         assert sc.slot_temp == pytest.approx(128 ** 0.25)
 

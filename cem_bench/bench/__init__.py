@@ -21,8 +21,10 @@ itself with ``harness.row``, run in this order:
 7. ``ray`` (ray.py): a trial under Ray Tune against ``run_trial`` directly; Ray's start-up.
 8. ``results`` (results.py): ``build_configs``, ``pareto_ranks``, the report and ``cem-bench table`` on
    synthetic results of 1,000 / 10,000 / 100,000 trials, and the Optuna samplers' ask + tell as a study grows.
-9. ``pack`` (pack.py, CUDA): paper trials per GPU-hour with k = 1, 2, 4, 8 trial processes on one card,
-   with and without MPS.
+9. ``ceiling`` (ceiling.py): one model alone at batch 128 to 2048, in the grid's fp32 and in bf16: the card's
+   images per second for this model, the bound every packed figure is printed against.
+10. ``pack`` (pack.py, CUDA): paper trials per GPU-hour with k = 1, 2, 4, 8 trial processes on one card,
+   with and without MPS, measured only while all k run (a barrier releases them together), twice each.
 
 ``run_bench(device, quick, only=..., tiny=...)`` returns ``{"header": {...}, "rows": [...]}``;
 ``format_table`` prints it; a row group that fails is an error row, the rest of the table is still measured.
@@ -31,7 +33,7 @@ itself with ``harness.row``, run in this order:
 
 from __future__ import annotations
 
-from . import attack, data, epoch, kernels, pack, ray, refit, results, step  # noqa: F401 - importing a row module registers its group
+from . import attack, ceiling, data, epoch, kernels, pack, ray, refit, results, step  # noqa: F401 - importing a row module registers its group
 from .attack import bench_attack
 from .data import bench_data
 from .harness import ROWS, Sizes, format_table, group_names, header, main, registered, row, run_bench, sizes_for
@@ -39,7 +41,7 @@ from .ray import RAY_TRIALS_PER_SEARCH, bench_ray
 from .refit import bench_refit
 from .step import bench_steps, count_step_flops
 
-GROUPS = group_names()  # ("data", "step", "kernels", "refit", "attack", "epoch", "ray", "results", "pack", "flops")
+GROUPS = group_names()  # ("data", "step", ..., "results", "ceiling", "pack", "flops")
 
 __all__ = ["GROUPS", "RAY_TRIALS_PER_SEARCH", "ROWS", "Sizes", "bench_attack", "bench_data", "bench_ray",
            "bench_refit", "bench_steps", "count_step_flops", "format_table", "group_names", "header", "main",

@@ -51,9 +51,11 @@ class AttentionCentroid(Surrogate):
     # design note 000: lambda 16, 8 slots, 3 iterations, 8 heads, rho 0.025; joint loss CE + lambda*L.
     # Seed 000 names no warm-up: keep the paper's (no CEM in epoch 1).
     Keys = AttentionCentroidKeys
-    # cem.loss_scale: calibrated so that one unit of lambda pulls on the encoder as gmm's does (cem-bench calibrate;
-    # docs/estimators.md, "One lambda scale"); the seed's own weight was 1.
-    defaults = {"cem.strength": "matched", "cem.loss_scale": 0.038, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}
+    # cem.strength=matched: each trial measures the loss scale with which one unit of lambda pulls on its encoder as
+    # gmm's does (cem_bench/strength.py); cem.loss_scale is the fixed scale of cem.strength=fixed, calibrated at the
+    # synthetic reference state (docs/estimators.md, "One lambda scale"); the seed's own weight was 1.
+    defaults = {"cem.strength": "matched",
+                "cem.loss_scale": 0.038, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)

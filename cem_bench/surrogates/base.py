@@ -108,6 +108,16 @@ class Surrogate(nn.Module):
             self._stream = torch.Generator(device=device).manual_seed(self.seed + RNG_OFFSET)
         return self._stream
 
+    def rng_snapshot(self):
+        """The own stream as it is now (``rng_restore`` puts it back): a measurement that runs the surrogate
+        (``strength.untouched``) must not move a trial's stream."""
+        return self._stream, (self._stream.get_state() if self._stream is not None else None)
+
+    def rng_restore(self, snapshot) -> None:
+        self._stream, state = snapshot
+        if self._stream is not None:
+            self._stream.set_state(state)
+
     @property
     def hinge_level(self) -> float:
         """t = log(tau * sigma^2 + gamma): variances below tau*sigma^2 are not penalised."""

@@ -66,9 +66,11 @@ class SerialEnhanced(Surrogate):
     # design note 001: lambda 16, 12 slots, 4 iterations, 8 heads, dropout 0.1; "direct loss fusion" = fused.
     # Seed 001 names no warm-up: keep the paper's (no CEM in epoch 1).
     Keys = SerialEnhancedKeys
-    # cem.loss_scale: calibrated so that one unit of lambda pulls on the encoder as gmm's does (cem-bench calibrate;
-    # docs/estimators.md, "One lambda scale"); the seed's own weight was 1.
-    defaults = {"cem.strength": "matched", "cem.loss_scale": 0.017, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}
+    # cem.strength=matched: each trial measures the loss scale with which one unit of lambda pulls on its encoder as
+    # gmm's does (cem_bench/strength.py); cem.loss_scale is the fixed scale of cem.strength=fixed, calibrated at the
+    # synthetic reference state (docs/estimators.md, "One lambda scale"); the seed's own weight was 1.
+    defaults = {"cem.strength": "matched",
+                "cem.loss_scale": 0.017, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)

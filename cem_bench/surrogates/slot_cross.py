@@ -52,9 +52,11 @@ class SlotCrossKeys(GateKeys, SlotKeys):
 @register("slot_cross")
 class SlotCross(Surrogate):
     Keys = SlotCrossKeys
-    # cem.loss_scale: calibrated so that one unit of lambda pulls on the encoder as gmm's does (cem-bench calibrate;
-    # docs/estimators.md, "One lambda scale"); the seed's own weight was 0.25.
-    defaults = {"cem.strength": "matched", "cem.loss_scale": 0.93, "cem.warmup_epochs": 3, "cem.grad_mode": "inject"}
+    # cem.strength=matched: each trial measures the loss scale with which one unit of lambda pulls on its encoder as
+    # gmm's does (cem_bench/strength.py); cem.loss_scale is the fixed scale of cem.strength=fixed, calibrated at the
+    # synthetic reference state (docs/estimators.md, "One lambda scale"); the seed's own weight was 0.25.
+    defaults = {"cem.strength": "matched",
+                "cem.loss_scale": 0.93, "cem.warmup_epochs": 3, "cem.grad_mode": "inject"}
 
     @classmethod
     def complete(cls, params: dict) -> dict:

@@ -1,0 +1,95 @@
+"""cem.strength=matched (cem_bench/strength.py): a trial matches gmm's pull on its own encoder, leaves no other
+trace, keeps the scale through a resume, records it; calibrate reports the same scale; fused terms follow s(η)."""
+
+import math
+
+import pytest
+import torch
+from conftest import TINY, make_trainer
+
+from cem_bench import calibrate
+from cem_bench.config import ConfigError, TrialConfig
+from cem_bench.surrogates import resolve
+from cem_bench.trainer import inject_scale, lr_at
+from cem_bench.trial import run_trial
+
+SMALL = {**TINY, "model.width": 0.0625, "train.epochs": 3, "attack.names": ["rmle"]}
+
+
+def test_strength_resolves_matched_fixed_and_the_reference():
+    cem = lambda **flat: resolve(TrialConfig.from_flat(flat)).cem  # noqa: E731
+    assert (cem(**{"cem.surrogate": "slot_cross"}).strength, cem(**{"cem.surrogate": "slot_cross"}).loss_scale) \
+        == ("matched", None)
+    by_hand = cem(**{"cem.surrogate": "slot_cross", "cem.loss_scale": 2.0})      # a scale set by hand is fixed
+    assert (by_hand.strength, by_hand.loss_scale) == ("fixed", 2.0)
+    assert cem(**{"cem.surrogate": "gmm", "cem.strength": "matched"}).strength == "fixed"   # the reference
+    with pytest.raises(ConfigError, match="cem.strength=fixed to use your scale"):
+        cem(**{"cem.surrogate": "slot_cross", "cem.strength": "matched", "cem.loss_scale": 2.0})
+    again = resolve(resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid"})))   # resolved twice
+    assert (again.cem.strength, again.cem.loss_scale) == ("matched", None)
+
+
+def test_a_matched_trial_equals_the_fixed_trial_at_the_scale_it_measured():
+    """The match leaves no trace (BatchNorm statistics, modes, the trainer's and the surrogate's streams): a
+    matched trial and a fixed one at the scale it measured train identically, epoch by epoch."""
+    flat = {**SMALL, "cem.surrogate": "slot_cross", "cem.warmup_epochs": 1}
+    matched = run_trial(flat)
+    assert matched["cem_strength"] == "matched" and matched["cem_strength_epoch"] == 2
+    scale = matched["cem_loss_scale"]
+    assert scale == pytest.approx(matched["cem_strength_gmm"] / matched["cem_strength_own"])
+    fixed = run_trial({**flat, "cem.strength": "fixed", "cem.loss_scale": scale})
+    assert fixed["cem_strength"] == "fixed" and fixed["cem_loss_scale"] == scale
+    keys = ("train_loss", "train_acc", "rob_loss", "test_acc", "feature_spread")
+    for a, b in zip(matched["info"]["history"], fixed["info"]["history"]):
+        for k in keys:
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (a["epoch"], k)
+
+
+def test_calibrate_reports_the_scale_a_matched_trial_uses():
+    """At warm-up w, calibrate's matched_loss_scale is the scale a trial with cem.warmup_epochs = w measures
+    (the λ = 0 encoder after w epochs is the CEM trial's before its first CEM epoch)."""
+    flat = {k: v for k, v in SMALL.items() if not k.startswith("attack.")}
+    rows = calibrate.table(calibrate.measure(flat, ["slot_cross"], warmup=[1], batches=2))
+    row = next(r for r in rows if r["surrogate"] == "slot_cross")
+    trial = run_trial({**SMALL, "cem.surrogate": "slot_cross", "cem.warmup_epochs": 1})
+    assert trial["cem_loss_scale"] == pytest.approx(row["matched_loss_scale"], rel=1e-5)
+    assert 0.5 < row["matched_ratio"] < 2          # on held-out batches, not the ones it was matched on
+
+
+def test_the_matched_scale_survives_a_resume_unmeasured():
+    tr = make_trainer(**{"cem.surrogate": "slot_cross", "cem.warmup_epochs": 1, "model.width": 0.0625})
+    for epoch in (1, 2):
+        tr.train_epoch(epoch)
+        tr.epoch = epoch
+    assert not tr.match_pending and tr.strength_record["cem_strength_epoch"] == 2
+    state = tr.state_dict()
+    other = make_trainer(**{"cem.surrogate": "slot_cross", "cem.warmup_epochs": 1, "model.width": 0.0625})
+    other.load_state_dict(state)
+    assert other.loss_scale == tr.loss_scale and not other.match_pending
+    assert other.strength_record == tr.strength_record
+    other.match_strength = lambda *a: pytest.fail("a resumed trial re-measured its scale")
+    other.train_epoch(3)
+
+
+def test_a_matched_fused_term_follows_the_schedule_as_the_injected_ones_do():
+    flat = {"cem.surrogate": "attention_centroid", "cem.warmup_epochs": 1, "train.epochs": 8,
+            "train.milestones": [0.5], "model.width": 0.0625}
+    matched, fixed = make_trainer(**flat), make_trainer(**{**flat, "cem.strength": "fixed"})
+    cfg = matched.cfg
+    first, late = lr_at(cfg, 2), lr_at(cfg, 8)
+    assert late < first
+    scale = lambda tr, lr: math.prod(tr.cem_scales(lr))  # noqa: E731  (weight · mult: the encoder's share)
+    assert scale(matched, first) == pytest.approx(16.0)
+    assert scale(matched, late) == pytest.approx(16.0 * inject_scale(late) / inject_scale(first))
+    assert scale(fixed, late) == pytest.approx(16.0)        # the design notes' CE + λ·L
+
+
+def test_the_trial_result_records_the_scale_and_where_it_came_from():
+    res = run_trial({**SMALL, "cem.surrogate": "gated_attention", "cem.warmup_epochs": 1})
+    assert res["cem_strength"] == "matched" and res["cem_strength_batches"] == 8
+    assert res["cem_loss_scale"] > 0 and 0 <= res["cem_strength_spread"] < 1
+    gmm = run_trial({**SMALL, "cem.surrogate": "gmm"})
+    assert (gmm["cem_strength"], gmm["cem_loss_scale"]) == ("fixed", 1.0)
+    base = run_trial({**SMALL, "cem.lambd": 0.0})
+    assert "cem_loss_scale" not in base
+    assert torch.isfinite(torch.tensor(res["cem_strength_gmm"]))
