@@ -25,8 +25,8 @@ import torch
 from . import strength, surrogates
 from .config import ConfigError
 from .runtime import resolve_device
+from .schedule import inject_scale, lr_at
 from .surrogates import names as surrogate_names
-from .trainer import inject_scale, lr_at
 from .trial import build, build_config
 
 REFERENCE = strength.REFERENCE

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from . import data as data_mod
 from . import surrogates
 from .config import TrialConfig
+from .schedule import inject_scale
 from .surrogates.base import REFERENCE_SURROGATE as REFERENCE
 
 MATCH_BATCHES = 8          # batches averaged by a match: per-batch spread 9-18 %, so about 5 % on each mean
@@ -136,3 +137,13 @@ def match(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogate, 
                            f"set cem.strength=fixed and a cem.loss_scale")
     return {"cem_loss_scale": g / o, "cem_strength_gmm": g, "cem_strength_own": o,
             "cem_strength_spread": max(spread(ref), spread(own)), "cem_strength_batches": len(batches)}
+
+
+def match_on(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogate, features, lr: float) -> dict:
+    """``match`` at the start of a trial's first CEM epoch (scheduled rate ``lr``): gmm fitted on the encoder's
+    clean training ``features`` as the trainer fits it, each term scaled as the step applies it (inject: s(η);
+    a fused term: 1 at its first CEM epoch)."""
+    ref = build_reference(cfg, surrogate.feature_shape, surrogate.num_classes, features.device, features,
+                          splits.train.labels)
+    c_own = 1.0 if cfg.cem.grad_mode == "fused" else inject_scale(lr)
+    return match(cfg, splits, client, server, surrogate, ref, inject_scale(lr), c_own)

@@ -44,11 +44,8 @@ from . import graphs, models, strength
 from .config import TrialConfig
 from .errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
 from .runtime import set_tf32
+from .schedule import applied_lr, estimator_sign, inject_scale, lr_at
 from .surrogates import Surrogate, intra_class_mse
-
-INJECT_LR_KNEE = 4.1e-4  # the reference's s(eta) switches to 1 below this lr
-
-
 
 
 class _GradGate(torch.autograd.Function):
@@ -76,43 +73,6 @@ def graph_mode(cfg: TrialConfig, device: torch.device) -> bool:
         raise ConfigError(f"train.cuda_graph=on needs a CUDA device; the trial runs on {device}. Use "
                           f"train.cuda_graph=auto (graphs on CUDA, the eager step elsewhere) or off")
     return graphs.graph_mode(cfg.train.cuda_graph, device, cfg.train.compile)
-
-
-def lr_at(cfg: TrialConfig, epoch: int) -> float:
-    """Scheduled learning rate of 1-based ``epoch``: x gamma for each milestone already passed.
-
-    ``train.milestones_epochs`` (when set) has the reference's MultiStepLR meaning, stepped with the epoch
-    index: epoch e is decayed by every milestone m <= e (the reference's 60 puts epoch 60 at 0.01).
-    Otherwise epoch e is decayed by the fractions f of ``train.milestones`` with (e - 1) / epochs >= f, so at
-    240 epochs the drops come at epochs 61/121/181/211 and short runs keep their first epochs at full lr.
-    This is the rate s(eta) of the gradient injection uses; ``applied_lr`` is the one the optimizers step with.
-    """
-    if cfg.train.milestones_epochs:
-        k = sum(1 for m in cfg.train.milestones_epochs if epoch >= m)
-    else:
-        done = (epoch - 1) / cfg.train.epochs
-        k = sum(1 for f in cfg.train.milestones if done >= f - 1e-9)
-    return cfg.train.lr * cfg.train.gamma ** k
-
-
-def applied_lr(cfg: TrialConfig, epoch: int) -> float:
-    """The rate the SGD optimizers step with in ``epoch``: ``lr_at``, except 0 in epoch 1 under
-    ``train.reference_warmup_lr0`` (the reference's WarmUpLR, built after the MultiStepLR, sets the rate to 0
-    in its constructor and is first stepped at the end of epoch 1; docs/reference.md §2). The steps still run:
-    momentum buffers (with weight decay) and BatchNorm running statistics move, the weights do not."""
-    if cfg.train.reference_warmup_lr0 and epoch == 1:
-        return 0.0
-    return lr_at(cfg, epoch)
-
-
-def estimator_sign(estimator_fit: str) -> float:
-    """The sign with which the surrogate's own parameters descend the CEM loss: -1 = ascend (adversarial)."""
-    return -1.0 if estimator_fit == "adversarial" else 1.0
-
-
-def inject_scale(lr: float) -> float:
-    """s(eta) of the paper's gradient injection."""
-    return 0.001 / lr if lr >= INJECT_LR_KNEE else 1.0
 
 
 def surrogate_options(cfg: TrialConfig, graphed: bool) -> tuple[bool, bool]:
@@ -518,11 +478,8 @@ class Trainer:
         """``cem.strength=matched``: set ``loss_scale`` so that the surrogate pulls on this encoder as gmm does
         (``strength.match``), before the first CEM step; the measurement leaves no trace in the models, the
         optimizers or any random stream."""
-        s = self.surrogate
-        ref = strength.build_reference(self.cfg, s.feature_shape, s.num_classes, self.device,
-                                       self.encode(self.splits.train), self.splits.train.labels)
-        c_own = 1.0 if self.cfg.cem.grad_mode == "fused" else inject_scale(lr)
-        rec = strength.match(self.cfg, self.splits, self.client, self.server, s, ref, inject_scale(lr), c_own)
+        rec = strength.match_on(self.cfg, self.splits, self.client, self.server, self.surrogate,
+                                self.encode(self.splits.train), lr)
         self.loss_scale = rec["cem_loss_scale"]
         self.strength_record = {"cem_strength": "matched", **rec, "cem_strength_epoch": epoch}
         self.match_pending = False

@@ -355,7 +355,7 @@ def overlap(run: Run) -> None:
     time either side has a kernel running, the time both do, and the step's span. If the two overlap only for
     about the server's forward, the backward branches run one after the other."""
     from cem_bench.bench import harness
-    from cem_bench.trainer import lr_at
+    from cem_bench.schedule import lr_at
 
     b = one_batch(run)
     out = {}
@@ -408,7 +408,7 @@ def profile(run: Run) -> None:
     (after 3 warm-up steps), kernels per step, the sum of their durations (busy time; a graphed step's time
     minus this is latency between kernels), and the operators with the most GPU time."""
     from cem_bench.bench import harness, kernels
-    from cem_bench.trainer import lr_at
+    from cem_bench.schedule import lr_at
 
     b = one_batch(run)
     out = {}
@@ -482,7 +482,7 @@ def options(run: Run) -> None:
 
     from cem_bench import data
     from cem_bench.bench import harness
-    from cem_bench.trainer import lr_at
+    from cem_bench.schedule import lr_at
 
     dev = torch.device(run.device)
     sizes = harness.sizes_for(dev, quick=True, tiny=not run.cuda)

@@ -13,8 +13,8 @@ import torch
 
 from cem_bench.config import ModelConfig, TrialConfig
 from cem_bench.models import ClientEncoder
+from cem_bench.schedule import estimator_sign
 from cem_bench.surrogates import base, build, get, intra_class_mse, names, resolve
-from cem_bench.trainer import estimator_sign
 
 SHAPE = (8, 4, 4)            # D = 128
 CLASSES = 4

@@ -9,8 +9,8 @@ from conftest import TINY, make_trainer
 
 from cem_bench import calibrate
 from cem_bench.config import ConfigError, TrialConfig
+from cem_bench.schedule import inject_scale, lr_at
 from cem_bench.surrogates import resolve
-from cem_bench.trainer import inject_scale, lr_at
 from cem_bench.trial import run_trial
 
 SMALL = {**TINY, "model.width": 0.0625, "train.epochs": 3, "attack.names": ["rmle"]}

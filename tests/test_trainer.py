@@ -4,7 +4,8 @@ from conftest import TINY, make_trainer
 
 from cem_bench import surrogates
 from cem_bench.config import ConfigError, TrialConfig
-from cem_bench.trainer import TrialDiverged, inject_scale, lr_at
+from cem_bench.schedule import inject_scale, lr_at
+from cem_bench.trainer import TrialDiverged
 from cem_bench.trial import build_config
 
 

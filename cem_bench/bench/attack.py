@@ -123,7 +123,7 @@ def _probe_rows(device: torch.device, client, cfg, sizes: Sizes) -> list[dict]:
     import math
 
     from ..data import eval_batches
-    from ..trainer import lr_at
+    from ..schedule import lr_at
     from ..trial import probe
     from .harness import step_trainer
     n = cfg.attack.probe_images

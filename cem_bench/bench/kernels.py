@@ -83,7 +83,7 @@ def count_configs(device: torch.device, sizes: Sizes, names: list[str] | None = 
     lambda = 0 and every surrogate), all on the same batch. With ``errors`` a configuration that fails is
     recorded there and the others are still counted; without, it raises."""
     from .. import data, surrogates
-    from ..trainer import lr_at
+    from ..schedule import lr_at
 
     images = max(2 * sizes.batch_size, 256)
     splits = synthetic_splits(images, 20, device)

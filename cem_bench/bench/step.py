@@ -75,7 +75,7 @@ def count_step_flops(trainer, x: torch.Tensor, y: torch.Tensor) -> tuple[int, in
 def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list[dict]:
     """``Trainer.step`` with lambda = 0 and each surrogate, round-robin, seconds per step."""
     from .. import data, surrogates
-    from ..trainer import lr_at
+    from ..schedule import lr_at
 
     flops = flops and device.type == "cuda"
     base_flat = step_config(sizes, device, **{"data.train_size": sizes.step_images, "data.test_size": 20}, **PLAIN)
