@@ -96,6 +96,9 @@ class CemConfig:
                                  "(empty = surrogate default: matched for the attention surrogates, fixed for gmm, "
                                  "the reference; fixed whenever cem.loss_scale is set)",
                                  choices=("matched", "fixed"))
+    strength_every: int = _f(0, "cem.strength=matched: match again every N epochs after the first match, on the "
+                             "encoder as it is then (0 = once, at the first CEM epoch; docs/estimators.md, 'One "
+                             "lambda scale': how far a match drifts as training goes on)", lo=0)
     surrogate_lr: float = _f(1e-3, "Adam learning rate of the surrogate's own parameters", lo=0.0)
     estimator_fit: Optional[str] = _f(None, "how the surrogate's own parameters are trained (docs/estimators.md): "
                                       "adversarial = to maximise the estimate the encoder minimises; joint = to "

@@ -35,6 +35,14 @@ BATCH_SEED = 104729        # the match's batches: a generator seeded from the tr
 CHECK_SEED = 15485863      # calibrate's held-out batches, to check a match on batches it did not see
 
 
+class NoStrength(RuntimeError):
+    """A match found no pull to match: gmm's (every class below its hinge) or the surrogate's is 0."""
+
+    def __init__(self, gmm: float, own: float, message: str):
+        super().__init__(message)
+        self.gmm, self.own = gmm, own
+
+
 def reference_config(cfg: TrialConfig) -> TrialConfig:
     """gmm at its own defaults on ``cfg``'s data, model, noise and training keys (and its hinge: cem.var_*)."""
     flat = {k: v for k, v in cfg.to_flat().items() if not k.startswith("cem.")}
@@ -132,18 +140,26 @@ def match(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogate, 
         own = per_batch(client, server, surrogate, batches, sigma, c_own, 1.0, cfg.seed)
     g, o = mean(ref), mean(own)
     if not (g > 0 and o > 0 and math.isfinite(g) and math.isfinite(o)):
-        raise RuntimeError(f"cem.strength=matched: the strengths measured are not positive (gmm {g:.3g}, "
-                           f"{cfg.cem.surrogate} {o:.3g} per unit loss_scale): nothing to match at this state; "
-                           f"set cem.strength=fixed and a cem.loss_scale")
+        raise NoStrength(g, o, f"cem.strength=matched: the strengths measured are not positive (gmm {g:.3g}, "
+                         f"{cfg.cem.surrogate} {o:.3g} per unit loss_scale): nothing to match at this state; "
+                         f"set cem.strength=fixed and a cem.loss_scale")
     return {"cem_loss_scale": g / o, "cem_strength_gmm": g, "cem_strength_own": o,
             "cem_strength_spread": max(spread(ref), spread(own)), "cem_strength_batches": len(batches)}
 
 
-def match_on(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogate, features, lr: float) -> dict:
-    """``match`` at the start of a trial's first CEM epoch (scheduled rate ``lr``): gmm fitted on the encoder's
-    clean training ``features`` as the trainer fits it, each term scaled as the step applies it (inject: s(η);
-    a fused term: 1 at its first CEM epoch)."""
+def match_on(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogate, features, lr: float,
+             first_lr: float, keep: float | None = None) -> dict:
+    """``match`` at the start of a trial's CEM epoch at scheduled rate ``lr`` (``first_lr``: its first CEM
+    epoch's): gmm fitted on the encoder's clean training ``features`` as the trainer fits it, each term scaled
+    as the step applies it (inject: s(η); a fused term: s(η)/s(η₀), 1 at its first CEM epoch). ``keep``: a
+    later match where gmm's pull is 0 keeps this scale (and says so) instead of failing."""
     ref = build_reference(cfg, surrogate.feature_shape, surrogate.num_classes, features.device, features,
                           splits.train.labels)
-    c_own = 1.0 if cfg.cem.grad_mode == "fused" else inject_scale(lr)
-    return match(cfg, splits, client, server, surrogate, ref, inject_scale(lr), c_own)
+    c_own = inject_scale(lr) / inject_scale(first_lr) if cfg.cem.grad_mode == "fused" else inject_scale(lr)
+    try:
+        return match(cfg, splits, client, server, surrogate, ref, inject_scale(lr), c_own)
+    except NoStrength as e:
+        if keep is None:
+            raise
+        return {"cem_loss_scale": keep, "cem_strength_gmm": e.gmm, "cem_strength_own": e.own,
+                "cem_strength_spread": float("nan"), "cem_strength_batches": MATCH_BATCHES}

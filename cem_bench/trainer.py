@@ -131,11 +131,15 @@ class Trainer:
         self.gen = torch.Generator(device=device).manual_seed(cfg.seed)
         self.lambd = cfg.cem.lambd
         self.loss_scale = cfg.cem.loss_scale if cfg.cem.loss_scale is not None else 1.0
+        # the step multiplies by a device tensor, filled in place by a match: a captured graph reads it at replay
+        self._loss_scale_t = torch.tensor(float(self.loss_scale), device=device)
         # cem.strength (cem_bench/strength.py): matched measures loss_scale against gmm's pull at the first CEM
         # epoch; the record of what the trial used goes into its result and its checkpoint
         self.matched = surrogate is not None and cfg.cem.strength == "matched"
         self.match_pending = self.matched
         self.first_cem_lr = lr_at(cfg, (cfg.cem.warmup_epochs or 0) + 1)
+        self.match_epochs: list[int] = []          # the epochs whose start a match was made at
+        self.match_scales: list[float] = []        # and the scale each gave
         self.strength_record = ({"cem_strength": cfg.cem.strength or "fixed", "cem_loss_scale": self.loss_scale}
                                 if surrogate is not None else {})
         self._client_fwd = self.client
@@ -244,7 +248,7 @@ class Trainer:
                 out = self._surrogate_fwd(zin, y)          # statistics in fp32
                 finite = torch.isfinite(out.loss)
                 ok.copy_(finite)                           # the gate's backward reads it after this stream's gradient
-                rob = torch.where(finite, out.loss, 0.0) * self.loss_scale
+                rob = torch.where(finite, out.loss, 0.0) * self._loss_scale_t
                 nonfinite = (~finite).float()
                 acc["rob_nonfinite"] += nonfinite
                 acc["rob_loss"] += rob.detach()
@@ -403,7 +407,7 @@ class Trainer:
         step_lr = applied_lr(self.cfg, epoch)  # 0 in epoch 1 under train.reference_warmup_lr0
         self.set_lr(step_lr)
         cem_on = self.cem_active(epoch)
-        if cem_on and self.match_pending:
+        if cem_on and (self.match_pending or self.rematch_due(epoch)):
             self.match_strength(epoch, lr)
         self.prepare_steps(cem_on)
         acc = self.epoch_acc()
@@ -436,6 +440,8 @@ class Trainer:
             "rob_loss": vals["rob_loss"] / steps if cem_on else 0.0,
             "rob_nonfinite": int(vals["rob_nonfinite"]),
         }
+        if cem_on:
+            rec["cem_loss_scale"] = self.loss_scale       # the scale this epoch's steps used (cem.strength)
         for k, v in vals.items():
             if k.startswith("surr_"):
                 rec[k] = v / steps
@@ -474,15 +480,31 @@ class Trainer:
         feats = models.encode(self._client_fwd, images(), self.device, self.amp)
         return feats, torch.cat(labels)
 
+    def rematch_due(self, epoch: int) -> bool:
+        """``cem.strength_every = N``: match again every N epochs after the first match (0: never)."""
+        every = self.cfg.cem.strength_every
+        return bool(self.matched and every and self.match_epochs and (epoch - self.match_epochs[0]) % every == 0)
+
     def match_strength(self, epoch: int, lr: float) -> None:
         """``cem.strength=matched``: set ``loss_scale`` so that the surrogate pulls on this encoder as gmm does
-        (``strength.match``), before the first CEM step; the measurement leaves no trace in the models, the
-        optimizers or any random stream."""
+        (``strength.match_on``), before the epoch's first CEM step; the measurement leaves no trace in the
+        models, the optimizers or any random stream. Where gmm's own pull is 0 at a later match (every class
+        below its hinge), the scale is kept."""
         rec = strength.match_on(self.cfg, self.splits, self.client, self.server, self.surrogate,
-                                self.encode(self.splits.train), lr)
-        self.loss_scale = rec["cem_loss_scale"]
-        self.strength_record = {"cem_strength": "matched", **rec, "cem_strength_epoch": epoch}
+                                self.encode(self.splits.train), lr, self.first_cem_lr,
+                                keep=self.loss_scale if self.match_epochs else None)
+        self.match_epochs.append(epoch)
+        self.match_scales.append(rec["cem_loss_scale"])
+        self.set_loss_scale(rec["cem_loss_scale"])
+        scales = self.match_scales
+        self.strength_record = {"cem_strength": "matched", **rec, "cem_strength_epoch": self.match_epochs[0],
+                                "cem_strength_matches": len(scales), "cem_loss_scale_first": scales[0],
+                                "cem_loss_scale_min": min(scales), "cem_loss_scale_max": max(scales)}
         self.match_pending = False
+
+    def set_loss_scale(self, value: float) -> None:
+        self.loss_scale = float(value)
+        self._loss_scale_t.fill_(self.loss_scale)
 
     def refit_surrogate(self) -> None:
         """Refit the surrogate on the clean training split, or under ``cem.refit_augmented`` on an extra
@@ -575,7 +597,8 @@ class Trainer:
             "surrogate_gen": (self.surrogate.rng(self.device).get_state() if self.surrogate is not None else None),
             "best": self.best,
             "strength": {"loss_scale": self.loss_scale, "record": self.strength_record,
-                         "pending": self.match_pending},
+                         "pending": self.match_pending, "epochs": self.match_epochs,
+                         "scales": self.match_scales},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -600,6 +623,8 @@ class Trainer:
             best = {**best, "client": move(best["client"]), "server": move(best["server"])}
         self.best = best
         st = state.get("strength")
-        if st is not None:    # a matched scale is the one measured at the first CEM epoch, never re-measured
-            self.loss_scale, self.strength_record = float(st["loss_scale"]), dict(st["record"])
-            self.match_pending = bool(st["pending"])
+        if st is not None:    # a matched scale is the one measured then: a resume does not measure it again
+            self.set_loss_scale(st["loss_scale"])
+            self.strength_record = dict(st["record"])
+            self.match_pending, self.match_epochs = bool(st["pending"]), list(st.get("epochs", []))
+            self.match_scales = [float(v) for v in st.get("scales", [])]

@@ -93,3 +93,38 @@ def test_the_trial_result_records_the_scale_and_where_it_came_from():
     base = run_trial({**SMALL, "cem.lambd": 0.0})
     assert "cem_loss_scale" not in base
     assert torch.isfinite(torch.tensor(res["cem_strength_gmm"]))
+
+
+def test_strength_every_matches_again_on_the_encoder_as_it_is_then():
+    """cem.strength_every = 1: a match at the start of every CEM epoch; each epoch's record carries the scale
+    its steps used, and the result the first, the range and the count."""
+    res = run_trial({**SMALL, "train.epochs": 4, "cem.surrogate": "slot_cross", "cem.warmup_epochs": 1,
+                     "cem.strength_every": 1})
+    hist = res["info"]["history"]
+    used = [r["cem_loss_scale"] for r in hist if r["cem_active"]]
+    assert len(used) == 3 and res["cem_strength_matches"] == 3 and res["cem_strength_epoch"] == 2
+    assert res["cem_loss_scale_first"] == used[0] and res["cem_loss_scale"] == used[-1]
+    assert res["cem_loss_scale_min"] == min(used) and res["cem_loss_scale_max"] == max(used)
+    assert len(set(used)) == 3                    # measured on three different encoders
+    assert "cem_loss_scale" not in hist[0]        # the warm-up epoch has no CEM term
+
+
+def test_a_later_match_keeps_its_scale_where_gmm_pulls_no_more(monkeypatch):
+    """Every class below gmm's hinge at a later match: no pull to match; the scale is kept (the first match
+    would fail with a message that says what to set)."""
+    from cem_bench import strength
+    tr = make_trainer(**{"cem.surrogate": "slot_cross", "cem.warmup_epochs": 1, "model.width": 0.0625,
+                         "cem.strength_every": 1, "train.epochs": 3})
+    tr.train_epoch(1)
+    tr.train_epoch(2)
+    first = tr.loss_scale
+    real = strength.per_batch
+    monkeypatch.setattr(strength, "per_batch", lambda client, server, module, *a, **k:
+                        [0.0] * len(a[0]) if module.cfg.surrogate == "gmm" else real(client, server, module, *a, **k))
+    tr.train_epoch(3)
+    assert tr.loss_scale == first and tr.strength_record["cem_strength_matches"] == 2
+    assert tr.strength_record["cem_strength_gmm"] == 0.0
+    fresh = make_trainer(**{"cem.surrogate": "slot_cross", "cem.warmup_epochs": 1, "model.width": 0.0625})
+    fresh.train_epoch(1)
+    with pytest.raises(strength.NoStrength, match="set cem.strength=fixed and a cem.loss_scale"):
+        fresh.train_epoch(2)
