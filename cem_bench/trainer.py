@@ -140,6 +140,7 @@ class Trainer:
         self.first_cem_lr = lr_at(cfg, (cfg.cem.warmup_epochs or 0) + 1)
         self.match_epochs: list[int] = []          # the epochs whose start a match was made at
         self.match_scales: list[float] = []        # and the scale each gave
+        self.match_s = 0.0                         # seconds spent matching (inside the epochs' train_s)
         self.strength_record = ({"cem_strength": cfg.cem.strength or "fixed", "cem_loss_scale": self.loss_scale}
                                 if surrogate is not None else {})
         self._client_fwd = self.client
@@ -490,16 +491,19 @@ class Trainer:
         (``strength.match_on``), before the epoch's first CEM step; the measurement leaves no trace in the
         models, the optimizers or any random stream. Where gmm's own pull is 0 at a later match (every class
         below its hinge), the scale is kept."""
+        t0 = time.perf_counter()
         rec = strength.match_on(self.cfg, self.splits, self.client, self.server, self.surrogate,
                                 self.encode(self.splits.train), lr, self.first_cem_lr,
                                 keep=self.loss_scale if self.match_epochs else None)
+        self.match_s += time.perf_counter() - t0
         self.match_epochs.append(epoch)
         self.match_scales.append(rec["cem_loss_scale"])
         self.set_loss_scale(rec["cem_loss_scale"])
         scales = self.match_scales
         self.strength_record = {"cem_strength": "matched", **rec, "cem_strength_epoch": self.match_epochs[0],
                                 "cem_strength_matches": len(scales), "cem_loss_scale_first": scales[0],
-                                "cem_loss_scale_min": min(scales), "cem_loss_scale_max": max(scales)}
+                                "cem_loss_scale_min": min(scales), "cem_loss_scale_max": max(scales),
+                                "cem_strength_s": self.match_s}
         self.match_pending = False
 
     def set_loss_scale(self, value: float) -> None:
