@@ -13,6 +13,10 @@ documented in ``cem_bench/search/rungs.py``; this module feeds it Ray's results 
   records and the stop decisions there as one line of JSON (atomic), and on its first call after
   construction, unpickling or ``restore`` it loads that file when it holds more records than the scheduler
   itself, so a resumed driver goes on with every rung record.
+
+``make_scheduler(spec)`` builds the scheduler a space names through its plug-in (``spaces/schedulers/``, one
+file each; ``moasha`` builds ``MOASHA(RungRanker(...))``), handing it ``RaySide``: the Ray pieces that a
+plug-in, which lives in ``spaces/`` and imports no Ray, builds its scheduler from.
 """
 
 from __future__ import annotations
@@ -20,15 +24,19 @@ from __future__ import annotations
 import json
 import pickle
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
+from ray.tune import schedulers as tune_schedulers
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from .. import storage
+from ..errors import SpaceError
 from ..parsing import loads_json
+from ..spaces import schedulers
 from .rungs import RungRanker
 
-__all__ = ["MOASHA", "STATE_TARGET"]
+__all__ = ["MOASHA", "STATE_TARGET", "RaySide", "make_scheduler"]
 
 # state_key -> where the scheduler's state is written (local path or URI); set by the driver before fit
 STATE_TARGET: dict[str, str] = {}
@@ -191,3 +199,30 @@ class MOASHA(FIFOScheduler):
         counts = ", ".join(f"{r}: {len(self.ranker.recorded(r))}" for r in self.ranker.rungs)
         return (f"Using MOASHA: {len(self._stops)} stopped; trials recorded per rung epoch {{{counts}}}; "
                 f"η={self.ranker.reduction_factor:g}, objectives {self.ranker.metrics}")
+
+
+# -- building a space's scheduler ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RaySide:
+    """What a scheduler plug-in's builder ``build(ray_side, spec, opts)`` is handed (spaces/schedulers/)."""
+
+    tune_schedulers: Any          # ray.tune.schedulers: ASHAScheduler, MedianStoppingRule, HyperBandScheduler, ...
+    MOASHA: type                  # this module's multi-objective scheduler
+    RungRanker: type              # its rule (rungs.py)
+    state_key: str | None = None  # the key of STATE_TARGET under which a scheduler with state keeps it
+    time_attr: str = "epoch"      # the result field that counts a trial's epochs
+
+
+def make_scheduler(spec, state_key: str | None = None):
+    """The Ray Tune scheduler of ``spec.scheduler``, built by its plug-in; None without one (Tune's FIFO:
+    every trial runs to the end). ``state_key``: where the scheduler's state file is (``STATE_TARGET``)."""
+    if not spec.scheduler:
+        return None
+    name = spec.scheduler["name"]
+    plugin = schedulers.get(name)
+    if plugin is None:
+        raise SpaceError(f"scheduler.name: unknown scheduler {name!r}; known: {', '.join(schedulers.names())}",
+                         spec.path)
+    ray_side = RaySide(tune_schedulers, MOASHA, RungRanker, state_key=state_key)
+    return plugin.build(ray_side, spec, {k: v for k, v in spec.scheduler.items() if k != "name"})

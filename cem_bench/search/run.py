@@ -240,13 +240,8 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
             tuner._local_tuner._run_config.stop = guard
         else:
             write_recorded_json(exp_path, SPACE_FILE, spec.to_dict())
-            scheduler = None
-            if spec.scheduler:
-                from .moasha import MOASHA
-                from .rungs import RungRanker
-                scheduler = MOASHA(RungRanker(spec.fixed["train.epochs"], spec.scheduler["grace_epochs"],
-                                              spec.scheduler["reduction_factor"], spec.rung_objectives),
-                                   time_attr="epoch", state_key=spec.name)
+            from .moasha import make_scheduler
+            scheduler = make_scheduler(spec, state_key=spec.name)   # by its plug-in (spaces/schedulers/); None: FIFO
             tuner = tune.Tuner(
                 trainable,
                 param_space={},
@@ -390,8 +385,9 @@ def plan(spec) -> str:
     if spec.confirm_runs:
         parts.append(f"then the best {spec.confirm_top} again with seeds {', '.join(map(str, spec.confirm_seeds))}")
     if spec.scheduler:
-        parts.append(f"a search trial may stop at epochs {', '.join(map(str, spec.rungs))} (moasha, keeps 1/"
-                     f"{spec.scheduler['reduction_factor']:g} of each rung)")
+        from ..spaces import schedulers
+        parts.append(f"a search trial may stop at epochs {', '.join(map(str, spec.rungs))} "
+                     f"({schedulers.describe(spec.scheduler)})")
     total = spec.total_runs
     return f"{total} trials{' at most' if spec.confirm_runs else ''}: " + ", ".join(parts)
 

@@ -17,7 +17,10 @@ problem, one a line, each starting with its YAML path (``params.cem.lambd: empty
   ``parse_params.py``: its params / when / combination stages;
 - ``sampling.py``: ``define_by_run``, ``make_sampler``, ``trial_config`` (the Optuna side);
 - ``samplers/``: the sampler plug-ins, one file each (``tpe``, ``nsga`` for nsga2/nsga3, ``gp``, ``random``,
-  ``grid``): a name, the options a space may give, a builder.
+  ``grid``): a name, the options a space may give, a builder;
+- ``schedulers/``: the early-stopping scheduler plug-ins, one file each (``moasha``, ``fifo``): a name, the
+  options a space may give (type, range, default, meaning), the epochs it may stop a trial at, a builder that
+  the search hands Ray's pieces (``search.moasha.make_scheduler``).
 
 Nothing here imports Ray; Optuna is imported only by ``make_sampler``. ``import cem_bench.spaces`` imports
 no torch either; validating a file does, because it needs the surrogate and attack registries (their names,

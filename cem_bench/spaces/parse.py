@@ -20,22 +20,19 @@ from typing import Any
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
 from ..schema import DEFAULT_UTILITY_TOLERANCE
-from . import samplers
+from . import samplers, schedulers
 from .parse_params import ParamStages, as_number, fmt_value
 from .spec import (
     DEFAULT_BASELINE_REPLICATES,
     DEFAULT_CONFIRM,
-    DEFAULT_SCHEDULER,
     METRICS,
     MODES,
     REQUIRED_KEYS,
     RUNG_METRICS,
     SAFE_NAME,
-    SCHEDULERS,
     TOP_KEYS,
     Objective,
     SearchSpec,
-    rung_epochs,
 )
 
 
@@ -190,26 +187,42 @@ class _Parser(ParamStages):
         return float(value)
 
     def scheduler(self, value, objectives, fixed: dict, params, grid: bool, seeds) -> dict | None:
-        """``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}`` (docs/search.md): stop trials that
-        are dominated at a rung. ``fifo`` or left out: every trial runs to the end. Refused where stopping has
-        no sound meaning: the grid (every cell must finish), replicates (one configuration's seeds would be
-        stopped one by one), an objective with no per-epoch stand-in, a searched or too short ``train.epochs``.
-        The baseline's and the confirmation's runs are never stopped (``search.moasha``)."""
-        if value is None or value == "fifo" or (isinstance(value, dict) and value.get("name") == "fifo"):
+        """``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}`` (docs/search.md), or a bare name:
+        stop trials that are dominated at a rung. The name and the options are those of a plug-in of
+        ``schedulers/`` (an unknown one is refused with the list; left-out options take their defaults).
+        ``fifo`` or left out: every trial runs to the end (None). Refused, for any scheduler that stops trials,
+        where stopping has no sound meaning: the grid (every cell must finish), replicates (one configuration's
+        seeds would be stopped one by one), an objective with no per-epoch stand-in, a searched ``train.epochs``;
+        and whatever the plug-in's own ``check`` refuses against ``train.epochs`` (moasha: a first rung at or past
+        the end). The baseline's and the confirmation's runs are never stopped (``search.moasha``)."""
+        if value is None:
             return None
-        if not isinstance(value, dict) or value.get("name") not in SCHEDULERS or \
-                not set(value) <= {"name", "grace_epochs", "reduction_factor"}:
-            self.err("scheduler", f"{value!r} must be {{name: moasha, grace_epochs: G, reduction_factor: η}} or "
-                     f"{{name: fifo}} (known: {', '.join(SCHEDULERS)})")
+        if isinstance(value, str):
+            value = {"name": value}
+        if not isinstance(value, dict):
+            forms = " or ".join(schedulers.get(n).form() for n in schedulers.names())
+            self.err("scheduler", f"{value!r} must be a mapping such as {forms}, or a bare name (known: "
+                     f"{', '.join(schedulers.names())})")
             return None
-        out = {"name": value["name"], **DEFAULT_SCHEDULER,
-               **{k: v for k, v in value.items() if k != "name"}}
-        g, eta = out["grace_epochs"], out["reduction_factor"]
-        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
-            self.err("scheduler.grace_epochs", f"{g!r} must be an integer >= 1 (the first rung's epoch)")
-        if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not eta > 1:
-            self.err("scheduler.reduction_factor", f"{eta!r} must be a number > 1 (a rung keeps 1/η of its "
-                     "trials)")
+        name = value.get("name")
+        plugin = schedulers.get(name) if isinstance(name, str) else None
+        if plugin is None:
+            self.err("scheduler.name", f"unknown scheduler {name!r}; known: {', '.join(schedulers.names())}")
+            return None
+        known, ok = plugin.options, True
+        for k, v in value.items():
+            if k == "name":
+                continue
+            if k not in known:
+                self.err(f"scheduler.{k}", f"unknown option of scheduler {name!r}; known: "
+                         f"{', '.join(known) or 'none (it takes no options)'}")
+                ok = False
+            elif (problem := known[k].problem(v)) is not None:
+                self.err(f"scheduler.{k}", problem)
+                ok = False
+        if not plugin.stops_trials:
+            return None
+        out = {"name": name, **plugin.defaults(), **{k: v for k, v in value.items() if k != "name"}}
         if grid:
             self.err("scheduler", "the grid sampler runs every cell to the end (a paper table has no holes): "
                      "leave the scheduler out, or use another sampler")
@@ -225,16 +238,21 @@ class _Parser(ParamStages):
             self.err("scheduler", "train.epochs is searched: the rungs are epochs of one fixed length; fix "
                      "train.epochs")
         epochs = fixed.get("train.epochs", self.specs["train.epochs"].default)
-        if isinstance(g, int) and not isinstance(g, bool) and isinstance(epochs, int) and g >= epochs:
-            self.err("scheduler.grace_epochs", f"{g} must be below train.epochs ({epochs}): the first rung "
-                     "comes before the end of a trial")
+        if ok and plugin.check is not None and isinstance(epochs, int) and not isinstance(epochs, bool):
+            opts = {k: v for k, v in out.items() if k != "name"}
+            for option, message in plugin.check(opts, epochs):
+                self.err(f"scheduler.{option}" if option else "scheduler", message)
         return out
 
     def probe_at_rungs(self, scheduler: dict, fixed: dict) -> dict:
         """The privacy probe runs after every rung's epoch (``attack.probe_epochs``): set it, or check that
-        a space that sets it covers the rungs."""
+        a space that sets it covers the rungs (the epochs its plug-in may stop a trial at)."""
         epochs = fixed.get("train.epochs", self.specs["train.epochs"].default)
-        rungs = rung_epochs(epochs, scheduler["grace_epochs"], scheduler["reduction_factor"])
+        try:
+            rungs = schedulers.get(scheduler["name"]).rungs({k: v for k, v in scheduler.items() if k != "name"}, epochs)
+        except ValueError as e:     # a plug-in whose check lets through what its rungs refuse
+            self.err("scheduler", f"{e} (train.epochs {epochs})")
+            return fixed
         fixed = {"train.epochs": epochs, **fixed}     # the rungs' length, stated (SearchSpec.rungs reads it)
         given = fixed.get("attack.probe_epochs")
         if given:

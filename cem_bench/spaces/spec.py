@@ -1,5 +1,6 @@
 """The validated form of a search space: ``Objective``, ``Param``, ``SearchSpec``, and the vocabularies a
-search-space YAML may use (metrics, modes, parameter kinds, samplers and the options each accepts).
+search-space YAML may use (metrics, modes, parameter kinds, samplers and the options each accepts; the
+schedulers and theirs are the registry of ``schedulers/``, asked when needed).
 
 Imports nothing heavy (no torch, no Optuna, no Ray); ``parse.py`` builds these, ``sampling.py`` turns them
 into Optuna's define-by-run function and sampler.
@@ -18,6 +19,7 @@ from ..schema import DEFAULT_UTILITY_TOLERANCE, OBJECTIVE_METRICS
 METRICS: tuple[str, ...] = OBJECTIVE_METRICS
 MODES = ("max", "min")
 from . import samplers as _samplers  # noqa: E402 - the plug-ins need nothing of this module
+from . import schedulers as _schedulers  # noqa: E402 - loaded on first use; its plug-ins read rung_epochs here
 
 KINDS = ("uniform", "loguniform", "int", "choice")
 
@@ -30,10 +32,9 @@ SAMPLERS = tuple(sorted(SAMPLER_OPTIONS))
 # The shape of the YAML file itself (used by the parser).
 TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "replicates", "seeds", "baseline", "confirm",
             "scheduler", "max_concurrent", "max_failures", "resources", "fixed", "params", "utility_tolerance")
-# Multi-objective early stopping (docs/search.md): the schedulers a space may name, and for each objective the
-# value every epoch record carries that stands for it at a rung (the privacy probe for the attack's SSIM).
-SCHEDULERS = ("fifo", "moasha")
-DEFAULT_SCHEDULER = {"grace_epochs": 2, "reduction_factor": 3}
+# Early stopping (docs/search.md): the schedulers a space may name and their options are the plug-ins of
+# spaces/schedulers/ (one file each; the parser, SearchSpec.rungs and the search ask that registry). For each
+# objective, the value every epoch record carries that stands for it at a rung (the probe for the attack's SSIM):
 RUNG_METRICS = {"test_acc": "test_acc", "test_acc_clean": "test_acc_clean", "attack_ssim": "probe_ssim"}
 # The noise floor and the confirmed front (docs/protocol.md sections 7 and 8): on unless a space says false.
 DEFAULT_BASELINE_REPLICATES = 3
@@ -123,7 +124,8 @@ class SearchSpec:
     # After the search: the ``confirm_top`` best configurations re-run with ``confirm_replicates`` new seeds.
     confirm_top: int = 0
     confirm_replicates: int = 0
-    # ``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}``: None = every trial runs to the end
+    # ``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}``: its name and every option of its
+    # plug-in (defaults filled in); None = every trial runs to the end (no scheduler, or fifo)
     scheduler: dict | None = None
     # the report's equivalence margin on the first objective (schema.DEFAULT_UTILITY_TOLERANCE)
     utility_tolerance: float = DEFAULT_UTILITY_TOLERANCE
@@ -187,11 +189,16 @@ class SearchSpec:
 
     @property
     def rungs(self) -> list[int]:
-        """The scheduler's rung epochs (empty without one)."""
+        """The epochs at which the scheduler may stop a search trial (empty without one): its plug-in's
+        ``rungs`` (spaces/schedulers/) for this space's ``train.epochs``."""
         if not self.scheduler:
             return []
-        return rung_epochs(self.fixed.get("train.epochs", 0), self.scheduler["grace_epochs"],
-                           self.scheduler["reduction_factor"])
+        plugin = _schedulers.get(self.scheduler["name"])
+        if plugin is None or plugin.rungs is None:
+            raise ValueError(f"scheduler {self.scheduler['name']!r} is not a registered scheduler that stops trials; "
+                             f"known: {', '.join(_schedulers.names())}")
+        return plugin.rungs({k: v for k, v in self.scheduler.items() if k != "name"},
+                            self.fixed.get("train.epochs", 0))
 
     @property
     def rung_objectives(self) -> list[tuple[str, str, float | None]]:
