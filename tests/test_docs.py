@@ -747,8 +747,6 @@ FIGURES = (
            (r"strict fp32[^|]{0,60}?(?P<v>[\d.]+)×", r"[Ss]trict fp32 costs (?P<v>[\d.]+)×")),
     Figure("the paper grid's H100 GPU-hours, one trial at a time", PERF,
            (r"(?P<v>[\d.]+)\s+(?:H100\s+)?GPU-hours(?:\s*\([^)]*\))?\s+(?:run\s+)?one at a time",)),
-    Figure("the paper grid's GPU-hours packed 2 to a GPU (lower bound)", PERF,
-           (r"needs? at least\s+≈?\s*(?P<v>[\d.]+)\s+GPU-hours", r"at least\s+≈?\s*(?P<v>[\d.]+)(?:\s+GPU-hours)?\s+packed")),
     Figure("one cifar10_fast gmm trial alone on an H100 (estimated from the paper trial's parts)", PERF,
            (r"one gmm trial alone (?:would take|at|takes) about (?P<v>[\d.]+ min)",), "duration"),
     # the training step on a GPU
@@ -762,10 +760,7 @@ FIGURES = (
             r"to " + R + r"×\s*\(slot_cross\)")),
     Figure("serial_enhanced's default step ÷ λ = 0 on a GPU (graphed, own stream, compiled)", PERF,
            (r"serial_enhanced ÷ λ = 0\s*\|\s*" + R + r"×", r"to " + R + r"×\s*\(serial_enhanced\)")),
-    # packing, H200
-    Figure("paper trials per GPU-hour, 8 packed under MPS (H200, bf16, training only)", PERF,
-           (r"(?P<v>[\d.]+) paper trials per GPU-hour with MPS", r"under CUDA MPS trained (?:about )?(?P<v>[\d.]+) trials",
-            r"the same under CUDA MPS\s*\|[^|]*?8:\s*(?P<v>[\d.]+)")),
+    # packing: the old pack row's figures were withdrawn (issue 40); the re-measured ones get their figures here
     # the demo's result at seed 0 (docs/protocol.md section 10)
     Figure("the demo's SSIM difference, gmm λ = 16 against λ = 0 (seed 0)", "docs/protocol.md",
            (r"\(Δ (?P<v>[−-][\d.]+), 95 % interval",
