@@ -4,6 +4,10 @@ One way to write: ``write_bytes`` (and ``write_json`` on top of it; ``integrity`
 the checksums) writes a temporary
 file and renames it into place locally, and does a single PUT on object stores (which are atomic per
 object), so a crash never leaves a half-written file. ``Dir`` reads a folder the same way on both.
+
+The local primitives underneath, which never go through a link below the folder the user named (``open_dir``,
+``replace_in``, ``publish``, ``read_regular``, ``relative_inside``, ``UnsafePath``), live in ``safefiles``;
+the rest of the project imports them from here.
 """
 
 from __future__ import annotations
@@ -12,31 +16,15 @@ import errno
 import json
 import math
 import os
-import secrets
-import stat
 import time
 from typing import Any
 
-
-class UnsafePath(OSError):
-    """A path cem-bench will not write or read: a symbolic link inside a results folder, a named pipe, a
-    device, a file too large to be one cem-bench wrote. An OSError (EPERM) whose ``strerror`` is the whole
-    message, naming the path and what to do: the CLI prints it as one line and exits 2, and a reader that
-    reports unreadable files (integrity.read_strict) names it like any other."""
-
-    def __init__(self, message: str):
-        super().__init__(errno.EPERM, message)
-
-    def __str__(self) -> str:
-        return self.strerror
+# UnsafePath, publish and relative_inside are re-exported: the project and the tests import them from storage
+from .safefiles import UnsafePath, local, open_dir, publish, read_regular, relative_inside, replace_in  # noqa: F401
 
 
 def is_uri(path: str | os.PathLike) -> bool:
     return "://" in str(path)
-
-
-def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
 
 
 def resolve_storage(storage: str | None) -> str:
@@ -68,7 +56,7 @@ def filesystem(path: str):
     path = str(path)
     if is_uri(path):
         if path.startswith("file://"):
-            return pafs.LocalFileSystem(), _local(path)
+            return pafs.LocalFileSystem(), local(path)
         fs, p = pafs.FileSystem.from_uri(path)
         _check_bucket(fs, path, p)
         return fs, p
@@ -173,54 +161,6 @@ def _check_bucket(fs, uri: str, path: str) -> None:
     _CHECKED[key] = (time.monotonic(), message)
     raise StorageUnavailable(message)
 
-
-def relative_inside(root: str | os.PathLike, path: str) -> str | None:
-    """``path`` (relative to ``root``, or absolute) as a path relative to ``root`` when it lies inside it,
-    judged on the names alone (no ``..``, nothing empty); None otherwise. A path read from a results table
-    (``trial_dir``) goes through this before it is joined to anything: a table may come from anyone."""
-    if not isinstance(path, str) or not path or "\0" in path:
-        return None
-    root = os.path.abspath(_local(str(root)))
-    if os.path.isabs(path):
-        for base in dict.fromkeys((root, os.path.realpath(root))):
-            rel = os.path.relpath(os.path.normpath(path), base)
-            if not (rel == os.curdir or rel.startswith(os.pardir)) and os.pardir not in path.split(os.sep):
-                return rel
-        return None
-    parts = path.replace("\\", "/").split("/")
-    if any(p in ("", os.curdir, os.pardir) for p in parts):
-        return None
-    return os.path.join(*parts)
-
-
-def publish(stage: str | os.PathLike, root: str | os.PathLike, folders: list[str]) -> str:
-    """Copy every file under the private folder ``stage`` into ``root/folders...`` (created when missing),
-    each through :func:`_replace_in` and each folder through :func:`open_dir`: no link there is followed, a
-    link in the way is refused (UnsafePath) before the first file is written. Returns the target folder."""
-    root = os.path.abspath(str(root))
-    os.makedirs(root, exist_ok=True)
-    target = os.path.join(root, *folders)
-    top = open_dir(root, folders, create=True)
-    try:
-        subdirs = sorted({os.path.relpath(d, stage) for d, _, files in os.walk(stage) if files} - {os.curdir})
-        fds = {os.curdir: top}
-        try:
-            for sub in subdirs:   # every folder opened (and checked) before any file is written
-                fds[sub] = open_dir(target, sub.split(os.sep), create=True)
-            for d, _, files in os.walk(stage):
-                rel = os.path.relpath(d, stage)
-                for name in sorted(files):
-                    with open(os.path.join(d, name), "rb") as fh:
-                        _replace_in(fds[rel], name, fh.read(), os.path.join(target, rel, name))
-        finally:
-            for rel, fd in fds.items():
-                if rel != os.curdir:
-                    os.close(fd)
-    finally:
-        os.close(top)
-    return target
-
-
 def exists(path: str) -> bool:
     import pyarrow.fs as pafs
     fs, p = filesystem(path)
@@ -239,8 +179,8 @@ def write_bytes(path: str, data: bytes, *, within: str | os.PathLike | None = No
     ``within`` is None) and nothing below it is."""
     path = str(path)
     if not is_uri(path) or path.startswith("file://"):
-        path = os.path.abspath(_local(path))
-        root = os.path.dirname(path) if within is None else os.path.abspath(_local(str(within)))
+        path = os.path.abspath(local(path))
+        root = os.path.dirname(path) if within is None else os.path.abspath(local(str(within)))
         rel = os.path.relpath(path, root)
         if rel.startswith(os.pardir) or os.path.isabs(rel) or rel == os.curdir:
             raise ValueError(f"write_bytes: {path} is not inside {root}")
@@ -248,7 +188,7 @@ def write_bytes(path: str, data: bytes, *, within: str | os.PathLike | None = No
         os.makedirs(root, exist_ok=True)
         fd = open_dir(root, folders, create=True)
         try:
-            _replace_in(fd, name, data, path)
+            replace_in(fd, name, data, path)
         finally:
             os.close(fd)
         return
@@ -258,124 +198,12 @@ def write_bytes(path: str, data: bytes, *, within: str | os.PathLike | None = No
         out.write(data)
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _link_message(shown: str, name: str, dir_fd: int) -> str:
-    try:
-        target = os.readlink(name, dir_fd=dir_fd)
-    except OSError:
-        return f"{shown} is not a folder"
-    return (f"{shown} is a symbolic link (to {target}); cem-bench does not write or read through links inside "
-            f"a results folder, which may be shared. Remove the link (or give --out a folder of your own)")
-
-
-def open_dir(root: str, folders: list[str], *, create: bool) -> int:
-    """A descriptor of ``root/folders...``: ``root`` as given (links followed: the user named it), each
-    folder below it opened with ``O_NOFOLLOW`` (made when missing and ``create``). UnsafePath when one of
-    them is a link or a file; FileNotFoundError when one is missing and not ``create``."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    shown = root
-    try:
-        for part in folders:
-            if part in ("", os.curdir, os.pardir) or os.sep in part or "\0" in part:
-                raise UnsafePath(f"{os.path.join(shown, part)}: not a plain folder name")
-            shown = os.path.join(shown, part)
-            try:
-                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                try:
-                    os.mkdir(part, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                try:
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except OSError as e:
-                    if e.errno in (errno.ENOTDIR, errno.ELOOP):
-                        raise UnsafePath(_link_message(shown, part, fd)) from e
-                    raise
-            except OSError as e:
-                if e.errno in (errno.ENOTDIR, errno.ELOOP):
-                    raise UnsafePath(_link_message(shown, part, fd)) from e
-                raise
-            os.close(fd)
-            fd = nfd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _replace_in(dir_fd: int, name: str, data: bytes, shown: str) -> None:
-    """``name`` in the folder ``dir_fd`` becomes ``data``: a fresh temp file (never an existing one, never
-    through a link) renamed over it."""
-    tmp = f".{name}.tmp{os.getpid()}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        try:
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except IsADirectoryError as e:
-            raise UnsafePath(f"{shown} is a folder; cem-bench writes a file there: remove or rename the folder") from e
-    finally:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-
-
-# the largest file cem-bench reads whole; a link to /dev/zero or a runaway file stops here, not in memory
-READ_LIMIT = 4 << 30
-
-
-def read_regular(path: str | os.PathLike, *, within: str | os.PathLike | None = None,
-                 limit: int = READ_LIMIT) -> bytes:
-    """The bytes of a regular file, read without hanging or flooding memory: a named pipe, a device
-    (``/dev/zero``), or a file over ``limit`` bytes is refused with UnsafePath before it is read. With
-    ``within``, no link is followed below that folder (the file itself included): what a shared results
-    folder links to elsewhere is never read. FileNotFoundError (and other OSErrors) as they come."""
-    path = os.path.abspath(_local(str(path)))
-    root = os.path.dirname(path) if within is None else os.path.abspath(_local(str(within)))
-    rel = os.path.relpath(path, root)
-    if rel.startswith(os.pardir) or os.path.isabs(rel) or rel == os.curdir:
-        raise UnsafePath(f"{path} lies outside {root}; cem-bench reads only files inside the results folder")
-    *folders, name = rel.split(os.sep)
-    dfd = open_dir(root, folders, create=False)
-    try:
-        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if within is not None else 0)
-        try:
-            fd = os.open(name, flags, dir_fd=dfd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise UnsafePath(_link_message(path, name, dfd).replace("write or read", "read")) from e
-            raise
-    finally:
-        os.close(dfd)
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            what = ("a named pipe" if stat.S_ISFIFO(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode)
-                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise UnsafePath(f"{path} is {what}, not a file cem-bench wrote; cem-bench reads only regular files")
-        if st.st_size > limit:
-            raise UnsafePath(f"{path} holds {st.st_size:,} bytes, more than the {limit:,} cem-bench reads from one "
-                             f"file; it is not a file cem-bench wrote")
-        os.set_blocking(fh.fileno(), True)
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise UnsafePath(f"{path} is larger than the {limit:,} bytes cem-bench reads from one file")
-    return data
-
 
 def remove_file(path: str) -> None:
     """Delete a file, local or on object storage; nothing when it is missing."""
     if not is_uri(path) or path.startswith("file://"):
         try:
-            os.unlink(_local(path))
+            os.unlink(local(path))
         except FileNotFoundError:
             pass
         return
@@ -410,7 +238,7 @@ def write_json(path: str, obj: Any) -> None:
 
 def nearest_existing(path: str) -> str:
     """``path`` itself when it exists, else its nearest existing parent (local paths)."""
-    path = _local(str(path))
+    path = local(str(path))
     while path and not os.path.lexists(path):
         parent = os.path.dirname(path)
         if parent == path:
@@ -436,7 +264,7 @@ class Dir:
             self.fs, self.root = filesystem(path.rstrip("/"))
             self.display = path.rstrip("/")
         else:
-            self.root = os.path.abspath(os.path.expanduser(_local(path)))
+            self.root = os.path.abspath(os.path.expanduser(local(path)))
             self.display = self.root
 
     def join(self, *parts: str) -> str:

@@ -362,7 +362,7 @@ def test_differences_inside_the_noise_are_claimed_by_nothing(tmp_path, confirm):
     assert main(["table", str(root)]) == 0
     # (the table is checked through its own command below)
     # the plot draws the baseline's band and says that every point lies inside it, on both axes
-    from cem_bench.report.plots import ALL_WITHIN, frontier_figure
+    from cem_bench.report.frontier_plot import ALL_WITHIN, frontier_figure
     ax = frontier_figure(res, "attack_ssim", "min").axes[0]
     assert ALL_WITHIN in ax.get_xlabel() and ALL_WITHIN in ax.get_ylabel()
     assert any("95 % band" in t.get_text() for t in ax.get_legend().get_texts())
@@ -380,7 +380,8 @@ def test_differences_well_outside_the_noise_are_claimed_exactly(tmp_path, capsys
     summary = summary_sentence(res)
     assert summary.startswith("Beyond the noise of the λ=0 baseline") and "gmm" in summary, summary
     assert "slot_cross" not in summary and "gated_attention" not in summary
-    from cem_bench.report.plots import ALL_WITHIN, frontier_figure, plot_hypervolume
+    from cem_bench.report.frontier_plot import ALL_WITHIN, frontier_figure
+    from cem_bench.report.hypervolume_plot import plot_hypervolume
     ax = frontier_figure(res, "attack_ssim", "min").axes[0]
     assert ALL_WITHIN in ax.get_xlabel() and ALL_WITHIN not in ax.get_ylabel()   # accuracy: noise; SSIM: not
     plot_hypervolume(res, tmp_path / "hv.png")
@@ -777,7 +778,7 @@ def test_the_strongest_attack_is_named_on_the_front_and_in_the_gallery(tmp_path)
 def test_a_lambda_sweep_with_replicates_draws_one_curve_per_surrogate(tmp_path):
     """λ ∈ {0, 4, 16} x two surrogates x 2 seeds: lambda_curves.png, one line per surrogate from the baseline,
     mean ± std over the seeds; results that are not such a sweep draw none."""
-    from cem_bench.report.plots import lambda_curves, plot_lambda_curves
+    from cem_bench.report.lambda_plot import lambda_curves, plot_lambda_curves
     root = tmp_path / "sweep"
     root.mkdir()
     rows = []
@@ -964,7 +965,7 @@ def test_lambda_ticks_name_every_lambda_used(outcomes, monkeypatch, tmp_path):
 def test_no_accuracy_or_ssim_interval_leaves_its_range(outcomes, monkeypatch, tmp_path):
     """The demo's accuracy intervals ran past 1.0: error bars, bands and the plotted λ curves of accuracy stay in
     [0, 1], SSIM's in [-1, 1]; MSE and PSNR are not clipped."""
-    from cem_bench.report.plots import baseline_bands, frontier_figure
+    from cem_bench.report.frontier_plot import baseline_bands, frontier_figure
 
     res = load_results(outcomes["null"])
     c = res.configs
@@ -988,7 +989,7 @@ def test_no_accuracy_or_ssim_interval_leaves_its_range(outcomes, monkeypatch, tm
 def test_the_noise_band_shows_where_it_ends(outcomes):
     """On a null result the grey band filled the whole frontier plot: both edges of each band are drawn and lie
     inside the axes, with room outside them, and the legend gives the band's range."""
-    from cem_bench.report.plots import baseline_bands, frontier_figure
+    from cem_bench.report.frontier_plot import baseline_bands, frontier_figure
 
     for outcome in ("null", "real"):
         res = load_results(outcomes[outcome])
@@ -1060,7 +1061,7 @@ def test_plurals_agree_everywhere_on_the_page(outcomes, tmp_path):
     """"1 configurations": a count of one takes the singular on the page and in the figures' titles."""
     import re
 
-    from cem_bench.report.plots import frontier_figure
+    from cem_bench.report.frontier_plot import frontier_figure
     bad = re.compile(r"\b1 (configurations|trials|runs|seeds|ok trials|confirmation runs|search runs)\b")
     text = build_report(outcomes["real"], tmp_path / "out").read_text()
     assert "The confirmed front (1 configuration)" in text
@@ -1094,7 +1095,7 @@ def test_a_bare_trials_table_gets_its_configurations_and_a_true_note(tmp_path):
 
 
 def test_a_long_table_says_where_its_other_rows_are():
-    from cem_bench.report.summary import CONFIGS_IN_FULL, MAX_TABLE_ROWS, html_table
+    from cem_bench.report.tables import CONFIGS_IN_FULL, MAX_TABLE_ROWS, html_table
 
     df = pd.DataFrame({"a": range(MAX_TABLE_ROWS + 5)})
     assert "every trial is in trials.parquet" in html_table(df, ["a"])

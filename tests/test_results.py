@@ -188,7 +188,7 @@ def test_a_trial_the_scheduler_stopped_is_stopped_not_an_error(experiment):
 
 
 def test_the_report_says_how_many_trials_stopped_where_and_the_epochs_saved():
-    from cem_bench.report.summary import stopped_text, trials_text
+    from cem_bench.report.facts import stopped_text, trials_text
     t = pd.DataFrame({"status": ["ok", "ok", "stopped", "stopped", "stopped", "error"],
                       "_ok": [True, True, False, False, False, False],
                       "stopped_at_epoch": [None, None, 2, 2, 6, None],

@@ -25,24 +25,27 @@ listed apart and drawn on no privacy plot.
 A folder that does not exist, or holds neither ``trials.parquet`` nor a Ray experiment of ``cem-bench
 search``, raises ``cem_bench.errors.ResultsError`` before anything is written.
 
-Modules: ``load`` (reading, the conventions), ``plots`` (figures), ``summary`` (text and tables),
-``page`` (``build_report`` and ``templates/index.html.j2``).
+Modules: ``load`` (reading, the conventions); ``plots`` (what the figures share) and one module per family
+of figures: ``frontier_plot``, ``hypervolume_plot``, ``param_plot``, ``lambda_plot``, ``training_plot``;
+``formatting`` (numbers and words), ``summary`` (the claim and the summary sentence), ``tables`` (the HTML
+tables), ``facts`` (the run facts and the tables' columns); ``page`` (``build_report`` and
+``templates/index.html.j2``); ``claims`` (how often the summary's and the tables' claims are wrong, on
+simulated searches).
 """
 
 from cem_bench.schema import DEFAULT_OBJECTIVES, PRIVACY_MODES, load_objectives
 
+from .formatting import format_value
+from .frontier_plot import frontier_figure, plot_frontier
+from .hypervolume_plot import plot_hypervolume
+from .lambda_plot import plot_lambda_curves
 from .load import MAIN_PARAMS, Results, add_pareto_ranks, best_baseline, front_of, load_results
 from .page import build_report, copy_galleries
-from .plots import (
-    frontier_figure,
-    plot_frontier,
-    plot_hypervolume,
-    plot_lambda_curves,
-    plot_param_effects,
-    plot_training_curves,
-    surrogate_keys,
-)
-from .summary import format_value, html_table, paper_tables, summary_sentence
+from .param_plot import plot_param_effects
+from .plots import surrogate_keys
+from .summary import summary_sentence
+from .tables import html_table, paper_tables
+from .training_plot import plot_training_curves
 
 __all__ = [
     "DEFAULT_OBJECTIVES",

@@ -17,6 +17,11 @@ from cem_bench.parsing import loads_json
 from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
 from cem_bench.storage import is_uri, open_dir, publish, read_regular, relative_inside, write_bytes
 
+from .facts import metric_columns, run_facts, searched_columns
+from .formatting import format_value, plural, safe_name, short, tail
+from .frontier_plot import plot_frontier, replicate_caption
+from .hypervolume_plot import plot_hypervolume
+from .lambda_plot import plot_lambda_curves
 from .load import (
     BASELINE_LABEL,
     REPORTED_METRICS,
@@ -27,33 +32,18 @@ from .load import (
     front_of,
     load_results,
 )
-from .plots import (
-    param_columns,
-    plot_frontier,
-    plot_hypervolume,
-    plot_lambda_curves,
-    plot_param_effects,
-    plot_training_curves,
-    replicate_caption,
-)
-from .summary import (
+from .param_plot import param_columns, plot_param_effects
+from .summary import summary_sentence
+from .tables import (
     comparison_note,
     config_front_table,
     facts_table,
-    format_value,
     html_table,
-    metric_columns,
     paper_tables,
-    plural,
-    run_facts,
-    safe_name,
-    searched_columns,
-    short,
     skipped_table,
-    summary_sentence,
     surrogate_bests,
-    tail,
 )
+from .training_plot import plot_training_curves
 
 MAX_GALLERY = 24  # front trials shown in the gallery (best first objective first)
 

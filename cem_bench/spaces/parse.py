@@ -4,8 +4,9 @@
 anything runs and raises one ``SpaceError`` that lists every problem, one a line, each starting with its YAML
 path (``params.cem.lambd: empty range [64, 1] ...``). Command-line overrides are merged in first.
 
-The validator ``_Parser`` runs in stages: the top level, objectives, sampler, budget, resources and fixed keys
-here; the params, their ``when`` conditions and the combination checks in ``parse_params.py``.
+The validator ``_Parser`` runs in stages: the top level, the objectives, resources, fixed keys and the utility
+tolerance here; the params, their ``when`` conditions and the combination checks in ``parse_params.py``; the
+sampler, seeds, grid, baseline, confirmation and scheduler in ``parse_plan.py``.
 Importing this module imports neither torch nor Optuna nor Ray.
 """
 
@@ -13,22 +14,17 @@ from __future__ import annotations
 
 import copy
 import difflib
-import itertools
-import math
 from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
 from ..schema import DEFAULT_UTILITY_TOLERANCE
-from . import samplers, schedulers
 from .parse_params import ParamStages, as_number, fmt_value
+from .parse_plan import PlanStages
 from .spec import (
-    DEFAULT_BASELINE_REPLICATES,
-    DEFAULT_CONFIRM,
     METRICS,
     MODES,
     REQUIRED_KEYS,
-    RUNG_METRICS,
     SAFE_NAME,
     TOP_KEYS,
     Objective,
@@ -107,12 +103,7 @@ def _from_cli(value: Any) -> Any:
     return value
 
 
-# the most trials one search plans (a grid's cells, a baseline's cells): a typo in a choice list must not
-# build a list of 10^9 configurations before a word is said
-MAX_CELLS = 100_000
-
-
-class _Parser(ParamStages):
+class _Parser(ParamStages, PlanStages):
     """One validation of one document: ``parse()`` runs every stage, collects every problem in ``errors``
     and raises them together as one ``SpaceError``, or returns the ``SearchSpec``."""
 
@@ -186,216 +177,6 @@ class _Parser(ParamStages):
             return DEFAULT_UTILITY_TOLERANCE
         return float(value)
 
-    def scheduler(self, value, objectives, fixed: dict, params, grid: bool, seeds) -> dict | None:
-        """``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}`` (docs/search.md), or a bare name:
-        stop trials that are dominated at a rung. The name and the options are those of a plug-in of
-        ``schedulers/`` (an unknown one is refused with the list; left-out options take their defaults).
-        ``fifo`` or left out: every trial runs to the end (None). Refused, for any scheduler that stops trials,
-        where stopping has no sound meaning: the grid (every cell must finish), replicates (one configuration's
-        seeds would be stopped one by one), an objective with no per-epoch stand-in, a searched ``train.epochs``;
-        and whatever the plug-in's own ``check`` refuses against ``train.epochs`` (moasha: a first rung at or past
-        the end). The baseline's and the confirmation's runs are never stopped (``search.moasha``)."""
-        if value is None:
-            return None
-        if isinstance(value, str):
-            value = {"name": value}
-        if not isinstance(value, dict):
-            forms = " or ".join(schedulers.get(n).form() for n in schedulers.names())
-            self.err("scheduler", f"{value!r} must be a mapping such as {forms}, or a bare name (known: "
-                     f"{', '.join(schedulers.names())})")
-            return None
-        name = value.get("name")
-        plugin = schedulers.get(name) if isinstance(name, str) else None
-        if plugin is None:
-            self.err("scheduler.name", f"unknown scheduler {name!r}; known: {', '.join(schedulers.names())}")
-            return None
-        known, ok = plugin.options, True
-        for k, v in value.items():
-            if k == "name":
-                continue
-            if k not in known:
-                self.err(f"scheduler.{k}", f"unknown option of scheduler {name!r}; known: "
-                         f"{', '.join(known) or 'none (it takes no options)'}")
-                ok = False
-            elif (problem := known[k].problem(v)) is not None:
-                self.err(f"scheduler.{k}", problem)
-                ok = False
-        if not plugin.stops_trials:
-            return None
-        out = {"name": name, **plugin.defaults(), **{k: v for k, v in value.items() if k != "name"}}
-        if grid:
-            self.err("scheduler", "the grid sampler runs every cell to the end (a paper table has no holes): "
-                     "leave the scheduler out, or use another sampler")
-        if len(seeds) > 1:
-            self.err("scheduler", f"replicates: {len(seeds)} with a scheduler would stop a configuration's "
-                     "seeds one by one on their own noise; use replicates: 1 (the confirmation runs re-measure the "
-                     "best configurations with new seeds)")
-        for o in objectives:
-            if o.metric not in RUNG_METRICS:
-                self.err("scheduler", f"objective {o.metric} has no per-epoch value to rank by at a rung; the "
-                         f"scheduler ranks by {', '.join(sorted(RUNG_METRICS))}")
-        if any(p.key == "train.epochs" for p in params):
-            self.err("scheduler", "train.epochs is searched: the rungs are epochs of one fixed length; fix "
-                     "train.epochs")
-        epochs = fixed.get("train.epochs", self.specs["train.epochs"].default)
-        if ok and plugin.check is not None and isinstance(epochs, int) and not isinstance(epochs, bool):
-            opts = {k: v for k, v in out.items() if k != "name"}
-            for option, message in plugin.check(opts, epochs):
-                self.err(f"scheduler.{option}" if option else "scheduler", message)
-        return out
-
-    def probe_at_rungs(self, scheduler: dict, fixed: dict) -> dict:
-        """The privacy probe runs after every rung's epoch (``attack.probe_epochs``): set it, or check that
-        a space that sets it covers the rungs (the epochs its plug-in may stop a trial at)."""
-        epochs = fixed.get("train.epochs", self.specs["train.epochs"].default)
-        try:
-            rungs = schedulers.get(scheduler["name"]).rungs({k: v for k, v in scheduler.items() if k != "name"}, epochs)
-        except ValueError as e:     # a plug-in whose check lets through what its rungs refuse
-            self.err("scheduler", f"{e} (train.epochs {epochs})")
-            return fixed
-        fixed = {"train.epochs": epochs, **fixed}     # the rungs' length, stated (SearchSpec.rungs reads it)
-        given = fixed.get("attack.probe_epochs")
-        if given:
-            missing = sorted(set(rungs) - set(given))
-            if missing:
-                self.err("fixed.attack.probe_epochs", f"{list(given)} misses the scheduler's rung epochs "
-                         f"{missing}; leave it out (the rungs {rungs} are set) or add them")
-            return fixed
-        return {**fixed, "attack.probe_epochs": rungs}
-
-    def baseline(self, value, fixed: dict, params, grid: bool, seeds) -> tuple[int, tuple[dict, ...]]:
-        """``baseline: {replicates: N}`` (N >= 2, or 0), ``true`` (N = 3) or ``false``: the λ = 0 runs that
-        measure the search's noise floor. Left out: on wherever λ can be non-zero, except a replicated grid
-        whose λ = 0 cells already are the baseline. One cell per combination of the searched keys that change
-        the baseline (every searched key outside ``cem.``), which must therefore be choices."""
-        lam = next((p for p in params if p.key == "cem.lambd"), None)
-        if value is None:
-            if lam is None:
-                fixed_lam = fixed.get("cem.lambd", 16.0)
-                value = not (isinstance(fixed_lam, (int, float)) and fixed_lam == 0)
-            else:
-                value = not (grid and len(seeds) >= 2 and lam.choices is not None and 0 in lam.choices)
-        if value is True:
-            n = DEFAULT_BASELINE_REPLICATES
-        elif value is False:
-            n = 0
-        elif isinstance(value, dict) and set(value) <= {"replicates"} and "replicates" in value:
-            n = value["replicates"]
-            if isinstance(n, bool) or not isinstance(n, int) or n == 1 or n < 0:
-                self.err("baseline.replicates", f"{n!r} must be an integer >= 2 (a noise floor needs two runs), "
-                         "or 0 for no baseline")
-                return 0, ({},)
-        else:
-            self.err("baseline", f"{value!r} must be {{replicates: N}} (N >= 2), true ({{replicates: "
-                     f"{DEFAULT_BASELINE_REPLICATES}}}) or false")
-            return 0, ({},)
-        if not n:
-            return 0, ({},)
-        changing = [p for p in params if not p.key.startswith("cem.") and p.key != "seed"]
-        bad = False
-        for p in changing:
-            if p.kind != "choice" or p.when:
-                self.err(f"params.{p.key}", "changes the λ = 0 baseline (it is not a cem.* key), so the baseline "
-                         "runs once per value: make it an unconditional {choice: [...]}, or set baseline: false")
-                bad = True
-        if bad or not changing:
-            return n, ({},)
-        bound = math.prod(len(p.choices) for p in changing)
-        if bound > MAX_CELLS:
-            self.err("baseline", f"the λ = 0 baseline would run once per value of {', '.join(p.key for p in changing)}: "
-                     f"{bound:,} cells, more than the {MAX_CELLS:,} trials cem-bench plans for one search")
-            return n, ({},)
-        cells = tuple(dict(zip([p.key for p in changing], combo))
-                      for combo in itertools.product(*[p.choices for p in changing]))
-        return n, cells
-
-    def confirm(self, value) -> tuple[int, int]:
-        """``confirm: {top: K, replicates: R}`` (K >= 1, R >= 2), ``true`` (the default, top 3 with 3 seeds) or
-        ``false``: after the search, the K best configurations run again with R new seeds."""
-        if value is None or value is True:
-            return DEFAULT_CONFIRM["top"], DEFAULT_CONFIRM["replicates"]
-        if value is False:
-            return 0, 0
-        if not isinstance(value, dict) or not set(value) <= {"top", "replicates"}:
-            self.err("confirm", f"{value!r} must be {{top: K, replicates: R}}, true ({{top: "
-                     f"{DEFAULT_CONFIRM['top']}, replicates: {DEFAULT_CONFIRM['replicates']}}}) or false")
-            return 0, 0
-        top = value.get("top", DEFAULT_CONFIRM["top"])
-        reps = value.get("replicates", DEFAULT_CONFIRM["replicates"])
-        if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-            self.err("confirm.top", f"{top!r} must be an integer >= 1, or 0 for no confirmation")
-            return 0, 0
-        if isinstance(reps, bool) or not isinstance(reps, int) or reps < 2:
-            self.err("confirm.replicates", f"{reps!r} must be an integer >= 2 (an interval needs two runs)")
-            return 0, 0
-        return (top, reps) if top else (0, 0)
-
-    def grid(self, params, num_samples: int) -> int:
-        """Sampler grid: every parameter a choice; ``num_samples`` is the number of cells (the distinct
-        configurations once ``when`` conditions are applied), given or not."""
-        from .sampling import grid_cells
-        bad = [p.key for p in params if p.kind != "choice"]
-        for key in bad:
-            self.err(f"params.{key}", "sampler grid enumerates discrete values: give it {choice: [...]} "
-                     "(continuous and integer ranges are for the other samplers)")
-        if bad:
-            return max(num_samples, 1)
-        bound = math.prod(len(p.choices) for p in params)
-        if bound > MAX_CELLS:
-            self.err("params", f"sampler grid over {bound:,} cells (the product of the choices' lengths), more than "
-                     f"the {MAX_CELLS:,} trials cem-bench plans for one search; use a sampler (tpe, nsga2, random) "
-                     f"with num_samples instead")
-            return 1
-        cells = len(grid_cells(params))
-        if num_samples and num_samples != cells:
-            self.err("num_samples", f"{num_samples} with sampler grid, whose space has {cells} cells; leave it "
-                     f"out (it defaults to the number of cells) or set it to {cells}")
-        return cells
-
-    def distinct(self, params, num_samples: int) -> None:
-        """A sampler cannot propose more distinct configurations than a discrete space holds: the searcher
-        rejects a repeat, and a repeat run would count as a replicate of the same seed. ``num_samples`` above
-        that count is refused, naming it (replicates are ``replicates:``/``seeds:``, not repeats)."""
-        from .sampling import grid_cells
-        if not params or any(p.kind not in ("choice", "int") for p in params):
-            return   # a continuous parameter: more configurations than any budget
-        sizes = [len(p.choices) if p.kind == "choice" else
-                 (int(p.high) - int(p.low)) // int(p.step or 1) + 1 for p in params]
-        bound = math.prod(sizes)
-        if bound >= num_samples:
-            if bound > MAX_CELLS:
-                return
-            if all(p.kind == "choice" for p in params):
-                bound = len(grid_cells(params))   # exact, with the `when` conditions applied
-            if bound >= num_samples:
-                return
-        self.err("num_samples", f"{num_samples}, but the space holds only {bound} distinct configuration"
-                 f"{'s' * (bound != 1)}: a sampler cannot propose more, and a repeat is not a replicate (its runs "
-                 f"would share a seed). Set num_samples to {bound} or fewer (sampler grid runs each once); for "
-                 f"several seeds of each, add replicates: N")
-
-    def seeds(self, replicates, seeds, fixed: dict, params) -> tuple[int, ...]:
-        """``replicates: N`` (seeds base..base+N-1, base = the fixed ``seed`` or 0) or ``seeds: [...]``: every
-        configuration runs once per seed, each run its own trial."""
-        if replicates is None and seeds is None:
-            return ()
-        if any(p.key == "seed" for p in params):
-            self.err("params.seed", "the seed is set per replicate (replicates/seeds); it cannot be searched too")
-            return ()
-        if seeds is not None:
-            ok = (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool)
-                                                            for s in seeds) and len(set(seeds)) == len(seeds))
-            if not ok:
-                self.err("seeds", f"{seeds!r} must be a non-empty list of distinct integers")
-                return ()
-            if replicates is not None and replicates != len(seeds):
-                self.err("replicates", f"{replicates!r} disagrees with the {len(seeds)} seeds given; give one of them")
-            return tuple(seeds)
-        n = self.count("replicates", replicates, 1)
-        base = fixed.get("seed", 0)
-        base = base if isinstance(base, int) and not isinstance(base, bool) else 0
-        return tuple(range(base, base + n))
-
     def name(self, value) -> str:
         if value is None:
             return ""
@@ -454,27 +235,6 @@ class _Parser(ParamStages):
             if ok:
                 out.append(Objective(metric, mode, ref))
         return out
-
-    def sampler(self, value) -> dict:
-        if isinstance(value, str):
-            value = {"name": value}
-        if not isinstance(value, dict):
-            self.err("sampler", f"expected {{name: {'|'.join(samplers.names())}, seed: ..., ...}}, got {value!r}")
-            return {"name": "tpe"}
-        name = value.get("name", "tpe")
-        plugin = samplers.get(name) if isinstance(name, str) else None
-        if plugin is None:
-            self.err("sampler.name", f"unknown sampler {name!r}; known: {', '.join(samplers.names())}")
-            return dict(value)
-        known = plugin.options
-        for k, v in value.items():
-            if k == "name":
-                continue
-            if k not in known:
-                self.err(f"sampler.{k}", f"unknown option of sampler {name!r}; known: {', '.join(known)}")
-            elif not known[k][1](v):
-                self.err(f"sampler.{k}", f"{v!r} must be {known[k][0]}")
-        return dict(value, name=name)
 
     def count(self, where: str, value, minimum: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

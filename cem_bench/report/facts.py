@@ -1,0 +1,158 @@
+"""The report's run facts (``run_facts``: the trials by status, the stopped and retried ones, the
+configurations, the noise floor, the objectives, the time and the versions) and the columns its tables show
+(``searched_columns``, ``metric_columns``, ``config_searched_columns``)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cem_bench.aggregate import SEED_COLUMN
+
+from .formatting import format_value
+from .load import MAIN_PARAMS, REPORTED_METRICS, SKIP_COL, SURROGATE_COL, Results
+
+
+# ================================================================= table columns and run facts
+def searched_columns(res: Results) -> list[str]:
+    """The config columns that vary across trials (else the surrogate and the main parameters present)."""
+    cfg = [c for c in res.trials.columns if c.startswith("config.")]
+    varying = [c for c in cfg if res.trials[c].dropna().astype(str).nunique() >= 2]
+    if varying:
+        return varying
+    return [c for c in [SURROGATE_COL, *MAIN_PARAMS] if c in res.trials]
+
+
+def metric_columns(res: Results) -> list[str]:
+    """The objectives, then the other metric columns that hold a value."""
+    cols = list(res.metrics)
+    cols += [c for c in REPORTED_METRICS if c not in cols and res.trials[c].notna().any()]
+    return cols
+
+
+def _range(values: pd.Series) -> str:
+    lo, hi = int(values.min()), int(values.max())
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
+    t = res.trials
+    facts = [
+        ("experiment", res.experiment),
+        ("trials", trials_text(t)),
+        ("trials on the front", str(int((t["pareto_rank"] == 0).sum()))),
+    ]
+    stopped = stopped_text(t)
+    if stopped:
+        facts.append(("stopped early (scheduler)", stopped))
+    if "failures" in t:   # Ray's num_failures (results.ray_trials): a worker or node lost, the trial started again
+        n = pd.to_numeric(t["failures"], errors="coerce").fillna(0)
+        k, failures = int((n > 0).sum()), int(n.sum())
+        resumed = pd.to_numeric(t.loc[n > 0, "resumed_from_epoch"], errors="coerce") if "resumed_from_epoch" in t else []
+        where = sorted({int(e) for e in pd.Series(resumed).dropna()})
+        facts.append(("retried after a failure (worker or node lost)", f"{k} trial{'s' * (k != 1)}" + (
+            f" ({failures} failure{'s' * (failures != 1)}; the last attempt resumed from the checkpoint of epoch "
+            f"{', '.join(map(str, where))}; 0 = from the start)" if k else "")))
+    if SKIP_COL in t:
+        k = int(t["_attack_skipped"].sum())
+        facts.append(("attack not run (utility gate)", f"{k} trial{'s' * (k != 1)}"))
+    if res.replicated:
+        c = res.configs
+        facts += [
+            ("configurations", f"{len(c)} ({_range(c['runs'])} runs each, {int(c['runs_ok'].sum())} ok runs)"),
+            ("configurations on the front (means)", str(int((c["pareto_rank"] == 0).sum()))),
+        ]
+    if res.configs is not None:
+        facts.append(("configurations table", configs_source_text(res)))
+        facts.append(("noise floor (λ=0 baseline, std over its seeds)", noise_floor_text(res)))
+        if "role" in t:
+            n = t["role"].value_counts()
+            facts.append(("trials by role", ", ".join(f"{k} {int(n[k])}" for k in ("baseline", "search", "confirm")
+                                                      if k in n)))
+    facts += [
+        (
+            "objectives",
+            "; ".join(f"{o['metric']} ({o['mode']}, ref {format_value(o['ref'])})" for o in res.objectives),
+        ),
+        ("final hypervolume", format_value(final_hv)),
+        ("total trial time (sum of wall_s)", f"{format_value(float(t['wall_s'].sum()), 'wall_s')} s"),
+    ]
+    finished = t["_finished"].dropna()
+    if len(finished):
+        span = (finished.max() - finished.min()).total_seconds()
+        first, last = f"{finished.min():%Y-%m-%d %H:%M:%S}", f"{finished.max():%Y-%m-%d %H:%M:%S}"
+        facts.append(("first → last finished", f"{first} → {last} UTC ({span:,.1f} s)"))
+    for col, label in [
+        ("device", "device"),
+        ("torch_version", "torch"),
+        ("package_version", "cem-bench"),
+        ("git_sha", "git sha"),
+    ]:
+        if col in t:
+            values = sorted({str(v) for v in t[col].dropna()})
+            facts.append((label, ", ".join(values) if values else "—"))
+    return facts
+
+
+def configs_source_text(res: Results) -> str:
+    """Where the page's configurations come from: the folder's configs.parquet, or the trials (issue 34: a
+    folder holding only trials.parquet gets no configs.parquet from the report, and the page says so)."""
+    if res.configs_stored:
+        return "configs.parquet of the results folder; configs.csv beside this page is a copy"
+    return ("built from trials.parquet by this report: the results folder holds no configs.parquet about these "
+            "trials, and this report wrote none there (it writes only its own folder); configs.csv beside this "
+            "page holds the configurations, and `cem-bench table --csv` prints them")
+
+
+def status_counts(t: pd.DataFrame) -> str:
+    """``(3 ok, 1 stopped early, 2 interrupted, 1 errored)``: a trial the scheduler stopped or a signal
+    interrupted is not an error (results.mark_stopped, results.mark_interrupted)."""
+    status = t["status"] if "status" in t else pd.Series("ok", index=t.index)
+    stopped, interrupted = int((status == "stopped").sum()), int((status == "interrupted").sum())
+    errored = int((~t["_ok"]).sum()) - stopped - interrupted
+    return (f"({int(t['_ok'].sum())} ok, " + (f"{stopped} stopped early, " if stopped else "")
+            + (f"{interrupted} interrupted, " if interrupted else "") + f"{errored} errored)")
+
+
+def trials_text(t: pd.DataFrame) -> str:
+    return f"{len(t)} {status_counts(t)}"
+
+
+def stopped_text(t: pd.DataFrame) -> str:
+    """How many trials the scheduler stopped, at which epochs, and the epochs run as a share of what the same
+    trials would have run to the end (a FIFO search of them); "" without stopped trials."""
+    if "status" not in t or "stopped_at_epoch" not in t or not (t["status"] == "stopped").any():
+        return ""
+    stop = t[t["status"] == "stopped"]
+    at = pd.to_numeric(stop["stopped_at_epoch"], errors="coerce").dropna().astype(int).value_counts().sort_index()
+    full = pd.to_numeric(t.get("config.train.epochs"), errors="coerce") if "config.train.epochs" in t else None
+    where = ", ".join(f"{n} at epoch {e}" for e, n in at.items())
+    if full is None or full.isna().all():
+        return f"{len(stop)} ({where})"
+    ran = pd.to_numeric(t["epochs_done"], errors="coerce").fillna(full)
+    ran = ran.where(t["status"] != "stopped", pd.to_numeric(t["stopped_at_epoch"], errors="coerce"))
+    share = float(ran.sum()) / float(full.sum())
+    return f"{len(stop)} ({where}); the search ran {share:.0%} of the epochs its trials would have run to the end"
+
+
+def noise_floor_text(res: Results) -> str:
+    """Each baseline's std of the objectives over its seeds: "σ=0.1: test_acc ± 0.09, attack_ssim ± 0.005 (3
+    seeds)"; or why there is none."""
+    c = res.configs
+    base = c[(c["role"] == "baseline") & c["_ok"]]
+    if base.empty:
+        return "none: no λ=0 baseline ran"
+    parts = []
+    for _, r in base.iterrows():
+        n = int(r["runs_ok"])
+        spread = ", ".join(f"{m} ± {format_value(r.get(f'{m}_std'), m)}" for m in res.metrics)
+        where = f"σ={format_value(r.get('config.defense.noise_std'))}: " if len(base) > 1 else ""
+        parts.append(f"{where}{spread} ({n} seed{'s' * (n != 1)})" if n > 1 else f"{where}one run: no floor")
+    return "; ".join(parts)
+
+
+def config_searched_columns(res: Results) -> list[str]:
+    """The config columns (the seed excepted) that vary across configurations, else the main ones present."""
+    c = res.configs
+    cfg = [col for col in c.columns if col.startswith("config.") and col != SEED_COLUMN]
+    varying = [col for col in cfg if c[col].dropna().astype(str).nunique() >= 2]
+    return varying or [col for col in [SURROGATE_COL, *MAIN_PARAMS] if col in c]

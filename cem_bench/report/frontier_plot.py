@@ -1,0 +1,253 @@
+"""The frontier plots: the first objective against each privacy metric, one point per trial (or, with
+replicates, per configuration at its means with 95 % CI error bars), the fronts, and the λ = 0 baseline's mean
+and 95 % band of one run on both axes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from cem_bench.aggregate import CONFIG_ID
+from cem_bench.noise import WITHIN, band_of
+
+from .formatting import better, plural
+from .load import BASELINE_LABEL, Results, front_of, is_attack_metric, numeric
+from .plots import bars, clip_interval, new_figure, no_data, save
+
+
+def _front_line(ax, df: pd.DataFrame, x: str, y: str, x_mode: str, y_mode: str, **kw) -> None:
+    front = front_of(df, [x, y], [x_mode, y_mode])
+    if front.empty:
+        return
+    front = front.sort_values([x, y])
+    # attainment boundary: with x maximised, the point covering (x_{i-1}, x_i] is point i
+    ax.step(front[x], front[y], where="pre" if x_mode == "max" else "post", **kw)
+
+
+def plot_frontier(res: Results, y_metric: str, y_mode: str, path: Path) -> Path:
+    """First objective (x) against ``y_metric`` (``frontier_figure``), saved to ``path``."""
+    return save(frontier_figure(res, y_metric, y_mode), path)
+
+
+def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
+    """First objective (x) against ``y_metric``: one point per trial, or, when the search has replicates, one
+    point per configuration at its means with the 95 % CI as error bars (``configs_drawn``); coloured by
+    surrogate, the overall front (black step line, ``gid="front"``) and each surrogate's own front."""
+    x_metric, x_mode = res.objectives[0]["metric"], res.objectives[0]["mode"]
+    if res.replicated:
+        data = configs_drawn(res, y_metric)
+        points = lambda ax, df, color, label, base: _errorbar(  # noqa: E731
+            ax, df, x_metric, y_metric, marker="X" if base else "o", markersize=9 if base else 7, color=color,
+            alpha=1.0 if base else 0.8, zorder=4 if base else 3, label=label)
+        front_label, empty = "front (configuration means)", "no configuration with an ok run and these metrics"
+        title = f"{plural(len(data), 'configuration')}, {replicate_caption(res, y_metric)}"
+    else:
+        data = trials_drawn(res, y_metric)
+        points = lambda ax, df, color, label, base: ax.scatter(  # noqa: E731
+            df[x_metric], df[y_metric], s=80 if base else 28, marker="X" if base else "o", color=color,
+            alpha=1.0 if base else 0.75, edgecolors="none", zorder=4 if base else 3)
+        front_label, empty, title = "front (all trials)", None, plural(len(data), "ok trial")
+    fig = new_figure(7.5, 5.0)
+    ax = fig.add_subplot()
+    handles = []
+    dense = len(data) > DENSE_POINTS
+    if dense:   # thousands of points: their density, and each surrogate's own front drawn on top
+        rest = data[~data["_baseline"]]
+        ax.hexbin(rest[x_metric].to_numpy(dtype=float), rest[y_metric].to_numpy(dtype=float), gridsize=70,
+                  cmap="Greys", bins="log", mincnt=1, linewidths=0, zorder=1)
+        handles.append(Patch(facecolor="0.45", label=f"density of all {len(rest):,} points (log)"))
+    for s in res.surrogates:
+        sub = data[(data["_surrogate"] == s) & ~data["_baseline"]]
+        if sub.empty:
+            continue
+        color = res.colors[s]
+        points(ax, front_of(sub, [x_metric, y_metric], [x_mode, y_mode]) if dense else sub, color, s, False)
+        _front_line(ax, sub, x_metric, y_metric, x_mode, y_mode, color=color, lw=1.0, alpha=0.8, zorder=2)
+        handles.append(Line2D([], [], color=color, marker="o", lw=1.0, label=s))
+    base = data[data["_baseline"]]
+    if not base.empty:
+        points(ax, base, "black", BASELINE_LABEL, True)
+        handles.append(Line2D([], [], color="black", marker="X", lw=0, markersize=8, label=BASELINE_LABEL))
+    if not data.empty:
+        _front_line(ax, data, x_metric, y_metric, x_mode, y_mode, color="black", lw=2.2, alpha=0.9, zorder=5,
+                    gid="front")  # fmt: skip
+        front = front_of(data, [x_metric, y_metric], [x_mode, y_mode])
+        ax.scatter(front[x_metric], front[y_metric], s=90, facecolors="none", edgecolors="black", lw=1.3, zorder=6)
+        handles.append(Line2D([], [], color="black", lw=2.2, label=front_label))
+    else:
+        no_data(ax, empty) if empty else no_data(ax)
+    inside_x = inside_y = False
+    if not data.empty:
+        inside_x, inside_y = _draw_noise(ax, res, data, x_metric, y_metric, handles)
+    ax.set_xlabel(better(x_metric, x_mode) + (" →" if x_mode == "max" else " ←")
+                  + (f"\n{ALL_WITHIN}" if inside_x else ""))
+    ax.set_ylabel(better(y_metric, y_mode) + (f"\n{ALL_WITHIN}" if inside_y else ""))
+    ax.set_title(f"{res.experiment}: {x_metric} vs {y_metric} ({title})", fontsize=9 if res.replicated else None)
+    ax.grid(alpha=0.3)
+    if handles:
+        ax.legend(handles=handles, fontsize=8, loc="best", framealpha=0.85)
+    return fig
+
+
+ALL_WITHIN = "(every point within the noise of the λ=0 baseline)"
+
+
+def _widened(lim: tuple[float, float], edges: list[float]) -> tuple[float, float]:
+    """Axis limits ``lim`` widened, with a margin, to hold every band edge in ``edges``."""
+    lo, hi = min([lim[0], *edges]), max([lim[1], *edges])
+    if (lo, hi) == tuple(lim):
+        return lim
+    pad = 0.04 * (hi - lo)
+    return (lo - pad if lo < lim[0] else lim[0], hi + pad if hi > lim[1] else lim[1])
+
+
+def _band_range(band: tuple[float, float, float]) -> str:
+    """``0.72 to 1.00``: a band's edges at the precision its width needs."""
+    from .formatting import round_to
+    lo, hi = round_to(band[1], band[2] - band[1]), round_to(band[2], band[2] - band[1])
+    return f"{lo} to {hi}"
+DENSE_POINTS = 2000  # beyond this many points a frontier plot draws their density and the fronts only
+
+
+def baseline_bands(res: Results, metric: str) -> dict[str, tuple[float, float, float]]:
+    """Per baseline configuration (its id) with two or more ok runs: (mean, lo, hi), the 95 % band of one
+    more run of the baseline on ``metric`` (``noise.band_of``), clipped to the metric's range (``metric_bounds``:
+    no accuracy band past 1)."""
+    c = res.configs
+    if c is None or metric not in c:
+        return {}
+    out = {}
+    for _, r in c[(c["role"] == "baseline") & c["_ok"]].iterrows():
+        n = r.get(f"{metric}_n")
+        mean, lo, hi = band_of(float(r[metric]), float(r.get(f"{metric}_std", np.nan)), int(n) if pd.notna(n) else 0)
+        if np.isfinite(lo):
+            lo, hi = clip_interval(metric, lo, hi, c[metric])
+            out[str(r[CONFIG_ID])] = (mean, float(lo), float(hi))
+    return out
+
+
+def within_noise(res: Results, df: pd.DataFrame, metric: str) -> np.ndarray:
+    """For each row of ``df`` (trials or configurations): is it within the noise of its own baseline on
+    ``metric``? The report's test where the configurations table holds it (``<metric>_verdict``: a mean over
+    several runs is judged by its own interval, a single run by the baseline's band); elsewhere, whether the
+    value lies inside the baseline's band of one run. False where there is no baseline to compare with."""
+    c = res.configs
+    if c is None or CONFIG_ID not in df or not len(df):
+        return np.zeros(len(df), dtype=bool)
+    ids = df[CONFIG_ID].astype(str)
+    if f"{metric}_verdict" in c:
+        verdict = dict(zip(c[CONFIG_ID].astype(str), c[f"{metric}_verdict"].fillna("").astype(str)))
+        return ids.map(verdict).fillna("").eq(WITHIN).to_numpy()
+    bands = baseline_bands(res, metric)
+    base_of = dict(zip(c[CONFIG_ID].astype(str), c["baseline_id"]))
+    out = np.zeros(len(df), dtype=bool)
+    for i, (cid, v) in enumerate(zip(ids, numeric(df[metric]).to_numpy())):
+        band = bands.get(str(base_of.get(cid)))
+        out[i] = band is not None and np.isfinite(v) and band[1] <= v <= band[2]
+    return out
+
+
+def _draw_noise(ax, res: Results, data: pd.DataFrame, x: str, y: str, handles: list) -> tuple[bool, bool]:
+    """The baselines' means (dashed) and 95 % bands of one run on both axes: a light fill with its edges
+    drawn (dotted, ``gid="band-edge"``) and the axes widened to show both edges, so a band wider than the
+    points never fills the plot without showing where it ends; the legend gives each band's range. The points
+    within the noise on both axes (``within_noise``) are redrawn hollow. Returns whether every non-baseline
+    point is within the noise on x, on y."""
+    bx, by = baseline_bands(res, x), baseline_bands(res, y)
+    if not bx and not by:
+        return False, False
+    xlim, ylim = ax.get_xlim(), ax.get_ylim()
+    edge = dict(color="0.35", ls=":", lw=1.1, zorder=1, gid="band-edge")
+    for mean, lo, hi in bx.values():
+        ax.axvspan(lo, hi, color="0.5", alpha=0.07, lw=0, zorder=0)
+        ax.axvline(lo, **edge)
+        ax.axvline(hi, **edge)
+        ax.axvline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
+    for mean, lo, hi in by.values():
+        ax.axhspan(lo, hi, color="0.5", alpha=0.07, lw=0, zorder=0)
+        ax.axhline(lo, **edge)
+        ax.axhline(hi, **edge)
+        ax.axhline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
+    ax.set_xlim(_widened(xlim, [v for b in bx.values() for v in b[1:]]))
+    ax.set_ylim(_widened(ylim, [v for b in by.values() for v in b[1:]]))
+    ranges = [f"{m} {_band_range(b)}" for m, bands in ((x, bx), (y, by)) for b in bands.values()]
+    handles.append(Patch(facecolor="0.5", alpha=0.15, edgecolor="0.35", linestyle=":",
+                         label="λ=0 baseline: mean (dashed), 95 % band of one run (dotted edges)\n"
+                               + ", ".join(ranges)))
+    cem = data[~data["_baseline"]]
+    in_x, in_y = within_noise(res, cem, x), within_noise(res, cem, y)
+    both = cem[in_x & in_y]
+    if len(cem) > DENSE_POINTS:   # only the drawn fronts are redrawn hollow
+        both = both.iloc[0:0]
+    if len(both):
+        ax.scatter(both[x], both[y], s=52, facecolors="white", edgecolors=[res.colors.get(s, "black")
+                   for s in both["_surrogate"]], lw=1.2, zorder=4.5)  # fmt: skip
+        handles.append(Line2D([], [], color="0.3", marker="o", markerfacecolor="white", lw=0,
+                              label="within the noise of λ=0 on both axes"))
+    return bool(len(cem)) and bool(in_x.all()), bool(len(cem)) and bool(in_y.all())
+
+
+def _without_skipped_attacks(df: pd.DataFrame, *metrics: str) -> pd.DataFrame:
+    """``df`` less the rows whose attack did not run, when one of ``metrics`` is an attack metric."""
+    if "_attack_skipped" in df and any(is_attack_metric(m) for m in metrics):
+        return df[~df["_attack_skipped"]]
+    return df
+
+
+def trials_drawn(res: Results, y_metric: str) -> pd.DataFrame:
+    """The trials a single-run frontier plot of ``y_metric`` draws: ok, both metrics known, the attack run."""
+    x_metric = res.objectives[0]["metric"]
+    return _without_skipped_attacks(res.ok, x_metric, y_metric).dropna(subset=[x_metric, y_metric])
+
+
+def configs_drawn(res: Results, y_metric: str) -> pd.DataFrame:
+    """The configurations a replicated frontier plot of ``y_metric`` draws: an ok run, both means known (a
+    configuration whose attacks were all skipped has NaN attack means)."""
+    if res.configs is None:
+        return pd.DataFrame()
+    x_metric = res.objectives[0]["metric"]
+    return res.configs[res.configs["_ok"]].dropna(subset=[x_metric, y_metric])
+
+
+def replicate_caption(res: Results, y_metric: str | None = None, spread: str = "95 % CI") -> str:
+    """"mean ± 95 % CI over N seeds": N the runs behind the statistics of the configurations drawn against
+    ``y_metric`` (``stats_runs``; all configurations with an ok run without it); a range when they differ."""
+    if res.configs is None:
+        return f"mean ± {spread} over the seeds"
+    cfg = configs_drawn(res, y_metric) if y_metric is not None else res.configs[res.configs["_ok"]]
+    if y_metric is not None:
+        y_metric = [y_metric, res.objectives[0]["metric"]]
+    if cfg.empty:
+        return f"mean ± {spread} over the seeds"
+    lo, hi = stats_runs(cfg, y_metric or [])
+    n = str(lo) if lo == hi else f"{lo}–{hi}"
+    return f"mean ± {spread} over {n} seed{'s' * (hi != 1)}"
+
+
+def stats_runs(cfg: pd.DataFrame, metrics) -> tuple[int, int]:
+    """The fewest and most runs behind the statistics of ``cfg``'s configurations on ``metrics`` (``<m>_n``:
+    a confirmed configuration's confirmation runs only, not the search's run the choice was made on), the
+    ok runs where the table has no count."""
+    cols = [f"{m}_n" for m in metrics if f"{m}_n" in cfg]
+    n = cfg[cols].apply(pd.to_numeric, errors="coerce").max(axis=1) if cols else cfg["runs_ok"]
+    n = n.fillna(cfg["runs_ok"]).astype(int)
+    return int(n.min()), int(n.max())
+
+
+def _ci(df: pd.DataFrame, metric: str) -> np.ndarray:
+    """Half-widths of the 95 % CI of ``metric``'s mean (0 where unknown: a single run draws no bar)."""
+    col = f"{metric}_ci95"
+    if col not in df:
+        return np.zeros(len(df))
+    return np.nan_to_num(numeric(df[col]).to_numpy(), nan=0.0)
+
+
+def _errorbar(ax, df: pd.DataFrame, x: str, y: str, **kw) -> None:
+    xs, ys = df[x].to_numpy(dtype=float), df[y].to_numpy(dtype=float)
+    ax.errorbar(xs, ys, xerr=bars(xs, _ci(df, x), x, df[x]), yerr=bars(ys, _ci(df, y), y, df[y]),
+                linestyle="none", elinewidth=0.9, capsize=2.5, **kw)  # fmt: skip

@@ -1,0 +1,243 @@
+"""The report's HTML tables (``DataFrame.to_html``, every cell escaped): ``html_table`` and ``facts_table``;
+with replicates, the front of configurations (mean ± std, each against its λ = 0 baseline), each surrogate's
+best configuration and the paper-style tables (``cem_bench.table.paper_table``); the trials whose attack did
+not run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from cem_bench import noise
+from cem_bench.aggregate import CONFIG_ID
+from cem_bench.schema import strongest_column
+from cem_bench.table import DEFAULT_METRICS, SIGMA, column_label, legend, paper_table
+
+from .facts import config_searched_columns
+from .formatting import format_value, interval, is_missing, ms, p_text, plural, short
+from .load import SKIP_COL, SURROGATE_COL, Results, is_attack_metric
+from .summary import at_utility
+
+MAX_TABLE_ROWS = 200  # rows an HTML table of the report shows (the rest are in the Parquet tables and CSVs)
+_NEWLINE = "\x1f"  # stands for a line break inside a cell: to_html would print "\n" as a backslash and an n
+
+
+def _cell(value, column: str) -> str:
+    text = format_value(value, column).replace(_NEWLINE, " ").replace("\r\n", "\n").replace("\r", "\n")
+    return text.expandtabs(4).replace("\n", _NEWLINE)
+
+
+def _to_html(df: pd.DataFrame, **kw) -> str:
+    """``df`` (strings from ``_cell``) as an escaped HTML table; quotes escaped like ``html.escape``."""
+    text = df.to_html(escape=True, border=0, **kw)
+    return text.replace("'", "&#x27;").replace(_NEWLINE, "\n")
+
+
+TRIALS_IN_FULL = "every trial is in trials.parquet (and the front's in frontier.csv)"
+CONFIGS_IN_FULL = "every configuration is in configs.csv beside this page (and the front's in frontier_configs.csv)"
+
+
+def html_table(df: pd.DataFrame, columns: Sequence[str], headers: Sequence[str] | None = None,
+               pre: Sequence[str] = (), classes: Sequence[str] = (), full: str = TRIALS_IN_FULL) -> str:
+    """An HTML table of ``df[columns]`` with formatted numbers; every cell is escaped.
+
+    ``pre`` columns keep their line breaks in a monospace font; they must be the last columns. ``classes``:
+    more CSS classes of the table. ``full``: where the rows a long table leaves out are (``TRIALS_IN_FULL``,
+    ``CONFIGS_IN_FULL``)."""
+    headers = list(headers) if headers is not None else [short(c) for c in columns]
+    columns = list(columns)
+    total = len(df)
+    if total > MAX_TABLE_ROWS:   # a page of 100,000 trials stays a page: the full lists are the Parquet tables
+        df = df.head(MAX_TABLE_ROWS)
+    if pre and set(columns[len(columns) - len(pre) :]) != set(pre):
+        raise ValueError(f"pre columns {list(pre)} must be the last of {columns}")
+    shown = pd.DataFrame({i: [_cell(v, c) for v in (df[c] if c in df else [None] * len(df))]
+                          for i, c in enumerate(columns)}, index=range(len(df)))  # fmt: skip
+    shown.columns = headers
+    classes = ["results"] + ([f"pre{len(pre)}"] if pre else []) + list(classes)
+    html = _to_html(shown, index=False, classes=classes)
+    if total > MAX_TABLE_ROWS:
+        html += f'\n<p class="note">The first {MAX_TABLE_ROWS} of {total:,} rows; {full}.</p>'
+    return html
+
+
+def facts_table(facts: Sequence[tuple[str, str]]) -> str:
+    """Key/value pairs as an HTML table (keys as row headers), escaped."""
+    shown = pd.DataFrame({"value": [_cell(v, "") for _, v in facts]}, index=[k for k, _ in facts])
+    return _to_html(shown, header=False, classes=["facts"])
+
+
+# ================================================================= replicates: configurations
+def mean_std(row: pd.Series, metric: str) -> str:
+    """``mean ± std`` of ``metric`` in a configuration row, rounded to the spread (``round_to``: the summary's
+    numbers and the tables' agree); the mean alone for a single run."""
+    return ms(row, metric)
+
+
+def _runs(row: pd.Series) -> str:
+    """The runs of a configuration, saying which its statistics use: ``3 (1 errored)``; for a confirmed
+    configuration ``4 confirmation runs (+1 search run, not in the statistics)``, so the count agrees with
+    the summary's and the plot's (``<m>_n``: the confirmation's runs only)."""
+    runs, ok = int(row["runs"]), int(row["runs_ok"])
+    text = str(runs) if ok == runs else f"{runs} ({runs - ok} errored)"
+    seeds = row.get("seeds")
+    used = len(seeds) if isinstance(seeds, (list, tuple, np.ndarray)) else None
+    if row.get("role") == "confirmed" and used is not None and 0 < used < ok:
+        left = ok - used
+        text = (f"{plural(used, 'confirmation run')} (+{plural(left, 'search run')}, not in the statistics"
+                + (f"; {runs - ok} errored)" if ok != runs else ")"))
+    return text
+
+
+def _seeds(value) -> str:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return ", ".join(str(int(v)) for v in value) or "—"
+    return "—" if is_missing(value) else str(value)
+
+
+def config_front_table(res: Results) -> str:
+    """The configurations on the front of the means, one row each: id, surrogate, the varying config keys,
+    ``mean ± std`` of each objective over the ok runs, the runs and their seeds."""
+    front = res.front_configs
+    searched = [c for c in config_searched_columns(res) if c != SURROGATE_COL]
+    shown = front.copy()
+    rows = [r for _, r in front.iterrows()]
+    for m in res.metrics:
+        shown[f"_ms_{m}"] = [mean_std(r, m) for r in rows]
+        shown[f"_vs_{m}"] = [versus_baseline(r, m) for r in rows]
+    shown["_runs"] = [_runs(r) for r in rows]
+    shown["_seeds"] = [_seeds(r.get("seeds")) for r in rows]
+    by_metric = {m: strongest_column(m) for m in res.metrics if strongest_column(m) in front}  # strongest_summary
+    pq = [m for m in res.metrics if f"{m}_q" in front]
+    for m in pq:
+        shown[f"_p_{m}"] = [p_text(r.get(f"{m}_p")) for r in rows]
+        shown[f"_q_{m}"] = [p_text(r.get(f"{m}_q")) for r in rows]
+    columns = [CONFIG_ID, "_label", "role", *searched, *(f"_ms_{m}" for m in res.metrics),
+               *(f"_vs_{m}" for m in res.metrics), *(c for m in pq for c in (f"_p_{m}", f"_q_{m}")),
+               *by_metric.values(), "_runs", "_seeds"]
+    headers = ["configuration", "surrogate", "role", *(short(c) for c in searched),
+               *(f"{m} (mean ± std)" for m in res.metrics), *(f"{m} vs the λ=0 baseline" for m in res.metrics),
+               *(h for m in pq for h in (f"{m} p (single test)", f"{m} q (adjusted)")),
+               *(f"strongest attack ({m})" for m in by_metric), "runs (of the statistics)",
+               "seeds (of the statistics)"]  # fmt: skip
+    return html_table(shown, columns, headers, full=CONFIGS_IN_FULL)
+
+
+def comparison_note(res: Results) -> str:
+    """What the front and per-surrogate tables' verdicts mean (the note above the front table)."""
+    return (f"Against the λ=0 baseline: the difference of the means, its 95 % interval (percentile bootstrap, "
+            f"widened to Welch's t interval where that is wider) and the probability that a run beats a baseline "
+            f"run; \"beyond the noise\" needs the interval to exclude 0, that probability to be at least "
+            f"{noise.P_MIN:g}, and the difference to survive Benjamini-Hochberg's correction over the page's "
+            f"comparisons of that metric (q ≤ {noise.ALPHA:g}; the confirmed configurations are corrected among "
+            f"themselves). p is the comparison's own Welch p-value, q the adjusted one; a confirmed role means "
+            f"the statistics are confirmation runs (new seeds after the choice), a search role the search's own "
+            f"runs, exploratory (docs/protocol.md §9).")
+
+
+def versus_baseline(row: pd.Series, metric: str) -> str:
+    """A configuration against its baseline on ``metric``: the verdict, then the difference, its interval and
+    the probability of improvement (``noise.compare``); "—" for a baseline itself or without a floor."""
+    verdict = row.get(f"{metric}_verdict")
+    if row.get("role") == "baseline" or not isinstance(verdict, str) or not verdict:
+        return "—"
+    text = {noise.BETTER: "better beyond the noise", noise.WORSE: "worse beyond the noise"}.get(
+        verdict, "within the noise")
+    single = row.get(f"{metric}_verdict_single")
+    if verdict == noise.WITHIN and single in (noise.BETTER, noise.WORSE):
+        text += f" after the correction ({'better' if single == noise.BETTER else 'worse'} as a single test)"
+    text += f": {interval(row, metric)}"
+    if bool(row.get("spread_borrowed")):
+        text += "; one run, the baseline's spread"
+    return text
+
+
+def surrogate_bests(res: Results) -> str | None:
+    """Per surrogate, its most private configuration at the baseline's utility (``at_utility``; among
+    its confirmed configurations where it has any) and what the replicates say about it; None without a noise
+    floor or two objectives."""
+    c = res.configs
+    if c is None or len(res.objectives) < 2 or not res.has_floor:
+        return None
+    um, pm = res.metrics[0], res.metrics[1]
+    p_mode = res.modes[1]
+    pool = c[c["_ok"] & (c["role"] != "baseline")]
+    rows = []
+    for s in res.surrogates:
+        own = pool[pool["_surrogate"] == s].dropna(subset=[pm])
+        if own.empty:
+            continue
+        if (own["role"] == "confirmed").any():   # a surrogate's confirmed configurations speak for it
+            own = own[own["role"] == "confirmed"]
+        if f"{um}_delta" in own:
+            near = own[at_utility(own, res)]
+            own = near if len(near) else own
+        rows.append(own.sort_values(pm, ascending=p_mode == "min", kind="stable").iloc[0])
+    if not rows:
+        return None
+    shown = pd.DataFrame(rows).reset_index(drop=True)
+    shown["_ms_u"] = [mean_std(r, um) for r in rows]
+    shown["_ms_p"] = [mean_std(r, pm) for r in rows]
+    shown["_vs_u"] = [versus_baseline(r, um) for r in rows]
+    shown["_vs_p"] = [versus_baseline(r, pm) for r in rows]
+    shown["_runs"] = [_runs(r) for r in rows]
+    for key, m in (("p", pm), ("u", um)):
+        shown[f"_pp_{key}"] = [p_text(r.get(f"{m}_p")) for r in rows]
+        shown[f"_q_{key}"] = [p_text(r.get(f"{m}_q")) for r in rows]
+    columns = ["_label", CONFIG_ID, "role", "_ms_p", "_vs_p", "_pp_p", "_q_p", "_ms_u", "_vs_u", "_pp_u", "_q_u",
+               "_runs"]
+    headers = ["surrogate", "configuration", "role", f"{pm} (mean ± std)", f"{pm} vs the λ=0 baseline",
+               f"{pm} p (single test)", f"{pm} q (adjusted)", f"{um} (mean ± std)", f"{um} vs the λ=0 baseline",
+               f"{um} p (single test)", f"{um} q (adjusted)", "runs (of the statistics)"]
+    return html_table(shown, columns, headers)
+
+
+PAPER_ALWAYS = ("test_acc", "attack_ssim")  # the paper's two tables; PSNR and MSE when they hold a value
+MAX_PAPER_COLUMNS = 40  # λ × surrogate columns beyond which the paper-style tables are not drawn in the page
+
+
+def paper_tables(res: Results) -> list[dict] | None:
+    """``cem_bench.table.paper_table`` of test_acc and attack_ssim (and attack_psnr, attack_mse when they hold
+    a value) as escaped HTML: ``[{metric, table, error}]``; None without a σ column (not a CEM grid)."""
+    c = res.configs
+    if c is None or SIGMA not in c:
+        return None
+    columns = c.apply(column_label, axis=1).nunique() if len(c) <= MAX_PAPER_COLUMNS * 50 else MAX_PAPER_COLUMNS + 1
+    if columns > MAX_PAPER_COLUMNS:   # a continuous λ: one column per configuration, unreadable and slow
+        return [{"metric": "paper-style tables", "table": None, "legend": None, "error": f"the configurations "
+                 f"span more than {MAX_PAPER_COLUMNS} λ × surrogate columns (a searched λ, or a grid that wide); "
+                 f"`cem-bench table --csv` prints them, and configs.csv beside this page holds every "
+                 f"configuration"}]
+    out = []
+    for m in DEFAULT_METRICS:
+        col = f"{m}_mean"
+        if col not in c or (m not in PAPER_ALWAYS and not c[col].notna().any()):
+            continue
+        try:
+            table = paper_table(c, m)
+        except Exception as exc:  # noqa: BLE001 - one table that cannot be built must not sink the report
+            out.append({"metric": m, "table": None, "legend": None, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        table = table.copy()
+        table.columns.name, table.index.name = m, None  # one header row: the metric above the σ labels
+        out.append({"metric": m, "table": _to_html(table, classes=["paper"]), "legend": legend(c, m),
+                    "error": None})
+    return out
+
+
+# ================================================================= trials whose attack did not run
+def skipped_table(res: Results, searched: Sequence[str]) -> str | None:
+    """The trials whose attack did not run: id, surrogate, ``searched`` keys, utility metrics and
+    "attack not run: <reason>"; None when there is none."""
+    skipped = res.skipped
+    if skipped.empty:
+        return None
+    shown = skipped.copy()
+    shown["_why"] = "attack not run: " + skipped[SKIP_COL].str.strip()
+    utility = [m for m in dict.fromkeys([*res.metrics, "test_acc", "test_acc_clean"])
+               if m in skipped and not is_attack_metric(m)]  # fmt: skip
+    columns = ["trial_id", "_label", *searched, *utility, "_why"]
+    headers = ["trial", "surrogate", *(short(c) for c in searched), *utility, "attack"]
+    return html_table(shown, columns, headers, classes=["skipped"])
