@@ -14,7 +14,8 @@ problem, one a line, each starting with its YAML path (``params.cem.lambd: empty
 
 - ``spec.py``: ``Objective``, ``Param``, ``SearchSpec`` and the vocabularies (metrics, modes, kinds, samplers);
 - ``parse.py``: ``load_space``, ``parse_space`` and the validator's top-level stages;
-  ``parse_params.py``: its params / when / combination stages;
+  ``parse_params.py``: its params / when / combination stages; ``parse_plan.py``: the scheduler, baseline,
+  confirmation, grid and sampler stages;
 - ``sampling.py``: ``define_by_run``, ``make_sampler``, ``trial_config`` (the Optuna side);
 - ``samplers/``: the sampler plug-ins, one file each (``tpe``, ``nsga`` for nsga2/nsga3, ``gp``, ``random``,
   ``grid``): a name, the options a space may give, a builder;
