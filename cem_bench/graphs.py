@@ -30,6 +30,7 @@ capture is reported once and the trial goes on with eager steps; under ``on`` it
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import torch
@@ -170,3 +171,41 @@ def graph_mode(mode: str, device: torch.device, compiled: bool) -> bool:
     """Whether a training step runs as a CUDA graph: ``train.cuda_graph`` ``mode`` (auto: on for CUDA unless the
     models are ``torch.compile``d, ``compiled``). The caller refuses ``on`` off CUDA (``Trainer``)."""
     return mode == "on" or (mode == "auto" and device.type == "cuda" and not compiled)
+
+
+class SideStream:
+    """The surrogate's own CUDA stream of a training step (``train.surrogate_stream``): its small kernels (and,
+    by autograd's rule that a backward op runs on its forward op's stream, its backward) run beside the
+    server's; a captured step holds them as a parallel branch. Disabled (CPU, or the key off): every method is
+    a no-op and ``stream`` is None."""
+
+    def __init__(self, device, enabled: bool):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if enabled else None
+
+    def set_priority(self, priority: int) -> None:
+        """CUDA priority ``priority`` (lower is higher); before the first step, since a capture records the
+        stream. No own stream: nothing to do."""
+        if self.stream is not None:
+            self.stream = torch.cuda.Stream(self.device, priority=priority)
+
+    def run(self, *inputs, fork: bool = True):
+        """The context the surrogate's work runs in. ``fork``: the side stream first waits for the current one
+        (the forward, which reads the encoder's features); the optimizer step needs no fork, since its
+        gradients were made on the side stream. ``inputs`` made on the current stream are marked as used on the
+        side one (the allocator must not hand out their memory while the side stream may still read it)."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        if fork:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        for t in inputs:
+            t.record_stream(self.stream)
+        return torch.cuda.stream(self.stream)
+
+    def join(self) -> None:
+        """The current stream waits for the side stream (its logs and its optimizer step), at the end of the
+        step: a captured graph must end joined, and the accumulators are read on the current stream. The
+        backward needed no join: the engine syncs each gradient that crosses streams, and the leaf gradients
+        with the stream that called ``backward``."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)

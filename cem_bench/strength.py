@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from . import data as data_mod
 from . import surrogates
 from .config import TrialConfig
-from .schedule import inject_scale
+from .schedule import inject_scale, lr_at
 from .surrogates.base import REFERENCE_SURROGATE as REFERENCE
 
 MATCH_BATCHES = 8          # batches averaged by a match: per-batch spread 9-18 %, so about 5 % on each mean
@@ -163,3 +164,63 @@ def match_on(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogat
             raise
         return {"cem_loss_scale": keep, "cem_strength_gmm": e.gmm, "cem_strength_own": e.own,
                 "cem_strength_spread": float("nan"), "cem_strength_batches": MATCH_BATCHES}
+
+
+class Matcher:
+    """A trial's loss scale under ``cem.strength``: fixed (the config's, 1 for gmm), or matched to gmm's pull at
+    the start of its first CEM epoch and, under ``cem.strength_every = N``, every N epochs after. The scale is
+    also a device tensor, filled in place, that the step multiplies by (a captured step reads the new value at
+    replay); ``record`` is what the trial's result says about it; the state goes into the checkpoint, so that a
+    resumed trial keeps the scales it measured instead of measuring again on a later encoder."""
+
+    def __init__(self, cfg: TrialConfig, device: torch.device, active: bool):
+        self.cfg = cfg
+        self.scale = float(cfg.cem.loss_scale if cfg.cem.loss_scale is not None else 1.0)
+        self.scale_t = torch.tensor(self.scale, device=device)
+        self.matched = active and cfg.cem.strength == "matched"
+        self.pending = self.matched                # no match made yet
+        self.first_lr = lr_at(cfg, (cfg.cem.warmup_epochs or 0) + 1)
+        self.epochs: list[int] = []                # the epochs whose start a match was made at
+        self.scales: list[float] = []              # and the scale each gave
+        self.seconds = 0.0                         # spent matching (inside the epochs' train_s)
+        self.record = {"cem_strength": cfg.cem.strength or "fixed", "cem_loss_scale": self.scale} if active else {}
+
+    def fused_factor(self, lr: float) -> float:
+        """A matched fused term's weight at scheduled rate ``lr``: s(η)/s(η₀), η₀ the first CEM epoch's rate, so
+        that it keeps its ratio to the injected terms through the learning-rate drops; 1 when fixed."""
+        return inject_scale(lr) / inject_scale(self.first_lr) if self.matched else 1.0
+
+    def due(self, epoch: int) -> bool:
+        """A match before this (CEM) epoch: the first, or ``cem.strength_every`` epochs after it."""
+        every = self.cfg.cem.strength_every
+        return self.pending or bool(self.matched and every and self.epochs and (epoch - self.epochs[0]) % every == 0)
+
+    def match(self, epoch: int, lr: float, splits: data_mod.Splits, client, server, surrogate, features) -> None:
+        """Set the scale so that ``surrogate`` pulls on this encoder as gmm does (``match_on``); a later match
+        where gmm's own pull is 0 (every class below its hinge) keeps the scale."""
+        t0 = time.perf_counter()
+        rec = match_on(self.cfg, splits, client, server, surrogate, features, lr, self.first_lr,
+                       keep=self.scale if self.epochs else None)
+        self.seconds += time.perf_counter() - t0
+        self.epochs.append(epoch)
+        self.scales.append(rec["cem_loss_scale"])
+        self.set(rec["cem_loss_scale"])
+        self.record = {"cem_strength": "matched", **rec, "cem_strength_epoch": self.epochs[0],
+                       "cem_strength_matches": len(self.scales), "cem_loss_scale_first": self.scales[0],
+                       "cem_loss_scale_min": min(self.scales), "cem_loss_scale_max": max(self.scales),
+                       "cem_strength_s": self.seconds}
+        self.pending = False
+
+    def set(self, value: float) -> None:
+        self.scale = float(value)
+        self.scale_t.fill_(self.scale)
+
+    def state_dict(self) -> dict:
+        return {"loss_scale": self.scale, "record": self.record, "pending": self.pending, "epochs": self.epochs,
+                "scales": self.scales, "seconds": self.seconds}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.set(st["loss_scale"])
+        self.record, self.pending = dict(st["record"]), bool(st["pending"])
+        self.epochs, self.scales = list(st.get("epochs", [])), [float(v) for v in st.get("scales", [])]
+        self.seconds = float(st.get("seconds", 0.0))

@@ -8,7 +8,11 @@ features. Gradient modes:
 * ``inject`` (the paper's): the encoder gradient is g_CE + lambda*s(eta)*g_CEM (computed in one backward pass
   of CE + lambda*s*L, which equals the paper's two passes) with s(eta) = 0.001/eta when
   the current lr eta >= 4.1e-4, else 1.
-* ``fused``: CE + lambda*L in one backward.
+* ``fused``: CE + lambda*L in one backward (under ``cem.strength=matched`` lambda*s(eta)/s(eta_0)*L, so that
+  the term keeps its ratio to the injected ones through the lr drops; strength.py).
+
+The loss scale of L is ``cem.loss_scale`` or, under ``cem.strength=matched`` (the attention surrogates'
+default), measured at the first CEM epoch against gmm's pull on this encoder (``strength.Matcher``).
 
 The surrogate's own parameters (the attention surrogates have some) are trained by their own Adam, in the
 direction ``cem.estimator_fit`` says (docs/estimators.md): ``adversarial`` ascends the CEM loss (the
@@ -45,6 +49,8 @@ from .config import TrialConfig
 from .errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
 from .runtime import set_tf32
 from .schedule import applied_lr, estimator_sign, inject_scale, lr_at
+from .selection import BestEpoch
+from .step_options import SURROGATE_COMPILE_OPTIONS, graph_mode, surrogate_options
 from .surrogates import Surrogate, intra_class_mse
 
 
@@ -66,30 +72,6 @@ class _GradGate(torch.autograd.Function):
         return torch.where(ctx.ok, grad, 0.0), None, None
 
 
-def graph_mode(cfg: TrialConfig, device: torch.device) -> bool:
-    """Whether the training step runs as a CUDA graph (``train.cuda_graph``; ``graphs.graph_mode``); ``on``
-    without CUDA is refused."""
-    if cfg.train.cuda_graph == "on" and device.type != "cuda":
-        raise ConfigError(f"train.cuda_graph=on needs a CUDA device; the trial runs on {device}. Use "
-                          f"train.cuda_graph=auto (graphs on CUDA, the eager step elsewhere) or off")
-    return graphs.graph_mode(cfg.train.cuda_graph, device, cfg.train.compile)
-
-
-def surrogate_options(cfg: TrialConfig, graphed: bool) -> tuple[bool, bool]:
-    """``(own stream, compiled)`` of the surrogate's training forward (``train.surrogate_stream``,
-    ``train.compile_surrogate``): ``auto`` is on for a graphed CUDA step, where both were measured to take the
-    eager step to rounding, step by step (docs/performance.md), and off elsewhere. The stream is CUDA only."""
-    t = cfg.train
-    return (t.surrogate_stream == "on" or (t.surrogate_stream == "auto" and graphed),
-            t.compile_surrogate == "on" or (t.compile_surrogate == "auto" and graphed))
-
-
-# Inductor options of the compiled surrogate (train.compile_surrogate): its backward computes each slot-attention
-# iteration's weight gradients as separate small products of one shape, which this pass batches into one; on a
-# graphed CUDA step each product is a kernel on the step's critical path (docs/performance.md)
-SURROGATE_COMPILE_OPTIONS = {"post_grad_fusion_options": {"batch_linear_post_grad": {}}}
-
-
 class Trainer:
     """Holds models, optimizers and the surrogate; ``fit()`` runs the epochs, ``step()`` one batch."""
 
@@ -107,7 +89,7 @@ class Trainer:
         self.graphed = graph_mode(cfg, device)
         stream, compile_surrogate = surrogate_options(cfg, self.graphed)
         # train.surrogate_stream: the surrogate's own CUDA stream, public for the bench (None: the current one)
-        self.side_stream = torch.cuda.Stream(device) if (cuda and stream and surrogate is not None) else None
+        self.streams = graphs.SideStream(device, cuda and stream and surrogate is not None)
         # fused (one multi-tensor kernel per optimizer) on the CPU too: one code path, whose kernel count the
         # bench's ``kernels`` group counts here for the GPU (docs/performance.md, 'Kernels per step')
         opt_kw = dict(lr=cfg.train.lr, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay,
@@ -130,19 +112,8 @@ class Trainer:
         self.surrogate_params = list(self.surrogate_opt.param_groups[0]["params"]) if self.surrogate_opt else []
         self.gen = torch.Generator(device=device).manual_seed(cfg.seed)
         self.lambd = cfg.cem.lambd
-        self.loss_scale = cfg.cem.loss_scale if cfg.cem.loss_scale is not None else 1.0
-        # the step multiplies by a device tensor, filled in place by a match: a captured graph reads it at replay
-        self._loss_scale_t = torch.tensor(float(self.loss_scale), device=device)
-        # cem.strength (cem_bench/strength.py): matched measures loss_scale against gmm's pull at the first CEM
-        # epoch; the record of what the trial used goes into its result and its checkpoint
-        self.matched = surrogate is not None and cfg.cem.strength == "matched"
-        self.match_pending = self.matched
-        self.first_cem_lr = lr_at(cfg, (cfg.cem.warmup_epochs or 0) + 1)
-        self.match_epochs: list[int] = []          # the epochs whose start a match was made at
-        self.match_scales: list[float] = []        # and the scale each gave
-        self.match_s = 0.0                         # seconds spent matching (inside the epochs' train_s)
-        self.strength_record = ({"cem_strength": cfg.cem.strength or "fixed", "cem_loss_scale": self.loss_scale}
-                                if surrogate is not None else {})
+        # cem.strength: the loss scale, fixed or matched to gmm's pull on this encoder (cem_bench/strength.py)
+        self.matcher = strength.Matcher(cfg, device, surrogate is not None)
         self._client_fwd = self.client
         self._server_fwd = self.server
         if cfg.train.compile:
@@ -157,9 +128,7 @@ class Trainer:
             self._surrogate_fwd = torch.compile(surrogate, dynamic=False, options=SURROGATE_COMPILE_OPTIONS)
         self.epoch = 0
         self.history: list[dict] = []
-        # train.select_best_last: the best epoch so far within the last N ({"epoch", "test_acc", "client",
-        # "server"}: device copies of the two state dicts), or None
-        self.best: dict | None = None
+        self.selection = BestEpoch(cfg.train.select_best_last, cfg.train.epochs)   # train.select_best_last
         self.refit_augmented = bool(cfg.cem.params.get("refit_augmented", False))
         self._acc: dict[str, torch.Tensor] | None = None      # the epoch's log accumulators, reused in place
         self.surr_log_names: tuple[str, ...] | None = None    # the order of acc["surr"]
@@ -213,7 +182,7 @@ class Trainer:
         fused = self.cfg.cem.grad_mode == "fused"
         if fused:
             # matched: the fused weight follows s(η) from the first CEM epoch on, as the injected ones do
-            scale = self.lambd * (inject_scale(lr) / inject_scale(self.first_cem_lr) if self.matched else 1.0)
+            scale = self.lambd * self.matcher.fused_factor(lr)
         else:
             scale = self.lambd * inject_scale(lr)
         sign = estimator_sign(self.cfg.cem.estimator_fit)
@@ -245,11 +214,11 @@ class Trainer:
             # Everything of the CEM loss happens on the surrogate's stream (train.surrogate_stream), up to the
             # scaled loss that seeds the backward: the server's forward and backward then never wait for the
             # surrogate's forward, and the two branches meet only at the encoder (the gate's backward).
-            with self._surrogate_stream(zin, y, ok), torch.autocast(self.device.type, enabled=False):
+            with self.streams.run(zin, y, ok), torch.autocast(self.device.type, enabled=False):
                 out = self._surrogate_fwd(zin, y)          # statistics in fp32
                 finite = torch.isfinite(out.loss)
                 ok.copy_(finite)                           # the gate's backward reads it after this stream's gradient
-                rob = torch.where(finite, out.loss, 0.0) * self._loss_scale_t
+                rob = torch.where(finite, out.loss, 0.0) * self.matcher.scale_t
                 nonfinite = (~finite).float()
                 acc["rob_nonfinite"] += nonfinite
                 acc["rob_loss"] += rob.detach()
@@ -272,47 +241,24 @@ class Trainer:
             # a non-finite loss skips the step in the fused kernel (GradScaler's mechanism; its gradients may be
             # NaN): one flag for every parameter, no pass over them. On the surrogate's stream, where its
             # gradients were made, beside the encoder's optimizer steps.
-            with self._surrogate_stream(fork=False):
+            with self.streams.run(fork=False):
                 self.surrogate_opt.found_inf = nonfinite
                 self.surrogate_opt.step()
         if cem_on:
-            self._join_surrogate_stream()
+            self.streams.join()
         with torch.no_grad():
             acc["ce_sum"] += ce.detach() * y.shape[0]
             acc["correct"] += (logits.argmax(1) == y).sum()
             acc["seen"] += y.shape[0]
             acc["ce_nonfinite"] += (~torch.isfinite(ce)).float()
 
+    @property
+    def side_stream(self):
+        """The surrogate's own CUDA stream (``train.surrogate_stream``), or None: the current one."""
+        return self.streams.stream
+
     def set_surrogate_stream_priority(self, priority: int) -> None:
-        """Give the surrogate's own stream (``train.surrogate_stream``) CUDA priority ``priority`` (lower is
-        higher); before the first step, since a capture records the stream. No own stream: nothing to do."""
-        if self.side_stream is not None:
-            self.side_stream = torch.cuda.Stream(self.device, priority=priority)
-
-    def _surrogate_stream(self, *inputs: torch.Tensor, fork: bool = True):
-        """The context the surrogate's work runs in: with ``train.surrogate_stream`` on CUDA a second stream,
-        so that the surrogate's small kernels (and, by autograd's rule that a backward op runs on its forward
-        op's stream, its backward) run beside the server's; a captured step holds them as a parallel branch.
-        ``fork``: the side stream first waits for the current one (the forward, which reads the encoder's
-        features); the optimizer step needs no fork, since its gradients were made on the side stream.
-        ``inputs`` made on the current stream are marked as used on the side one (the allocator must not
-        hand out their memory while the side stream may still read it)."""
-        if self.side_stream is None:
-            return contextlib.nullcontext()
-        if fork:
-            self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        for t in inputs:
-            t.record_stream(self.side_stream)
-        return torch.cuda.stream(self.side_stream)
-
-    def _join_surrogate_stream(self) -> None:
-        """The current stream waits for the surrogate's stream (its logs and its optimizer step), at the end of
-        the step: a captured graph must end joined, and the accumulators are read on the current stream. The
-        backward needed no join: the engine syncs each gradient that crosses streams, and the leaf gradients
-        with the stream that called ``backward``."""
-        if self.side_stream is None:
-            return
-        torch.cuda.current_stream(self.device).wait_stream(self.side_stream)
+        self.streams.set_priority(priority)
 
     def _add_surrogate_logs(self, acc: dict, logs: dict) -> None:
         """Add the surrogate's logs (but rob_loss, which the step scales) to ``acc["surr"]``, one vector in the
@@ -351,44 +297,12 @@ class Trainer:
                 m.train()
 
     def check_surrogate_compiles(self) -> None:
-        """``train.compile_surrogate``: compile the surrogate's training forward and backward now, on a batch of
-        zeros shaped as the step's, so that a toolchain that cannot compile (no C++ compiler for the CPU, no
-        Triton for CUDA) stops the trial before its first epoch with an error that says what to set, not at the
-        first CEM step after the warm-up epochs. The step then reuses the compiled code (the same shapes and
-        memory format). Leaves no trace: the surrogate's random stream is restored, its gradients dropped, its
-        mode kept. Nothing to do without the key."""
-        if self._surrogate_fwd is self.surrogate:
-            return
-        s = self.surrogate
-        b = self.cfg.train.batch_size
-        z = torch.zeros((b, *s.feature_shape), device=self.device)
-        if self.device.type == "cuda" and z.dim() == 4:
-            z = z.contiguous(memory_format=torch.channels_last)   # as the client's output arrives
-        z.requires_grad_(True)
-        y = torch.arange(b, device=self.device) % s.num_classes
-        gen = s.rng(self.device)
-        state, was_training = gen.get_state(), s.training
-        s.train()
-        try:
-            with torch.autocast(self.device.type, enabled=False):
-                self._surrogate_fwd(z, y).loss.backward()
-        except Exception as e:  # noqa: BLE001 - whatever the compiler raised, the trial cannot use it
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            why = f"{type(e).__name__}: {first[:300]}"
-            if self.cfg.train.compile_surrogate == "auto":
-                self._surrogate_fwd, self.surrogate_compile_failed = self.surrogate, why
-                print(f"[cem-bench] train.compile_surrogate=auto: torch.compile could not compile surrogate "
-                      f"{self.cfg.cem.surrogate!r} on {self.device} ({why}); it runs eagerly (the same step to "
-                      f"rounding)", flush=True)
-                return
-            raise ConfigError(f"train.compile_surrogate=on, but torch.compile could not compile surrogate "
-                              f"{self.cfg.cem.surrogate!r} on {self.device}: {why}. Set "
-                              f"train.compile_surrogate=off (the eager surrogate: the same step to "
-                              f"rounding)") from e
-        finally:
-            gen.set_state(state)
-            s.zero_grad(set_to_none=True)
-            s.train(was_training)
+        """``train.compile_surrogate``: compile the surrogate's training forward and backward now
+        (``Surrogate.probe_compiled``), so that a toolchain that cannot compile stops the trial before its first
+        epoch (``on``) or falls back to the eager surrogate (``auto``). Nothing to do without the key."""
+        if self._surrogate_fwd is not self.surrogate:
+            self._surrogate_fwd, self.surrogate_compile_failed = self.surrogate.probe_compiled(
+                self._surrogate_fwd, self.cfg.train.batch_size, self.device, self.cfg.train.compile_surrogate)
 
     def count_step_flops(self) -> int:
         """FLOPs of one training step's client and server, forward and backward (not the surrogate), on a batch
@@ -408,8 +322,9 @@ class Trainer:
         step_lr = applied_lr(self.cfg, epoch)  # 0 in epoch 1 under train.reference_warmup_lr0
         self.set_lr(step_lr)
         cem_on = self.cem_active(epoch)
-        if cem_on and (self.match_pending or self.rematch_due(epoch)):
-            self.match_strength(epoch, lr)
+        if cem_on and self.matcher.due(epoch):
+            self.matcher.match(epoch, lr, self.splits, self.client, self.server, self.surrogate,
+                               self.encode(self.splits.train))
         self.prepare_steps(cem_on)
         acc = self.epoch_acc()
         if self.device.type == "cuda" and self.step_flops is None:
@@ -442,7 +357,7 @@ class Trainer:
             "rob_nonfinite": int(vals["rob_nonfinite"]),
         }
         if cem_on:
-            rec["cem_loss_scale"] = self.loss_scale       # the scale this epoch's steps used (cem.strength)
+            rec["cem_loss_scale"] = self.matcher.scale    # the scale this epoch's steps used (cem.strength)
         for k, v in vals.items():
             if k.startswith("surr_"):
                 rec[k] = v / steps
@@ -480,35 +395,6 @@ class Trainer:
 
         feats = models.encode(self._client_fwd, images(), self.device, self.amp)
         return feats, torch.cat(labels)
-
-    def rematch_due(self, epoch: int) -> bool:
-        """``cem.strength_every = N``: match again every N epochs after the first match (0: never)."""
-        every = self.cfg.cem.strength_every
-        return bool(self.matched and every and self.match_epochs and (epoch - self.match_epochs[0]) % every == 0)
-
-    def match_strength(self, epoch: int, lr: float) -> None:
-        """``cem.strength=matched``: set ``loss_scale`` so that the surrogate pulls on this encoder as gmm does
-        (``strength.match_on``), before the epoch's first CEM step; the measurement leaves no trace in the
-        models, the optimizers or any random stream. Where gmm's own pull is 0 at a later match (every class
-        below its hinge), the scale is kept."""
-        t0 = time.perf_counter()
-        rec = strength.match_on(self.cfg, self.splits, self.client, self.server, self.surrogate,
-                                self.encode(self.splits.train), lr, self.first_cem_lr,
-                                keep=self.loss_scale if self.match_epochs else None)
-        self.match_s += time.perf_counter() - t0
-        self.match_epochs.append(epoch)
-        self.match_scales.append(rec["cem_loss_scale"])
-        self.set_loss_scale(rec["cem_loss_scale"])
-        scales = self.match_scales
-        self.strength_record = {"cem_strength": "matched", **rec, "cem_strength_epoch": self.match_epochs[0],
-                                "cem_strength_matches": len(scales), "cem_loss_scale_first": scales[0],
-                                "cem_loss_scale_min": min(scales), "cem_loss_scale_max": max(scales),
-                                "cem_strength_s": self.match_s}
-        self.match_pending = False
-
-    def set_loss_scale(self, value: float) -> None:
-        self.loss_scale = float(value)
-        self._loss_scale_t.fill_(self.loss_scale)
 
     def refit_surrogate(self) -> None:
         """Refit the surrogate on the clean training split, or under ``cem.refit_augmented`` on an extra
@@ -558,7 +444,7 @@ class Trainer:
             t0 = time.perf_counter()
             rec = self.train_epoch(epoch)
             rec.update(self.evaluate())
-            self._track_best(rec)
+            self.selection.track(rec, self.client, self.server)
             rec["epoch_s"] = time.perf_counter() - t0
             self.epoch = epoch
             self.history.append(rec)
@@ -567,27 +453,10 @@ class Trainer:
         return self.history
 
     # ------------------------------------------------------------------------------------ test-set selection
-    def _track_best(self, rec: dict) -> None:
-        """``train.select_best_last = N``: keep a copy of the models of the epoch with the best noisy test
-        accuracy among the last N epochs; the first of equal epochs wins (the reference's strict ``>``, its
-        running best reset at epoch 200 of 240). Test-set selection, as the reference did (§2, §11.9)."""
-        n = self.cfg.train.select_best_last
-        if n <= 0 or rec["epoch"] <= self.cfg.train.epochs - n:
-            return
-        if self.best is not None and not rec["test_acc"] > self.best["test_acc"]:
-            return
-        copy = lambda m: {k: v.detach().clone() for k, v in m.state_dict().items()}  # noqa: E731
-        self.best = {"epoch": rec["epoch"], "test_acc": rec["test_acc"], "client": copy(self.client),
-                     "server": copy(self.server)}
-
     def select_best(self) -> int:
         """Load the selected epoch's client and server (``train.select_best_last``) and return that epoch; the
         last epoch when selection is off (or nothing was selected)."""
-        if self.best is None:
-            return self.epoch
-        self.client.load_state_dict(self.best["client"])
-        self.server.load_state_dict(self.best["server"])
-        return int(self.best["epoch"])
+        return self.selection.select(self.client, self.server, self.epoch)
 
     # ------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -599,10 +468,8 @@ class Trainer:
             "surrogate_opt": self.surrogate_opt.state_dict() if self.surrogate_opt is not None else None,
             "gen": self.gen.get_state(),
             "surrogate_gen": (self.surrogate.rng(self.device).get_state() if self.surrogate is not None else None),
-            "best": self.best,
-            "strength": {"loss_scale": self.loss_scale, "record": self.strength_record,
-                         "pending": self.match_pending, "epochs": self.match_epochs,
-                         "scales": self.match_scales},
+            "best": self.selection.best,
+            "strength": self.matcher.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -621,14 +488,6 @@ class Trainer:
         self.gen.set_state(state["gen"].cpu() if self.device.type != "cuda" else state["gen"])
         if self.surrogate is not None and state.get("surrogate_gen") is not None:
             self.surrogate.rng(self.device).set_state(state["surrogate_gen"].cpu())
-        best = state.get("best")
-        if best is not None:
-            move = lambda sd: {k: v.to(self.device) for k, v in sd.items()}  # noqa: E731
-            best = {**best, "client": move(best["client"]), "server": move(best["server"])}
-        self.best = best
-        st = state.get("strength")
-        if st is not None:    # a matched scale is the one measured then: a resume does not measure it again
-            self.set_loss_scale(st["loss_scale"])
-            self.strength_record = dict(st["record"])
-            self.match_pending, self.match_epochs = bool(st["pending"]), list(st.get("epochs", []))
-            self.match_scales = [float(v) for v in st.get("scales", [])]
+        self.selection.load(state.get("best"), self.device)
+        if state.get("strength") is not None:   # the scales it measured: a resume does not measure again
+            self.matcher.load_state_dict(state["strength"])

@@ -173,7 +173,7 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
         "epoch": trainer.epoch,
         "selected_epoch": selected_epoch,
         "torch_threads": torch.get_num_threads(),   # a packed trial's CPU share (the search pins it)
-        **trainer.strength_record,    # cem.strength: the loss scale used and where it came from
+        **trainer.matcher.record,    # cem.strength: the loss scale used and where it came from
     }
     gallery = None
     if out_dir is not None and res is not None:

@@ -15,7 +15,7 @@ from conftest import TINY, build_tiny
 from cem_bench import data, surrogates
 from cem_bench.config import ConfigError, TrialConfig
 from cem_bench.schedule import lr_at
-from cem_bench.trainer import graph_mode
+from cem_bench.step_options import graph_mode
 from cem_bench.trial import build, build_config
 
 CASES = [(s, g) for s in surrogates.names() for g in ("inject", "fused")]

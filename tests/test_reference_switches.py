@@ -227,8 +227,8 @@ def test_select_best_last_attacks_the_best_test_epoch_of_the_window(last, monkey
 def test_selected_state_survives_a_checkpoint():
     t = make_trainer(**{"train.select_best_last": 2, "cem.lambd": 0})
     t.fit()
-    assert t.best is not None and t.best["epoch"] in (1, 2)
+    assert t.selection.best is not None and t.selection.best["epoch"] in (1, 2)
     again = make_trainer(**{"train.select_best_last": 2, "cem.lambd": 0})
     again.load_state_dict(t.state_dict())
-    assert again.best["epoch"] == t.best["epoch"]
-    assert all(torch.equal(again.best["client"][k], v) for k, v in t.best["client"].items())
+    assert again.selection.best["epoch"] == t.selection.best["epoch"]
+    assert all(torch.equal(again.selection.best["client"][k], v) for k, v in t.selection.best["client"].items())

@@ -61,13 +61,14 @@ def test_the_matched_scale_survives_a_resume_unmeasured():
     for epoch in (1, 2):
         tr.train_epoch(epoch)
         tr.epoch = epoch
-    assert not tr.match_pending and tr.strength_record["cem_strength_epoch"] == 2
+    assert not tr.matcher.pending and tr.matcher.record["cem_strength_epoch"] == 2
     state = tr.state_dict()
     other = make_trainer(**{"cem.surrogate": "slot_cross", "cem.warmup_epochs": 1, "model.width": 0.0625})
     other.load_state_dict(state)
-    assert other.loss_scale == tr.loss_scale and not other.match_pending
-    assert other.strength_record == tr.strength_record
-    other.match_strength = lambda *a: pytest.fail("a resumed trial re-measured its scale")
+    assert other.matcher.scale == tr.matcher.scale and not other.matcher.pending
+    assert other.matcher.record == tr.matcher.record
+    assert other.matcher.scale_t.item() == pytest.approx(tr.matcher.scale)
+    other.matcher.match = lambda *a: pytest.fail("a resumed trial re-measured its scale")
     other.train_epoch(3)
 
 
@@ -117,13 +118,13 @@ def test_a_later_match_keeps_its_scale_where_gmm_pulls_no_more(monkeypatch):
                          "cem.strength_every": 1, "train.epochs": 3})
     tr.train_epoch(1)
     tr.train_epoch(2)
-    first = tr.loss_scale
+    first = tr.matcher.scale
     real = strength.per_batch
     monkeypatch.setattr(strength, "per_batch", lambda client, server, module, *a, **k:
                         [0.0] * len(a[0]) if module.cfg.surrogate == "gmm" else real(client, server, module, *a, **k))
     tr.train_epoch(3)
-    assert tr.loss_scale == first and tr.strength_record["cem_strength_matches"] == 2
-    assert tr.strength_record["cem_strength_gmm"] == 0.0
+    assert tr.matcher.scale == first and tr.matcher.record["cem_strength_matches"] == 2
+    assert tr.matcher.record["cem_strength_gmm"] == 0.0
     fresh = make_trainer(**{"cem.surrogate": "slot_cross", "cem.warmup_epochs": 1, "model.width": 0.0625})
     fresh.train_epoch(1)
     with pytest.raises(strength.NoStrength, match="set cem.strength=fixed and a cem.loss_scale"):

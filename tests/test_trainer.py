@@ -382,7 +382,7 @@ def test_auto_compile_that_fails_falls_back_to_the_eager_surrogate_and_says_so(m
     (True, False, True), (False, True, False)])
 def test_surrogate_stream_and_compile_default_to_the_graphed_step(value, graphed, expected):
     """auto = on exactly for a graphed (CUDA) step; on/off as set; YAML's booleans read as on/off."""
-    from cem_bench.trainer import surrogate_options
+    from cem_bench.step_options import surrogate_options
     cfg = build_config({"train.surrogate_stream": value, "train.compile_surrogate": value})
     assert surrogate_options(cfg, graphed) == (expected, expected)
 

@@ -108,6 +108,42 @@ class Surrogate(nn.Module):
             self._stream = torch.Generator(device=device).manual_seed(self.seed + RNG_OFFSET)
         return self._stream
 
+    def probe_compiled(self, compiled, batch: int, device: torch.device, mode: str):
+        """``(forward, why_not)``: run the compiled training forward and backward on a batch of zeros shaped as
+        the step's, so that a toolchain that cannot compile (no C++ compiler for the CPU, no Triton for CUDA)
+        shows before the first epoch, not at the first CEM step after the warm-up epochs; the step then reuses
+        the compiled code (the same shapes and memory format). Under ``mode`` "auto" a failure gives the eager
+        module back with the reason (and says so); under "on" it is a ``ConfigError`` that says what to set.
+        Leaves no trace: the own random stream is restored, the gradients dropped, the mode kept."""
+        z = torch.zeros((batch, *self.feature_shape), device=device)
+        if device.type == "cuda" and z.dim() == 4:
+            z = z.contiguous(memory_format=torch.channels_last)   # as the client's output arrives
+        z.requires_grad_(True)
+        y = torch.arange(batch, device=device) % self.num_classes
+        gen = self.rng(device)
+        state, was_training = gen.get_state(), self.training
+        self.train()
+        try:
+            with torch.autocast(device.type, enabled=False):
+                compiled(z, y).loss.backward()
+            return compiled, None
+        except Exception as e:  # noqa: BLE001 - whatever the compiler raised, the trial cannot use it
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            why = f"{type(e).__name__}: {first[:300]}"
+            if mode == "auto":
+                print(f"[cem-bench] train.compile_surrogate=auto: torch.compile could not compile surrogate "
+                      f"{self.cfg.surrogate!r} on {device} ({why}); it runs eagerly (the same step to "
+                      f"rounding)", flush=True)
+                return self, why
+            raise ConfigError(f"train.compile_surrogate=on, but torch.compile could not compile surrogate "
+                              f"{self.cfg.surrogate!r} on {device}: {why}. Set "
+                              f"train.compile_surrogate=off (the eager surrogate: the same step to "
+                              f"rounding)") from e
+        finally:
+            gen.set_state(state)
+            self.zero_grad(set_to_none=True)
+            self.train(was_training)
+
     def rng_snapshot(self):
         """The own stream as it is now (``rng_restore`` puts it back): a measurement that runs the surrogate
         (``strength.untouched``) must not move a trial's stream."""
