@@ -82,7 +82,7 @@ def _surrogate_module(cfg, splits, device, features, labels):
     return module
 
 
-def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list[int] = 2, batches: int = 8,
+def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list[int] = 2, batches: int = 32,
             device: str | None = None, seeds: list[int] | None = None) -> list[Strength]:
     """The strength of each surrogate (``surrogates_``: default all registered, gmm first) on ``flat``'s
     configuration (dataset, width, σ, batch, ...), after each of the ``warmup`` epoch counts of one λ = 0

@@ -309,7 +309,7 @@ def make_parser() -> argparse.ArgumentParser:
                    "measured, as the reference)")
     c.add_argument("--warmup", type=int, nargs="+", default=[2], help="epochs of the λ = 0 reference run; several "
                    "(2 3 5) measure after each from one run (default 2)")
-    c.add_argument("--batches", type=int, default=8, help="held-out batches averaged per surrogate (default 8)")
+    c.add_argument("--batches", type=int, default=32, help="held-out batches averaged per surrogate (default 32)")
     c.add_argument("--seeds", type=int, nargs="+", help="one reference state per seed, strengths averaged "
                    "geometrically (default: the config's seed alone)")
     c.add_argument("--json", help="also write the table here (one record per surrogate)")
