@@ -75,6 +75,7 @@ def summarise(args) -> None:
         lines.append(f"| {key[0]} | {key[1]:g} | {key[2]:g} | {key[3]} | {key[4]} | {fm:.2f} ×/÷ {fs:.2f} | "
                      f"{mm:.2f} ×/÷ {ms:.2f} | {dm:.2f} | {len(g)} |")
     print("\n".join(lines))
+    print("\n" + compact(df))
     fixed_all = df.fixed.to_numpy(float)
     matched_all = df.matched.to_numpy(float)
     print(f"\nfixed defaults: ratio to gmm {fixed_all.min():.2f}-{fixed_all.max():.2f} over {len(df)} "
@@ -91,32 +92,72 @@ def summarise(args) -> None:
     plot(df, out / "lambda_states.png")
 
 
+def compact(df) -> str:
+    """The docs' table: per data set, width and σ (the first warm-up), each surrogate's equalising loss scale
+    (what a matched trial measures; geometric mean over seeds, ×/÷ their spread) and, in brackets, the fixed
+    default's ratio to gmm there; then the drift of a match to the later warm-ups."""
+    w0 = int(df.warmup.min())
+    names = sorted(df.surrogate.unique())
+    head = "| data set | width | σ | seeds | " + " | ".join(f"{n}: scale (fixed ÷ gmm)" for n in names) + " |"
+    lines = [head, "|" + "---|" * (4 + len(names))]
+    first = df[df.warmup == w0]
+    for (dataset, width, sigma), g in first.groupby(["dataset", "width", "sigma"]):
+        cells = []
+        for n in names:
+            gg = g[g.surrogate == n]
+            scale = np.log(gg.matched_loss_scale.to_numpy(float))
+            fixed = np.exp(np.log(gg.fixed.to_numpy(float)).mean())
+            sd = f" ×/÷ {math.exp(scale.std(ddof=1)):.2f}" if len(scale) > 1 else ""
+            cells.append(f"{math.exp(scale.mean()):.3g}{sd} ({fixed:.2g})")
+        lines.append(f"| {dataset} | {width:g} | {sigma:g} | {g.seed.nunique()} | " + " | ".join(cells) + " |")
+    later = df[df.warmup > w0]
+    if len(later):
+        lines += ["", f"| data set | width | " + " | ".join(f"{n}: drift from warm-up {w0}" for n in names) + " |",
+                  "|" + "---|" * (2 + len(names))]
+        for (dataset, width), g in later.groupby(["dataset", "width"]):
+            cells = []
+            for n in names:
+                d = g[g.surrogate == n].drift_ratio.to_numpy(float)
+                cells.append(f"{d.min():.2f}–{d.max():.2f}")
+            lines.append(f"| {dataset} | {width:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(df, path: Path) -> None:
+    """Each surrogate's equalising loss scale (what a matched trial measures) against σ at the first warm-up,
+    one panel per data set and width, seeds as min-max bars; its fixed default as a dashed line."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups = sorted(df.groupby(["dataset", "width"]).groups)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.3 * len(groups), 3.4), sharey=True, squeeze=False)
     w0 = int(df.warmup.min())
     for ax, (dataset, width) in zip(axes[0], groups):
         d = df[(df.dataset == dataset) & (df.width == width) & (df.warmup == w0)]
-        for i, (name, g) in enumerate(d.groupby("surrogate")):
-            for col, style in (("fixed", "-o"), ("matched", "--s")):
-                stats = g.groupby("sigma")[col].apply(lambda v: np.log(v.to_numpy(float)))
-                sig = stats.index.to_numpy(float)
-                mean = np.exp([v.mean() for v in stats])
-                lo = np.exp([v.min() for v in stats])
-                hi = np.exp([v.max() for v in stats])
-                ax.errorbar(sig, mean, yerr=[mean - lo, hi - mean], fmt=style, color=f"C{i}", ms=3, capsize=2,
-                            label=f"{name} ({col})", alpha=0.9 if col == "matched" else 0.7)
-        ax.axhspan(2 / 3, 1.5, color="0.9", zorder=0)
+        for i, name in enumerate(sorted(df.surrogate.unique())):
+            g = d[d.surrogate == name]
+            if g.empty:
+                continue
+            stats = g.groupby("sigma")["matched_loss_scale"].apply(lambda v: np.log(v.to_numpy(float)))
+            sig = stats.index.to_numpy(float)
+            mean = np.exp([v.mean() for v in stats])
+            lo, hi = np.exp([v.min() for v in stats]), np.exp([v.max() for v in stats])
+            ax.errorbar(sig, mean, yerr=[mean - lo, hi - mean], fmt="-o", color=f"C{i}", ms=3, capsize=2,
+                        label=name)
+            ax.axhline(float(g.loss_scale.iloc[0]), color=f"C{i}", ls="--", lw=0.8, alpha=0.7)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ticks = sorted(d.sigma.unique())
+        ax.set_xticks(ticks, [f"{v:g}" for v in ticks], fontsize=7)
+        ax.minorticks_off()
         ax.set_xlabel("σ (defense noise)")
-        ax.set_title(f"{dataset}, width {width:g}, warm-up {w0}", fontsize=9)
-    axes[0][0].set_ylabel("strength ÷ gmm's (seeds: min-max)")
-    axes[0][-1].legend(fontsize=6, loc="upper right")
-    fig.tight_layout()
+        ax.set_title(f"{dataset}, width {width:g}", fontsize=9)
+    axes[0][0].set_ylabel(f"equalising loss scale (warm-up {w0})")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
+    fig.suptitle("the loss scale with gmm's pull per unit λ (solid, seeds min-max) and the fixed default (dashed)",
+                 fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     fig.savefig(path, dpi=110)
     print(f"plot: {path}")
 
