@@ -38,6 +38,7 @@ from .schema import (
     COST_COLUMNS,
     OBJECTIVE_METRICS,
     STRENGTH_COLUMNS,
+    base_metric,
     per_attack_columns,
     privacy_mode,
     rank_table,
@@ -53,6 +54,7 @@ NO_SURROGATE = "none"          # the surrogate of a λ = 0 row: none runs
 # why a trial ran (the trial's ``role``): the search's noise floor, a proposal of the search, a re-run of a
 # configuration on the search's front with new seeds; tables older than roles read as "search"
 ROLE_COLUMN = "role"
+SKIP_COLUMN = "attack_skipped"  # why the utility gate skipped the attack ("" when it ran); absent in older tables
 BASELINE, SEARCH, CONFIRM = "baseline", "search", "confirm"
 ROLES = (BASELINE, SEARCH, CONFIRM)
 CONFIRMED = "confirmed"        # a configuration's role once confirmation runs summarise it
@@ -85,6 +87,28 @@ def null_inapplicable(trials: pd.DataFrame) -> pd.DataFrame:
             col = col.astype(object)
             col[base] = NO_SURROGATE if c == SURROGATE_COLUMN else None
             trials[c] = col
+    return trials
+
+
+def skipped_attacks(trials: pd.DataFrame) -> np.ndarray:
+    """The rows whose attack did not run (``attack_skipped`` non-empty: the utility gate found the trial's
+    accuracy at chance)."""
+    if SKIP_COLUMN not in trials:
+        return np.zeros(len(trials), dtype=bool)
+    why = trials[SKIP_COLUMN].astype(object).where(trials[SKIP_COLUMN].notna(), "").astype(str)
+    return (why.str.strip() != "").to_numpy(dtype=bool)
+
+
+def null_skipped_attacks(trials: pd.DataFrame) -> pd.DataFrame:
+    """No attack, no attack metric: NaN in every attack metric column (``schema.ATTACK_METRICS`` and each
+    attack's own, not the seconds) of the rows whose attack was skipped, whatever was stored (a copy where
+    there are such rows; a trial records NaN there itself)."""
+    skipped = skipped_attacks(trials)
+    if not skipped.any():
+        return trials
+    trials = trials.copy()
+    for col in [c for c in trials.columns if base_metric(c) in ATTACK_METRICS]:
+        trials.loc[skipped, col] = np.nan
     return trials
 
 

@@ -138,6 +138,10 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
     return None
 
 
+# The resume bundle's format (search/resume.py writes the bundle, at each complete checkpoint, and reads it
+# for --resume). Writer and reader live here together, not in search/resume.py: ``ray_trials`` reads the
+# bundle too, when the report builds the tables of an experiment folder, and neither results (rule 17 of
+# docs/architecture.md §3) nor report (rule 20) may import search.
 BUNDLE_KIND = "cem-bench-resume-state"
 BUNDLE_VERSION = 2   # 1: a pickle (written before 2026-11-26), read only with trust_pickle
 
@@ -379,8 +383,52 @@ def mark_interrupted(row: dict, record: dict | None) -> dict:
     return {**row, "status": "interrupted", "error": None, "interrupted_by": record["signal"]}
 
 
+# What ``trials.parquet`` holds as ``write_tables`` leaves it, so that its readers (the report, ``cem-bench
+# table``) only read it: every row's ``status`` and ``role``; the λ = 0 rows as their own kind (surrogate
+# "none", every other ``config.cem.*`` key null: ``aggregate.null_inapplicable``) and a trial's config with
+# only the keys its surrogate reads (its resolved config, as the trial recorded it); no attack metric where
+# the attack was skipped; ``config_id`` and ``pareto_rank`` over the search's objectives. A table that lacks
+# one of these columns was written by an older cem-bench (or by hand): ``is_final`` tells the reader.
+FINAL_COLUMNS: tuple[str, ...] = ("trial_id", "status", "role", "config_id", "pareto_rank")
+
+
+def is_final(trials: pd.DataFrame) -> bool:
+    """Does ``trials`` hold what ``write_tables`` guarantees (``FINAL_COLUMNS``, filled, an integer rank)?"""
+    if not set(FINAL_COLUMNS) <= set(trials.columns):
+        return False
+    filled = not trials[[c for c in FINAL_COLUMNS if c != "pareto_rank"]].isna().to_numpy().any()
+    return filled and pd.api.types.is_integer_dtype(trials["pareto_rank"])
+
+
+def final_trials(rows: pd.DataFrame, objectives: list[dict]) -> pd.DataFrame:
+    """The trials table as ``write_tables`` writes it (``FINAL_COLUMNS``) from one row per trial as read:
+    the normalisation done once, here, and by no reader. Columns in order: ``experiment``, ``trial_id``,
+    ``config_id``, the other base columns, ``pareto_rank``, the metrics, the rest, provenance, the config."""
+    from .aggregate import CONFIG_ID, ROLE_COLUMN, config_ids, null_inapplicable, null_skipped_attacks, roles
+    trials = null_skipped_attacks(null_inapplicable(rows))
+    base = ["experiment", "trial_id", ROLE_COLUMN, "status", "error", "trial_dir"]
+    for c in base + list(METRIC_COLUMNS) + list(PROVENANCE) + [o["metric"] for o in objectives]:
+        if c not in trials:
+            trials[c] = np.nan if c in METRIC_COLUMNS else None
+    trials[ROLE_COLUMN] = roles(trials)     # every row has one (read_trial's), "search" where none was given
+    for c in list(METRIC_COLUMNS) + [o["metric"] for o in objectives]:
+        trials[c] = pd.to_numeric(trials[c], errors="coerce").astype(float)
+    trials["pareto_rank"] = rank_table(trials, objectives)
+    config_cols = sorted(c for c in trials.columns if c.startswith("config."))
+    first = base + ["pareto_rank"] + list(METRIC_COLUMNS)
+    rest = [c for c in trials.columns if c not in first and c not in config_cols and c not in PROVENANCE]
+    trials = trials[first + sorted(rest) + list(PROVENANCE) + config_cols]
+    if len(trials):
+        trials = trials.sort_values(["finished_at", "trial_id"], na_position="last", kind="stable")
+    trials = _arrow_safe(trials.reset_index(drop=True))
+    # hashed as written (the JSON text _arrow_safe gives a mixed column), as a reader of the table hashes it
+    trials.insert(2, CONFIG_ID, config_ids(trials).astype(str) if len(trials) else [])
+    return trials
+
+
 def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The trials and epochs DataFrames of an experiment folder (nothing written)."""
+    """The trials and epochs DataFrames of an experiment folder (nothing written); the trials table as it is
+    written (``final_trials``)."""
     exp = _Dir(experiment_dir)
     if not exp.is_dir():
         raise FileNotFoundError(f"{exp.display} is not a folder (expected a `cem-bench search` experiment)")
@@ -423,22 +471,7 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
         row.update({f"config.{k}": v for k, v in config.items()})
         rows.append(mark_interrupted(row, interrupted))
 
-    from .aggregate import null_inapplicable
-    trials = null_inapplicable(pd.DataFrame(rows))
-    base = ["experiment", "trial_id", "role", "status", "error", "trial_dir"]
-    for c in base + list(METRIC_COLUMNS) + list(PROVENANCE) + [o["metric"] for o in objectives]:
-        if c not in trials:
-            trials[c] = np.nan if c in METRIC_COLUMNS else None
-    for c in list(METRIC_COLUMNS) + [o["metric"] for o in objectives]:
-        trials[c] = pd.to_numeric(trials[c], errors="coerce").astype(float)
-    trials["pareto_rank"] = rank_table(trials, objectives)
-    config_cols = sorted(c for c in trials.columns if c.startswith("config."))
-    first = base + ["pareto_rank"] + list(METRIC_COLUMNS)
-    rest = [c for c in trials.columns if c not in first and c not in config_cols and c not in PROVENANCE]
-    trials = trials[first + sorted(rest) + list(PROVENANCE) + config_cols]
-    if len(trials):
-        trials = trials.sort_values(["finished_at", "trial_id"], na_position="last", kind="stable")
-    trials = trials.reset_index(drop=True)
+    trials = final_trials(pd.DataFrame(rows), objectives)
 
     epochs = pd.DataFrame(epoch_rows)
     for c in EPOCH_COLUMNS:
@@ -448,17 +481,18 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
     if len(epochs):
         epochs["epoch"] = epochs["epoch"].astype(np.int64)
         epochs = epochs.sort_values(["trial_id", "epoch"], kind="stable").reset_index(drop=True)
-    return _arrow_safe(trials), _arrow_safe(epochs)
+    return trials, _arrow_safe(epochs)
 
 
-def write_tables(experiment_dir: str | os.PathLike) -> tuple[Path | str, Path | str]:
+def write_tables(experiment_dir: str | os.PathLike,
+                 tables: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> tuple[Path | str, Path | str]:
     """Write ``trials.parquet``, ``epochs.parquet`` and ``configs.parquet`` (the runs of each configuration
-    aggregated, aggregate.py) into the experiment folder (atomically); return
-    their paths (``Path`` for local folders, the URI string for remote ones)."""
-    from .aggregate import CONFIG_ID, build_configs, config_ids
-    trials, epochs = build_tables(experiment_dir)
+    aggregated, aggregate.py) into the experiment folder (atomically); return their paths (``Path`` for local
+    folders, the URI string for remote ones). ``tables``: the ``build_tables`` of this folder when the caller
+    has built them already (the search counts the statuses of the table it writes)."""
+    from .aggregate import build_configs
+    trials, epochs = tables if tables is not None else build_tables(experiment_dir)
     exp = _Dir(experiment_dir)
-    trials.insert(2, CONFIG_ID, config_ids(trials).astype(str) if len(trials) else [])
     objectives, _ = load_objectives(exp)
     t = write_table(exp, TRIALS_FILE, trials, "trials")
     e = write_table(exp, EPOCHS_FILE, epochs, "epochs")

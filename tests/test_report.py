@@ -529,15 +529,85 @@ def test_a_key_with_one_value_among_its_users_gets_no_figure(tmp_path):
     assert "params_cem.num_slots.png" not in text and not (root / "report" / "params_cem.num_slots.png").exists()
 
 
-def test_surrogate_keys_agree_with_the_registry():
-    """The report's copy of each surrogate's keys (it does not import torch for them) is the registry's."""
-    from cem_bench.report.plots import SURROGATE_KEYS
-    for name in surrogates.names():
-        assert surrogate_keys(name) == {f"config.{k}" for k in surrogates.get(name).keys}, name
-    assert set(SURROGATE_KEYS) == set(surrogates.names())
-    assert "config.cem.num_slots" in surrogate_keys("slot_cross")
-    assert "config.cem.num_slots" not in surrogate_keys("gmm")
-    assert surrogate_keys("no_such_surrogate") is None  # unknown: drawn for every key
+@pytest.fixture
+def throwaway_surrogate(monkeypatch):
+    """A surrogate registered here, as a plug-in file beside the others would be: ``zz_plot`` reads the slot
+    keys (``cem.num_slots``, ...) and a key of its own, ``cem.zz_width``. The registries are put back after."""
+    from dataclasses import dataclass
+
+    from cem_bench import keys
+    from cem_bench.keys import key
+
+    surrogates.names()   # the registry loaded before its state is copied
+    monkeypatch.setattr(surrogates.REGISTRY, "_items", dict(surrogates.REGISTRY._items))
+    monkeypatch.setattr(keys, "_PLUGIN_SPECS", dict(keys._PLUGIN_SPECS))
+    monkeypatch.setattr(keys, "_NAMES", {k: (kind, list(v)) for k, (kind, v) in keys._NAMES.items()})
+
+    @dataclass(frozen=True)
+    class ZzKeys(surrogates.SlotKeys):
+        zz_width: int = key(3, "a key only this surrogate has", lo=1)
+
+    surrogates.register("zz_plot")(type("ZzPlot", (surrogates.Surrogate,), {"Keys": ZzKeys}))
+    return "zz_plot"
+
+
+def _three_surrogates(root: Path, final: bool) -> Path:
+    """gmm, slot_cross and zz_plot trials and two λ = 0 baselines. ``final``: trials.parquet as
+    results.write_tables leaves it (each row holds its surrogate's keys only); else a table of an older
+    cem-bench (no role, config_id or rank) whose gmm rows also hold the slot keys' defaults."""
+    from cem_bench import integrity, results
+
+    rows = []
+    for i in range(14):
+        s = ("gmm", "slot_cross", "zz_plot")[i % 3] if i < 12 else "gmm"
+        lambd = 0.0 if i >= 12 else 2.0 ** (i % 5)
+        row = {"experiment": "zz", "trial_id": f"z{i:03d}", "status": "ok", "trial_dir": f"exp/z{i:03d}",
+               "config.cem.surrogate": s, "config.cem.lambd": lambd, "config.defense.noise_std": 0.05,
+               "test_acc": 0.9 - lambd / 100 - i / 1000, "attack_ssim": 0.8 - lambd / 50 + i / 1000}
+        if s == "gmm":
+            row["config.cem.num_clusters"] = 5
+            if not final:
+                row["config.cem.num_slots"] = 8   # an unused default
+        else:
+            row["config.cem.num_slots"] = 2 + i % 4
+        if s == "zz_plot":
+            row["config.cem.zz_width"] = 1 + i % 2
+        rows.append(row)
+    root.mkdir(parents=True)
+    objectives = THREE_OBJECTIVES[:2]
+    (root / "search_space.json").write_text(json.dumps({"name": "zz", "objectives": objectives}))
+    trials = pd.DataFrame(rows)
+    if final:
+        integrity.write_table(root, "trials.parquet", results.final_trials(trials, objectives), "trials")
+    else:
+        trials.to_parquet(root / "trials.parquet")
+    return root
+
+
+@pytest.mark.parametrize("final", [True, False], ids=["as written", "older table"])
+def test_a_new_surrogate_needs_no_edit_in_report_to_get_its_keys_drawn_and_tabled(tmp_path, monkeypatch,
+                                                                                throwaway_surrogate, final):
+    """Which keys apply to a trial comes from the table (its config holds its surrogate's keys only) or, for
+    an older table whose rows hold every surrogate's defaults, from the surrogate registry: nothing in
+    report/ lists surrogates or their keys."""
+    from cem_bench.report.facts import searched_columns
+    from cem_bench.report.plots import uses_param
+
+    res = load_results(_three_surrogates(tmp_path / "res", final))
+    assert res.final_table is final
+    if final:   # the table alone says which keys apply: the registry is not asked
+        monkeypatch.setattr("cem_bench.report.plots.surrogate_keys", lambda name: pytest.fail(f"asked for {name}"))
+    zz = res.trials["_surrogate"] == throwaway_surrogate
+    used = uses_param(res, "config.cem.num_slots")
+    assert used[zz].all() and used[res.trials["_surrogate"] == "slot_cross"].all()
+    assert not used[(res.trials["_surrogate"] == "gmm") | res.trials["_baseline"]].any()
+    assert uses_param(res, "config.cem.zz_width")[zz].all() and uses_param(res, "config.cem.zz_width").sum() == 4
+    drawn = _drawn(monkeypatch, res, "config.cem.num_slots", tmp_path / "p.png")
+    assert set(drawn) == {"slot_cross", throwaway_surrogate}
+    assert drawn[throwaway_surrogate] == sorted(res.trials.loc[zz, "config.cem.num_slots"])
+    assert "config.cem.zz_width" in searched_columns(res)       # its own key is a column of the tables
+    assert surrogate_keys(throwaway_surrogate) == {f"config.{k}" for k in surrogates.get("zz_plot").keys}
+    assert surrogate_keys("no_such_surrogate") is None             # unknown: drawn for every key it holds
 
 
 def test_report_of_a_folder_on_object_storage(tmp_path, monkeypatch):

@@ -161,6 +161,48 @@ def test_report_reads_the_tables(experiment):
     assert sorted(res.front["trial_id"]) == ["aaaa0001", "aaaa0002"]
 
 
+def test_the_writer_normalises_once_and_the_report_only_reads(experiment, monkeypatch):
+    """trials.parquet leaves write_tables final (results.FINAL_COLUMNS: statuses, roles, the λ = 0 rows'
+    keys nulled, no attack metric of a skipped attack, config_id, pareto_rank) and configs.parquet is written
+    beside it; the report reads both as they are, with no normalisation and no rebuild."""
+    import cem_bench.report.load as load
+    from cem_bench.aggregate import build_configs, config_ids
+    from cem_bench.report import load_results
+    base = ours("aaaa0006", acc=0.9, ssim=0.7, lambd=0.0)
+    base["info"]["config"].update({"cem.num_clusters": 5, "role": "baseline"})
+    make_trial(experiment, "aaaa0006", 6, base)
+    skipped = ours("aaaa0007", acc=0.1, ssim=0.05)
+    skipped["attack_skipped"] = "test_acc at chance"     # a value where the record should hold none
+    make_trial(experiment, "aaaa0007", 7, skipped)
+    trials, epochs = results.build_tables(experiment)
+    assert results.is_final(trials)
+    t = trials.set_index("trial_id")
+    assert t.loc["aaaa0006", "config.cem.surrogate"] == "none" and pd.isna(t.loc["aaaa0006", "config.cem.num_clusters"])
+    assert t.loc["aaaa0006", "role"] == "baseline" and t.loc["aaaa0001", "role"] == "search"
+    assert pd.isna(t.loc["aaaa0007", "attack_ssim"]) and t.loc["aaaa0007", "pareto_rank"] == -1
+    assert list(trials["config_id"]) == list(config_ids(trials))
+    results.write_tables(experiment, (trials, epochs))
+    written = pd.read_parquet(experiment / "trials.parquet")
+    assert list(written.columns) == list(trials.columns)
+    for col in results.FINAL_COLUMNS:
+        assert list(written[col]) == list(trials[col]), col
+
+    def never(*a, **k):
+        raise AssertionError("the report normalised or rebuilt a table the writer left final")
+    for name in ("normalise_older", "build_configs", "null_inapplicable", "config_ids"):
+        monkeypatch.setattr(load, name, never)
+    res = load_results(experiment)
+    assert res.final_table and res.configs_stored
+    assert list(res.trials["pareto_rank"]) == list(trials["pareto_rank"])
+    monkeypatch.undo()
+    # a table of an older cem-bench (no role, no config_id, a stale rank): normalised by the report alone
+    old = trials.drop(columns=["role", "config_id"]).assign(pareto_rank=99)
+    older = load.results_of(old, [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}])
+    assert not older.final_table and list(older.trials["pareto_rank"]) == list(trials["pareto_rank"])
+    assert list(older.trials["config_id"]) == list(trials["config_id"]) and set(older.trials["role"]) == {"search"}
+    assert len(older.configs) == len(build_configs(trials, [{"metric": "test_acc", "mode": "max"}]))
+
+
 def test_missing_folder_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         results.write_tables(tmp_path / "nope")

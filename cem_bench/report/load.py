@@ -1,16 +1,20 @@
-"""Reading a results folder: ``trials.parquet`` (rebuilt from the Ray experiment when missing),
+"""Reading a results folder: ``trials.parquet`` (built from the Ray experiment when missing),
 ``configs.parquet`` (built from the trials when missing or not about these trials), ``epochs.parquet`` and
-``search_space.json``, normalised into a ``Results``.
+``search_space.json``, into a ``Results``.
 
-Conventions: a trial is "ok" when ``status == "ok"``; the front is recomputed over the ok trials with
-the search objectives (``pareto_rank`` 0; -1 for errored trials and trials with a NaN objective);
-λ = 0 trials (``config.cem.lambd == 0``) are the baseline and are not counted as any surrogate. A trial
-whose attack was skipped (``attack_skipped`` non-empty: the utility gate found its accuracy at chance) is
-ok, with NaN attack metrics; ``_attack_skipped`` marks it. Configurations (a trial's config without its
-seed, ``aggregate.build_configs``) carry the same helper columns and, under each metric's own name, its
-mean over the ok runs; their ``pareto_rank`` is recomputed on the means. A search is *replicated* when
-some configuration has more than one run: the frontier plots and the front table then show
-configurations (docs/protocol.md).
+The tables are read, not normalised: ``results.write_tables`` leaves ``trials.parquet`` final (statuses,
+roles, the λ = 0 rows' keys nulled, ``config_id``, ``pareto_rank``; ``results.FINAL_COLUMNS``) and writes
+``configs.parquet`` beside it. Only a table that lacks them, written by an older cem-bench or by hand, is
+normalised here, the writer's way (``normalise_older``), and its configurations built (``load_configs``).
+
+Conventions: a trial is "ok" when ``status == "ok"``; the front is the ok trials' ``pareto_rank`` 0 over the
+search objectives (-1 for errored trials and trials with a NaN objective); λ = 0 trials
+(``config.cem.lambd == 0``) are the baseline and are not counted as any surrogate. A trial whose attack was
+skipped (``attack_skipped`` non-empty: the utility gate found its accuracy at chance) is ok, with NaN attack
+metrics; ``_attack_skipped`` marks it. Configurations (a trial's config without its seed,
+``aggregate.build_configs``) carry the same helper columns and, under each metric's own name, its mean over
+the ok runs; their ``pareto_rank`` is over the means. A search is *replicated* when some configuration has
+more than one run: the frontier plots and the front table then show configurations (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -28,15 +32,19 @@ from cem_bench.aggregate import (
     CONFIRM,
     CONFIRMED,
     ROLE_COLUMN,
+    SKIP_COLUMN,
     build_configs,
     config_columns,
     config_ids,
     null_inapplicable,
+    null_skipped_attacks,
     roles,
+    skipped_attacks,
 )
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
 from cem_bench.integrity import MANIFEST_FILE, read_table
+from cem_bench.results import is_final
 from cem_bench.schema import (
     ATTACK_METRICS,
     CONFIGS_FILE,
@@ -64,7 +72,7 @@ MAIN_PARAMS: list[str] = [
 # column of a trial row, which also holds counters such as epochs_done
 REPORTED_METRICS: list[str] = list(OBJECTIVE_METRICS + COST_COLUMNS)
 
-SKIP_COL = "attack_skipped"  # why the attack did not run ("" when it ran); absent in older results
+SKIP_COL = SKIP_COLUMN  # why the attack did not run ("" when it ran); absent in older results
 SURROGATE_COL = "config.cem.surrogate"
 LAMBD_COL = "config.cem.lambd"
 NOISE_COL = "config.defense.noise_std"
@@ -85,7 +93,7 @@ class Results:
     results_dir: Path
     experiment: str
     objectives: list[dict]
-    trials: pd.DataFrame  # all trials, with recomputed ``pareto_rank`` and helper columns
+    trials: pd.DataFrame  # all trials, with their ``pareto_rank`` and the report's helper columns
     epochs: pd.DataFrame | None
     surrogates: list[str] = field(default_factory=list)  # sorted, baseline excluded
     colors: dict[str, tuple] = field(default_factory=dict)
@@ -96,6 +104,10 @@ class Results:
     # ``configs`` came from the folder's configs.parquet (False: built from the trials by the report, which
     # writes no configs.parquet into the results folder; the page says so)
     configs_stored: bool = False
+    # the trials table was as ``results.write_tables`` leaves it (``results.is_final``): each trial's config
+    # holds only the keys its surrogate reads. False: an older table (``normalise_older``), whose rows may also
+    # hold other surrogates' defaults; ``plots.uses_param`` then asks the surrogate registry
+    final_table: bool = False
 
     @property
     def replicated(self) -> bool:
@@ -258,7 +270,8 @@ def _label_columns(df: pd.DataFrame) -> None:
 
 
 def _stored_configs(results_dir: Path | None, ids: pd.Series) -> pd.DataFrame | None:
-    """``configs.parquet`` when it describes exactly these trials (same configurations, as many runs)."""
+    """``configs.parquet`` when it describes exactly these trials (same configurations, as many runs and
+    repeats as trials)."""
     stored = read_table(results_dir, CONFIGS_FILE, "configs") if results_dir is not None else None
     if stored is None:   # (a damaged table stops the report)
         return None
@@ -266,7 +279,11 @@ def _stored_configs(results_dir: Path | None, ids: pd.Series) -> pd.DataFrame | 
         return None   # older than the comparison with the baseline: rebuilt from the trials
     if not has_adjusted_verdicts(stored):
         return None   # older than the adjustment for many comparisons: its verdicts are single tests
-    same = set(stored[CONFIG_ID].astype(str)) == set(ids) and int(stored["runs"].sum()) == len(ids)
+    # every trial is a run or a repeat (a seed run again: aggregate.build_configs); older tables count no repeats
+    counted = pd.to_numeric(stored["runs"], errors="coerce").sum()
+    if "repeats" in stored:
+        counted += pd.to_numeric(stored["repeats"], errors="coerce").sum()
+    same = set(stored[CONFIG_ID].astype(str)) == set(ids) and counted == len(ids)
     return stored if same else None
 
 
@@ -281,9 +298,10 @@ def load_configs(results_dir: Path | None, raw: pd.DataFrame, trials: pd.DataFra
                  objectives: Sequence[dict]) -> tuple[pd.DataFrame | None, bool]:
     """One row per configuration: ``configs.parquet`` when it matches the trials, else
     ``aggregate.build_configs`` of ``raw`` (the table as read; statuses normalised like the report's). Adds
-    the helper columns, each metric's mean under the metric's own name, ``_ok`` (an ok run) and recomputes
-    ``pareto_rank`` on the means. None when the trials have no config columns (nothing to group by). Also
-    returns whether the table is the folder's ``configs.parquet`` (False: built here)."""
+    the helper columns, each metric's mean under the metric's own name and ``_ok`` (an ok run); its
+    ``pareto_rank`` is ``build_configs``'s (on the means). None when the trials have no config columns
+    (nothing to group by). Also returns whether the table is the folder's ``configs.parquet`` (False: built
+    here)."""
     if not len(raw) or not config_columns(raw):
         return None, False
     ids = trials[CONFIG_ID].astype(str)
@@ -300,7 +318,10 @@ def load_configs(results_dir: Path | None, raw: pd.DataFrame, trials: pd.DataFra
         configs[m] = numeric(configs[f"{m}_mean"]) if f"{m}_mean" in configs else np.nan
     configs["_ok"] = configs["runs_ok"] > 0
     _label_columns(configs)
-    configs["pareto_rank"] = rank_table(configs, objectives, configs["_ok"].to_numpy()).astype(int)
+    if "pareto_rank" not in configs or not pd.api.types.is_integer_dtype(configs["pareto_rank"]):
+        # a table made by hand: build_configs ranks the means over the same objectives
+        configs["pareto_rank"] = rank_table(configs, objectives, configs["_ok"].to_numpy())
+    configs["pareto_rank"] = configs["pareto_rank"].astype(int)
     configs["final_front"] = configs["final_front"].fillna(False).astype(bool)
     return configs, stored
 
@@ -340,23 +361,24 @@ def results_of(trials: pd.DataFrame, objectives: Sequence[dict], results_dir: Pa
                utility_tolerance: float | None = None) -> Results:
     """A ``Results`` of a trials table as read (``load_results`` without the folder: the claims' simulation in
     tests/test_claims.py judges hundreds of tables this way). ``objectives`` are copied, their missing
-    references filled from the data; without ``results_dir`` no stored ``configs.parquet`` is read."""
-    objectives = [dict(o) for o in objectives]
-    # λ = 0 rows are the baseline, whatever surrogate keys an older table recorded for them
-    trials = null_inapplicable(trials).reset_index(drop=True)
-    trials[ROLE_COLUMN] = roles(trials)
-    raw = trials.copy()  # as stored: configuration ids hash the config values before any coercion
-    if CONFIG_ID not in trials and len(trials) and config_columns(raw):
-        trials[CONFIG_ID] = config_ids(raw).astype(str)
+    references filled from the data; without ``results_dir`` no stored ``configs.parquet`` is read.
 
-    if "trial_id" not in trials:
-        trials["trial_id"] = [f"trial_{i}" for i in range(len(trials))]
+    A table as ``results.write_tables`` leaves it (``results.is_final``) is only read: its statuses, roles,
+    nulled keys, ``config_id`` and ``pareto_rank`` (over the folder's objectives, which ``load_results``
+    passes) are the writer's. Only a table without them, written by an older cem-bench or by hand, is
+    normalised here (``normalise_older``). Either way the report adds its helper columns (``_ok``,
+    ``_label``, ...) and coerces the columns it draws to numbers."""
+    objectives = [dict(o) for o in objectives]
+    final = is_final(trials)
+    if final:
+        trials = trials.reset_index(drop=True)
+        raw = trials.copy()
+    else:
+        trials, raw = normalise_older(trials, objectives)
+
     trials["trial_id"] = trials["trial_id"].astype(str)
-    if "status" not in trials:
-        trials["status"] = "ok"
-    trials["status"] = trials["status"].fillna("error").astype(str)
-    trials["_ok"] = trials["status"].str.lower() == "ok"
-    for col in set(REPORTED_METRICS) | {o["metric"] for o in objectives}:
+    trials["_ok"] = trials["status"].astype(str).str.lower() == "ok"
+    for col in loaded_metrics(objectives):
         if col not in trials:
             trials[col] = np.nan
         trials[col] = numeric(trials[col])
@@ -365,25 +387,15 @@ def results_of(trials: pd.DataFrame, objectives: Sequence[dict], results_dir: Pa
             trials[col] = numeric(trials[col])
 
     _label_columns(trials)
+    trials["_attack_skipped"] = skipped_attacks(trials)
     if SKIP_COL in trials:
         trials[SKIP_COL] = trials[SKIP_COL].astype(object).where(trials[SKIP_COL].notna(), "").astype(str)
-        trials["_attack_skipped"] = trials[SKIP_COL].str.strip() != ""
-    else:
-        trials["_attack_skipped"] = False
-    skipped = trials["_attack_skipped"].to_numpy()
-    if skipped.any():  # no attack, no attack metric: NaN whatever was stored
-        for col in [c for c in trials.columns if is_attack_metric(c)]:
-            trials.loc[skipped, col] = np.nan
-            if col in raw:
-                raw.loc[skipped, col] = np.nan
-
     finished = trials["finished_at"] if "finished_at" in trials else pd.Series(pd.NaT, index=trials.index)
     trials["_finished"] = pd.to_datetime(finished, utc=True, errors="coerce", format="mixed")
     # completion order: by finish time, unknown times last, table order breaks ties
     unknown = trials["_finished"].isna().to_numpy()
     trials["_order"] = np.argsort(np.lexsort((np.arange(len(trials)), _ns(trials["_finished"]), unknown)))
-
-    trials = add_pareto_ranks(trials, objectives)
+    trials["pareto_rank"] = trials["pareto_rank"].astype(int)
 
     # fill missing references from the data (the worst ok value), so a hypervolume always exists
     for o in objectives:
@@ -406,7 +418,41 @@ def results_of(trials: pd.DataFrame, objectives: Sequence[dict], results_dir: Pa
     colors = {s: palette[i % len(palette)] for i, s in enumerate(surrogates)}
     configs, stored = load_configs(results_dir, raw, trials, objectives)
     return Results(results_dir, name, objectives, trials, epochs, surrogates, colors, configs, utility_tolerance,
-                   stored)
+                   stored, final)
+
+
+def normalise_older(trials: pd.DataFrame, objectives: Sequence[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The fallback for a trials table that lacks what ``results.write_tables`` now guarantees
+    (``results.FINAL_COLUMNS``): written by an older cem-bench, or by hand. The writer's normalisation,
+    done here once for such a table: the λ = 0 rows as the baseline (whatever surrogate keys an older table
+    recorded for them), roles ("search" where none), ``config_id``, a ``trial_id`` and a ``status`` for every
+    row, no attack metric where the attack was skipped, and ``pareto_rank`` over ``objectives`` among the ok
+    trials (-1 for the others and for a NaN objective). Returns ``(trials, raw)``: ``raw`` is the table with
+    only the nulled keys, roles and skipped attacks, whose config values ``config_id`` hashes and
+    ``load_configs`` aggregates (before any coercion)."""
+    trials = null_inapplicable(trials).reset_index(drop=True)
+    trials[ROLE_COLUMN] = roles(trials)
+    trials = null_skipped_attacks(trials)
+    raw = trials.copy()  # as stored: configuration ids hash the config values before any coercion
+    if CONFIG_ID not in trials and len(trials) and config_columns(raw):
+        trials[CONFIG_ID] = config_ids(raw).astype(str)
+    if "trial_id" not in trials:
+        trials["trial_id"] = [f"trial_{i}" for i in range(len(trials))]
+    if "status" not in trials:
+        trials["status"] = "ok"
+    trials["status"] = trials["status"].fillna("error").astype(str)
+    for col in loaded_metrics(objectives):
+        if col not in trials:
+            trials[col] = np.nan
+    ok = (trials["status"].str.lower() == "ok").to_numpy()
+    trials["pareto_rank"] = rank_table(trials, objectives, ok).astype(int)
+    return trials, raw
+
+
+def loaded_metrics(objectives: Sequence[dict]) -> set[str]:
+    """The metric columns every ``Results.trials`` has (NaN where the table has none): the reported metrics
+    and the objectives."""
+    return set(REPORTED_METRICS) | {o["metric"] for o in objectives}
 
 
 def _ns(ts: pd.Series) -> np.ndarray:

@@ -2,17 +2,16 @@
 rather than through pyplot, so the report never touches the process-wide backend or pyplot's figure
 registry and no figure outlives its function.
 
-This module holds what the figures share: which parameters each surrogate uses (``SURROGATE_KEYS``,
-``uses_param``), a new figure and its margins (``new_figure``, ``fit_margins``, ``save``), the range of a
-bounded metric (``metric_bounds``, ``clip_interval``, ``bars``), the λ axis and a small panel's label
-(``wrapped``). Each family of figures is one module beside it (a new plot is one file plus its test):
+This module holds what the figures share: which parameters each trial's surrogate uses (``uses_param``), a
+new figure and its margins (``new_figure``, ``fit_margins``, ``save``), the range of a bounded metric
+(``metric_bounds``, ``clip_interval``, ``bars``), the λ axis and a small panel's label (``wrapped``). Each
+family of figures is one module beside it (a new plot is one file plus its test):
 ``frontier_plot`` (the frontier plots and the baseline's noise bands), ``hypervolume_plot``, ``param_plot``
 (each objective against one parameter), ``lambda_plot`` (the trade-off over λ) and ``training_plot`` (the
 front's training curves)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,18 +25,6 @@ from .load import LAMBD_COL, NOISE_COL, Results
 
 # parameters of every trial, λ = 0 baselines included (they have no surrogate)
 EVERY_TRIAL_PARAMS = frozenset({LAMBD_COL, NOISE_COL})
-# The keys each surrogate reads, as its registry class declares them (``surrogates.get(name).keys``).
-# Copied, not imported: the registry imports torch and every surrogate module, 4.6 s of a 10,000-trial
-# report's 10 s; tests/test_report.py checks that this table and the registry agree.
-_GATES = ("hidden_dim", "snr_thresh", "snr_sharp", "softplus_beta", "margin", "slot_power", "class_gate_a",
-          "class_gate_b", "stats_on")
-SURROGATE_KEYS: dict[str, tuple[str, ...]] = {
-    "gmm": ("num_clusters", "gmm_fit", "entropy", "shrink", "legacy_prior_indexing", "refit_augmented", "stats_on"),
-    "gated_attention": _GATES,
-    "slot_cross": _GATES + ("num_slots", "num_iterations", "num_heads", "slot_temp"),
-    "attention_centroid": ("num_slots", "num_iterations", "num_heads", "hidden_dim", "reg_strength", "stats_on"),
-    "serial_enhanced": ("num_slots", "num_iterations", "num_heads", "hidden_dim", "dropout", "stats_on"),
-}
 
 
 def _config_column(key: str) -> str:
@@ -48,28 +35,34 @@ def _config_column(key: str) -> str:
 
 
 def surrogate_keys(name: str) -> frozenset[str] | None:
-    """The config columns surrogate ``name`` uses (``SURROGATE_KEYS``; a surrogate registered by a plug-in
-    outside the table: its registry class's ``keys``, when the registry is already loaded); None for an
-    unknown surrogate (its trials are drawn for every parameter)."""
-    keys = SURROGATE_KEYS.get(name)
-    if keys is None and "cem_bench.surrogates" in sys.modules:
-        try:
-            keys = getattr(sys.modules["cem_bench.surrogates"].get(name), "keys", None)
-        except Exception:  # noqa: BLE001 - unknown name (ConfigError)
-            keys = None
-        keys = None if callable(keys) else keys
-    return None if keys is None else frozenset(_config_column(k) for k in keys)
+    """The config columns surrogate ``name`` reads, as the surrogate registry declares them
+    (``surrogates.get(name).keys``; importing the registry loads torch, so only older tables ask it:
+    ``uses_param``); None for a surrogate the registry does not know (its trials are drawn for every key)."""
+    from cem_bench import surrogates
+    try:
+        keys = surrogates.get(name).keys
+    except Exception:  # noqa: BLE001 - unknown name (ConfigError)
+        return None
+    return frozenset(_config_column(k) for k in keys)
 
 
 def uses_param(res: Results, param: str) -> pd.Series:
     """Per trial: does the trial's surrogate use ``param``? λ and σ apply to every trial; the other
-    parameters only to non-baseline trials whose surrogate uses them (unknown surrogates: all)."""
+    parameters only to non-baseline trials whose config holds them. A trial records its resolved config,
+    which holds only the keys its surrogate reads (``results.write_tables`` keeps it so), so a key that
+    applies is a key that is set: nothing here is kept per surrogate. An older table
+    (``Results.final_table`` False) may hold every surrogate's defaults in every row: there the surrogate
+    registry says which keys a surrogate reads (``surrogate_keys``; unknown surrogates: all)."""
     trials = res.trials
     if param in EVERY_TRIAL_PARAMS:
         return pd.Series(True, index=trials.index)
-    keys = {s: surrogate_keys(s) for s in trials["_surrogate"].unique()}
-    used = trials["_surrogate"].map(lambda s: keys[s] is None or param in keys[s]).astype(bool)
-    return used & ~trials["_baseline"]
+    if param not in trials:
+        return pd.Series(False, index=trials.index)
+    used = trials[param].notna() & ~trials["_baseline"]
+    if not res.final_table and used.any():
+        keys = {s: surrogate_keys(s) for s in trials.loc[used, "_surrogate"].unique()}
+        used &= trials["_surrogate"].map(lambda s: s not in keys or keys[s] is None or param in keys[s]).astype(bool)
+    return used
 
 
 def new_figure(width: float, height: float, top_in: float = 0.45) -> Figure:

@@ -1,4 +1,8 @@
-"""The experiment-state guard behind ``--resume`` (package docstring: why Ray's own state can be torn)."""
+"""The experiment-state guard behind ``--resume`` (package docstring: why Ray's own state can be torn).
+
+The bundle's format (``resume_bundle_bytes``, ``read_resume_bundle``) is in ``results``, beside its other
+reader: building the tables of an experiment folder prefers the bundle's state to Ray's, and that runs in
+the report too, which may not import ``search`` (docs/architecture.md §3)."""
 
 from __future__ import annotations
 

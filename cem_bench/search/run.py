@@ -16,7 +16,7 @@ import time
 from typing import Any, NamedTuple
 
 from ..errors import SearchError, StorageFull
-from ..integrity import read_table, write_recorded_json
+from ..integrity import write_recorded_json
 from ..parsing import loads_json
 from ..schema import INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
 from ..storage import (
@@ -469,7 +469,8 @@ def search_command(args) -> dict:
                                  stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)))
             t_write = time.perf_counter()
             from .. import results
-            trials_path, epochs_path = results.write_tables(exp)
+            trials, epochs = results.build_tables(exp)
+            trials_path, epochs_path = results.write_tables(exp, (trials, epochs))
             stats["write_s"] = time.perf_counter() - t_write
     except KeyboardInterrupt:   # a second signal, or one outside Tune's loop: stopped at once
         if exists(join(exp_path, "tuner.pkl")):
@@ -477,13 +478,9 @@ def search_command(args) -> dict:
                   f"  {stats['resume_command']}", file=sys.stderr, flush=True)
         raise
 
-    if is_uri(str(trials_path)):
-        n_ok, n_err, n_stop = stats.get("trials_ok", 0), stats.get("trials_error", 0), stats.get("trials_stopped", 0)
-        n_int = 0
-    else:
-        df = read_table(exp, os.path.basename(str(trials_path)), "trials")
-        n_stop, n_int = int((df["status"] == "stopped").sum()), int((df["status"] == "interrupted").sum())
-        n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] == "error").sum())
+    # the statuses of the table just written (not Ray's results: the table also counts the trials that never
+    # started, and tells a stopped or interrupted trial from an error), counted from it in memory
+    n_ok, n_err, n_stop, n_int = (int((trials["status"] == s).sum()) for s in ("ok", "error", "stopped", "interrupted"))
     print(f"experiment: {exp}")
     print(f"trials: {trials_path}")
     print(f"epochs: {epochs_path}")
