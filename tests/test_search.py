@@ -660,8 +660,9 @@ def test_paper_grid_end_to_end(tmp_path, monkeypatch, capsys):
     shipped["replicates"] = 2
     shipped["params"]["defense.noise_std"] = {"choice": [0.1]}
     shipped["params"]["cem.surrogate"]["choice"] = ["gmm", "gated_attention"]
-    space = tmp_path / "paper_grid_synthetic.yaml"
-    space.write_text(yaml.safe_dump(shipped))
+    space = str(tmp_path / "paper_grid_synthetic.yaml")
+    with open(space, "w") as fh:
+        fh.write(yaml.safe_dump(shipped))
     sets = [a for k, v in TINY.items() if k != "train.device" for a in ("--set", f"{k}={v}")]
     storage = tmp_path / "res"
     rc = cli.main(["search", space, "--storage", str(storage), *sets])
