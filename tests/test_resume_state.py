@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import ray.cloudpickle as cloudpickle
 
+from cem_bench import bundle as bundle_format
 from cem_bench import results, schema, search
 
 S1, S2, S3 = "2026-01-01_00-00-01", "2026-01-01_00-00-02", "2026-01-01_00-00-03"
@@ -102,12 +103,12 @@ def test_bundle_is_written_atomically_and_holds_one_session(tmp_path):
     target = tmp_path / "exp" / schema.RESUME_STATE_FILE
     search.write_resume_snapshot(str(staging), S2, str(target))
     assert target.read_bytes()[:1] == b"{"   # JSON: bytes without code
-    bundle = results.read_resume_bundle(target.parent)
+    bundle = bundle_format.read_resume_bundle(target.parent)
     assert bundle["session"] == S2 and bundle["files"] == files and bundle["version"] == 2
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp file left behind
     with pytest.raises(FileNotFoundError):
         search.write_resume_snapshot(str(staging), S3, str(target))
-    assert results.read_resume_bundle(target.parent)["session"] == S2  # the previous bundle survives a failed write
+    assert bundle_format.read_resume_bundle(target.parent)["session"] == S2  # the previous bundle survives a failed write
 
 
 def test_an_edited_bundle_is_reported_and_rays_files_are_checked_alone(tmp_path):
@@ -129,7 +130,7 @@ def test_a_bundle_with_one_changed_byte_is_refused(tmp_path):
     data[i] = ord("9") if data[i] != ord("9") else ord("8")
     target.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="not an intact"):
-        results.read_resume_bundle(target.parent)
+        bundle_format.read_resume_bundle(target.parent)
 
 
 class _Marker:
@@ -150,17 +151,17 @@ def test_a_pickled_bundle_is_never_unpickled_without_the_flag(tmp_path):
     assert [t["trial_id"] for t in results.ray_trials(results._Dir(exp))] == ["a"]   # what report reads
     done = search.repair_experiment_state(str(exp))                                     # what --resume reads
     assert len(done) == 1 and "--trust-pickled-state" in done[0]
-    with pytest.raises(results.PickledBundle):
-        results.read_resume_bundle(exp)
+    with pytest.raises(bundle_format.PickledBundle):
+        bundle_format.read_resume_bundle(exp)
     assert not marker.exists()
     with pytest.raises(ValueError):   # with the flag it is read (and, being crafted, runs: what the flag warns of)
-        results.read_resume_bundle(exp, trust_pickle=True)
+        bundle_format.read_resume_bundle(exp, trust_pickle=True)
     assert marker.exists()
 
 
 def test_a_bundle_of_the_old_format_is_read_with_the_flag():
     exp = Path(__file__).parent / "fixtures" / "format1" / "experiment"
-    with pytest.raises(results.PickledBundle):
-        results.read_resume_bundle(exp)
-    bundle = results.read_resume_bundle(exp, trust_pickle=True)
+    with pytest.raises(bundle_format.PickledBundle):
+        bundle_format.read_resume_bundle(exp)
+    bundle = bundle_format.read_resume_bundle(exp, trust_pickle=True)
     assert bundle["version"] == 1 and any(n.startswith("experiment_state-") for n in bundle["files"])
