@@ -124,7 +124,7 @@ def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list
     dev = resolve_device(device or ref_cfg.train.device)
     splits, trainer = build(build_config({**base, "cem.lambd": 0.0}), dev)
     # the batches a matched trial measures on (strength.match), and held-out ones to check its scale on
-    match_batches = strength.fixed_batches(ref_cfg, splits, strength.MATCH_BATCHES)
+    match_batches = strength.fixed_batches(ref_cfg, splits, ref_cfg.cem.strength_batches)
     check = strength.fixed_batches(ref_cfg, splits, batches, strength.CHECK_SEED)
     sigma, seed = ref_cfg.defense.noise_std, int(ref_cfg.seed)
     first_scale: dict[str, float] = {}

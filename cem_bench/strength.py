@@ -31,11 +31,7 @@ from .config import TrialConfig
 from .schedule import inject_scale, lr_at
 from .surrogates.base import REFERENCE_SURROGATE as REFERENCE
 
-# batches averaged by a match: the per-batch strength spreads by 12-25 % (std / mean) on the synthetic shapes
-# and by up to 62 % for slot_cross on photos, heavy-tailed (a batch up to 3.1x the mean), where 8 batches put a
-# match 1.74x off on held-out batches and 32 still 1.59x (docs/estimators.md, "One λ scale"); 64 bring the
-# mean's error there to about 8 %, so that 1.5x is a five-standard-error event
-MATCH_BATCHES = 64
+# the batches a match averages: cem.strength_batches (config.py says why 64 by default)
 BATCH_SEED = 104729        # the match's batches: a generator seeded from the trial seed plus this
 CHECK_SEED = 15485863      # calibrate's held-out batches, to check a match on batches it did not see
 
@@ -135,8 +131,8 @@ def build_reference(cfg: TrialConfig, feature_shape, num_classes: int, device: t
 def match(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogate, reference, c_ref: float,
           c_own: float, batches: list | None = None) -> dict:
     """The loss_scale with which ``surrogate`` pulls as ``reference`` (gmm) does on this encoder, measured on
-    ``MATCH_BATCHES`` fixed batches; a record of the measurement (``cem_strength_*``) for the trial's result."""
-    batches = batches if batches is not None else fixed_batches(cfg, splits, MATCH_BATCHES)
+    ``cem.strength_batches`` fixed batches; a record of the measurement (``cem_strength_*``) for the trial's result."""
+    batches = batches if batches is not None else fixed_batches(cfg, splits, cfg.cem.strength_batches)
     sigma = cfg.defense.noise_std
     # each from the same start (dropout masks, the surrogate's stream): the two see the same batches alike
     with untouched(client, server, surrogate, reference):
@@ -167,7 +163,7 @@ def match_on(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogat
         if keep is None:
             raise
         return {"cem_loss_scale": keep, "cem_strength_gmm": e.gmm, "cem_strength_own": e.own,
-                "cem_strength_spread": float("nan"), "cem_strength_batches": MATCH_BATCHES}
+                "cem_strength_spread": float("nan"), "cem_strength_batches": cfg.cem.strength_batches}
 
 
 class Matcher:

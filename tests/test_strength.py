@@ -100,7 +100,8 @@ def test_strength_every_matches_again_on_the_encoder_as_it_is_then():
     """cem.strength_every = 1: a match at the start of every CEM epoch; each epoch's record carries the scale
     its steps used, and the result the first, the range and the count."""
     res = run_trial({**SMALL, "train.epochs": 4, "cem.surrogate": "slot_cross", "cem.warmup_epochs": 1,
-                     "cem.strength_every": 1})
+                     "cem.strength_every": 1, "cem.strength_batches": 8})
+    assert res["cem_strength_batches"] == 8                # cem.strength_batches: what a match averages
     hist = res["info"]["history"]
     used = [r["cem_loss_scale"] for r in hist if r["cem_active"]]
     assert len(used) == 3 and res["cem_strength_matches"] == 3 and res["cem_strength_epoch"] == 2
