@@ -82,13 +82,8 @@ def finite(v) -> bool:
 
 @pytest.fixture(scope="module", autouse=True)
 def _restore_ray_env():
-    # The in-process clusters of this module run without token authentication, as every test cluster here
-    # does (subprocess_env): Ray's driver side keeps the mode it first saw in a process, so a module that ran
-    # an in-process driver with RAY_AUTH_MODE=disabled before (test_cluster_autoscale.py) left the next local
-    # cluster's GCS expecting a token the driver would not send ("Failed to start GCS", InvalidAuthToken).
-    # ray.init() of a new local cluster also sets RAY_AUTH_MODE in this process: put it back afterwards.
+    # ray.init() of a new local cluster sets RAY_AUTH_MODE=token in this process; put it back afterwards
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE",)}
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     yield
     for k, v in saved.items():
         if v is None:
