@@ -60,15 +60,3 @@ def alarm_after(seconds: int, what: str):
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
-
-
-# Modules whose tests connect an in-process Ray driver to a cluster started with RAY_AUTH_MODE=disabled. Ray's
-# driver side keeps the authentication mode it first saw for the rest of the process, and a later in-process
-# ray.init() of a new local cluster starts that cluster with token authentication: its GCS then refuses the
-# driver ("Failed to start GCS", InvalidAuthToken), as the clean-clone CI run of 2026-11-27 showed for
-# tests/test_search.py after tests/test_cluster_autoscale.py. These modules run last.
-RUN_LAST = ("test_cluster_autoscale.py",)
-
-
-def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name in RUN_LAST)    # stable: the rest keep their order
