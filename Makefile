@@ -27,8 +27,12 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check cem_bench tests
 
+# The autoscaling tests run in a pytest process of their own: their in-process Ray driver connects with
+# RAY_AUTH_MODE=disabled, which Ray keeps for the process, and a later in-process ray.init() of a new local
+# cluster (tests/test_search.py) then fails its GCS's token check (the clean-clone CI runs of 2026-11-27)
 test: lint
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 --ignore=tests/test_cluster_autoscale.py
+	$(BIN)/python -m pytest -q tests/test_cluster_autoscale.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not ray"
