@@ -8,11 +8,11 @@ module in it, so adding a sampler is adding a file (docs/architecture.md §5, "A
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ..plugin_table import PluginTable
 
 Check = tuple[str, Callable[[Any], bool]]
 
@@ -25,47 +25,16 @@ class SamplerPlugin:
     doc: str = ""
 
 
-_PLUGINS: dict[str, SamplerPlugin] = {}
-_LOADED = False
+_TABLE = PluginTable("sampler", __name__, __path__)
 
 
 def register(name: str, options: dict[str, Check], doc: str = ""):
     """Decorator of a builder ``build(optuna, spec, opts)``: registers the sampler ``name``."""
     def deco(build):
-        if name in _PLUGINS:
-            raise ValueError(f"sampler {name!r} is registered twice")
-        _PLUGINS[name] = SamplerPlugin(name, dict(options), build, doc)
+        _TABLE.add(name, SamplerPlugin(name, dict(options), build, doc))
         return build
     return deco
 
 
-def unregister(name: str) -> None:
-    """Remove a sampler (tests register throw-away ones)."""
-    _PLUGINS.pop(name, None)
-
-
-def load() -> None:
-    """Import every module of this package once: each registers its samplers."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-def get(name: str) -> SamplerPlugin | None:
-    load()
-    return _PLUGINS.get(name)
-
-
-def names() -> tuple[str, ...]:
-    load()
-    return tuple(sorted(_PLUGINS))
-
-
-def options() -> dict[str, dict[str, Check]]:
-    """``{sampler: {option: (what it must be, check)}}`` of every registered sampler."""
-    load()
-    return {n: dict(_PLUGINS[n].options) for n in sorted(_PLUGINS)}
+unregister, load, get, names, options = (_TABLE.unregister, _TABLE.load, _TABLE.get, _TABLE.names,
+                                         _TABLE.options)

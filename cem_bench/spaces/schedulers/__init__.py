@@ -25,11 +25,11 @@ package's registry loads every module in it, so adding a scheduler is adding a f
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ..plugin_table import PluginTable
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,7 @@ class SchedulerPlugin:
         return "{" + ", ".join([f"name: {self.name}", *(f"{k}: {o.default}" for k, o in self.options.items())]) + "}"
 
 
-_PLUGINS: dict[str, SchedulerPlugin] = {}
-_LOADED = False
+_TABLE = PluginTable("scheduler", __name__, __path__)
 
 
 def register(name: str, options: dict[str, Option], *, rungs: Callable[[dict, int], list[int]] | None,
@@ -86,43 +85,13 @@ def register(name: str, options: dict[str, Option], *, rungs: Callable[[dict, in
             raise ValueError(f"scheduler {name!r}: the default of {k!r}, {o.default!r}, fails its own check")
 
     def deco(build):
-        if name in _PLUGINS:
-            raise ValueError(f"scheduler {name!r} is registered twice")
-        _PLUGINS[name] = SchedulerPlugin(name, dict(options), build, rungs, check, describe, doc)
+        _TABLE.add(name, SchedulerPlugin(name, dict(options), build, rungs, check, describe, doc))
         return build
     return deco
 
 
-def unregister(name: str) -> None:
-    """Remove a scheduler (tests register throw-away ones)."""
-    _PLUGINS.pop(name, None)
-
-
-def load() -> None:
-    """Import every module of this package once: each registers its schedulers."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-def get(name: str) -> SchedulerPlugin | None:
-    load()
-    return _PLUGINS.get(name)
-
-
-def names() -> tuple[str, ...]:
-    load()
-    return tuple(sorted(_PLUGINS))
-
-
-def options() -> dict[str, dict[str, Option]]:
-    """``{scheduler: {option: Option}}`` of every registered scheduler."""
-    load()
-    return {n: dict(_PLUGINS[n].options) for n in sorted(_PLUGINS)}
+unregister, load, get, names, options = (_TABLE.unregister, _TABLE.load, _TABLE.get, _TABLE.names,
+                                         _TABLE.options)
 
 
 def describe(scheduler: dict) -> str:
