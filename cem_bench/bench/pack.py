@@ -1,26 +1,30 @@
 """Row group ``pack`` (CUDA): trials per GPU-hour when k trials share one card, with and without CUDA MPS.
 
-k = 1, 2, 4, 8 worker processes, each a trial of the paper's model (gmm, λ = 16, graphed step) on
-``PACK_IMAGES`` synthetic training images, with its torch threads pinned to its share of the CPUs
-(``OMP_NUM_THREADS`` = CPUs // k, as Ray's ``resources.cpu`` does). Each worker builds its trainer and runs one
-untimed epoch (capture, autotuning, the first refit), then says it is ready and waits; when all k are ready
-they are released together (a barrier on their stdin), and each trains ``PACK_EPOCHS`` epochs, recording when
-each epoch started and ended on the host's monotonic clock (the epoch ends with a host read of its logs: the
-device has finished it).
+``PACK_WORKERS`` worker processes start together, each a trial of the paper's model (gmm, λ = 16, graphed step,
+the grid's batch 128) on ``PACK_IMAGES`` synthetic training images, with ``OMP_NUM_THREADS`` = CPUs //
+``PACK_WORKERS`` (2 on a 16-CPU card: the paper grid's ``resources: {cpu: 2}``). Each builds its trainer and
+runs one untimed epoch (capture, autotuning, the first refit), says it is ready and waits. For each k the
+first k workers are released together (a barrier on their stdin) and each trains whole epochs (steps and the
+gmm refit; evaluation aside) for ``PACK_SECONDS``, recording when each epoch started and ended on the host's
+monotonic clock (an epoch ends with a host read of its logs: the device has finished it); the other workers
+hold their CUDA contexts and run nothing. Reusing the workers across k and repeats keeps their start-up (tens
+of seconds each) out of the device time, which a lent card has little of.
 
 The throughput is measured only where all k ran at once (``window``): from the last worker's first timed
 epoch start to the first worker's last epoch end, the images every worker trained inside that window (an epoch
 that straddles an edge counted pro rata) divided by its length. Summing each worker's own rate instead (the
 method before issue 40) counts a worker that started late or finished early as if it had shared the card the
 whole time: on an H100 it reported 49 paper trials per GPU-hour where the card's own ceiling for this model
-allows about 30. Each k runs ``PACK_REPEATS`` times (the median and the range are reported), every figure is
+allows about 30. Each k runs ``PACK_REPEATS`` windows (the median and the range are reported), every figure is
 printed as a fraction of the ceiling (``ceiling.py``: one model at the best batch size in the same
 precision), and a packed figure above the ceiling is reported as an error of the measurement. "Paper trials
-per GPU-hour" divides the throughput into 240 epochs of 50,000 images (training only: the attacks are in the
-``epoch`` group's estimate). Without MPS first, then under MPS where ``nvidia-cuda-mps-control`` can start
-(and is stopped again if this row started it). Target: >= 40 paper trials per GPU-hour at the best k.
+per GPU-hour" divides the throughput into 240 epochs of 50,000 images (training only; ``attack_packing``
+measures the attacks of k packed trials, and ``whole_trials_per_hour`` joins the two). Both precisions
+(``train.amp`` off: the grid's fp32 with TF32 convolutions, and bf16), without MPS first, then under MPS where
+``nvidia-cuda-mps-control`` can start (stopped again if this row started it).
 
-``python -m cem_bench.bench.pack FLAT_JSON`` is the worker (JSON lines on stdout; "go" on stdin releases it).
+``python -m cem_bench.bench.pack FLAT_JSON`` is the worker: JSON lines on stdout; on stdin one command a line,
+``{"train": seconds, "min_epochs": n}`` or ``{"attack": true}``; end of input stops it.
 """
 
 from __future__ import annotations
@@ -38,51 +42,101 @@ import torch
 from .harness import Sizes, error_row, make_row, row
 
 PACK_K = (1, 2, 4, 8)
+PACK_WORKERS = max(PACK_K)
 PACK_IMAGES = 10000
-PACK_EPOCHS = 4            # timed epochs after the untimed first one
+PACK_SECONDS = 6.0          # each worker's timed training per window (whole epochs, at least PACK_MIN_EPOCHS)
+PACK_MIN_EPOCHS = 2
 PACK_REPEATS = 2
+PRECISIONS = ("off", "on")     # train.amp: the grid's fp32 (TF32 convolutions), bf16 autocast
 PAPER_EPOCHS, PAPER_IMAGES = 240, 50000
 TARGET_TRIALS_PER_HOUR = ("ge", 40.0)
 
 
-def worker_flat(images: int, epochs: int) -> dict:
-    """A worker's trial: ``epochs`` timed epochs after one untimed (``train.epochs`` = epochs + 1)."""
+def worker_flat(images: int, amp: str = "off") -> dict:
+    """A worker's trial. ``train.epochs`` is only a horizon for the schedule (the workers train as many epochs
+    as their windows take, all at the first learning rate)."""
     return {"data.dataset": "synthetic", "data.train_size": images, "data.test_size": 1000, "model.width": 1.0,
-            "train.batch_size": 128, "train.epochs": epochs + 1, "cem.surrogate": "gmm", "cem.lambd": 16.0,
-            "cem.warmup_epochs": 0, "train.device": "cuda", "seed": 0}
+            "train.batch_size": 128, "train.epochs": 100000, "train.amp": amp, "cem.surrogate": "gmm",
+            "cem.lambd": 16.0, "cem.warmup_epochs": 0, "train.device": "cuda", "seed": 0,
+            # the attacks as the paper grid runs them (cifar10_paper.yaml: its decoder on the training images),
+            # for ``Workers.attack``; a scaled-down decoder run, measured as a ratio (``attack_packing``)
+            "data.attack_split": "training", "attack.epochs": 20, "attack.blocks": 8, "attack.channels": 64}
 
 
-def run_workers(k: int, flat: dict, timeout: float = 600.0) -> list[dict]:
-    """Start k workers, release them together once all are ready; each one's ``{"epochs": [[start, end,
-    images], ...], "threads": n, "graphed": bool}`` (times on the host's monotonic clock)."""
-    cpus = os.cpu_count() or 1
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cpus // k)), "PYTHONPATH": os.pathsep.join(
-        p for p in (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                    os.environ.get("PYTHONPATH")) if p)}
-    procs = [subprocess.Popen([sys.executable, "-m", "cem_bench.bench.pack", json.dumps(flat)], env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(k)]
-    try:
-        for p in procs:                        # the barrier: every worker has built, captured and warmed up
-            line = p.stdout.readline()
-            if json.loads(line or "{}").get("ready") is not True:
-                p.wait(timeout=timeout)
-                raise RuntimeError(f"pack worker exited with {p.returncode} before it was ready: "
-                                   f"{p.stderr.read().strip().splitlines()[-1:]}")
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        out = []
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=timeout)
-            if p.returncode != 0:
-                raise RuntimeError(f"pack worker exited with {p.returncode}: {stderr.strip().splitlines()[-1:]}")
-            out.append(json.loads(stdout.strip().splitlines()[-1]))
-        return out
-    finally:
-        for p in procs:
-            if p.poll() is None:
+class Workers:
+    """``n`` pack workers of one trial config, started and warmed up together; ``train(k, ...)`` and
+    ``attack(k)`` release the first k at once and return what each reports. A context manager: leaving it
+    ends their input, and kills any that does not exit."""
+
+    def __init__(self, n: int, flat: dict, timeout: float = 600.0):
+        cpus = os.cpu_count() or 1
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cpus // n)),
+               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self.timeout = timeout
+        self.procs = [subprocess.Popen([sys.executable, "-m", "cem_bench.bench.pack", json.dumps(flat)], env=env,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True) for _ in range(n)]
+        try:
+            for p in self.procs:               # every worker has built, captured and warmed up
+                if self._read(p).get("ready") is not True:
+                    raise RuntimeError("pack worker said something other than ready")
+        except BaseException:
+            self.close()
+            raise
+
+    def _read(self, p: subprocess.Popen) -> dict:
+        line = p.stdout.readline()
+        if not line:
+            try:
+                p.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
                 p.kill()
+            tail = (p.stderr.read() or "").strip().splitlines()[-3:]
+            raise RuntimeError(f"pack worker exited with {p.returncode}: {tail}")
+        return json.loads(line)
+
+    def _release(self, k: int, command: dict) -> list[dict]:
+        if not 1 <= k <= len(self.procs):
+            raise ValueError(f"k = {k}: between 1 and the {len(self.procs)} workers started")
+        for p in self.procs[:k]:
+            p.stdin.write(json.dumps(command) + "\n")
+        for p in self.procs[:k]:               # after every write: the k start as close together as the pipes allow
+            p.stdin.flush()
+        return [self._read(p) for p in self.procs[:k]]
+
+    def train(self, k: int, seconds: float = PACK_SECONDS, min_epochs: int = PACK_MIN_EPOCHS) -> list[dict]:
+        """Each of the first k: ``{"epochs": [[start, end, images], ...], "threads": n, "graphed": bool}``."""
+        return self._release(k, {"train": seconds, "min_epochs": min_epochs})
+
+    def attack(self, k: int) -> list[dict]:
+        """Each of the first k runs its trial's attacks (``attacks.run_all``): ``{"attack": [start, end]}``."""
+        return self._release(k, {"attack": True})
+
+    def close(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(OSError, ValueError):
+                p.stdin.close()
+        deadline = time.monotonic() + 30
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_workers(k: int, flat: dict, timeout: float = 600.0, seconds: float = PACK_SECONDS,
+                min_epochs: int = PACK_MIN_EPOCHS) -> list[dict]:
+    """k fresh workers, released together once: each one's report (``Workers.train``)."""
+    with Workers(k, flat, timeout) as w:
+        return w.train(k, seconds, min_epochs)
 
 
 def window(results: list[dict]) -> dict:
@@ -111,42 +165,71 @@ def trials_per_hour(images_per_s: float) -> float:
     return images_per_s * 3600 / (PAPER_EPOCHS * PAPER_IMAGES)
 
 
+def attack_packing(spans: list[list[float]], alone_s: float) -> float:
+    """How many times one trial's attacks the card gets through when k trials attack at once: k × the time of
+    one alone / the time from the first start to the last end (1 = packing gains nothing)."""
+    together = max(e for _, e in spans) - min(s for s, _ in spans)
+    return len(spans) * alone_s / together
+
+
+def whole_trials_per_hour(train_images_per_s: float, attack_alone_s: float, attack_factor: float) -> float:
+    """Paper trials (240 × 50k training images, then their attacks) per GPU-hour: the GPU-seconds of one trial's
+    training at the packed throughput plus its attacks (``attack_alone_s`` alone) at the packed factor."""
+    return 3600 / (PAPER_EPOCHS * PAPER_IMAGES / train_images_per_s + attack_alone_s / attack_factor)
+
+
 @row("pack", "packed", order=60)
 def bench_pack(device: torch.device, sizes: Sizes, ks: tuple[int, ...] = PACK_K) -> list[dict]:
     if device.type != "cuda":
         return [make_row("packed trials per GPU-hour", note="CUDA only: k trial processes sharing one GPU")]
-    from .. import mps
-    from .ceiling import ceiling
     images = PACK_IMAGES if sizes.label != "quick" else PACK_IMAGES // 2
-    flat = worker_flat(images, PACK_EPOCHS)
-    top = ceiling(device, sizes, flat.get("train.amp", "off"))
     rows = []
-    for use_mps in (False, True):
-        session_cm = mps.Session("auto", 0.5, True, log=lambda *_: None) if use_mps else contextlib.nullcontext()
-        with session_cm as session:
-            if session is not None and session.state.startswith("not started"):
-                rows.append(make_row("packed trials per GPU-hour under MPS", note=session.state))
-                break
-            for k in ks:
-                label = f"packed k={k}{' MPS' if use_mps else ''}: paper trials per GPU-hour"
-                try:
-                    rows.append(pack_row(label, k, flat, top, PACK_REPEATS))
-                except Exception as e:  # noqa: BLE001
-                    rows.append(error_row(label, e))
+    for amp in PRECISIONS:
+        rows.extend(pack_rows(device, sizes, worker_flat(images, amp), ks))
     return rows
 
 
-def pack_row(label: str, k: int, flat: dict, top: dict, repeats: int) -> dict:
-    """One k: ``repeats`` packed runs measured in their common window, as a fraction of the ceiling ``top``."""
+def pack_rows(device: torch.device, sizes: Sizes, flat: dict, ks: tuple[int, ...] = PACK_K,
+              log=lambda *_: None) -> list[dict]:
+    """The rows of one precision: every k without MPS, then under MPS (where it starts)."""
+    from .. import mps
+    from .ceiling import ceiling
+    amp = flat.get("train.amp", "off")
+    top = ceiling(device, sizes, amp)
+    precision = "grid fp32" if amp == "off" else "bf16"
+    rows = []
+    for use_mps in (False, True):
+        session_cm = mps.Session("auto", 0.5, True, log=log) if use_mps else contextlib.nullcontext()
+        with session_cm as session:
+            if session is not None and session.state.startswith("not started"):
+                rows.append(make_row(f"packed ({precision}) under MPS", note=session.state))
+                break
+            try:
+                with Workers(max(ks), flat) as workers:
+                    for k in ks:
+                        label = f"packed k={k} ({precision}{', MPS' if use_mps else ''}): paper trials per GPU-hour"
+                        try:
+                            rows.append(pack_row(label, k, workers, top, PACK_REPEATS))
+                        except Exception as e:  # noqa: BLE001
+                            rows.append(error_row(label, e))
+                        log(rows[-1])
+            except Exception as e:  # noqa: BLE001
+                rows.append(error_row(f"packed ({precision}{', MPS' if use_mps else ''}): workers", e))
+    return rows
+
+
+def pack_row(label: str, k: int, workers: Workers, top: dict, repeats: int) -> dict:
+    """One k: ``repeats`` windows of the first k workers, as a fraction of the ceiling ``top``."""
     t0 = time.perf_counter()
-    runs = [window(run_workers(k, flat)) for _ in range(max(1, repeats))]
+    runs = [window(workers.train(k)) for _ in range(max(1, repeats))]
     rates = [trials_per_hour(w["images_per_s"]) for w in runs]
     per_hour = statistics.median(rates)
-    frac = statistics.median(w["images_per_s"] for w in runs) / top["images_per_s"]
+    images_per_s = statistics.median(w["images_per_s"] for w in runs)
+    frac = images_per_s / top["images_per_s"]
     each = [v for w in runs for v in w["per_worker"]]
-    note = (f"median of {len(runs)} ({min(rates):.1f}-{max(rates):.1f}); {frac:.0%} of the ceiling "
-            f"({top['images_per_s']:,.0f} images/s: one model at batch {top['batch']}, {top['precision']}); "
-            f"each worker {min(each):,.0f}-{max(each):,.0f} images/s inside windows of "
+    note = (f"median of {len(runs)} ({min(rates):.1f}-{max(rates):.1f}); {images_per_s:,.0f} images/s, "
+            f"{frac:.0%} of the ceiling ({top['images_per_s']:,.0f} images/s: one model at batch {top['batch']}, "
+            f"{top['precision']}); each worker {min(each):,.0f}-{max(each):,.0f} images/s inside windows of "
             f"{min(w['seconds'] for w in runs):.1f}-{max(w['seconds'] for w in runs):.1f} s (the old sum of own "
             f"rates: {trials_per_hour(statistics.median(w['own_sum'] for w in runs)):.1f}); "
             f"{time.perf_counter() - t0:.0f} s wall")
@@ -154,28 +237,43 @@ def pack_row(label: str, k: int, flat: dict, top: dict, repeats: int) -> dict:
         return make_row(label, per_hour, "trials/h", error=f"above the card's ceiling ({frac:.0%}): the "
                         f"measurement is wrong, not the card fast; {note}")
     return make_row(label, per_hour, "trials/h", ratio=per_hour, ratio_name="trials/h",
-                    target=TARGET_TRIALS_PER_HOUR, note=note, samples=rates, ceiling_fraction=frac)
+                    target=TARGET_TRIALS_PER_HOUR, note=note, samples=rates, ceiling_fraction=frac,
+                    images_per_s=images_per_s, windows=[{k2: v for k2, v in w.items()} for w in runs])
+
+
+def _train(tr, cfg, first_epoch: int, seconds: float, min_epochs: int) -> tuple[list, int]:
+    n, bs = len(tr.splits.train), cfg.train.batch_size
+    images = n // bs * bs if n >= bs else n      # the short last batch is dropped (data.BatchIterator)
+    epochs, epoch, t_go = [], first_epoch, time.monotonic()
+    while len(epochs) < min_epochs or time.monotonic() - t_go < seconds:
+        t0 = time.monotonic()
+        tr.train_epoch(epoch)                    # ends with a host read of the epoch's logs: the device is done
+        epochs.append([t0, time.monotonic(), images])
+        epoch += 1
+    return epochs, epoch
 
 
 def _worker(flat: dict) -> None:
+    from .. import attacks
     from ..trial import build, build_config
     cfg = build_config(flat)
     dev = torch.device(cfg.train.device)
-    _, tr = build(cfg, dev)
+    splits, tr = build(cfg, dev)
     if tr.surrogate is not None and tr.lambd > 0:
         tr.check_surrogate_compiles()
-    tr.train_epoch(1)                       # capture, autotuning, the first refit: untimed
+    tr.train_epoch(1)                            # capture, autotuning, the first refit: untimed
     print(json.dumps({"ready": True}), flush=True)
-    if sys.stdin.readline().strip() != "go":
-        raise SystemExit("pack worker: the parent went away before releasing the workers")
-    n, bs = len(tr.splits.train), cfg.train.batch_size
-    images = n // bs * bs if n >= bs else n      # the short last batch is dropped (data.BatchIterator)
-    epochs = []
-    for epoch in range(2, cfg.train.epochs + 1):
-        t0 = time.monotonic()
-        tr.train_epoch(epoch)                # ends with a host read of the epoch's logs: the device is done
-        epochs.append([t0, time.monotonic(), images])
-    print(json.dumps({"epochs": epochs, "threads": torch.get_num_threads(), "graphed": tr.graph_step is not None}))
+    epoch = 2
+    for line in sys.stdin:                       # end of input: the parent is done (or gone)
+        cmd = json.loads(line)
+        if "train" in cmd:
+            epochs, epoch = _train(tr, cfg, epoch, float(cmd["train"]), int(cmd.get("min_epochs", 1)))
+            out = {"epochs": epochs, "threads": torch.get_num_threads(), "graphed": tr.graph_step is not None}
+        else:
+            t0 = time.monotonic()
+            attacks.run_all(cfg, tr.client, splits, cfg.defense.noise_std, dev)
+            out = {"attack": [t0, time.monotonic()]}
+        print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,154 @@
+"""Issue 40's device run: the card's ceiling for the paper's model, then k = 1, 2, 4, 8 packed trials, with and
+without MPS, in the grid's fp32 and in bf16, and the attacks of k = 2 packed trials (docs/performance.md
+"Packing trials on one GPU").
+
+    OUT=/some/folder PYTHONPATH=. python3 scripts/gpu_pack.py [--budget-s 500]
+
+Each phase appends its rows to ``$OUT/pack.jsonl`` as soon as it ends (a run cut short keeps what it measured)
+and starts only when its estimated time is left in the budget; the order is the grid's fp32 first (ceiling,
+packed, the attacks packed), then bf16. ``summary.md`` at the end: every figure and the grid's whole trials
+per GPU-hour at its own packing (``cifar10_paper.yaml``: 2 to a GPU, 2 CPUs each, no MPS on a cluster).
+Without CUDA it runs every phase on the CPU at tiny sizes: a dry run of the script, not a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cem_bench.bench import pack  # noqa: E402
+from cem_bench.bench.ceiling import ceiling  # noqa: E402
+from cem_bench.bench.harness import sizes_for  # noqa: E402
+
+# The paper trial's attacks alone on an H100 in the grid's precision (issue 40's measurement, the same day's
+# card type): the decoder 47.8 s, rmle 18.7 s; the attack packing measured here scales them.
+PAPER_ATTACKS_ALONE_S = 47.8 + 18.7
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=500.0)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/cem_gpu_pack"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t_start = time.monotonic()
+    left = lambda: args.budget_s - (time.monotonic() - t_start)  # noqa: E731
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    sizes = sizes_for(device, quick=True, tiny=not cuda)
+    jsonl = open(os.path.join(args.out, "pack.jsonl"), "a")
+
+    def emit(kind: str, **rec) -> None:
+        rec = {"kind": kind, "t": round(time.monotonic() - t_start, 1), **rec}
+        print(json.dumps(rec, default=str)[:600], flush=True)
+        jsonl.write(json.dumps(rec, default=str) + "\n")
+        jsonl.flush()
+
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "cpus": os.cpu_count(),
+           "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+           "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()}
+    if cuda:
+        env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm,"
+                                            "power.limit", "--format=csv"], capture_output=True, text=True).stdout
+    emit("env", **env)
+    if cuda:
+        ks, n_images, seconds = pack.PACK_K, pack.PACK_IMAGES, pack.PACK_SECONDS
+    else:                                 # the dry run: the same phases, a tiny model, 2 workers
+        ks, n_images, seconds = (1, 2), 256, 0.5
+        pack.PACK_SECONDS = seconds
+
+    def flat_for(amp: str) -> dict:
+        f = pack.worker_flat(n_images, amp)
+        if not cuda:
+            f.update({"train.device": "cpu", "model.width": 0.0625, "data.test_size": 64, "train.batch_size": 64,
+                      "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8, "attack.rmle_iterations": 5,
+                      "model.width": sizes.width})
+        return f
+
+    summary = {}
+    # estimated seconds of each phase on an H100 (worker start-up ~40 s, 2 windows of 6 s per k)
+    for amp, est_ceiling, est_pack in (("off", 45, 110), ("on", 45, 110)):
+        if left() < est_ceiling:
+            emit("skipped", phase=f"ceiling {amp}", left=left())
+            break
+        top = ceiling(device, sizes, amp)
+        emit("ceiling", amp=amp, **top)
+        for use_mps in (False, True):
+            phase = f"pack {'fp32' if amp == 'off' else 'bf16'}{' MPS' if use_mps else ''}"
+            if left() < est_pack + (40 if amp == "off" and not use_mps else 0):
+                emit("skipped", phase=phase, left=left())
+                continue
+            try:
+                rows, attack = run_phase(device, sizes, flat_for(amp), ks, top, use_mps,
+                                         attack=(amp == "off" and not use_mps), emit=emit)
+                summary[phase] = {"rows": rows, "attack": attack, "ceiling": top}
+            except Exception:  # noqa: BLE001
+                emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
+    write_summary(args.out, env, summary)
+    return 0
+
+
+def run_phase(device, sizes, flat, ks, top, use_mps, attack, emit):
+    import contextlib
+
+    from cem_bench import mps
+    cm = mps.Session("auto", 0.5, True, log=lambda m: emit("mps", message=m)) if use_mps else contextlib.nullcontext()
+    rows, att = [], None
+    with cm as session:
+        if session is not None and session.state.startswith("not started"):
+            emit("mps", state=session.state)
+            return rows, att
+        t0 = time.monotonic()
+        with pack.Workers(max(ks), flat) as workers:
+            emit("workers", n=max(ks), start_s=time.monotonic() - t0, mps=use_mps, amp=flat["train.amp"])
+            for k in ks:
+                r = pack.pack_row(f"k={k}", k, workers, top, pack.PACK_REPEATS)
+                r.update(k=k, amp=flat["train.amp"], mps=use_mps)
+                emit("pack", **r)
+                rows.append(r)
+            if attack:
+                alone = workers.attack(1)[0]["attack"]
+                spans = [r["attack"] for r in workers.attack(2)]
+                att = {"alone_s": alone[1] - alone[0], "spans": spans,
+                       "together_s": max(e for _, e in spans) - min(s for s, _ in spans),
+                       "factor_k2": pack.attack_packing(spans, alone[1] - alone[0])}
+                emit("attack", **att)
+    return rows, att
+
+
+def write_summary(out, env, summary) -> None:
+    lines = [f"# Packing on {env['device']} (torch {env['torch']}, commit {env['commit'][:10]})", ""]
+    for phase, s in summary.items():
+        top = s["ceiling"]
+        lines.append(f"## {phase}: ceiling {top['images_per_s']:,.0f} images/s (batch {top['batch']}; "
+                     f"{', '.join(f'{b}: {v:,.0f}' for b, v in top['by_batch'].items())})")
+        for r in s["rows"]:
+            lines.append(f"- k={r['k']}: {r['value'] if r['value'] is None else round(r['value'], 1)} "
+                         f"trials/h; {r.get('error') or ''} {r['note']}")
+        if s["attack"]:
+            a = s["attack"]
+            k2 = next((r for r in s["rows"] if r["k"] == 2 and r.get("images_per_s")), None)
+            lines.append(f"- attacks: alone {a['alone_s']:.1f} s, 2 together {a['together_s']:.1f} s: "
+                         f"factor {a['factor_k2']:.2f}")
+            if k2:
+                whole = pack.whole_trials_per_hour(k2["images_per_s"], PAPER_ATTACKS_ALONE_S, a["factor_k2"])
+                lines.append(f"- the grid's packing (k=2, no MPS): {whole:.1f} whole paper trials per GPU-hour; "
+                             f"165 trials: {165 / whole:.1f} GPU-hours")
+        lines.append("")
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
