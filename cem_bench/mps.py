@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 from .errors import ConfigError
 
@@ -30,9 +31,33 @@ def pipe_dir() -> str:
     return os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
 
 
+def daemons() -> list[int] | None:
+    """PIDs of the processes running ``nvidia-cuda-mps-control`` (read from /proc); None where there is no
+    /proc to read."""
+    if not os.path.isdir("/proc"):
+        return None
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if os.path.basename(argv0) == CONTROL:
+                pids.append(int(d))
+    return pids
+
+
 def running() -> bool:
-    """A control daemon answers on the pipe directory (the default, or CUDA_MPS_PIPE_DIRECTORY)."""
-    return os.path.exists(os.path.join(pipe_dir(), "control"))
+    """A control daemon runs for the pipe directory (the default, or CUDA_MPS_PIPE_DIRECTORY): its ``control``
+    pipe is there and its process is alive. The pipe alone is not enough: on an H100 a daemon that had been
+    told to quit still had its pipe when the next session began, which then took it for a running daemon,
+    started none, and its trials ran without MPS (issue 40's first device run)."""
+    if not os.path.exists(os.path.join(pipe_dir(), "control")):
+        return False
+    pids = daemons()
+    return pids is None or bool(pids)
 
 
 def start() -> bool:
@@ -52,12 +77,16 @@ def start() -> bool:
     return True
 
 
-def stop() -> None:
-    """Ask the control daemon to quit (clients finish first)."""
+def stop(wait_s: float = 30.0) -> None:
+    """Ask the control daemon to quit (clients finish first), and wait up to ``wait_s`` for it to be gone, so
+    that a session that starts next starts its own."""
     exe = shutil.which(CONTROL)
     if exe is None or not running():
         return
     subprocess.run([exe], input="quit\n", capture_output=True, text=True, timeout=60)
+    deadline = time.monotonic() + wait_s
+    while daemons() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def wanted(mode: str, gpu_per_trial: float, gpu_visible: bool) -> bool:

@@ -33,12 +33,15 @@ from cem_bench.bench.harness import sizes_for  # noqa: E402
 # The paper trial's attacks alone on an H100 in the grid's precision (issue 40's measurement, the same day's
 # card type): the decoder 47.8 s, rmle 18.7 s; the attack packing measured here scales them.
 PAPER_ATTACKS_ALONE_S = 47.8 + 18.7
+PHASES = ("fp32", "fp32-mps", "bf16", "bf16-mps")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=500.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/cem_gpu_pack"))
+    ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=list(PHASES),
+                    help="which precisions and MPS settings (default: all, in this order)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.monotonic()
@@ -78,13 +81,18 @@ def main() -> int:
     summary = {}
     # estimated seconds of each phase on an H100 (worker start-up ~40 s, 2 windows of 6 s per k)
     for amp, est_ceiling, est_pack in (("off", 45, 110), ("on", 45, 110)):
+        if not any(p.startswith("fp32" if amp == "off" else "bf16") for p in args.phases):
+            continue
         if left() < est_ceiling:
             emit("skipped", phase=f"ceiling {amp}", left=left())
             break
         top = ceiling(device, sizes, amp)
         emit("ceiling", amp=amp, **top)
         for use_mps in (False, True):
+            name = f"{'fp32' if amp == 'off' else 'bf16'}{'-mps' if use_mps else ''}"
             phase = f"pack {'fp32' if amp == 'off' else 'bf16'}{' MPS' if use_mps else ''}"
+            if name not in args.phases:
+                continue
             if left() < est_pack + (40 if amp == "off" and not use_mps else 0):
                 emit("skipped", phase=phase, left=left())
                 continue
@@ -110,7 +118,8 @@ def run_phase(device, sizes, flat, ks, top, use_mps, attack, emit):
             return rows, att
         t0 = time.monotonic()
         with pack.Workers(max(ks), flat) as workers:
-            emit("workers", n=max(ks), start_s=time.monotonic() - t0, mps=use_mps, amp=flat["train.amp"])
+            emit("workers", n=max(ks), start_s=time.monotonic() - t0, mps=use_mps, amp=flat["train.amp"],
+                 mps_daemons=mps.daemons(), mps_servers=mps_servers() if use_mps else None)
             for k in ks:
                 r = pack.pack_row(f"k={k}", k, workers, top, pack.PACK_REPEATS)
                 r.update(k=k, amp=flat["train.amp"], mps=use_mps)
@@ -124,6 +133,16 @@ def run_phase(device, sizes, flat, ks, top, use_mps, attack, emit):
                        "factor_k2": pack.attack_packing(spans, alone[1] - alone[0])}
                 emit("attack", **att)
     return rows, att
+
+
+def mps_servers() -> str:
+    """What the control daemon says of its servers (a server runs once MPS clients are connected)."""
+    import shutil
+    exe = shutil.which("nvidia-cuda-mps-control")
+    if exe is None:
+        return "no nvidia-cuda-mps-control"
+    p = subprocess.run([exe], input="get_server_list\n", capture_output=True, text=True, timeout=10)
+    return f"rc {p.returncode}: {(p.stdout + p.stderr).strip()[:200]}"
 
 
 def write_summary(out, env, summary) -> None:

@@ -31,6 +31,7 @@ def test_auto_goes_on_without_mps_and_says_why(monkeypatch, tmp_path):
 def test_a_running_daemon_is_kept(monkeypatch, tmp_path):
     (tmp_path / "control").write_text("")
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    monkeypatch.setattr(mps, "daemons", lambda: [4242])
     calls = []
     monkeypatch.setattr(mps, "stop", lambda: calls.append("stop"))
     with mps.Session("auto", 0.5, True, log=lambda *_: None) as s:
@@ -46,3 +47,23 @@ def test_a_daemon_started_here_is_stopped_here(monkeypatch, tmp_path):
     with mps.Session("on", 0.5, True, log=lambda *_: None) as s:
         assert s.started and s.state == "started"
     assert calls == ["stop"]
+
+
+def test_a_pipe_left_by_a_daemon_that_quit_is_not_a_running_daemon(monkeypatch, tmp_path):
+    """On an H100 the control pipe outlived its daemon; the next session took it for a running daemon, started
+    none, and its packed trials ran without MPS. Only a live daemon process counts."""
+    (tmp_path / "control").write_text("")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    monkeypatch.setattr(mps, "daemons", lambda: [])
+    monkeypatch.setattr(mps.shutil, "which", lambda name: "/bin/true")
+    monkeypatch.setattr(mps, "stop", lambda: None)
+    assert not mps.running()
+    with mps.Session("auto", 0.5, True, log=lambda *_: None) as s:
+        assert s.started and s.state == "started"
+
+
+def test_the_daemons_are_read_from_proc():
+    """This test's own process is not a daemon; the reader answers a list wherever /proc exists."""
+    import os
+    pids = mps.daemons()
+    assert pids is None or (isinstance(pids, list) and os.getpid() not in pids)
