@@ -126,6 +126,9 @@ def run_phase(device, sizes, flat, ks, top, use_mps, attack, emit):
                 emit("pack", **r)
                 rows.append(r)
             if attack:
+                # untimed first: a worker's first attack builds and autotunes its models (on the H100 the
+                # first attack alone took 13.3 s and the same worker's second, beside another's first, 5.8 s)
+                workers.attack(2)
                 alone = workers.attack(1)[0]["attack"]
                 spans = [r["attack"] for r in workers.attack(2)]
                 att = {"alone_s": alone[1] - alone[0], "spans": spans,

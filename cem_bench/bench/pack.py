@@ -49,7 +49,10 @@ PACK_MIN_EPOCHS = 2
 PACK_REPEATS = 2
 PRECISIONS = ("off", "on")     # train.amp: the grid's fp32 (TF32 convolutions), bf16 autocast
 PAPER_EPOCHS, PAPER_IMAGES = 240, 50000
-TARGET_TRIALS_PER_HOUR = ("ge", 40.0)
+# the share of the card's ceiling that k packed trials reach: on an H100 the best was 63 % (fp32) and 67 %
+# (bf16), under MPS at k = 8 (docs/performance.md "Packing trials on one GPU"); trials per GPU-hour are no
+# target of their own, since the ceiling bounds them (about 32 in the grid's fp32 there)
+TARGET_CEILING_FRACTION = ("ge", 0.75)
 
 
 def worker_flat(images: int, amp: str = "off") -> dict:
@@ -236,8 +239,8 @@ def pack_row(label: str, k: int, workers: Workers, top: dict, repeats: int) -> d
     if frac > 1.0:
         return make_row(label, per_hour, "trials/h", error=f"above the card's ceiling ({frac:.0%}): the "
                         f"measurement is wrong, not the card fast; {note}")
-    return make_row(label, per_hour, "trials/h", ratio=per_hour, ratio_name="trials/h",
-                    target=TARGET_TRIALS_PER_HOUR, note=note, samples=rates, ceiling_fraction=frac,
+    return make_row(label, per_hour, "trials/h", ratio=frac, ratio_name="of the ceiling",
+                    target=TARGET_CEILING_FRACTION, note=note, samples=rates, ceiling_fraction=frac,
                     images_per_s=images_per_s, windows=[{k2: v for k2, v in w.items()} for w in runs])
 
 
