@@ -760,7 +760,13 @@ FIGURES = (
             r"to " + R + r"×\s*\(slot_cross\)")),
     Figure("serial_enhanced's default step ÷ λ = 0 on a GPU (graphed, own stream, compiled)", PERF,
            (r"serial_enhanced ÷ λ = 0\s*\|\s*" + R + r"×", r"to " + R + r"×\s*\(serial_enhanced\)")),
-    # packing: the old pack row's figures were withdrawn (issue 40); the re-measured ones get their figures here
+    # packing (issue 40's window method, H100): the old pack row's figures were withdrawn
+    Figure("packed 2 to a GPU under MPS: the paper grid's H100 GPU-hours", PERF,
+           (r"run it:\s+\**" + R + r"\s+H100 GPU-hours",)),
+    Figure("four packed gmm trials under MPS against one alone, fp32 (H100)", PERF,
+           (r"four " + R + r"×\s+and", r"four packed gmm trials under MPS trained " + R + r"×")),
+    Figure("what packing without MPS loses against one trial alone, % (H100)", PERF,
+           (R + r" % fewer", r"packing loses " + R + r" %")),
     # the demo's result at seed 0 (docs/protocol.md section 10)
     Figure("the demo's SSIM difference, gmm λ = 16 against λ = 0 (seed 0)", "docs/protocol.md",
            (r"\(Δ (?P<v>[−-][\d.]+), 95 % interval",
