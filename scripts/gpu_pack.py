@@ -7,7 +7,8 @@ without MPS, in the grid's fp32 and in bf16, and the attacks of k = 2 packed tri
 Each phase appends its rows to ``$OUT/pack.jsonl`` as soon as it ends (a run cut short keeps what it measured)
 and starts only when its estimated time is left in the budget; the order is the grid's fp32 first (ceiling,
 packed, the attacks packed), then bf16. ``summary.md`` at the end: every figure and the grid's whole trials
-per GPU-hour at its own packing (``cifar10_paper.yaml``: 2 to a GPU, 2 CPUs each, no MPS on a cluster).
+per GPU-hour at its own packing (``cifar10_paper.yaml``: 2 to a GPU, 2 CPUs each). ``--phases attacks``: only
+the attacks of 2 packed trials (alone and together, warmed up), without and under MPS (about 2 min on an H100).
 Without CUDA it runs every phase on the CPU at tiny sizes: a dry run of the script, not a figure.
 """
 
@@ -33,7 +34,7 @@ from cem_bench.bench.harness import sizes_for  # noqa: E402
 # The paper trial's attacks alone on an H100 in the grid's precision (issue 40's measurement, the same day's
 # card type): the decoder 47.8 s, rmle 18.7 s; the attack packing measured here scales them.
 PAPER_ATTACKS_ALONE_S = 47.8 + 18.7
-PHASES = ("fp32", "fp32-mps", "bf16", "bf16-mps")
+PHASES = ("fp32", "fp32-mps", "bf16", "bf16-mps", "attacks")
 
 
 def main() -> int:
@@ -102,6 +103,17 @@ def main() -> int:
                 summary[phase] = {"rows": rows, "attack": attack, "ceiling": top}
             except Exception:  # noqa: BLE001
                 emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
+    if "attacks" in args.phases:
+        for use_mps in (False, True):
+            phase = f"attacks{' MPS' if use_mps else ''}"
+            if left() < 60:
+                emit("skipped", phase=phase, left=left())
+                continue
+            try:
+                summary[phase] = {"rows": [], "ceiling": None,
+                                  "attack": run_attacks(flat_for("off"), use_mps, emit)}
+            except Exception:  # noqa: BLE001
+                emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
     write_summary(args.out, env, summary)
     return 0
 
@@ -138,6 +150,30 @@ def run_phase(device, sizes, flat, ks, top, use_mps, attack, emit):
     return rows, att
 
 
+def run_attacks(flat, use_mps, emit, repeats: int = 2) -> dict:
+    """The attacks of the grid's packing alone: 2 fp32 workers, each attack once untimed, then one alone and
+    both together, ``repeats`` times (the medians)."""
+    import contextlib
+
+    from cem_bench import mps
+    cm = mps.Session("auto", 0.5, True, log=lambda m: emit("mps", message=m)) if use_mps else contextlib.nullcontext()
+    with cm as session, pack.Workers(2, flat) as workers:
+        if session is not None and session.state.startswith("not started"):
+            return {"mps": session.state}
+        workers.attack(2)                                  # untimed: build and autotune each worker's models
+        alone, together = [], []
+        for _ in range(repeats):
+            a = workers.attack(1)[0]["attack"]
+            alone.append(a[1] - a[0])
+            spans = [r["attack"] for r in workers.attack(2)]
+            together.append(max(e for _, e in spans) - min(s for s, _ in spans))
+        att = {"alone_s": statistics.median(alone), "together_s": statistics.median(together),
+               "alone_all": alone, "together_all": together, "mps": use_mps,
+               "factor_k2": 2 * statistics.median(alone) / statistics.median(together)}
+        emit("attack", **att)
+        return att
+
+
 def mps_servers() -> str:
     """What the control daemon says of its servers (a server runs once MPS clients are connected)."""
     import shutil
@@ -152,6 +188,11 @@ def write_summary(out, env, summary) -> None:
     lines = [f"# Packing on {env['device']} (torch {env['torch']}, commit {env['commit'][:10]})", ""]
     for phase, s in summary.items():
         top = s["ceiling"]
+        if top is None:
+            a = s["attack"]
+            lines.append(f"## {phase}: " + (f"alone {a['alone_s']:.1f} s, 2 together {a['together_s']:.1f} s: "
+                                            f"factor {a['factor_k2']:.2f}" if "alone_s" in a else str(a)))
+            continue
         lines.append(f"## {phase}: ceiling {top['images_per_s']:,.0f} images/s (batch {top['batch']}; "
                      f"{', '.join(f'{b}: {v:,.0f}' for b, v in top['by_batch'].items())})")
         for r in s["rows"]:
