@@ -44,14 +44,42 @@ def _detect_gpus() -> int:
         return 0
 
 
-def _detect_cpus() -> int:
-    """The CPUs a local Ray session counts: Ray's own detection (a container's CPU quota, not the host's
-    cores); the local session is started with this number, so the banner and Ray agree."""
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cpu_quota(cgroup_root: str = CGROUP_ROOT) -> int | None:
+    """The whole CPUs a container's CPU quota allows (rounded down, at least 1), or None where no quota is set:
+    cgroup v2 ``cpu.max`` ("max 100000": none; "200000 100000": 2 CPUs), else cgroup v1
+    ``cpu/cpu.cfs_quota_us`` over ``cpu/cpu.cfs_period_us`` (a quota of -1: none)."""
+    def read(*parts: str) -> str | None:
+        try:
+            with open(os.path.join(cgroup_root, *parts), encoding="ascii") as fh:
+                return fh.read().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    v2 = read("cpu.max")
+    if v2 is not None:
+        fields = v2.split()
+        quota, period = (fields + ["100000"])[:2] if fields else ("max", "100000")
+    else:
+        quota, period = read("cpu", "cpu.cfs_quota_us"), read("cpu", "cpu.cfs_period_us")
     try:
-        from ray._private.utils import get_num_cpus
-        return max(1, int(get_num_cpus()))
-    except Exception:  # noqa: BLE001 - Ray's private helper moved: the cores this process may use
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+        q, p = int(quota), int(period)
+    except (TypeError, ValueError):   # "max", a missing file, or something unreadable: no quota
+        return None
+    if q <= 0 or p <= 0:              # -1 (cgroup v1): no quota
+        return None
+    return max(1, q // p)
+
+
+def _detect_cpus(cgroup_root: str = CGROUP_ROOT) -> int:
+    """The CPUs a local Ray session counts: those this process may use (its CPU affinity, else the machine's
+    cores), capped by a container's CPU quota (not the host's cores). The local session is started with this
+    number, so the banner and Ray agree."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cpu_quota(cgroup_root)
+    return max(1, min(cores, quota) if quota is not None else cores)
 
 
 # ----------------------------------------------------------------------------------- concurrency
