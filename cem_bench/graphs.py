@@ -2,7 +2,7 @@
 
 A training step of this model launches a few hundred small kernels; on a fast GPU the card waits for
 Python to launch them (docs/performance.md, "CUDA graphs"). ``GraphedStep`` captures the
-whole step — forward, noise, CE, the CEM loss, backward and the optimizer steps — once, and then replays it
+whole step (``Trainer.step`` hands it ``Trainer.step_body``) — forward, noise, CE, the CEM loss, backward and the optimizer steps — once, and then replays it
 with one launch per batch.
 
 What makes the step capturable (``Trainer.step_body``):
@@ -31,7 +31,6 @@ capture is reported once and the trial goes on with eager steps; under ``on`` it
 from __future__ import annotations
 
 import contextlib
-import itertools
 
 import torch
 
@@ -111,18 +110,18 @@ class CaptureSchedule:
 
 
 class GraphedStep:
-    """``step(x, y, cem_on, lr, acc)``: ``Trainer.step`` as a replay of a captured graph (``CaptureSchedule``),
-    captured again when the step's signature changes."""
+    """A step function replayed from a captured graph (``CaptureSchedule``), knowing nothing of what the step
+    computes. ``run(body, tensors, scalars, key, generators)`` runs ``body(*tensors, *scalars)``: the live
+    tensors on an eager step, or the static copies that the graph reads (``tensors`` copied in before each
+    replay); ``scalars`` are host numbers filled into 0-dim device tensors in place, so that a new value needs
+    no new capture; a new ``key`` (the caller's signature of what the captured step depends on) starts the
+    warm-up and capture over; ``generators`` are registered with the graph."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
-        dev = trainer.device
-        self.weight = torch.zeros((), device=dev)
-        self.mult = torch.ones((), device=dev)
+    def __init__(self, device, strict: bool, what: str, n_scalars: int = 0):
+        self.scalars = tuple(torch.zeros((), device=device) for _ in range(n_scalars))
         self.key = None
-        self.x: torch.Tensor | None = None
-        self.y: torch.Tensor | None = None
-        self.schedule = CaptureSchedule(dev, trainer.cfg.train.cuda_graph == "on", "training step")
+        self.static: tuple[torch.Tensor, ...] | None = None
+        self.schedule = CaptureSchedule(device, strict, what)
 
     # the schedule's counts, as the bench rows, the epoch records and the tests read them
     captures = property(lambda self: self.schedule.captures)
@@ -130,38 +129,25 @@ class GraphedStep:
     eager_steps = property(lambda self: self.schedule.eager_steps)
     failed = property(lambda self: self.schedule.failed)
 
-    def _signature(self, x: torch.Tensor, cem_on: bool, acc: dict) -> tuple:
-        """What a captured step depends on: CEM on or off, the batch's shape, the accumulator dict and the
-        tensors the caller gave in it (``Trainer.ACC_KEYS``; the accumulator the step makes for itself,
-        ``acc["surr"]`` on its first step, belongs to the step and changes nothing), and where the surrogate's
-        parameters and buffers live."""
-        s = self.trainer.surrogate          # every step: parameters and buffers, not a state_dict
-        state = tuple(t.data_ptr() for t in itertools.chain(s.parameters(), s.buffers())) \
-            if (cem_on and s is not None) else ()
-        given = tuple(id(acc[k]) for k in self.trainer.ACC_KEYS if k in acc)
-        return (cem_on, tuple(x.shape), id(acc), given, state)
-
-    def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
-        tr = self.trainer
-        weight, mult = tr.cem_scales(lr) if cem_on else (0.0, 1.0)
-        self.weight.fill_(weight)
-        self.mult.fill_(mult)
-        key = self._signature(x, cem_on, acc)
+    def run(self, body, tensors: tuple, scalars: tuple, key, generators=()) -> None:
+        for t, v in zip(self.scalars, scalars):
+            t.fill_(v)
         if key != self.key:
             self.key = key
             self.schedule.reset()
 
         def load() -> None:
-            if self.x is None or self.x.shape != x.shape:
-                self.x = x.detach().clone(memory_format=torch.channels_last)
-                self.y = y.detach().clone()
+            if self.static is None or any(a.shape != b.shape for a, b in zip(self.static, tensors)):
+                # an image batch is kept channels_last, the layout the step computes in on CUDA, so that the
+                # step's own conversion is a no-op inside the graph
+                self.static = tuple(t.detach().clone(memory_format=torch.channels_last if t.dim() == 4
+                                                     else torch.preserve_format) for t in tensors)
             else:
-                self.x.copy_(x)
-                self.y.copy_(y)
+                for a, b in zip(self.static, tensors):
+                    a.copy_(b)
 
-        gens = [tr.gen] + ([tr.surrogate.rng(tr.device)] if cem_on and tr.surrogate is not None else [])
-        self.schedule.run(lambda: tr.step_body(x, y, cem_on, self.weight, self.mult, acc),
-                          lambda: tr.step_body(self.x, self.y, cem_on, self.weight, self.mult, acc), load, gens)
+        self.schedule.run(lambda: body(*tensors, *self.scalars), lambda: body(*self.static, *self.scalars), load,
+                          generators)
 
     def stats(self) -> dict:
         return self.schedule.stats()

@@ -36,6 +36,7 @@ reference, off by default (docs/reference.md "Switches that reproduce the refere
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 
@@ -132,9 +133,8 @@ class Trainer:
         self.refit_augmented = bool(cfg.cem.params.get("refit_augmented", False))
         self._acc: dict[str, torch.Tensor] | None = None      # the epoch's log accumulators, reused in place
         self.surr_log_names: tuple[str, ...] | None = None    # the order of acc["surr"]
-        self.graph_step = None
-        if self.graphed:
-            self.graph_step = graphs.GraphedStep(self)
+        self.graph_step = graphs.GraphedStep(self.device, cfg.train.cuda_graph == "on", "training step",
+                                             n_scalars=2) if self.graphed else None   # weight and mult
 
     def _install_lr(self) -> None:
         if self._lr_tensor is not None:
@@ -173,12 +173,10 @@ class Trainer:
         """(weight, mult) of a CEM step at scheduled rate ``lr``. The backward seeds the CEM loss L with weight,
         so the surrogate's own parameters get weight·dL/dθ, and the gate on the surrogate's input multiplies
         the encoder's share by mult: the encoder descends CE + scale·L with scale = weight·mult. fused: scale
-        = λ; inject: λ·s(lr), whose backward equals the paper's g_CE + λ·s·g_CEM (its code ran two backward
-        passes through the encoder for the same sum). The surrogate's gradient: joint keeps λ·dL/dθ (fused, as
-        the seeds) or drops the scale (inject: g_CEM, weight 1); adversarial turns it into -dL/dθ (gradient
-        ascent, weight -1). Adam is invariant to a constant scale, so only the sign matters. One multiplication
-        of z's gradient instead of one per surrogate parameter: a graphed step's time is its kernel count
-        (bench ``kernels``)."""
+        = λ; inject: λ·s(lr), whose backward equals the paper's g_CE + λ·s·g_CEM (its code: two backward
+        passes). The surrogate's gradient: joint keeps λ·dL/dθ (fused) or drops the scale (inject: weight 1);
+        adversarial ascends (weight -1); Adam is invariant to a constant scale. One multiplication of z's
+        gradient, not one per surrogate parameter: a graphed step's time is its kernel count."""
         fused = self.cfg.cem.grad_mode == "fused"
         if fused:
             # matched: the fused weight follows s(η) from the first CEM epoch on, as the injected ones do
@@ -191,12 +189,21 @@ class Trainer:
 
     def step(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, lr: float, acc: dict) -> None:
         """One training step on a normalised batch; adds its logs to the device tensors in ``acc``. With
-        ``train.cuda_graph`` on, a replay of the captured step (``graphs.GraphedStep``); else eager."""
-        if self.graph_step is not None:
-            self.graph_step.step(x, y, cem_on, lr, acc)
-            return
+        ``train.cuda_graph`` on, ``step_body`` replayed from its captured graph (``graphs.GraphedStep``)."""
         weight, mult = self.cem_scales(lr) if cem_on else (0.0, 1.0)
-        self.step_body(x, y, cem_on, weight, mult, acc)
+        if self.graph_step is None:
+            self.step_body(x, y, cem_on, weight, mult, acc)
+            return
+        gens = [self.gen] + ([self.surrogate.rng(self.device)] if cem_on and self.surrogate is not None else [])
+        self.graph_step.run(lambda x, y, w, m: self.step_body(x, y, cem_on, w, m, acc), (x, y), (weight, mult),
+                            self.graph_signature(x, cem_on, acc), gens)
+
+    def graph_signature(self, x: torch.Tensor, cem_on: bool, acc: dict) -> tuple:
+        """What a captured step depends on: CEM on or off, the batch's shape, the accumulators the caller gave
+        (``ACC_KEYS``; not the step's own ``acc["surr"]``), and where the surrogate's tensors live."""
+        s = self.surrogate if cem_on else None
+        state = () if s is None else tuple(t.data_ptr() for t in itertools.chain(s.parameters(), s.buffers()))
+        return cem_on, tuple(x.shape), id(acc), tuple(id(acc[k]) for k in self.ACC_KEYS if k in acc), state
 
     def step_body(self, x: torch.Tensor, y: torch.Tensor, cem_on: bool, weight, mult, acc: dict) -> None:
         """The step itself, with ``weight`` and ``mult`` (``cem_scales``) as floats or 0-dim device tensors

@@ -164,18 +164,34 @@ def test_warm_up_and_capture_schedule(monkeypatch):
     monkeypatch.setattr(graphs, "on_side_stream", lambda fn, device: fn())
     monkeypatch.setattr(graphs, "capture", lambda fn, device, gens: Replayed(fn))
     cfg, splits, tr = _trainer({"cem.surrogate": "slot_cross", "cem.lambd": 4.0})
-    step = graphs.GraphedStep(tr)
+    # the trainer's one hop: Trainer.step hands step_body to the generic graphed step (CUDA builds it itself)
+    tr.graph_step = step = graphs.GraphedStep(tr.device, False, "training step", n_scalars=2)
     acc = tr.epoch_acc()
     gen = torch.Generator().manual_seed(1)
     x, y = next(iter(data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)))
     for _ in range(graphs.WARMUP_STEPS + 5):
-        step.step(x, y, True, lr_at(cfg, 1), acc)
+        tr.step(x, y, True, lr_at(cfg, 1), acc)
     assert "surr" in acc
     assert (step.eager_steps, step.captures, step.replays) == (graphs.WARMUP_STEPS, 1, 5)
+    weight, mult = tr.cem_scales(lr_at(cfg, 1))       # the host values, in the graph's device scalars
+    assert float(step.scalars[0]) == pytest.approx(weight) and float(step.scalars[1]) == pytest.approx(mult)
+    assert torch.equal(step.static[0], x) and step.static[0].is_contiguous(memory_format=torch.channels_last)
     acc0 = tr.epoch_acc()
     for cem_on in (False, False, False, False, True):   # a new step structure each: warm up again, capture again
-        step.step(x, y, cem_on, lr_at(cfg, 1), acc0 if not cem_on else acc)
+        tr.step(x, y, cem_on, lr_at(cfg, 1), acc0 if not cem_on else acc)
     assert (step.eager_steps, step.captures, step.replays) == (2 * graphs.WARMUP_STEPS + 1, 2, 6)
+
+
+def test_the_graphed_step_knows_nothing_of_the_trainer():
+    """graphs.py names no trainer attribute: the step body, its inputs, its scalars, its signature and its
+    generators are handed in (issue 37: the graph code used to reach back into the trainer by duck typing)."""
+    import ast
+    import inspect
+
+    from cem_bench import graphs
+    tree = ast.parse(inspect.getsource(graphs))
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not names & {"trainer", "step_body", "cem_scales", "ACC_KEYS", "surrogate", "gen"}
 
 
 @pytest.mark.parametrize("strict", [False, True])
