@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pickle
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from cem_bench.frontier import pareto_ranks
-from cem_bench.search import moasha as moasha_mod
+from cem_bench.search import driver
 from cem_bench.search.moasha import MOASHA
 from cem_bench.search.rungs import RungRanker, rung_epochs
 
@@ -206,8 +207,17 @@ def test_exempt_roles_are_never_stopped_nor_recorded():
                             "recorded": 2, "reason": "rank 1 of 2 fronts at epoch 1: outside the top 1 of 2"}]
 
 
-def test_state_survives_a_killed_driver_through_the_state_file(tmp_path, monkeypatch):
-    monkeypatch.setitem(moasha_mod.STATE_TARGET, "exp", str(tmp_path / "sub" / "moasha_state.json"))
+@pytest.fixture
+def state_file():
+    """``state_file(path)``: from now to the end of the test, ``path`` is the scheduler state file of the driver
+    of experiment "exp" (what run_search registers, search/driver.py); a later call registers over it."""
+    with contextlib.ExitStack() as stack:
+        yield lambda path: stack.enter_context(driver.active("exp", driver.DriverPaths(scheduler_state=str(path))))
+    assert driver.lookup("exp") is None
+
+
+def test_state_survives_a_killed_driver_through_the_state_file(tmp_path, state_file):
+    state_file(tmp_path / "sub" / "moasha_state.json")
     stream = _stream(5)
     first = MOASHA(ranker(eta=2), state_key="exp")
     at_start = pickle.dumps(first)                       # what Ray restores: the object pickled at the start
@@ -260,11 +270,11 @@ def test_a_stopped_trial_that_reports_again_is_stopped_again():
     assert s.stopped == {"b": 2}
 
 
-def test_a_killed_drivers_trial_that_the_restored_experiment_lacks_is_forgotten(tmp_path, monkeypatch):
+def test_a_killed_drivers_trial_that_the_restored_experiment_lacks_is_forgotten(tmp_path, state_file):
     """A driver killed between starting a trial and its next experiment snapshot leaves records of a trial the
     restored experiment never lists (the sample runs again under a new id). The resumed scheduler forgets that
     ghost at its first result, so it holds no place at a rung: the new trials are judged as if it never ran."""
-    monkeypatch.setitem(moasha_mod.STATE_TARGET, "exp", str(tmp_path / "state.jsonl"))
+    state_file(tmp_path / "state.jsonl")
     first = MOASHA(ranker(eta=4), state_key="exp")
     at_start = pickle.dumps(first)
     _feed(first, [("kept", 1, v(0.5, 0.5)), ("ghost", 1, v(0.9, 0.1)), ("gone", 1, v(0.1, 0.9))])
@@ -277,7 +287,7 @@ def test_a_killed_drivers_trial_that_the_restored_experiment_lacks_is_forgotten(
     assert "ghost" not in resumed.ranker.trial_ids() and resumed.stopped == {"gone": 1}
     assert json.loads((tmp_path / "state.jsonl").read_text())["ranker"]["rungs"]["1"].keys() == {"kept", "gone", "new"}
     # a driver whose experiment does list the ghost keeps it, and then "new" is outside the top 1 of 4
-    monkeypatch.setitem(moasha_mod.STATE_TARGET, "exp", str(tmp_path / "copy.jsonl"))
+    state_file(tmp_path / "copy.jsonl")
     listed = pickle.loads(at_start)
     _restore_trials(listed, [("kept", 1, None), ("ghost", 1, None), ("gone", 1, None)])
     assert _feed(listed, new) == [MOASHA.STOP]

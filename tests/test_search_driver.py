@@ -49,3 +49,74 @@ def test_detected_cpus_are_the_usable_cores_capped_by_the_quota(tmp_path):
     assert run._detect_cpus(_cgroup(tmp_path / "none", {"cpu.max": "max 100000"})) == cores
     assert run._detect_cpus(_cgroup(tmp_path / "one", {"cpu.max": "100000 100000"})) == 1
     assert run._detect_cpus(_cgroup(tmp_path / "many", {"cpu.max": f"{(cores + 8) * 100000} 100000"})) == cores
+
+
+# ------------------------------------------------------------------------------ the registry
+def test_active_registers_for_the_block_and_puts_back_what_was_there():
+    from cem_bench.search import driver
+    outer, inner = driver.DriverPaths(snapshot="a"), driver.DriverPaths(snapshot="b")
+    assert driver.lookup("exp") is None and driver.lookup(None) is None
+    with driver.active("exp", outer):
+        assert driver.lookup("exp") is outer and driver.sole() is outer and driver.lookup("other") is None
+        with driver.active("exp", inner):
+            assert driver.lookup("exp") is inner
+        assert driver.lookup("exp") is outer
+        with driver.active("other", inner):
+            assert driver.sole() is None                   # two searches: no single one
+    assert driver.lookup("exp") is None and driver.sole() is None
+    with pytest.raises(RuntimeError), driver.active("exp", outer):
+        raise RuntimeError("a failed search")
+    assert driver.lookup("exp") is None                    # removed on the way out of a failure too
+
+
+# ------------------------------------------------------------------------------ the storage guard
+class FakeTrial:
+    def __init__(self, trial_id: str, error_file: str | None):
+        self.trial_id, self.error_file = trial_id, error_file
+
+
+@pytest.fixture
+def sigusr1():
+    """SIGUSR1 (what the guard raises to interrupt Tune) counted instead of ending the test process."""
+    import signal
+    got = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+    yield got
+    signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_restored_guard_reports_into_the_live_one(tmp_path, sigusr1):
+    """Tune calls the guard its first driver pickled with the experiment; the resumed driver reads its own, live
+    guard after fit(): the copy finds it by the experiment's name and its hooks act on it."""
+    from cem_bench.search import driver
+    from cem_bench.search.diskspace import StorageGuard
+    old = StorageGuard(str(tmp_path / "moved-away"), key="exp")
+    restored = pickle.loads(pickle.dumps(old))              # what Tuner.restore hands the resumed driver
+    live = StorageGuard(str(tmp_path), key="exp")
+    (tmp_path / "error.txt").write_text("Traceback ...\nStorageFull: no space left in ...\n")
+    (tmp_path / "other.txt").write_text("RuntimeError: not a full disk\n")
+    with driver.active("exp", driver.DriverPaths(guard=live)):
+        restored.on_trial_error(0, [], FakeTrial("t1", str(tmp_path / "other.txt")))
+        assert live.full is None and not restored.stop_all()
+        restored.on_trial_recover(0, [], FakeTrial("t2", str(tmp_path / "error.txt")))
+        assert live.full == "t2" and live.interrupted and sigusr1 == [1]
+        assert restored.full is None and not restored.interrupted   # the copy's own state is untouched
+        assert not restored.stop_all()                   # interrupted the way Ctrl+C does, not stopped
+        live.interrupted = False                         # (off the main thread there is no signal to raise)
+        assert restored.stop_all() and not restored("t3", {})
+    assert not restored.stop_all()                       # outside the search: its own state
+    assert restored.live() is restored
+
+
+def test_a_guard_without_a_key_reports_into_the_one_search_of_the_process(tmp_path, sigusr1):
+    """A guard pickled by an older cem-bench carries no key: it reports into the one search running here."""
+    from cem_bench.search import driver
+    from cem_bench.search.diskspace import StorageGuard
+    keyless = StorageGuard(str(tmp_path))
+    del keyless.key
+    keyless = pickle.loads(pickle.dumps(keyless))
+    live = StorageGuard(str(tmp_path), key="exp")
+    (tmp_path / "error.txt").write_text("OSError: [Errno 28] No space left on device\n")
+    with driver.active("exp", driver.DriverPaths(guard=live)):
+        keyless.on_trial_error(0, [], FakeTrial("t1", str(tmp_path / "error.txt")))
+    assert live.full == "t1" and keyless.full is None and sigusr1 == [1]

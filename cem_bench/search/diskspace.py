@@ -32,6 +32,7 @@ from ray.tune import Callback
 from ray.tune.stopper import Stopper
 
 from ..storage import is_uri, nearest_existing
+from . import driver
 
 ENOSPC_TEXT = ("No space left on device", f"[Errno {errno.ENOSPC}]", "Disk quota exceeded")   # an OS's words
 FULL_TEXT = (*ENOSPC_TEXT, "StorageFull")   # ... or the trainable's StorageFull, in a trial's error.txt
@@ -141,12 +142,27 @@ def one_line_when_full(guard: StorageGuard | None = None):
 
 
 class StorageGuard(Callback, Stopper):
-    """Stops the experiment at the first trial that failed for lack of space (see the module docstring)."""
+    """Stops the experiment at the first trial that failed for lack of space (see the module docstring).
 
-    def __init__(self, storage: str):
+    ``key`` is the experiment's name. A restored experiment's RunConfig holds the guard as the first driver
+    pickled it (``Tuner.restore`` takes no new callbacks or stopper), so every hook first finds the live guard of
+    the driver running now, registered under ``key`` (``driver.DriverPaths.guard``), and reports into it: the
+    state the driver reads after ``fit()`` (``full``, ``interrupted``) and the storage it checks are that one's.
+    """
+
+    def __init__(self, storage: str, key: str | None = None):
         self.storage = storage
+        self.key = key
         self.full: str | None = None     # the trial that hit it
         self.interrupted = False
+
+    def live(self) -> StorageGuard:
+        """The guard of the driver running this experiment in this process (this one when it is not registered,
+        outside a search, or none is)."""
+        key = getattr(self, "key", None)   # a guard pickled by an older cem-bench has no key: the one search here
+        paths = driver.lookup(key) if key is not None else driver.sole()
+        guard = paths.guard if paths is not None else None
+        return guard if isinstance(guard, StorageGuard) else self
 
     def _check(self, trial) -> None:
         if self.full is not None:
@@ -171,13 +187,14 @@ class StorageGuard(Callback, Stopper):
                 signal.raise_signal(signal.SIGUSR1)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self._check(trial)
+        self.live()._check(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._check(trial)
+        self.live()._check(trial)
 
     def __call__(self, trial_id, result) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return self.full is not None and not self.interrupted
+        guard = self.live()
+        return guard.full is not None and not guard.interrupted

@@ -8,8 +8,9 @@ documented in ``cem_bench/search/rungs.py``; this module feeds it Ray's results 
 * Every stop is kept as a dict (``decisions``; ``stopped`` maps trial id -> epoch) with the reason, e.g.
   ``"rank 2 of 3 fronts at epoch 4: outside the top 2 of 6"``.
 * Ray does not persist a scheduler's state on ``Tuner.restore`` (the restored scheduler is the object pickled
-  at the start of the experiment). So the driver sets ``STATE_TARGET[state_key] = path`` (a local path or a
-  URI) before ``fit``; after every result that records something at a rung the scheduler writes the rung
+  at the start of the experiment). So the driver registers the path (a local path or a URI) as
+  ``scheduler_state`` of its ``driver.DriverPaths`` under ``state_key`` (the experiment's name) around
+  ``fit``; after every result that records something at a rung the scheduler writes the rung
   records and the stop decisions there as one line of JSON (atomic), and on its first call after
   construction, unpickling or ``restore`` it loads that file when it holds more records than the scheduler
   itself, so a resumed driver goes on with every rung record.
@@ -34,12 +35,10 @@ from .. import storage
 from ..errors import SpaceError
 from ..parsing import loads_json
 from ..spaces import schedulers
+from . import driver
 from .rungs import RungRanker
 
-__all__ = ["MOASHA", "STATE_TARGET", "RaySide", "make_scheduler"]
-
-# state_key -> where the scheduler's state is written (local path or URI); set by the driver before fit
-STATE_TARGET: dict[str, str] = {}
+__all__ = ["MOASHA", "RaySide", "make_scheduler"]
 
 _DECISION_KEYS = ("trial_id", "epoch", "rung", "rank", "position", "keep", "recorded", "reason")
 
@@ -101,8 +100,10 @@ class MOASHA(FIFOScheduler):
 
     @property
     def state_path(self) -> str | None:
-        """Where the state is written: ``STATE_TARGET[state_key]``, or None (no persistence)."""
-        return STATE_TARGET.get(self.state_key) if self.state_key is not None else None
+        """Where the state is written: the ``scheduler_state`` of the driver registered under ``state_key``
+        (``driver.lookup``), or None (no persistence)."""
+        paths = driver.lookup(self.state_key)
+        return paths.scheduler_state if paths is not None else None
 
     def state(self) -> dict[str, Any]:
         """What the state file holds: the ranker's state and the stop decisions."""
@@ -210,13 +211,14 @@ class RaySide:
     tune_schedulers: Any          # ray.tune.schedulers: ASHAScheduler, MedianStoppingRule, HyperBandScheduler, ...
     MOASHA: type                  # this module's multi-objective scheduler
     RungRanker: type              # its rule (rungs.py)
-    state_key: str | None = None  # the key of STATE_TARGET under which a scheduler with state keeps it
+    state_key: str | None = None  # the name under which the driver registers the scheduler's state file (driver.py)
     time_attr: str = "epoch"      # the result field that counts a trial's epochs
 
 
 def make_scheduler(spec, state_key: str | None = None):
     """The Ray Tune scheduler of ``spec.scheduler``, built by its plug-in; None without one (Tune's FIFO:
-    every trial runs to the end). ``state_key``: where the scheduler's state file is (``STATE_TARGET``)."""
+    every trial runs to the end). ``state_key``: the name under which the driver registers the
+    scheduler's state file (``driver.active``)."""
     if not spec.scheduler:
         return None
     name = spec.scheduler["name"]

@@ -30,6 +30,7 @@ from ..storage import (
     resolve_storage,
     write_bytes,
 )
+from . import driver
 from .interrupt import Interruption, resume_command
 from .lock import experiment_lock
 from .resume import repair_experiment_state
@@ -201,19 +202,26 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
     warning = warn_if_short(spec, storage)
     if warning:
         print(warning, flush=True)
-    guard = StorageGuard(storage)
+    guard = StorageGuard(storage, key=spec.name)
     if resume:
         check_resumable(exp_path)
     # the folder is made (new) or locked (--resume) here, before Ray starts: a second driver of the same
     # experiment stops now (search_command already holds it around the tables too: re-entrant)
-    with experiment_lock(exp_path, resume):
+    with experiment_lock(exp_path, resume), driver.active(spec.name, driver_paths(spec, exp_path, guard)):
         return _run_locked(spec, storage, exp_path, address, resume, stats, trust_pickled_state, guard)
+
+
+def driver_paths(spec, exp_path: str, guard) -> driver.DriverPaths:
+    """What the searcher, the scheduler and the guard find of this driver by the experiment's name while its search
+    runs (driver.py): pickled with the experiment, a restored one is the first driver's copy."""
+    from .searcher import journal_target
+    return driver.DriverPaths(journal=journal_target(exp_path, spec.name), snapshot=join(exp_path, RESUME_STATE_FILE),
+                              scheduler_state=join(exp_path, SCHEDULER_FILE) if spec.scheduler else None, guard=guard)
 
 
 def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: bool, stats: dict,
                 trust_pickled_state: bool, guard) -> str:
     import ray
-    from ray import tune
 
     from .diskspace import full_message, is_enospc, one_line_when_full
     t0 = time.perf_counter()
@@ -246,53 +254,8 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
         die_env = os.environ.get(DIE_ENV)
         die_at = int(die_env) if die_env else None
         trainable = with_resources(make_trainable(exp_path, spec, resources, die_at), resources)
-        from .searcher import JOURNAL_TARGET, SNAPSHOT_TARGET, journal_target, make_searcher
-        JOURNAL_TARGET[spec.name] = journal_target(exp_path, spec.name)
-        SNAPSHOT_TARGET[spec.name] = join(exp_path, RESUME_STATE_FILE)
-        if spec.scheduler:   # a restored scheduler is the pickled one of the first driver: it reads its file
-            from .moasha import STATE_TARGET
-            STATE_TARGET[spec.name] = join(exp_path, SCHEDULER_FILE)
-
         t1 = time.perf_counter()
-        if resume:
-            if not tune.Tuner.can_restore(exp_path):
-                raise SearchError(f"--resume: Ray cannot restore {exp_path}")
-            if exists(join(exp_path, SPACE_FILE)):
-                _warn_if_changed(spec, join(exp_path, SPACE_FILE))
-            for line in repair_experiment_state(exp_path, trust_pickle=trust_pickled_state):
-                print(f"--resume: {line}", flush=True)
-            print(f"resuming {exp_path}", flush=True)
-            tuner = tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
-            # a restored RunConfig keeps its callbacks and stopper only as pickled; the guard is this driver's
-            tuner._local_tuner._run_config.callbacks = [guard]
-            tuner._local_tuner._run_config.stop = guard
-        else:
-            write_recorded_json(exp_path, SPACE_FILE, spec.to_dict())
-            from .moasha import make_scheduler
-            scheduler = make_scheduler(spec, state_key=spec.name)   # by its plug-in (spaces/schedulers/); None: FIFO
-            tuner = tune.Tuner(
-                trainable,
-                param_space={},
-                tune_config=tune.TuneConfig(
-                    search_alg=make_searcher(spec, exp_path),
-                    # the baseline, every configuration once per seed, the confirmation (the searcher ends
-                    # early when there are fewer configurations to confirm)
-                    num_samples=spec.total_runs,
-                    max_concurrent_trials=None,  # the ConcurrencyLimiter inside the search algorithm
-                    scheduler=scheduler,         # None: FIFO, every trial to the end
-                    reuse_actors=True,
-                ),
-                run_config=tune.RunConfig(
-                    name=spec.name,
-                    storage_path=storage,
-                    failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-                    progress_reporter=progress_table(spec),
-                    verbose=1,
-                    callbacks=[guard],
-                    stop=guard,
-                ),
-            )
+        tuner = _tuner(spec, storage, exp_path, resume, trust_pickled_state, trainable, guard)
         if resume and exists(join(exp_path, INTERRUPTED_FILE)):   # this run continues the interrupted one
             remove_file(join(exp_path, INTERRUPTED_FILE))
         try:
@@ -320,15 +283,53 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
                 err += 1
         stats["trials_ok"], stats["trials_error"], stats["trials_stopped"] = ok, err, stopped
     finally:
-        from .searcher import JOURNAL_TARGET, SNAPSHOT_TARGET
-        JOURNAL_TARGET.pop(spec.name, None)
-        SNAPSHOT_TARGET.pop(spec.name, None)
-        if spec.scheduler:
-            from .moasha import STATE_TARGET
-            STATE_TARGET.pop(spec.name, None)
         if started_ray:
             ray.shutdown()
     return exp_path
+
+
+def _tuner(spec, storage: str, exp_path: str, resume: bool, trust_pickled_state: bool, trainable, guard):
+    """The Tuner of a new search, or the restored one of ``--resume``. A restored experiment keeps the RunConfig,
+    searcher and scheduler its first driver pickled (``Tuner.restore`` takes no new RunConfig): they find this
+    driver's paths and live guard through ``driver.lookup`` (the caller has registered them)."""
+    from ray import tune
+
+    from .moasha import make_scheduler
+    from .searcher import make_searcher
+    if resume:
+        if not tune.Tuner.can_restore(exp_path):
+            raise SearchError(f"--resume: Ray cannot restore {exp_path}")
+        if exists(join(exp_path, SPACE_FILE)):
+            _warn_if_changed(spec, join(exp_path, SPACE_FILE))
+        for line in repair_experiment_state(exp_path, trust_pickle=trust_pickled_state):
+            print(f"--resume: {line}", flush=True)
+        print(f"resuming {exp_path}", flush=True)
+        return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    write_recorded_json(exp_path, SPACE_FILE, spec.to_dict())
+    scheduler = make_scheduler(spec, state_key=spec.name)   # by its plug-in (spaces/schedulers/); None: FIFO
+    return tune.Tuner(
+        trainable,
+        param_space={},
+        tune_config=tune.TuneConfig(
+            search_alg=make_searcher(spec, exp_path),
+            # the baseline, every configuration once per seed, the confirmation (the searcher ends
+            # early when there are fewer configurations to confirm)
+            num_samples=spec.total_runs,
+            max_concurrent_trials=None,  # the ConcurrencyLimiter inside the search algorithm
+            scheduler=scheduler,         # None: FIFO, every trial to the end
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=spec.name,
+            storage_path=storage,
+            failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            progress_reporter=progress_table(spec),
+            verbose=1,
+            callbacks=[guard],
+            stop=guard,
+        ),
+    )
 
 
 def check_resumable(exp_path: str) -> None:

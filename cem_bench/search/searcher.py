@@ -20,17 +20,13 @@ from ray.tune.search.optuna import OptunaSearch
 from ..schema import JOURNAL_FILE
 from ..spaces import define_by_run, grid_cells, make_sampler
 from ..storage import copy_file, is_uri, join
+from . import driver
 from .queue import FINISHED, RunQueue, first_new, stopped
 from .resume import write_resume_snapshot
 
 logger = logging.getLogger(__name__)
 
 assert Searcher.FINISHED == FINISHED   # queue.py names Ray's value without importing Ray
-
-# Where the searcher mirrors its study and where the generator bundles the experiment state: set by
-# run_search for the current driver (after a restore the pickled objects may point at an old location).
-JOURNAL_TARGET: dict[str, tuple[str, str | None]] = {}
-SNAPSHOT_TARGET: dict[str, str] = {}
 
 
 class JournalOptunaSearch(RunQueue, OptunaSearch):
@@ -118,7 +114,10 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
         self._mirror_journal()
 
     def _mirror_journal(self, init: bool = False) -> None:
-        target = JOURNAL_TARGET.get(self._study_name) or self._journal
+        # where this driver mirrors the study (driver.py: after a restore, the pickled searcher may point at an
+        # old location); outside a search, the journal it was built with
+        paths = driver.lookup(self._study_name)
+        target = (paths.journal if paths is not None else None) or self._journal
         if not target or self._ot_study is None:
             return
         local, remote = target
@@ -166,7 +165,8 @@ class SnapshotSearchGenerator(SearchGenerator):
 
     def save_to_dir(self, dirpath: str, session_str: str):
         super().save_to_dir(dirpath, session_str)
-        target = SNAPSHOT_TARGET.get(getattr(self, "_cem_experiment", ""))
+        paths = driver.lookup(getattr(self, "_cem_experiment", None))   # this driver's bundle (driver.py)
+        target = paths.snapshot if paths is not None else None
         if target:
             try:
                 write_resume_snapshot(dirpath, session_str, target)
