@@ -8,6 +8,7 @@ worker-death tests. The local end-to-end test lets the CLI start and stop Ray it
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -24,6 +25,7 @@ import conftest
 import numpy as np
 import pandas as pd
 import pytest
+import search_hooks
 import yaml
 
 from cem_bench import cli, schema, search
@@ -69,6 +71,18 @@ def subprocess_env() -> dict:
 
 def cli_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "cem_bench.cli", "search", *args]
+
+
+def full_while_cmd(marker: Path, *args: str) -> list[str]:
+    """``cli_cmd(*args)`` whose trials fail to save a checkpoint with ENOSPC while ``marker`` exists
+    (``search_hooks.FullWhile``; run with ``hooks_env``)."""
+    return [sys.executable, "-c", "import search_hooks; search_hooks.main()", "--full-while", str(marker), "search", *args]
+
+
+def hooks_env(env: dict) -> dict:
+    """``env`` with ``tests/`` on the Python path (where ``search_hooks`` is)."""
+    here = str(Path(__file__).resolve().parent)
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)}
 
 
 def tree_snapshot(folder: Path) -> dict:
@@ -511,11 +525,10 @@ def test_diverged_trial_is_an_error_row(tmp_path, local_ray):
 
 
 @pytest.mark.ray
-def test_dead_worker_is_retried_from_checkpoint(tmp_path, local_ray, monkeypatch):
+def test_dead_worker_is_retried_from_checkpoint(tmp_path, local_ray):
     from cem_bench.spaces import load_space
-    monkeypatch.setenv(search.DIE_ENV, "1")
     path = write_space(tmp_path, "die", num_samples=1, max_concurrent=1, max_failures=1)
-    exp = Path(search.run_search(load_space(path), storage=str(tmp_path / "res")))
+    exp = Path(search.run_search(load_space(path), storage=str(tmp_path / "res"), hooks=search_hooks.DieOnce(1)))
     from cem_bench.results import write_tables
     trials_path, epochs_path = write_tables(exp)
     trials = pd.read_parquet(trials_path)
@@ -524,7 +537,7 @@ def test_dead_worker_is_retried_from_checkpoint(tmp_path, local_ray, monkeypatch
     assert row["status"] == "ok", row["error"]
     assert row["resumed_from_epoch"] == 1  # the second attempt started at epoch 2
     tdir = exp / row["trial_dir"]
-    assert (tdir / search.DIE_MARKER).is_file() and (tdir / "error.txt").is_file()
+    assert (tdir / search_hooks.DIE_MARKER).is_file() and (tdir / "error.txt").is_file()
     epochs = pd.read_parquet(epochs_path)
     assert epochs["epoch"].tolist() == [1, 2]
     # the trial's own record agrees: each epoch once over both attempts. (Ray's result.json is not asserted:
@@ -700,7 +713,7 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
 @pytest.mark.ray
 def test_a_full_disk_stops_the_search_and_resume_finishes_it(tmp_path):
     """A 3 MiB tmpfs as --storage (where the platform lets the test mount one; else the trainable's test hook
-    fails every checkpoint with ENOSPC while a marker file exists): the search stops at the first
+    search_hooks.FullWhile fails every checkpoint with ENOSPC while a marker file exists): the search stops at the first
     out-of-space failure with one message and exit 2; once space is freed, --resume finishes every trial once."""
     n = 4
     space = write_space(tmp_path, "full", num_samples=n, max_concurrent=2, fixed={"train.epochs": 3})
@@ -708,12 +721,14 @@ def test_a_full_disk_stops_the_search_and_resume_finishes_it(tmp_path):
     mounted = _mount_tmpfs(disk, "3m")
     env = subprocess_env()
     marker = tmp_path / "disk-is-full"
+    search_cmd = cli_cmd
     if not mounted:
         disk.mkdir(exist_ok=True)
         marker.touch()
-        env[search.FULL_ENV] = str(marker)
+        env = hooks_env(env)
+        search_cmd = functools.partial(full_while_cmd, marker)
     try:
-        first = subprocess.run(cli_cmd(space, "--storage", str(disk)), env=env, capture_output=True, text=True,
+        first = subprocess.run(search_cmd(space, "--storage", str(disk)), env=env, capture_output=True, text=True,
                                timeout=300)
         assert first.returncode == 2, (first.stdout[-3000:], first.stderr[-3000:])
         assert "Traceback" not in first.stderr + first.stdout, first.stderr[-6000:]
@@ -729,7 +744,7 @@ def test_a_full_disk_stops_the_search_and_resume_finishes_it(tmp_path):
             subprocess.run(["mount", "-o", "remount,size=128m", str(disk)], check=True)
         else:
             marker.unlink()
-        second = subprocess.run(cli_cmd(space, "--storage", str(disk), "--resume"), env=env, capture_output=True,
+        second = subprocess.run(search_cmd(space, "--storage", str(disk), "--resume"), env=env, capture_output=True,
                                 text=True, timeout=300)
         assert second.returncode == 0, (second.stdout[-3000:], second.stderr[-3000:])
         trials = pd.read_parquet(disk / "full" / "trials.parquet")
@@ -739,6 +754,30 @@ def test_a_full_disk_stops_the_search_and_resume_finishes_it(tmp_path):
     finally:
         if mounted:
             subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@pytest.mark.ray
+def test_a_full_disk_stops_a_resumed_search_too(tmp_path):
+    """A search resumed while the storage is still full stops as the first one did (exit 2, the same message):
+    Tune calls the storage guard that the first driver pickled with the experiment, and that copy reports into
+    the resumed driver's own guard (search/driver.py), which the driver reads after fit(). The hook, not a
+    tmpfs, fills the disk: the trials fail where the guard looks (their error.txt), not in Ray's own writes."""
+    space = write_space(tmp_path, "fullagain", num_samples=2, max_concurrent=2)
+    disk, marker = tmp_path / "disk", tmp_path / "disk-is-full"
+    disk.mkdir()
+    marker.touch()
+    env = hooks_env(subprocess_env())
+    for extra in ([], ["--resume"]):
+        run = subprocess.run(full_while_cmd(marker, space, "--storage", str(disk), *extra), env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 2, (extra, run.stdout[-3000:], run.stderr[-3000:])
+        assert "Traceback" not in run.stderr + run.stdout, run.stderr[-6000:]
+        last = run.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"cem-bench: the storage {disk} is full (") and "ran out of space" in last, last
+        assert "--resume" in last, last
+        assert re.search(rf"cem-bench: trial \S+ failed for lack of space in {re.escape(str(disk))}; stopping the "
+                         rf"search", run.stdout), (extra, run.stdout[-3000:])
+    assert "resuming" in run.stdout, run.stdout[-3000:]
 
 
 def test_baseline_and_confirmation_run_exactly_once_across_restores(tmp_path):

@@ -9,7 +9,7 @@ import pickle
 
 import pytest
 
-from cem_bench.search import run
+from cem_bench.search import machine
 
 
 # ------------------------------------------------------------------------------ the CPUs
@@ -35,20 +35,20 @@ def _cgroup(root, files: dict[str, str]):
     ({}, None),                                                    # no cgroup files at all
 ])
 def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path, files, cpus):
-    assert run.cpu_quota(_cgroup(tmp_path, files)) == cpus
+    assert machine.cpu_quota(_cgroup(tmp_path, files)) == cpus
 
 
 def test_cgroup_v2_wins_over_v1(tmp_path):
     root = _cgroup(tmp_path, {"cpu.max": "100000 100000", "cpu/cpu.cfs_quota_us": "800000",
                               "cpu/cpu.cfs_period_us": "100000"})
-    assert run.cpu_quota(root) == 1
+    assert machine.cpu_quota(root) == 1
 
 
 def test_detected_cpus_are_the_usable_cores_capped_by_the_quota(tmp_path):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    assert run._detect_cpus(_cgroup(tmp_path / "none", {"cpu.max": "max 100000"})) == cores
-    assert run._detect_cpus(_cgroup(tmp_path / "one", {"cpu.max": "100000 100000"})) == 1
-    assert run._detect_cpus(_cgroup(tmp_path / "many", {"cpu.max": f"{(cores + 8) * 100000} 100000"})) == cores
+    assert machine.detect_cpus(_cgroup(tmp_path / "none", {"cpu.max": "max 100000"})) == cores
+    assert machine.detect_cpus(_cgroup(tmp_path / "one", {"cpu.max": "100000 100000"})) == 1
+    assert machine.detect_cpus(_cgroup(tmp_path / "many", {"cpu.max": f"{(cores + 8) * 100000} 100000"})) == cores
 
 
 # ------------------------------------------------------------------------------ the registry

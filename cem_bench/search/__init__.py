@@ -7,9 +7,10 @@ the top, the others inside functions.
 
 Modules: ``trainable`` (one trial), ``searcher`` (the Optuna search algorithm) and ``queue`` (its plan of
 runs, without Ray or Optuna), ``resume`` (the experiment-state guard), ``lock`` (one driver per experiment
-folder), ``interrupt`` (SIGINT/SIGTERM as an interruption), ``diskspace`` (the free-space guard), ``run`` (Ray
-start-up, the Tuner, the summary), ``rungs`` and ``moasha`` (multi-objective early stopping) and ``replay``
-(``cem-bench replay``).
+folder), ``interrupt`` (SIGINT/SIGTERM as an interruption), ``diskspace`` (the free-space guard), ``driver``
+(what pickled search objects find of the driver running them), ``machine`` (the GPUs and CPUs of a local
+session), ``run`` (Ray start-up, the Tuner, the summary), ``rungs`` and ``moasha`` (multi-objective early
+stopping) and ``replay`` (``cem-bench replay``).
 
 Results on disk (``STORAGE/NAME`` is Ray's experiment folder; STORAGE may be a folder, ``s3://`` or ``gs://``)::
 
@@ -59,17 +60,21 @@ telling the in-memory study; the copy is idempotent (keyed by the Ray trial id),
 in what a killed driver missed. With remote storage the journal is kept in
 ``~/.cache/cem-bench/journals/NAME/`` and uploaded after every update.
 
-Test hook (used by tests/test_search.py only): with ``CEM_BENCH_TEST_DIE_AT_EPOCH=N`` in the driver's
-environment when the search starts, every trial's worker process calls ``os._exit(1)`` right after
-reporting epoch N, once per trial (a marker file ``.test_died`` in the trial's folder makes later attempts
-go on).
+Test hooks: ``run_search(..., hooks=...)`` (not on the command line) hands every trial an object whose
+``before_report`` / ``after_report`` it calls at each epoch, in its Ray worker (``trainable.TrialHooks``).
+The faults the tests inject live in the tests (``tests/search_hooks.py``: a worker that dies once after an
+epoch, a storage that is full while a file exists), pickled by value with the trainable.
+
+What the pickled searcher, scheduler and storage guard need from the driver that runs them now (a restored
+experiment's are the first driver's copies) they look up by the experiment's name in ``driver`` (the journal,
+the resume bundle, the scheduler's state file, the live guard), registered by ``run_search`` while it runs.
 """
 
 from ..errors import SearchError
 from .resume import RAY_STATE_KINDS, SUPERSEDED_DIR, repair_experiment_state, write_resume_snapshot
 from .run import overrides_from_args, run_search, search_command
-from .trainable import DIE_ENV, DIE_MARKER, FULL_ENV, STATE_FILE, TRAINABLE_NAME, make_trainable, trial_resources, with_resources
+from .trainable import STATE_FILE, TRAINABLE_NAME, TrialHooks, make_trainable, trial_resources, with_resources
 
-__all__ = ["DIE_ENV", "DIE_MARKER", "FULL_ENV", "RAY_STATE_KINDS", "STATE_FILE", "SUPERSEDED_DIR", "SearchError",
-           "TRAINABLE_NAME", "make_trainable", "overrides_from_args", "repair_experiment_state",
+__all__ = ["RAY_STATE_KINDS", "STATE_FILE", "SUPERSEDED_DIR", "SearchError", "TRAINABLE_NAME", "TrialHooks",
+           "make_trainable", "overrides_from_args", "repair_experiment_state",
            "run_search", "search_command", "trial_resources", "with_resources", "write_resume_snapshot"]

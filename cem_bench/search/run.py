@@ -33,55 +33,10 @@ from ..storage import (
 from . import driver
 from .interrupt import Interruption, resume_command
 from .lock import experiment_lock
+from .machine import detect_cpus as _detect_cpus  # names of run.py that tests replace
+from .machine import detect_gpus as _detect_gpus
 from .resume import repair_experiment_state
-from .trainable import DIE_ENV, make_trainable, trial_resources, with_resources
-
-
-def _detect_gpus() -> int:
-    try:
-        import torch
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001
-        return 0
-
-
-CGROUP_ROOT = "/sys/fs/cgroup"
-
-
-def cpu_quota(cgroup_root: str = CGROUP_ROOT) -> int | None:
-    """The whole CPUs a container's CPU quota allows (rounded down, at least 1), or None where no quota is set:
-    cgroup v2 ``cpu.max`` ("max 100000": none; "200000 100000": 2 CPUs), else cgroup v1
-    ``cpu/cpu.cfs_quota_us`` over ``cpu/cpu.cfs_period_us`` (a quota of -1: none)."""
-    def read(*parts: str) -> str | None:
-        try:
-            with open(os.path.join(cgroup_root, *parts), encoding="ascii") as fh:
-                return fh.read().strip()
-        except (OSError, UnicodeDecodeError):
-            return None
-
-    v2 = read("cpu.max")
-    if v2 is not None:
-        fields = v2.split()
-        quota, period = (fields + ["100000"])[:2] if fields else ("max", "100000")
-    else:
-        quota, period = read("cpu", "cpu.cfs_quota_us"), read("cpu", "cpu.cfs_period_us")
-    try:
-        q, p = int(quota), int(period)
-    except (TypeError, ValueError):   # "max", a missing file, or something unreadable: no quota
-        return None
-    if q <= 0 or p <= 0:              # -1 (cgroup v1): no quota
-        return None
-    return max(1, q // p)
-
-
-def _detect_cpus(cgroup_root: str = CGROUP_ROOT) -> int:
-    """The CPUs a local Ray session counts: those this process may use (its CPU affinity, else the machine's
-    cores), capped by a container's CPU quota (not the host's cores). The local session is started with this
-    number, so the banner and Ray agree."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    quota = cpu_quota(cgroup_root)
-    return max(1, min(cores, quota) if quota is not None else cores)
-
+from .trainable import make_trainable, trial_resources, with_resources
 
 # ----------------------------------------------------------------------------------- concurrency
 RAY_UNITS = 10_000   # Ray counts CPUs and GPUs in fixed point, in units of 1/10000 of one
@@ -184,14 +139,16 @@ def progress_table(spec):
 
 
 def run_search(spec, storage: str | None = None, address: str | None = None, resume: bool = False,
-               stats: dict | None = None, trust_pickled_state: bool = False) -> str:
+               stats: dict | None = None, trust_pickled_state: bool = False, *, hooks=None) -> str:
     """Run (or with ``resume`` continue) the search of ``spec``; return the experiment path.
 
     Local mode (no ``address``) starts Ray on this machine (``ray.init``, no dashboard) unless a Ray
     session is already initialised in this process, in which case that one is used (tests). Cluster
     mode connects with ``ray.init(address=...)``. ``trust_pickled_state`` lets ``--resume`` read a resume
     bundle that an older cem-bench wrote as a pickle. ``stats`` (a dict), when given, receives timings:
-    ``ray_start_s``, ``trials_s``, ``trials_ok``, ``trials_error``, ``mode``.
+    ``ray_start_s``, ``trials_s``, ``trials_ok``, ``trials_error``, ``mode``. ``hooks`` (a picklable
+    ``trainable.TrialHooks``; not on the command line) is called by every trial at each epoch: the tests inject
+    faults through it.
     """
 
     stats = stats if stats is not None else {}
@@ -208,7 +165,7 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
     # the folder is made (new) or locked (--resume) here, before Ray starts: a second driver of the same
     # experiment stops now (search_command already holds it around the tables too: re-entrant)
     with experiment_lock(exp_path, resume), driver.active(spec.name, driver_paths(spec, exp_path, guard)):
-        return _run_locked(spec, storage, exp_path, address, resume, stats, trust_pickled_state, guard)
+        return _run_locked(spec, storage, exp_path, address, resume, stats, trust_pickled_state, guard, hooks)
 
 
 def driver_paths(spec, exp_path: str, guard) -> driver.DriverPaths:
@@ -220,7 +177,7 @@ def driver_paths(spec, exp_path: str, guard) -> driver.DriverPaths:
 
 
 def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: bool, stats: dict,
-                trust_pickled_state: bool, guard) -> str:
+                trust_pickled_state: bool, guard, hooks) -> str:
     import ray
 
     from .diskspace import full_message, is_enospc, one_line_when_full
@@ -251,9 +208,7 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
         resources, note = trial_resources(spec.resources, gpus)
         if note:
             print(note, flush=True)
-        die_env = os.environ.get(DIE_ENV)
-        die_at = int(die_env) if die_env else None
-        trainable = with_resources(make_trainable(exp_path, spec, resources, die_at), resources)
+        trainable = with_resources(make_trainable(exp_path, spec, resources, hooks), resources)
         t1 = time.perf_counter()
         tuner = _tuner(spec, storage, exp_path, resume, trust_pickled_state, trainable, guard)
         if resume and exists(join(exp_path, INTERRUPTED_FILE)):   # this run continues the interrupted one

@@ -16,13 +16,26 @@ from ..errors import TRIAL_FATAL, ResultsError, StorageFull
 from ..provenance import git_sha
 from ..provenance import now_iso as _now_iso
 from ..schema import GALLERY_FILE, OBJECTIVE_METRICS, RESULT_FILE
-from ..storage import copy_file, exists, join, write_bytes, write_json
+from ..storage import copy_file, join, write_json
 
 STATE_FILE = "state.pt"       # the trainer state inside each Ray checkpoint
-DIE_ENV = "CEM_BENCH_TEST_DIE_AT_EPOCH"
-DIE_MARKER = ".test_died"
-FULL_ENV = "CEM_BENCH_TEST_FULL_WHILE"   # test hook: while this file exists, saving a checkpoint fails with ENOSPC
 TRAINABLE_NAME = "cem_trial"  # Tuner.restore needs the same trainable name
+
+
+class TrialHooks:
+    """What a trial calls at each epoch besides its own work: nothing, unless ``run_search(hooks=...)`` hands it an
+    object with these methods (the tests inject faults through it, ``tests/search_hooks.py``; the command line
+    cannot). It runs inside the Ray worker of the trial, carried there pickled with the trainable, so it must
+    pickle (and unpickle in a worker). ``record`` is the epoch's record (``record["epoch"]``), ``trial_path``
+    the trial's folder or URI in the experiment, ``trial_id`` Ray's id of the trial."""
+
+    def before_report(self, record: dict, trial_path: str, trial_id: str) -> None:
+        """Before the epoch's checkpoint is saved and its result reported (an ``OSError`` raised here is the
+        trial's: ENOSPC stops the search as a full storage does)."""
+
+    def after_report(self, record: dict, trial_path: str, trial_id: str) -> None:
+        """After the epoch's result and checkpoint are reported (the worker may end here: Ray retries the trial
+        from that checkpoint)."""
 
 
 def trial_resources(resources: dict, gpus_available: float | None = None) -> tuple[dict, str | None]:
@@ -99,11 +112,12 @@ def _scalars(record: dict) -> dict:
     return out
 
 
-def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: int | None = None) -> Callable:
+def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHooks | None = None) -> Callable:
     """The function trainable of a search (named ``cem_trial``), not yet wrapped with resources.
 
     ``experiment_path`` is the experiment folder or URI (where ``trial_result.json`` and ``recon.png`` go),
-    ``spec`` the SearchSpec (objectives, fixed keys), ``resources`` the per-trial resources.
+    ``spec`` the SearchSpec (objectives, fixed keys), ``resources`` the per-trial resources, ``hooks`` what
+    each epoch also calls (``TrialHooks``; None: nothing).
     """
     objectives = list(spec.metric_names)
     cpus = float(resources.get("cpu", 1.0))
@@ -194,10 +208,8 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
                 finish(record, "ok", None)
                 return
             history.append(dict(record))
-            full_while = os.environ.get(FULL_ENV)
-            if full_while and os.path.exists(full_while):
-                import errno
-                raise OSError(errno.ENOSPC, "No space left on device (test hook)", experiment_path)
+            if hooks is not None:
+                hooks.before_report(record, trial_path, trial_id)
             metrics = base_metrics(record)
             metrics["status"] = "running"
             shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -209,12 +221,8 @@ def make_trainable(experiment_path: str, spec, resources: dict, die_at_epoch: in
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(ckpt_dir) if state_fn else None)
             finally:
                 shutil.rmtree(ckpt_dir, ignore_errors=True)
-            if die_at_epoch is not None and record.get("epoch") == die_at_epoch:
-                marker = join(trial_path, DIE_MARKER)
-                if not exists(marker):
-                    write_bytes(marker, b"died once\n")
-                    print(f"[cem-bench] test hook: trial {trial_id} exits after epoch {die_at_epoch}", flush=True)
-                    os._exit(1)
+            if hooks is not None:
+                hooks.after_report(record, trial_path, trial_id)
 
         try:
             run_trial(flat, report, out_dir=out_dir, resume_state=state)

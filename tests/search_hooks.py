@@ -1,0 +1,69 @@
+"""Faults the search tests inject into every trial (``search.run_search(..., hooks=...)``, ``TrialHooks``).
+
+The hooks run in Ray's worker processes, which cannot import this file (``tests/`` is not on their path): each
+hook registers this module with ``ray.cloudpickle.register_pickle_by_value`` when it is made, so the trainable
+carries the classes themselves, not a reference to a module the worker lacks.
+
+``python -c 'import search_hooks; search_hooks.main()' --full-while MARKER search SPACE ...`` (with ``tests/`` on
+``PYTHONPATH``) is ``cem-bench search SPACE ...`` whose trials run with ``FullWhile(MARKER)``: the command line
+itself cannot inject a hook.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import sys
+
+from cem_bench.search.trainable import TrialHooks
+from cem_bench.storage import exists, join, write_bytes
+
+DIE_MARKER = ".test_died"   # in the trial's folder: the worker has died once
+
+
+def _by_value() -> None:
+    import ray.cloudpickle
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class DieOnce(TrialHooks):
+    """The trial's worker process ends (``os._exit(1)``) right after reporting epoch ``epoch``, once per trial
+    (``DIE_MARKER`` in the trial's folder lets later attempts go on): Ray retries it from that checkpoint."""
+
+    def __init__(self, epoch: int):
+        _by_value()
+        self.epoch = epoch
+
+    def after_report(self, record: dict, trial_path: str, trial_id: str) -> None:
+        if record.get("epoch") != self.epoch:
+            return
+        marker = join(trial_path, DIE_MARKER)
+        if not exists(marker):
+            write_bytes(marker, b"died once\n")
+            print(f"[cem-bench] test hook: trial {trial_id} exits after epoch {self.epoch}", flush=True)
+            os._exit(1)
+
+
+class FullWhile(TrialHooks):
+    """While the file ``marker`` exists, saving an epoch's checkpoint fails with ENOSPC (a full storage)."""
+
+    def __init__(self, marker: str):
+        _by_value()
+        self.marker = str(marker)
+
+    def before_report(self, record: dict, trial_path: str, trial_id: str) -> None:
+        if os.path.exists(self.marker):
+            raise OSError(errno.ENOSPC, "No space left on device (test hook)", trial_path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``--full-while MARKER`` then the arguments of ``cem-bench``: the command with that hook in every trial."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    hooks = None
+    if argv[:1] == ["--full-while"]:
+        hooks, argv = FullWhile(argv[1]), argv[2:]
+    from cem_bench import cli
+    from cem_bench.search import run
+    run.run_search = functools.partial(run.run_search, hooks=hooks)   # what search_command calls
+    sys.exit(cli.main(argv))
