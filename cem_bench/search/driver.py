@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DriverPaths", "active", "lookup"]
+__all__ = ["DriverPaths", "active", "lookup", "sole"]
 
 
 @dataclass
