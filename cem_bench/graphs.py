@@ -1,9 +1,9 @@
 """The training step as one CUDA graph (``train.cuda_graph``; docs/performance.md "CUDA graphs").
 
 A training step of this model launches a few hundred small kernels; on a fast GPU the card waits for
-Python to launch them (docs/performance.md, "CUDA graphs"). ``GraphedStep`` captures the
-whole step (``Trainer.step`` hands it ``Trainer.step_body``) — forward, noise, CE, the CEM loss, backward and the optimizer steps — once, and then replays it
-with one launch per batch.
+Python to launch them (docs/performance.md, "CUDA graphs"). ``GraphedStep`` captures the whole step
+(``Trainer.step`` hands it ``Trainer.step_body``) — forward, noise, CE, the CEM loss, backward and the
+optimizer steps — once, and then replays it with one launch per batch.
 
 What makes the step capturable (``Trainer.step_body``):
 

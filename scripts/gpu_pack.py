@@ -74,7 +74,7 @@ def main() -> int:
     def flat_for(amp: str) -> dict:
         f = pack.worker_flat(n_images, amp)
         if not cuda:
-            f.update({"train.device": "cpu", "model.width": 0.0625, "data.test_size": 64, "train.batch_size": 64,
+            f.update({"train.device": "cpu", "data.test_size": 64, "train.batch_size": 64,
                       "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8, "attack.rmle_iterations": 5,
                       "model.width": sizes.width})
         return f
