@@ -113,7 +113,7 @@ def compact(df) -> str:
         lines.append(f"| {dataset} | {width:g} | {sigma:g} | {g.seed.nunique()} | " + " | ".join(cells) + " |")
     later = df[df.warmup > w0]
     if len(later):
-        lines += ["", f"| data set | width | " + " | ".join(f"{n}: drift from warm-up {w0}" for n in names) + " |",
+        lines += ["", "| data set | width | " + " | ".join(f"{n}: drift from warm-up {w0}" for n in names) + " |",
                   "|" + "---|" * (2 + len(names))]
         for (dataset, width), g in later.groupby(["dataset", "width"]):
             cells = []
