@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/cem-bench search search_spaces/demo.yaml --storage results --name demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check cem_bench tests
+	$(BIN)/ruff check cem_bench tests scripts
 
 # The autoscaling tests run in a pytest process of their own: their in-process Ray driver connects with
 # RAY_AUTH_MODE=disabled, which Ray keeps for the process, and a later in-process ray.init() of a new local
