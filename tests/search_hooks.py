@@ -5,8 +5,8 @@ hook registers this module with ``ray.cloudpickle.register_pickle_by_value`` whe
 carries the classes themselves, not a reference to a module the worker lacks.
 
 ``python -c 'import search_hooks; search_hooks.main()' --full-while MARKER search SPACE ...`` (with ``tests/`` on
-``PYTHONPATH``) is ``cem-bench search SPACE ...`` whose trials run with ``FullWhile(MARKER)``: the command line
-itself cannot inject a hook.
+``PYTHONPATH``) is ``cem-bench search SPACE ...`` whose trials run with ``FullWhile(MARKER)`` (``--wait-for
+RELEASE``: ``WaitFor``): the command line itself cannot inject a hook.
 """
 
 from __future__ import annotations
@@ -57,12 +57,30 @@ class FullWhile(TrialHooks):
             raise OSError(errno.ENOSPC, "No space left on device (test hook)", trial_path)
 
 
+class WaitFor(TrialHooks):
+    """Each trial's first report waits until the file ``release`` exists (at most ``timeout`` seconds): the
+    search stays running, whatever the machine's load, for as long as a test needs it to."""
+
+    def __init__(self, release: str, timeout: float = 600.0):
+        _by_value()
+        self.release, self.timeout = str(release), timeout
+
+    def before_report(self, record: dict, trial_path: str, trial_id: str) -> None:
+        import time
+        deadline = time.monotonic() + self.timeout
+        while not os.path.exists(self.release) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``--full-while MARKER`` then the arguments of ``cem-bench``: the command with that hook in every trial."""
+    """``--full-while MARKER`` or ``--wait-for RELEASE``, then the arguments of ``cem-bench``: the command with
+    that hook in every trial."""
     argv = list(sys.argv[1:] if argv is None else argv)
     hooks = None
     if argv[:1] == ["--full-while"]:
         hooks, argv = FullWhile(argv[1]), argv[2:]
+    elif argv[:1] == ["--wait-for"]:
+        hooks, argv = WaitFor(argv[1]), argv[2:]
     from cem_bench import cli
     from cem_bench.search import run
     run.run_search = functools.partial(run.run_search, hooks=hooks)   # what search_command calls

@@ -201,8 +201,13 @@ def test_a_second_search_of_the_same_experiment_is_refused_and_nothing_is_lost(t
     storage = tmp_path / "res"
     exp = storage / "twice"
     env = subprocess_env()
-    first = subprocess.Popen(cli_cmd(space, "--storage", str(storage)), env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # the first search's trials wait at their first report until the test releases them: on a busy machine
+    # its two tiny trials used to finish before the second command had started, and the `--resume` attempt
+    # then found nothing running and resumed a finished experiment (a clean-clone CI run under load)
+    release = tmp_path / "release"
+    first = subprocess.Popen([sys.executable, "-c", "import search_hooks; search_hooks.main()", "--wait-for",
+                              str(release), "search", space, "--storage", str(storage)], env=hooks_env(env),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while not (exp / "tuner.pkl").exists():
@@ -210,11 +215,13 @@ def test_a_second_search_of_the_same_experiment_is_refused_and_nothing_is_lost(t
             time.sleep(0.2)
         for extra in ([], ["--resume"]):
             second = subprocess.run(cli_cmd(space, "--storage", str(storage), *extra), env=env,
-                                    capture_output=True, text=True, timeout=120)
+                                    capture_output=True, text=True, timeout=300)
             assert second.returncode == 2, second.stdout + second.stderr
             said = "already exists" if not extra else f"another cem-bench search is running on {exp} (pid {first.pid}"
             assert said in second.stderr, second.stderr
             assert "Ray" not in second.stdout   # refused before Ray started
+        assert first.poll() is None             # still running: the refusals were not the end of it
+        release.write_text("go\n")
         out, _ = first.communicate(timeout=600)
     finally:
         if first.poll() is None:
