@@ -51,13 +51,22 @@ def daemons() -> list[int] | None:
 
 def running() -> bool:
     """A control daemon runs for the pipe directory (the default, or CUDA_MPS_PIPE_DIRECTORY): its ``control``
-    pipe is there and its process is alive. The pipe alone is not enough: on an H100 a daemon that had been
-    told to quit still had its pipe when the next session began, which then took it for a running daemon,
-    started none, and its trials ran without MPS (issue 40's first device run)."""
+    pipe is there and its process is alive. The pipe alone is not enough: a daemon that has quit can leave it
+    behind, and a session that took it for a running daemon would start none and pack its trials without MPS."""
     if not os.path.exists(os.path.join(pipe_dir(), "control")):
         return False
     pids = daemons()
     return pids is None or bool(pids)
+
+
+def servers() -> str:
+    """What the control daemon says of its servers (one runs once MPS clients are connected): a check that
+    packed processes really share the card through MPS."""
+    exe = shutil.which(CONTROL)
+    if exe is None:
+        return f"no {CONTROL}"
+    p = subprocess.run([exe], input="get_server_list\n", capture_output=True, text=True, timeout=10)
+    return f"rc {p.returncode}: {(p.stdout + p.stderr).strip()[:200]}"
 
 
 def start() -> bool:

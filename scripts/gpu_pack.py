@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -66,10 +65,9 @@ def main() -> int:
                                             "power.limit", "--format=csv"], capture_output=True, text=True).stdout
     emit("env", **env)
     if cuda:
-        ks, n_images, seconds = pack.PACK_K, pack.PACK_IMAGES, pack.PACK_SECONDS
+        ks, n_images = pack.PACK_K, pack.PACK_IMAGES
     else:                                 # the dry run: the same phases, a tiny model, 2 workers
-        ks, n_images, seconds = (1, 2), 256, 0.5
-        pack.PACK_SECONDS = seconds
+        ks, n_images = (1, 2), 256
 
     def flat_for(amp: str) -> dict:
         f = pack.worker_flat(n_images, amp)
@@ -78,6 +76,18 @@ def main() -> int:
                       "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8, "attack.rmle_iterations": 5,
                       "model.width": sizes.width})
         return f
+
+    def log(rec) -> None:
+        """pack_phase's records: a message of MPS, the workers started, or a row."""
+        if isinstance(rec, str):
+            emit("mps", message=rec)
+        else:
+            emit("pack" if "name" in rec else "workers", **rec)
+
+    def attacks(workers) -> dict:
+        att = pack.measure_attacks(workers)
+        emit("attack", **att)
+        return att
 
     summary = {}
     # estimated seconds of each phase on an H100 (worker start-up ~40 s, 2 windows of 6 s per k)
@@ -98,90 +108,25 @@ def main() -> int:
                 emit("skipped", phase=phase, left=left())
                 continue
             try:
-                rows, attack = run_phase(device, sizes, flat_for(amp), ks, top, use_mps,
-                                         attack=(amp == "off" and not use_mps), emit=emit)
+                rows, attack = pack.pack_phase(flat_for(amp), ks, top, use_mps, log=log,
+                                               then=attacks if amp == "off" and not use_mps else None)
                 summary[phase] = {"rows": rows, "attack": attack, "ceiling": top}
             except Exception:  # noqa: BLE001
                 emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
-    if "attacks" in args.phases:
+    if "attacks" in args.phases:            # the attacks of the grid's packing alone: 2 fp32 workers
         for use_mps in (False, True):
             phase = f"attacks{' MPS' if use_mps else ''}"
             if left() < 60:
                 emit("skipped", phase=phase, left=left())
                 continue
             try:
-                summary[phase] = {"rows": [], "ceiling": None,
-                                  "attack": run_attacks(flat_for("off"), use_mps, emit)}
+                rows, attack = pack.pack_phase(flat_for("off"), (), None, use_mps, log=log,
+                                               then=attacks, workers_n=2)
+                summary[phase] = {"rows": [], "ceiling": None, "attack": attack or {"rows": rows}}
             except Exception:  # noqa: BLE001
                 emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
     write_summary(args.out, env, summary)
     return 0
-
-
-def run_phase(device, sizes, flat, ks, top, use_mps, attack, emit):
-    import contextlib
-
-    from cem_bench import mps
-    cm = mps.Session("auto", 0.5, True, log=lambda m: emit("mps", message=m)) if use_mps else contextlib.nullcontext()
-    rows, att = [], None
-    with cm as session:
-        if session is not None and session.state.startswith("not started"):
-            emit("mps", state=session.state)
-            return rows, att
-        t0 = time.monotonic()
-        with pack.Workers(max(ks), flat) as workers:
-            emit("workers", n=max(ks), start_s=time.monotonic() - t0, mps=use_mps, amp=flat["train.amp"],
-                 mps_daemons=mps.daemons(), mps_servers=mps_servers() if use_mps else None)
-            for k in ks:
-                r = pack.pack_row(f"k={k}", k, workers, top, pack.PACK_REPEATS)
-                r.update(k=k, amp=flat["train.amp"], mps=use_mps)
-                emit("pack", **r)
-                rows.append(r)
-            if attack:
-                # untimed first: a worker's first attack builds and autotunes its models (on the H100 the
-                # first attack alone took 13.3 s and the same worker's second, beside another's first, 5.8 s)
-                workers.attack(2)
-                alone = workers.attack(1)[0]["attack"]
-                spans = [r["attack"] for r in workers.attack(2)]
-                att = {"alone_s": alone[1] - alone[0], "spans": spans,
-                       "together_s": max(e for _, e in spans) - min(s for s, _ in spans),
-                       "factor_k2": pack.attack_packing(spans, alone[1] - alone[0])}
-                emit("attack", **att)
-    return rows, att
-
-
-def run_attacks(flat, use_mps, emit, repeats: int = 2) -> dict:
-    """The attacks of the grid's packing alone: 2 fp32 workers, each attack once untimed, then one alone and
-    both together, ``repeats`` times (the medians)."""
-    import contextlib
-
-    from cem_bench import mps
-    cm = mps.Session("auto", 0.5, True, log=lambda m: emit("mps", message=m)) if use_mps else contextlib.nullcontext()
-    with cm as session, pack.Workers(2, flat) as workers:
-        if session is not None and session.state.startswith("not started"):
-            return {"mps": session.state}
-        workers.attack(2)                                  # untimed: build and autotune each worker's models
-        alone, together = [], []
-        for _ in range(repeats):
-            a = workers.attack(1)[0]["attack"]
-            alone.append(a[1] - a[0])
-            spans = [r["attack"] for r in workers.attack(2)]
-            together.append(max(e for _, e in spans) - min(s for s, _ in spans))
-        att = {"alone_s": statistics.median(alone), "together_s": statistics.median(together),
-               "alone_all": alone, "together_all": together, "mps": use_mps,
-               "factor_k2": 2 * statistics.median(alone) / statistics.median(together)}
-        emit("attack", **att)
-        return att
-
-
-def mps_servers() -> str:
-    """What the control daemon says of its servers (a server runs once MPS clients are connected)."""
-    import shutil
-    exe = shutil.which("nvidia-cuda-mps-control")
-    if exe is None:
-        return "no nvidia-cuda-mps-control"
-    p = subprocess.run([exe], input="get_server_list\n", capture_output=True, text=True, timeout=10)
-    return f"rc {p.returncode}: {(p.stdout + p.stderr).strip()[:200]}"
 
 
 def write_summary(out, env, summary) -> None:

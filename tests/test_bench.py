@@ -158,8 +158,7 @@ def test_every_registered_group_is_in_groups_and_run(monkeypatch):
     assert calls == names
     rows = res["rows"]
     assert not [r for r in rows if r["error"]], rows
-    # both precisions of the ceiling are measured (a bf16 that the config refused was an error row on CUDA, and
-    # the CPU skipped it, so no test saw it)
+    # both precisions of the ceiling are measured, each through the config the trials use
     assert sorted(r["name"] for r in rows if r["name"].startswith("ceiling")) == [
         "ceiling (bf16): one model, best batch", "ceiling (grid fp32): one model, best batch"]
     for g in groups:
@@ -204,7 +203,7 @@ def test_packed_workers_pin_their_threads_start_together_and_are_reused_across_k
     command."""
     import os
 
-    from cem_bench.bench.pack import Workers, attack_packing, window, worker_flat
+    from cem_bench.bench.pack import Workers, attack_packing, measure_attacks, window, worker_flat
     flat = {**worker_flat(128), "train.device": "cpu", "model.width": 0.0625, "data.test_size": 40,
             "train.batch_size": 64, "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8,
             "attack.rmle_iterations": 2}
@@ -212,6 +211,7 @@ def test_packed_workers_pin_their_threads_start_together_and_are_reused_across_k
         one = w.train(1, seconds=0.0, min_epochs=2)
         res = w.train(2, seconds=0.0, min_epochs=2)
         spans = [r["attack"] for r in w.attack(2)]
+        att = measure_attacks(w, repeats=1)
     assert len(one) == 1 and len(one[0]["epochs"]) == 2
     assert [len(r["epochs"]) for r in res] == [2, 2] and not any(r["graphed"] for r in res)
     assert all(r["threads"] == max(1, (os.cpu_count() or 1) // 2) for r in res)
@@ -223,6 +223,7 @@ def test_packed_workers_pin_their_threads_start_together_and_are_reused_across_k
     assert all(rate * w_["seconds"] <= 256 * (1 + 1e-9) for rate in w_["per_worker"])
     assert w_["images_per_s"] == pytest.approx(sum(w_["per_worker"]))
     assert len(spans) == 2 and all(e > s for s, e in spans)
+    assert att["alone_s"] > 0 and att["factor_k2"] == pytest.approx(2 * att["alone_s"] / att["together_s"])
     assert attack_packing([[0.0, 10.0], [0.0, 10.0]], 10.0) == pytest.approx(2.0)   # both in the time of one
     assert attack_packing([[0.0, 10.0], [10.0, 20.0]], 10.0) == pytest.approx(1.0)  # one after the other
 

@@ -50,8 +50,8 @@ def test_a_daemon_started_here_is_stopped_here(monkeypatch, tmp_path):
 
 
 def test_a_pipe_left_by_a_daemon_that_quit_is_not_a_running_daemon(monkeypatch, tmp_path):
-    """On an H100 the control pipe outlived its daemon; the next session took it for a running daemon, started
-    none, and its packed trials ran without MPS. Only a live daemon process counts."""
+    """A daemon that has quit can leave its control pipe behind; a session that took it for a running daemon
+    would start none and pack its trials without MPS. Only a live daemon process counts."""
     (tmp_path / "control").write_text("")
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     monkeypatch.setattr(mps, "daemons", lambda: [])

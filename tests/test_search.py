@@ -201,9 +201,8 @@ def test_a_second_search_of_the_same_experiment_is_refused_and_nothing_is_lost(t
     storage = tmp_path / "res"
     exp = storage / "twice"
     env = subprocess_env()
-    # the first search's trials wait at their first report until the test releases them: on a busy machine
-    # its two tiny trials used to finish before the second command had started, and the `--resume` attempt
-    # then found nothing running and resumed a finished experiment (a clean-clone CI run under load)
+    # the first search's trials wait at their first report until the test releases them: the refusals must be
+    # tried while it runs, however slowly the machine starts the second command
     release = tmp_path / "release"
     first = subprocess.Popen([sys.executable, "-c", "import search_hooks; search_hooks.main()", "--wait-for",
                               str(release), "search", space, "--storage", str(storage)], env=hooks_env(env),

@@ -5,7 +5,7 @@ trainer (SGD, the graphed step on CUDA) at batch 128 (the paper's) up to 2048, i
 (``train.amp: off``: fp32 with TF32 convolutions) and in bf16. The images per second at the best batch is
 the card's ceiling for this model in that precision: k trials packed on the card (the ``pack`` group) share at
 most that, so every packed figure is printed as a fraction of it, and a packed figure above it is an error of
-the measurement (issue 40: the old pack row reported 164k images/s on an H100 whose ceiling is about 100k).
+the measurement (docs/performance.md "Packing trials on one GPU").
 Each figure: ``sizes.repeats`` timed runs of ``CEILING_STEPS`` steps after untimed ones (capture,
 autotuning), the median. On the CPU it runs at the step rows' tiny sizes (the code path, not a figure).
 """

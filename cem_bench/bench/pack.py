@@ -12,14 +12,13 @@ of seconds each) out of the device time, which a lent card has little of.
 
 The throughput is measured only where all k ran at once (``window``): from the last worker's first timed
 epoch start to the first worker's last epoch end, the images every worker trained inside that window (an epoch
-that straddles an edge counted pro rata) divided by its length. Summing each worker's own rate instead (the
-method before issue 40) counts a worker that started late or finished early as if it had shared the card the
-whole time: on an H100 it reported 49 paper trials per GPU-hour where the card's own ceiling for this model
-allows about 30. Each k runs ``PACK_REPEATS`` windows (the median and the range are reported), every figure is
-printed as a fraction of the ceiling (``ceiling.py``: one model at the best batch size in the same
+that straddles an edge counted pro rata) divided by its length. Summing each worker's own rate instead counts
+a worker that started late or finished early as if it had shared the card the whole time, and can report more
+than the card gives (docs/performance.md). Each k runs ``PACK_REPEATS`` windows (the median and the range are
+reported), every figure is printed as a fraction of the ceiling (``ceiling.py``: one model at the best batch size in the same
 precision), and a packed figure above the ceiling is reported as an error of the measurement. "Paper trials
-per GPU-hour" divides the throughput into 240 epochs of 50,000 images (training only; ``attack_packing``
-measures the attacks of k packed trials, and ``whole_trials_per_hour`` joins the two). Both precisions
+per GPU-hour" divides the throughput into 240 epochs of 50,000 images (training only; ``measure_attacks``
+measures the attacks of two packed trials, and ``whole_trials_per_hour`` joins the two). Both precisions
 (``train.amp`` off: the grid's fp32 with TF32 convolutions, and bf16), without MPS first, then under MPS where
 ``nvidia-cuda-mps-control`` can start (stopped again if this row started it).
 
@@ -49,9 +48,8 @@ PACK_MIN_EPOCHS = 2
 PACK_REPEATS = 2
 PRECISIONS = ("off", "on")     # train.amp: the grid's fp32 (TF32 convolutions), bf16 autocast
 PAPER_EPOCHS, PAPER_IMAGES = 240, 50000
-# the share of the card's ceiling that k packed trials reach: on an H100 the best was 63 % (fp32) and 67 %
-# (bf16), under MPS at k = 8 (docs/performance.md "Packing trials on one GPU"); trials per GPU-hour are no
-# target of their own, since the ceiling bounds them (about 32 in the grid's fp32 there)
+# the target is a share of the card's ceiling, not trials per GPU-hour: the ceiling bounds those on each card
+# (the measured shares: docs/performance.md "Packing trials on one GPU")
 TARGET_CEILING_FRACTION = ("ge", 0.75)
 
 
@@ -135,13 +133,6 @@ class Workers:
         self.close()
 
 
-def run_workers(k: int, flat: dict, timeout: float = 600.0, seconds: float = PACK_SECONDS,
-                min_epochs: int = PACK_MIN_EPOCHS) -> list[dict]:
-    """k fresh workers, released together once: each one's report (``Workers.train``)."""
-    with Workers(k, flat, timeout) as w:
-        return w.train(k, seconds, min_epochs)
-
-
 def window(results: list[dict]) -> dict:
     """Throughput inside the window in which every worker was training: ``images_per_s`` (all workers),
     ``per_worker`` (each one's images/s inside the window), ``seconds`` (the window's length), ``own_sum`` (the
@@ -166,6 +157,22 @@ def window(results: list[dict]) -> dict:
 
 def trials_per_hour(images_per_s: float) -> float:
     return images_per_s * 3600 / (PAPER_EPOCHS * PAPER_IMAGES)
+
+
+def measure_attacks(workers: Workers, repeats: int = 2) -> dict:
+    """The attacks of two packed trials against one alone: each worker attacks once untimed first (its first
+    attack also builds and autotunes its models, which a comparison must not count), then ``repeats`` times one
+    alone and both together; the medians and ``attack_packing``'s factor."""
+    workers.attack(2)
+    alone, together = [], []
+    for _ in range(repeats):
+        a = workers.attack(1)[0]["attack"]
+        alone.append(a[1] - a[0])
+        spans = [r["attack"] for r in workers.attack(2)]
+        together.append(max(e for _, e in spans) - min(s for s, _ in spans))
+    a_s, t_s = statistics.median(alone), statistics.median(together)
+    return {"alone_s": a_s, "together_s": t_s, "alone_all": alone, "together_all": together,
+            "factor_k2": 2 * a_s / t_s}
 
 
 def attack_packing(spans: list[list[float]], alone_s: float) -> float:
@@ -195,30 +202,44 @@ def bench_pack(device: torch.device, sizes: Sizes, ks: tuple[int, ...] = PACK_K)
 def pack_rows(device: torch.device, sizes: Sizes, flat: dict, ks: tuple[int, ...] = PACK_K,
               log=lambda *_: None) -> list[dict]:
     """The rows of one precision: every k without MPS, then under MPS (where it starts)."""
-    from .. import mps
     from .ceiling import ceiling
-    amp = flat.get("train.amp", "off")
-    top = ceiling(device, sizes, amp)
-    precision = "grid fp32" if amp == "off" else "bf16"
+    top = ceiling(device, sizes, flat.get("train.amp", "off"))
     rows = []
     for use_mps in (False, True):
-        session_cm = mps.Session("auto", 0.5, True, log=log) if use_mps else contextlib.nullcontext()
-        with session_cm as session:
-            if session is not None and session.state.startswith("not started"):
-                rows.append(make_row(f"packed ({precision}) under MPS", note=session.state))
-                break
-            try:
-                with Workers(max(ks), flat) as workers:
-                    for k in ks:
-                        label = f"packed k={k} ({precision}{', MPS' if use_mps else ''}): paper trials per GPU-hour"
-                        try:
-                            rows.append(pack_row(label, k, workers, top, PACK_REPEATS))
-                        except Exception as e:  # noqa: BLE001
-                            rows.append(error_row(label, e))
-                        log(rows[-1])
-            except Exception as e:  # noqa: BLE001
-                rows.append(error_row(f"packed ({precision}{', MPS' if use_mps else ''}): workers", e))
+        rows.extend(pack_phase(flat, ks, top, use_mps, log)[0])
     return rows
+
+
+def pack_phase(flat: dict, ks: tuple[int, ...], top: dict | None, use_mps: bool, log=lambda *_: None,
+               then=None, workers_n: int | None = None) -> tuple[list[dict], object]:
+    """One precision with or without MPS: ``workers_n`` workers (``max(ks)`` by default), then a row per k
+    (each also handed to ``log``);
+    ``then(workers)``, if given, runs while the workers live and its result is returned beside the rows. A
+    session where MPS cannot start gives one row saying why."""
+    from .. import mps
+    precision = "grid fp32" if flat.get("train.amp", "off") == "off" else "bf16"
+    where = f"{precision}{', MPS' if use_mps else ''}"
+    rows, after = [], None
+    with (mps.Session("auto", 0.5, True, log=log) if use_mps else contextlib.nullcontext()) as session:
+        if session is not None and session.state.startswith("not started"):
+            return [make_row(f"packed ({where})", note=session.state)], None
+        try:
+            t0, n = time.monotonic(), workers_n or max(ks)
+            with Workers(n, flat) as workers:
+                log({"workers": n, "start_s": time.monotonic() - t0, "mps": use_mps,
+                     "mps_daemons": mps.daemons(), "mps_servers": mps.servers() if use_mps else None})
+                for k in ks:
+                    label = f"packed k={k} ({where}): paper trials per GPU-hour"
+                    try:
+                        rows.append({**pack_row(label, k, workers, top, PACK_REPEATS), "k": k, "mps": use_mps})
+                    except Exception as e:  # noqa: BLE001
+                        rows.append({**error_row(label, e), "k": k, "mps": use_mps})
+                    log(rows[-1])
+                if then is not None:
+                    after = then(workers)
+        except Exception as e:  # noqa: BLE001
+            rows.append(error_row(f"packed ({where}): workers", e))
+    return rows, after
 
 
 def pack_row(label: str, k: int, workers: Workers, top: dict, repeats: int) -> dict:
@@ -241,7 +262,7 @@ def pack_row(label: str, k: int, workers: Workers, top: dict, repeats: int) -> d
                         f"measurement is wrong, not the card fast; {note}")
     return make_row(label, per_hour, "trials/h", ratio=frac, ratio_name="of the ceiling",
                     target=TARGET_CEILING_FRACTION, note=note, samples=rates, ceiling_fraction=frac,
-                    images_per_s=images_per_s, windows=[{k2: v for k2, v in w.items()} for w in runs])
+                    images_per_s=images_per_s, windows=runs)
 
 
 def _train(tr, cfg, first_epoch: int, seconds: float, min_epochs: int) -> tuple[list, int]:
