@@ -22,12 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import strength, surrogates
+from . import surrogates
 from .config import ConfigError
-from .runtime import resolve_device
-from .schedule import inject_scale, lr_at
+from .core import strength
+from .core.runtime import resolve_device
+from .core.schedule import inject_scale, lr_at
+from .core.trial import build, build_config
 from .surrogates import names as surrogate_names
-from .trial import build, build_config
 
 REFERENCE = strength.REFERENCE
 MATCH_LAMBDA = 16.0      # the paper's λ that the table translates

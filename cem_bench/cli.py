@@ -38,11 +38,11 @@ def _progress(record: dict, final: bool, **_) -> None:
 
 
 def cmd_train(args) -> int:
-    from . import checkpoint
+    from .core import checkpoint
+    from .core.trial import build_config, run_trial
     from .integrity import write_recorded_json
     from .schema import METRICS_FILE
     from .storage import jsonable
-    from .trial import build_config, run_trial
     cfg = build_config(_config_from_args(args))  # validate before any work
     out = args.out or os.path.join("results", "runs", time.strftime("%Y%m%d-%H%M%S"))
     check_run_out(out)   # before training: a run is never trained only to be discarded or to replace another
@@ -81,11 +81,12 @@ def check_run_out(out: str) -> None:
 
 
 def cmd_attack(args) -> int:
-    from . import attacks, checkpoint
+    from . import attacks
+    from .core import checkpoint
+    from .core.runtime import resolve_device
+    from .core.trial import build, build_config
     from .errors import ResultsError
-    from .runtime import resolve_device
     from .storage import write_json
-    from .trial import build, build_config
     overrides = parse_set(args.set)
     bad = [k for k in overrides if not (k.startswith("attack.") or k in ("train.device", "train.eval_batch_size"))]
     if bad:
@@ -129,8 +130,8 @@ def cmd_attack(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from . import calibrate
+    from .core.trial import build_config
     from .storage import write_json
-    from .trial import build_config
     flat = {}
     if args.config:
         flat.update(load_yaml_config(args.config))
@@ -180,7 +181,7 @@ def cmd_search(args) -> int:
     if is_uri(exp):
         print(f"report: `cem-bench report {exp} --out results/{done['name']}/report` (reads the storage)")
     else:
-        from .report import build_report
+        from .analysis.report import build_report
         try:
             print(f"report: {build_report(exp)}")
         except Exception as e:  # noqa: BLE001 - the tables are written; the report can be rebuilt
@@ -204,14 +205,14 @@ def cmd_search(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import build_report
+    from .analysis.report import build_report
     path = build_report(args.results_dir, args.out)
     print(f"report: {path}")
     return 0
 
 
 def cmd_table(args) -> int:
-    from .table import main as table_main
+    from .analysis.table import main as table_main
     return table_main(args)
 
 

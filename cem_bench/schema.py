@@ -45,7 +45,7 @@ OBJECTIVE_METRICS: tuple[str, ...] = ("test_acc", "test_acc_clean", "feature_spr
 # the attack's metrics among them (NaN until the attack ran, and when the utility gate skipped it)
 ATTACK_METRICS: tuple[str, ...] = tuple(m for m in OBJECTIVE_METRICS if m.startswith("attack_"))
 COST_COLUMNS: tuple[str, ...] = ("train_s", "attack_s", "wall_s")
-# cem.strength: the loss scale a CEM trial used (measured under matched; cem_bench/strength.py), aggregated per
+# cem.strength: the loss scale a CEM trial used (measured under matched; cem_bench/core/strength.py), aggregated per
 # configuration so that a table can show it beside each cell
 STRENGTH_COLUMNS: tuple[str, ...] = ("cem_loss_scale",)
 # every final metric of a trial row

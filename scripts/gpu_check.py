@@ -190,7 +190,7 @@ def equivalence(run: Run) -> None:
     first, so that a time cap (``run.equivalence_cap_s``) drops the least telling ones."""
     from cem_bench import surrogates
     from cem_bench.bench.equivalence import compare_step_by_step, compare_with_eager
-    from cem_bench.graphs import WARMUP_STEPS
+    from cem_bench.core.graphs import WARMUP_STEPS
     # the surrogate's shapes as in the bench's step rows (batch 128, 8 channels at the cut): a compiled
     # surrogate (train.compile_surrogate) reuses the bench's compiled kernels from the on-disk cache
     tiny = {"model.width": 0.125, "model.bottleneck_channels": 8, "data.train_size": 512, "data.test_size": 100,
@@ -231,8 +231,9 @@ def equivalence(run: Run) -> None:
 
 def decoder(run: Run) -> None:
     """The decoder attack graphed vs eager on one encoder: per-epoch training MSE, metrics and seconds."""
-    from cem_bench import attacks, models
-    from cem_bench.trial import build, build_config
+    from cem_bench import attacks
+    from cem_bench.core import models
+    from cem_bench.core.trial import build, build_config
     out = {}
     for mode in ("on", "off"):
         cfg = build_config({"data.dataset": "synthetic", "data.train_size": 256, "data.test_size": 2560,
@@ -355,7 +356,7 @@ def overlap(run: Run) -> None:
     time either side has a kernel running, the time both do, and the step's span. If the two overlap only for
     about the server's forward, the backward branches run one after the other."""
     from cem_bench.bench import harness
-    from cem_bench.schedule import lr_at
+    from cem_bench.core.schedule import lr_at
 
     b = one_batch(run)
     out = {}
@@ -408,7 +409,7 @@ def profile(run: Run) -> None:
     (after 3 warm-up steps), kernels per step, the sum of their durations (busy time; a graphed step's time
     minus this is latency between kernels), and the operators with the most GPU time."""
     from cem_bench.bench import harness, kernels
-    from cem_bench.schedule import lr_at
+    from cem_bench.core.schedule import lr_at
 
     b = one_batch(run)
     out = {}
@@ -480,9 +481,9 @@ def options(run: Run) -> None:
     import torch._dynamo
     import torch._inductor.config as inductor_config
 
-    from cem_bench import data
     from cem_bench.bench import harness
-    from cem_bench.schedule import lr_at
+    from cem_bench.core import data
+    from cem_bench.core.schedule import lr_at
 
     dev = torch.device(run.device)
     sizes = harness.sizes_for(dev, quick=True, tiny=not run.cuda)

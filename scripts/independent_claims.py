@@ -1,5 +1,5 @@
 """An independent check of the report's false-claim rate (issue 34): pure-noise results folders written here,
-without the project's simulation (cem_bench/report/claims.py), read by the real commands.
+without the project's simulation (cem_bench/analysis/report/claims.py), read by the real commands.
 
 Each folder holds a ``trials.parquet`` and a ``search_space.json`` as a search would leave them: a λ = 0
 baseline of 4 seeds and N configurations of 3 seeds each, every run drawn from the baseline's own

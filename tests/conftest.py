@@ -21,7 +21,7 @@ TINY = {
 
 def build_tiny(**flat):
     """(config, splits, trainer) of a ``TINY`` trial with ``flat`` on top, on the CPU."""
-    from cem_bench.trial import build, build_config
+    from cem_bench.core.trial import build, build_config
     cfg = build_config({**TINY, **flat})
     splits, trainer = build(cfg, torch.device("cpu"))
     return cfg, splits, trainer

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from cem_bench.aggregate import build_configs, config_ids
+from cem_bench.analysis.aggregate import build_configs, config_ids
+from cem_bench.analysis.table import paper_table
 from cem_bench.cli import main
-from cem_bench.table import paper_table
 
 OBJ = [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}]
 

@@ -22,9 +22,23 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def room(module: str) -> str:
-    """``cem_bench.surrogates.gmm`` -> ``surrogates``; ``cem_bench`` (the package's ``__init__``) -> itself."""
+def read_groups(text: str) -> set[str]:
+    """The folders that §3 says group rooms without being rooms themselves (``core/``, ``analysis/``)."""
+    m = re.search(r"The folders (.*?) group rooms", text.split("## 3. Who may import whom", 1)[1], re.S)
+    assert m, "docs/architecture.md §3 names no folders that group rooms"
+    return set(re.findall(r"`(\w+)/`", m.group(1)))
+
+
+GROUPS = read_groups(DOC.read_text())
+
+
+def room(module: str, groups: set[str] = GROUPS) -> str:
+    """``cem_bench.surrogates.gmm`` -> ``surrogates``; ``cem_bench`` (the package's ``__init__``) -> itself; a
+    module of a folder that only groups rooms is its own room: ``cem_bench.core.trainer`` -> ``trainer``,
+    ``cem_bench.analysis.report.page`` -> ``report``, the folder's ``__init__`` ``cem_bench.core`` -> ``core``."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] in groups:
+        return parts[2]
     return parts[1] if len(parts) > 1 else parts[0]
 
 
@@ -183,7 +197,30 @@ def test_no_module_imports_in_a_cycle():
 
 
 def test_graphs_imports_nothing_of_the_project():
-    assert imports(PACKAGE / "graphs.py", "cem_bench.graphs", set(MODULES)) == []
+    assert imports(PACKAGE / "core" / "graphs.py", "cem_bench.core.graphs", set(MODULES)) == []
+
+
+def test_the_folders_are_the_map():
+    """Each folder that groups rooms holds exactly the rooms docs/architecture.md §2 lists under it, and a room
+    lives in one place: ``cem_bench/core/trainer.py`` and ``cem_bench/trainer.py`` cannot both exist."""
+    assert GROUPS == {"core", "analysis"}
+    where: dict[str, set[str]] = {}
+    for name in MODULES:
+        parts = name.split(".")
+        if len(parts) > 1:
+            where.setdefault(room(name), set()).add(parts[1] if parts[1] in GROUPS and len(parts) > 2 else "")
+    assert {r: w for r, w in where.items() if len(w) > 1} == {}
+    section = DOC.read_text().split("## 2. The rooms", 1)[1].split("\n## ", 1)[0]
+    for group in GROUPS:
+        listed = re.search(rf"`{group}/` holds (.*?)\.\n", section, re.S)
+        assert listed, f"docs/architecture.md §2 does not say what `{group}/` holds"
+        rooms = set(re.findall(r"`(\w+)(?:\.py|/)`", listed.group(1)))
+        actual = {room(m) for m in MODULES if m.split(".")[1:2] == [group] and m != f"cem_bench.{group}"}
+        assert rooms == actual, f"{group}/: the page lists {sorted(rooms)}, the folder holds {sorted(actual)}"
+    crossing = [f"{name} imports {target}" for name, path in MODULES.items() for _, target, _ in
+                imports(path, name, set(MODULES))
+                if {(name.split(".") + [""])[1], (target.split(".") + [""])[1]} == {"core", "analysis"}]
+    assert crossing == [], "§2: nothing in core/ imports analysis/, and analysis/ imports nothing of core/"
 
 
 def test_no_module_or_script_uses_another_modules_private_names():
@@ -198,14 +235,14 @@ def test_the_checks_catch_a_forbidden_import_a_cycle_and_a_private_name(tmp_path
     copy = tmp_path / "cem_bench"
     shutil.copytree(PACKAGE, copy)
     gmm = copy / "surrogates" / "gmm.py"
-    gmm.write_text(gmm.read_text() + "\n\ndef _late():\n    from ..trainer import Trainer  # noqa: F401\n")
+    gmm.write_text(gmm.read_text() + "\n\ndef _late():\n    from ..core.trainer import Trainer  # noqa: F401\n")
     errors = copy / "errors.py"
     errors.write_text(errors.read_text() + "\nfrom . import storage  # noqa: E402,F401\n")
     storage = copy / "storage.py"
     storage.write_text(storage.read_text() + "\nfrom . import errors  # noqa: E402,F401\n")
     modules = project_modules(copy)
     found = violations(RULES, modules)
-    assert any(v.startswith("cem_bench.surrogates.gmm may not import cem_bench.trainer (rule 9") for v in found)
+    assert any(v.startswith("cem_bench.surrogates.gmm may not import cem_bench.core.trainer (rule 9") for v in found)
     assert any(v.startswith("cem_bench.errors may not import cem_bench.storage (rule 1") for v in found)
     assert ["cem_bench.errors", "cem_bench.storage"] in cycles(modules)
     script = tmp_path / "peek.py"

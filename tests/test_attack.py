@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from cem_bench import data, models
 from cem_bench.attacks import AttackResult, build, names, save_gallery
 from cem_bench.attacks.decoder import DecoderAttack, InversionDecoder
 from cem_bench.config import ModelConfig, TrialConfig
+from cem_bench.core import data, models
 from cem_bench.schema import ATTACK_METRICS
 
 

@@ -9,9 +9,9 @@ import torch
 from conftest import TINY
 
 from cem_bench import attacks
-from cem_bench.metrics import ssim_per_image
+from cem_bench.core.metrics import ssim_per_image
+from cem_bench.core.trial import build, build_config
 from cem_bench.schema import ATTACK_METRICS
-from cem_bench.trial import build, build_config
 
 FAST = {"attack.rmle_iterations": 40, "attack.epochs": 1, "data.test_size": 160}   # 16 evaluation images
 
@@ -112,7 +112,7 @@ def test_attacks_cannot_share_a_key(monkeypatch):
 def test_a_trial_runs_every_attack_and_records_the_worst_case(tmp_path):
     from PIL import Image
 
-    from cem_bench.trial import run_trial
+    from cem_bench.core.trial import run_trial
     res = run_trial({**TINY, "cem.lambd": 0, "attack.names": ["rmle", "decoder"]}, out_dir=str(tmp_path))
     for m in ATTACK_METRICS:
         own = {a: res[attacks.per_attack_column(m, a)] for a in ("decoder", "rmle")}
@@ -127,7 +127,7 @@ def test_a_trial_runs_every_attack_and_records_the_worst_case(tmp_path):
 
 
 def test_a_skipped_attack_still_has_every_column():
-    from cem_bench.trial import run_trial
+    from cem_bench.core.trial import run_trial
     res = run_trial({**TINY, "cem.lambd": 0, "attack.min_accuracy_margin": 1.0})
     assert res["attack_skipped"]
     for a in ("decoder", "rmle"):
@@ -151,7 +151,7 @@ def test_one_attacks_metric_is_an_objective():
 def test_configs_name_the_strongest_attack_over_runs():
     import pandas as pd
 
-    from cem_bench.aggregate import strongest_summary
+    from cem_bench.analysis.aggregate import strongest_summary
     assert strongest_summary(pd.Series(["rmle", "rmle", ""])) == "rmle"
     assert strongest_summary(pd.Series(["rmle", "decoder", "rmle", None])) == "rmle 2/3, decoder 1/3"
     assert strongest_summary(pd.Series(["", None], dtype=object)) == ""

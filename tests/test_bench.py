@@ -180,7 +180,7 @@ def test_every_registered_group_is_in_groups_and_run(monkeypatch):
 
 
 def test_flop_count_of_one_step():
-    from cem_bench.trial import build, build_config
+    from cem_bench.core.trial import build, build_config
 
     sizes = harness.sizes_for(torch.device("cpu"), quick=True, tiny=True)
     flat = harness.step_config(sizes, torch.device("cpu"), **{"data.train_size": 64, "data.test_size": 20,

@@ -1,7 +1,7 @@
 """The report's claims on simulated searches whose truth is known (issue 34): the summary names no winner on
 pure noise more often than 5 % of reports, whatever the number of configurations; a real effect is found;
 a trade-off is called one; the summary and the tables tell one story. The rates themselves are in
-docs/protocol.md §9 (``python -m cem_bench.report.claims``); the slow test re-measures them on more tables."""
+docs/protocol.md §9 (``python -m cem_bench.analysis.report.claims``); the slow test re-measures them on more tables."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from cem_bench import noise
-from cem_bench.aggregate import build_configs
+from cem_bench.analysis import noise
+from cem_bench.analysis.aggregate import build_configs
+from cem_bench.analysis.report import load_results, summary_sentence
+from cem_bench.analysis.report.claims import SSIM, judge, rates, simulated_trials
+from cem_bench.analysis.report.load import results_of
+from cem_bench.analysis.report.summary import AT, TRADE_OFF, UNRESOLVED, claim, utility_states
 from cem_bench.cli import main
-from cem_bench.report import load_results, summary_sentence
-from cem_bench.report.claims import SSIM, judge, rates, simulated_trials
-from cem_bench.report.load import results_of
-from cem_bench.report.summary import AT, TRADE_OFF, UNRESOLVED, claim, utility_states
 from cem_bench.spaces import parse_space
 
 OBJ = [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}]
@@ -120,7 +120,7 @@ def test_a_true_trade_off_is_named_one():
 @pytest.mark.slow
 def test_the_rates_of_docs_protocol_section_9():
     """The rates of docs/protocol.md §9 re-measured on 100 simulated searches per design (the table itself is
-    `python -m cem_bench.report.claims --tables 400`: 400 a design took 284 s of CI, most of a slow tier)."""
+    `python -m cem_bench.analysis.report.claims --tables 400`: 400 a design took 284 s of CI, most of a slow tier)."""
     n = 100
     for design in ("null 12", "null 100", "null 12, top 3 confirmed"):
         r = rates(design, n, seed=2)

@@ -6,8 +6,8 @@ import pytest
 from conftest import TINY
 
 from cem_bench.cli import main
+from cem_bench.core.trial import run_trial
 from cem_bench.schema import OBJECTIVE_METRICS as OBJECTIVE_KEYS
-from cem_bench.trial import run_trial
 
 
 def _sets(flat):
@@ -56,7 +56,7 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     assert "is a file, not a folder" in capsys.readouterr().err
 
     # a checkpoint whose encoder diverged (NaN weights) says so instead of reporting all-null metrics
-    from cem_bench import checkpoint
+    from cem_bench.core import checkpoint
     config, state = checkpoint.load_run(str(out))
     key = next(k for k, v in state["client"].items() if v.is_floating_point())
     state["client"][key] = state["client"][key] * float("nan")

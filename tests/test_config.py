@@ -23,7 +23,7 @@ def test_flat_round_trip():
     # surrogate and attack (and only theirs: another surrogate's keys do not apply and are not recorded)
     from cem_bench import attacks, surrogates
     from cem_bench.config import core_key_specs
-    from cem_bench.trial import build_config
+    from cem_bench.core.trial import build_config
     assert set(c.to_flat()) == set(core_key_specs()) | {"cem.num_slots"}
     for name in surrogates.names():
         r = build_config(c.replace(**{"cem.surrogate": name}))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from cem_bench import data
 from cem_bench.config import TrialConfig
+from cem_bench.core import data
 
 
 def _hashes(images):

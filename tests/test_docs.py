@@ -505,7 +505,7 @@ def keys_in(text: str) -> list[tuple[str, str | None]]:
             continue
         rest = text[m.end():]
         if rest.startswith(("(", ".", "/")) or is_python_name(parts[0], parts[1]):
-            continue                        # a call, a longer dotted name, a path, a function of cem_bench.data
+            continue                        # a call, a longer dotted name, a path, a function of cem_bench.core.data
         value = None
         v = re.match(r"=([^\s`,;)]+)", rest)
         if v:           # `train.device='cuda'` and `train.cuda_graph=auto:` in a quoted message: the value itself
@@ -515,12 +515,16 @@ def keys_in(text: str) -> list[tuple[str, str | None]]:
 
 
 def is_python_name(module: str, name: str) -> bool:
-    """``data.make_synthetic``: a name of the module ``cem_bench.<section>`` (where there is one), not a key."""
+    """``data.make_synthetic``: a name of the module ``cem_bench.<section>`` (or of a folder that groups rooms:
+    ``cem_bench.core.data``), where there is one, not a key."""
     import importlib
-    try:
-        return hasattr(importlib.import_module(f"cem_bench.{module}"), name)
-    except ImportError:
-        return False
+    for package in ("cem_bench", *(f"cem_bench.{g}" for g in GROUPS)):
+        try:
+            if hasattr(importlib.import_module(f"{package}.{module}"), name):
+                return True
+        except ImportError:
+            pass
+    return False
 
 
 def key_problems(pages: list[Page]) -> list[str]:
@@ -545,6 +549,8 @@ def key_problems(pages: list[Page]) -> list[str]:
 
 
 # ============================================================================================ paths
+# The folders of cem_bench that group rooms (docs/architecture.md §3): `report/load.py` is cem_bench/analysis/...
+GROUPS = ("core", "analysis")
 REPO_PATH = re.compile(r"(?<![\w./~$@-])(?<!\]\()((?:docs|search_spaces|cem_bench|scripts|tests)/[^\s`'\")\]|,;]*"
                        r"|cluster\.yaml|Makefile|README\.md|pyproject\.toml)(?![\w-])")
 BARE_DOC = re.compile(r"(?<![\w./~$@-])(?<!\]\()([A-Za-z][\w-]*\.(?:md|yaml))(?![\w/-])")
@@ -607,7 +613,8 @@ def path_problems(pages: list[Page], root: Path = ROOT) -> list[str]:
             name = m.group(1)
             if REPO_PATH.fullmatch(name) or name in EXTERNAL_PY:
                 continue
-            if ("/" in name and not any((root / d / name).exists() for d in ("", "cem_bench"))) or \
+            if ("/" in name and not any((root / d / name).exists()
+                                        for d in ("", "cem_bench", *(f"cem_bench/{g}" for g in GROUPS)))) or \
                     ("/" not in name and name not in names):
                 close = difflib.get_close_matches(name, sorted(names) if "/" not in name else repo_files(root), n=2)
                 hint = f" (did you mean {' or '.join(close)}?)" if close else ""

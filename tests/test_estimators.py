@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from cem_bench.config import ModelConfig, TrialConfig
-from cem_bench.models import ClientEncoder
-from cem_bench.schedule import estimator_sign
+from cem_bench.core.models import ClientEncoder
+from cem_bench.core.schedule import estimator_sign
 from cem_bench.surrogates import base, build, get, intra_class_mse, names, resolve
 
 SHAPE = (8, 4, 4)            # D = 128

@@ -5,7 +5,7 @@ import torch
 
 from cem_bench import surrogates
 from cem_bench.config import ModelConfig, TrialConfig
-from cem_bench.models import build as build_models
+from cem_bench.core.models import build as build_models
 from cem_bench.surrogates.clustering import kmeans, kmeans_pp, pad_by_class
 
 COVERS = ("gmm",)   # its vectorised step against a per-class loop, its k-means against scikit-learn

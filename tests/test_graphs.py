@@ -1,4 +1,4 @@
-"""The capturable training step (train.cuda_graph, cem_bench/graphs.py).
+"""The capturable training step (train.cuda_graph, cem_bench/core/graphs.py).
 
 On the CPU: the static form of the step that a CUDA graph captures — learning rate, the CEM loss's weight and
 the encoder's multiplier as device tensors, the same accumulators every step — trains exactly as the eager step with
@@ -12,11 +12,12 @@ import pytest
 import torch
 from conftest import TINY, build_tiny
 
-from cem_bench import data, surrogates
+from cem_bench import surrogates
 from cem_bench.config import ConfigError, TrialConfig
-from cem_bench.schedule import lr_at
-from cem_bench.step_options import graph_mode
-from cem_bench.trial import build, build_config
+from cem_bench.core import data
+from cem_bench.core.schedule import lr_at
+from cem_bench.core.step_options import graph_mode
+from cem_bench.core.trial import build, build_config
 
 CASES = [(s, g) for s in surrogates.names() for g in ("inject", "fused")]
 
@@ -103,7 +104,7 @@ def test_step_by_step_comparison_catches_a_different_step(monkeypatch):
     copies that miss the surrogate's random stream move the encoder alike to 5e-4 of its update, but the
     surrogate's gradients differ by more than their size and most of its entries move differently."""
     from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
-    from cem_bench.trainer import Trainer
+    from cem_bench.core.trainer import Trainer
     # the weight these numbers were measured at (slot_cross's seed weight; its calibrated default is 0.93)
     flat = {**TINY, "cem.surrogate": "slot_cross", "cem.lambd": 4.0, "cem.loss_scale": 0.25, "defense.noise_std": 0.1}
     res = compare_step_by_step(flat, steps=2, device="cpu", random=True, mode="off", eager_flat={"cem.lambd": 8.0})
@@ -139,7 +140,7 @@ def test_graphed_step_equals_eager_on_cuda(name, random):
     kernels add with atomics, and its Adam and hard assignments amplify the last bits step by step (on an
     H100 two eager runs of slot_cross differed by 4e-7 once and 5e-3 another time)."""
     from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
-    from cem_bench.graphs import WARMUP_STEPS
+    from cem_bench.core.graphs import WARMUP_STEPS
     flat = {**TINY, "train.amp": "off",
             **({"cem.lambd": 0} if name == "lambda=0" else {"cem.surrogate": name, "cem.lambd": 4.0})}
     res = compare_step_by_step(flat, steps=WARMUP_STEPS + 5, random=random)
@@ -152,7 +153,7 @@ def test_warm_up_and_capture_schedule(monkeypatch):
     bodies): 3 eager warm-up steps, then one capture and replays. The surrogate's log accumulator, which the
     first warm-up step adds to ``acc``, does not restart the warm-up (it did: 4 eager steps, measured on the
     H100); switching CEM on does, and captures again."""
-    from cem_bench import graphs
+    from cem_bench.core import graphs
 
     class Replayed:   # what ``capture`` returns: replay() runs the captured body
         def __init__(self, fn):
@@ -188,7 +189,7 @@ def test_the_graphed_step_knows_nothing_of_the_trainer():
     import ast
     import inspect
 
-    from cem_bench import graphs
+    from cem_bench.core import graphs
     tree = ast.parse(inspect.getsource(graphs))
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert not names & {"trainer", "step_body", "cem_scales", "ACC_KEYS", "surrogate", "gen"}
@@ -200,7 +201,7 @@ def test_a_failed_capture_runs_eager_steps_under_auto_and_raises_under_on(monkey
     capture that fails is reported once and every later step runs eagerly on the live inputs
     (train.cuda_graph=auto), or raises (on). The decoder's graphed step raised under auto too before it
     shared the schedule."""
-    from cem_bench import graphs
+    from cem_bench.core import graphs
 
     def no_capture(fn, device, gens):
         raise RuntimeError("operation not permitted when stream is capturing")
@@ -246,7 +247,7 @@ def test_surrogate_stream_step_equals_one_stream_on_cuda(name):
     """The surrogate on its own stream (train.surrogate_stream), graphed, trains as the one-stream eager step:
     streams change when kernels run, not what they compute; and so does its eager two-stream step."""
     from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
-    from cem_bench.graphs import WARMUP_STEPS
+    from cem_bench.core.graphs import WARMUP_STEPS
     flat = {**TINY, "train.amp": "off", "cem.surrogate": name, "cem.lambd": 4.0, "train.surrogate_stream": True,
             "train.compile_surrogate": False}
     for eager_flat in ({"train.surrogate_stream": False}, None):
@@ -262,7 +263,7 @@ def test_compiled_surrogate_graphed_equals_compiled_eager_on_cuda(name):
     compiled kernels train as the compiled eager steps on one stream (no noise or dropout; scripts/gpu_check.py
     also runs them with both)."""
     from cem_bench.bench.equivalence import compare_step_by_step, steps_agree
-    from cem_bench.graphs import WARMUP_STEPS
+    from cem_bench.core.graphs import WARMUP_STEPS
     flat = {**TINY, "train.amp": "off", "cem.surrogate": name, "cem.lambd": 4.0, "train.surrogate_stream": True,
             "train.compile_surrogate": True}
     res = compare_step_by_step(flat, steps=WARMUP_STEPS + 5, eager_flat={"train.surrogate_stream": False})

@@ -12,8 +12,8 @@ from conftest import alarm_after
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cem_bench import checkpoint
 from cem_bench.cli import main
+from cem_bench.core import checkpoint
 from cem_bench.errors import SpaceError
 from cem_bench.parsing import MAX_DEPTH, MAX_DIGITS, ParseError, load_yaml, loads_json
 from cem_bench.spaces import parse_space

@@ -16,8 +16,8 @@ from conftest import alarm_after
 from test_report import write_results
 
 from cem_bench import storage
+from cem_bench.analysis.report import build_report
 from cem_bench.cli import main
-from cem_bench.report import build_report
 from cem_bench.storage import UnsafePath
 
 SECRET = b"root's private file\n"

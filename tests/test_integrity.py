@@ -26,7 +26,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cem_bench import checkpoint, cli, integrity, results, schema
+from cem_bench import cli, integrity, schema
+from cem_bench.analysis import results
+from cem_bench.core import checkpoint
 from cem_bench.errors import ResultsError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "format1"

@@ -1,4 +1,4 @@
-"""Tests for cem_bench.metrics: the per-image metrics against scikit-image, the paper's per-batch metrics
+"""Tests for cem_bench.core.metrics: the per-image metrics against scikit-image, the paper's per-batch metrics
 (pytorch_ssim SSIM, batch PSNR) against straightforward float64 implementations written here."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from skimage.metrics import (  # noqa: E402
 )
 from skimage.transform import resize  # noqa: E402
 
-from cem_bench.metrics import (  # noqa: E402
+from cem_bench.core.metrics import (  # noqa: E402
     PSNR_MAX_DB,
     MetricAccumulator,
     PaperMetricAccumulator,
@@ -252,7 +252,7 @@ def test_cuda_matches_cpu():
 
 # ================================================================ the paper's conventions
 # References written from the formulas (pytorch_ssim._ssim and utils.get_PSNR of xiasong0501/CEM), in
-# float64 numpy, sharing no code with cem_bench.metrics.
+# float64 numpy, sharing no code with cem_bench.core.metrics.
 PAPER_ATOL = 1e-5
 
 

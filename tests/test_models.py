@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from cem_bench.config import ModelConfig
-from cem_bench.models import build, count_params, feature_shape
+from cem_bench.core.models import build, count_params, feature_shape
 
 
 def test_paper_model_parameter_counts():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from cem_bench import noise
+from cem_bench.analysis import noise
 
 
 def test_probability_of_improvement_is_the_mann_whitney_u():

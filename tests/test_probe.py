@@ -9,7 +9,7 @@ import torch
 from conftest import TINY, build_tiny
 
 from cem_bench.config import ConfigError, TrialConfig
-from cem_bench.trial import PROBE_KEYS, probe, probe_config, run_trial
+from cem_bench.core.trial import PROBE_KEYS, probe, probe_config, run_trial
 
 # rmle only, short, so that each tiny trial takes a few seconds
 FAST = {"attack.names": ["rmle"], "attack.rmle_iterations": 5, "attack.probe_iterations": 5,
@@ -32,7 +32,7 @@ def test_probe_keys_default_to_no_probe_and_validate():
 
 
 def test_probe_config_is_rmle_with_the_probe_s_iterations_and_one_start():
-    from cem_bench.trial import build_config
+    from cem_bench.core.trial import build_config
     cfg = build_config({"attack.names": ["decoder"], "attack.probe_iterations": 7, "defense.noise_std": 0.1})
     pc = probe_config(cfg)
     assert pc.attack.names == ["rmle"] and pc.attack.rmle_iterations == 7 and pc.attack.rmle_restarts == 1
@@ -125,10 +125,10 @@ def test_cli_train_records_the_probe(tmp_path, capsys):
 
 
 def test_bench_row_times_one_probe_against_an_epoch():
-    from cem_bench import models
     from cem_bench.bench import attack as attack_mod
     from cem_bench.bench import harness
-    from cem_bench.trial import build_config
+    from cem_bench.core import models
+    from cem_bench.core.trial import build_config
     device = torch.device("cpu")
     sizes = harness.sizes_for(device, quick=True, tiny=True)
     cfg = build_config(harness.step_config(sizes, device, **{"cem.lambd": 0.0, "attack.probe_images": 8,

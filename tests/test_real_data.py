@@ -16,9 +16,9 @@ import pytest
 import torch
 from conftest import TINY
 
-from cem_bench import data, realdata
 from cem_bench.cli import main
 from cem_bench.config import TrialConfig, key_specs
+from cem_bench.core import data, realdata
 
 DIGIT_COUNTS = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]   # the 1,797 digits of the UCI set, by class
 

@@ -9,12 +9,12 @@ import torch
 from conftest import TINY, make_trainer
 
 from cem_bench import attacks, surrogates
-from cem_bench import data as data_mod
 from cem_bench.attacks.base import AttackResult
 from cem_bench.config import ConfigError, TrialConfig
-from cem_bench.schedule import applied_lr, lr_at
-from cem_bench.trainer import Trainer
-from cem_bench.trial import build_config, run_trial
+from cem_bench.core import data as data_mod
+from cem_bench.core.schedule import applied_lr, lr_at
+from cem_bench.core.trainer import Trainer
+from cem_bench.core.trial import build_config, run_trial
 
 SWITCHES = {"train.reference_warmup_lr0": False, "train.milestones_epochs": [], "cem.legacy_prior_indexing": False,
             "cem.refit_augmented": False, "train.select_best_last": 0}

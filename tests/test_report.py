@@ -1,4 +1,4 @@
-"""cem_bench.report from small Parquet fixtures written here: files, HTML sections, escaping, the front."""
+"""cem_bench.analysis.report from small Parquet fixtures written here: files, HTML sections, escaping, the front."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from matplotlib.image import imsave
 
 from cem_bench import surrogates
+from cem_bench.analysis.report import build_report, load_results, plot_param_effects, summary_sentence, surrogate_keys
 from cem_bench.cli import main
 from cem_bench.errors import ResultsError
-from cem_bench.report import build_report, load_results, plot_param_effects, summary_sentence, surrogate_keys
 
 SURROGATES = ["gmm", "gated_attention", "slot_cross"]
 ERROR_TEXT = "ValueError: shape <1, 2> & 'mask' failed"
@@ -275,12 +275,12 @@ def test_all_trials_errored(tmp_path):
 
 
 def _fake_results_module(monkeypatch, write_tables):
-    from cem_bench import results
+    from cem_bench.analysis import results
 
-    mod = types.ModuleType("cem_bench.results")
+    mod = types.ModuleType("cem_bench.analysis.results")
     mod.write_tables = write_tables
     mod.ray_trials, mod.is_trial_dir = results.ray_trials, results.is_trial_dir  # is it an experiment?
-    monkeypatch.setitem(sys.modules, "cem_bench.results", mod)
+    monkeypatch.setitem(sys.modules, "cem_bench.analysis.results", mod)
     import cem_bench
 
     monkeypatch.setattr(cem_bench, "results", mod, raising=False)
@@ -362,7 +362,7 @@ def test_differences_inside_the_noise_are_claimed_by_nothing(tmp_path, confirm):
     assert main(["table", str(root)]) == 0
     # (the table is checked through its own command below)
     # the plot draws the baseline's band and says that every point lies inside it, on both axes
-    from cem_bench.report.frontier_plot import ALL_WITHIN, frontier_figure
+    from cem_bench.analysis.report.frontier_plot import ALL_WITHIN, frontier_figure
     ax = frontier_figure(res, "attack_ssim", "min").axes[0]
     assert ALL_WITHIN in ax.get_xlabel() and ALL_WITHIN in ax.get_ylabel()
     assert any("95 % band" in t.get_text() for t in ax.get_legend().get_texts())
@@ -380,8 +380,8 @@ def test_differences_well_outside_the_noise_are_claimed_exactly(tmp_path, capsys
     summary = summary_sentence(res)
     assert summary.startswith("Beyond the noise of the λ=0 baseline") and "gmm" in summary, summary
     assert "slot_cross" not in summary and "gated_attention" not in summary
-    from cem_bench.report.frontier_plot import ALL_WITHIN, frontier_figure
-    from cem_bench.report.hypervolume_plot import plot_hypervolume
+    from cem_bench.analysis.report.frontier_plot import ALL_WITHIN, frontier_figure
+    from cem_bench.analysis.report.hypervolume_plot import plot_hypervolume
     ax = frontier_figure(res, "attack_ssim", "min").axes[0]
     assert ALL_WITHIN in ax.get_xlabel() and ALL_WITHIN not in ax.get_ylabel()   # accuracy: noise; SSIM: not
     plot_hypervolume(res, tmp_path / "hv.png")
@@ -555,7 +555,8 @@ def _three_surrogates(root: Path, final: bool) -> Path:
     """gmm, slot_cross and zz_plot trials and two λ = 0 baselines. ``final``: trials.parquet as
     results.write_tables leaves it (each row holds its surrogate's keys only); else a table of an older
     cem-bench (no role, config_id or rank) whose gmm rows also hold the slot keys' defaults."""
-    from cem_bench import integrity, results
+    from cem_bench import integrity
+    from cem_bench.analysis import results
 
     rows = []
     for i in range(14):
@@ -590,13 +591,13 @@ def test_a_new_surrogate_needs_no_edit_in_report_to_get_its_keys_drawn_and_table
     """Which keys apply to a trial comes from the table (its config holds its surrogate's keys only) or, for
     an older table whose rows hold every surrogate's defaults, from the surrogate registry: nothing in
     report/ lists surrogates or their keys."""
-    from cem_bench.report.facts import searched_columns
-    from cem_bench.report.plots import uses_param
+    from cem_bench.analysis.report.facts import searched_columns
+    from cem_bench.analysis.report.plots import uses_param
 
     res = load_results(_three_surrogates(tmp_path / "res", final))
     assert res.final_table is final
     if final:   # the table alone says which keys apply: the registry is not asked
-        monkeypatch.setattr("cem_bench.report.plots.surrogate_keys", lambda name: pytest.fail(f"asked for {name}"))
+        monkeypatch.setattr("cem_bench.analysis.report.plots.surrogate_keys", lambda name: pytest.fail(f"asked for {name}"))
     zz = res.trials["_surrogate"] == throwaway_surrogate
     used = uses_param(res, "config.cem.num_slots")
     assert used[zz].all() and used[res.trials["_surrogate"] == "slot_cross"].all()
@@ -646,7 +647,7 @@ def write_replicates(root: Path, stored_configs: bool) -> Path:
     """3 configurations x 2 seeds, an errored third gmm run, and a gated_attention run whose attack the utility
     gate skipped (accuracy at chance). ``stored_configs``: trials.parquet has config_id and configs.parquet is
     written (as results.write_tables does); else the report builds both."""
-    from cem_bench.aggregate import build_configs, config_ids
+    from cem_bench.analysis.aggregate import build_configs, config_ids
 
     root.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -710,7 +711,7 @@ def _front_points(fig) -> set[tuple[float, float]]:
 def test_replicates_are_drawn_and_tabled_per_configuration(tmp_path, stored_configs):
     from scipy import stats
 
-    from cem_bench.report import frontier_figure
+    from cem_bench.analysis.report import frontier_figure
 
     root = write_replicates(tmp_path / "res", stored_configs)
     res = load_results(root)
@@ -789,7 +790,7 @@ def test_a_stored_configs_table_is_read_and_a_stale_one_rebuilt(tmp_path):
 
 
 def test_single_runs_keep_one_point_per_trial_and_skip_gated_attacks(tmp_path):
-    from cem_bench.report import frontier_figure
+    from cem_bench.analysis.report import frontier_figure
 
     root = write_results(tmp_path / "res", n=8, baseline=1, errors=1, vary_params=False, epochs=False, recon=False)
     trials = pd.read_parquet(root / "trials.parquet")
@@ -848,7 +849,7 @@ def test_the_strongest_attack_is_named_on_the_front_and_in_the_gallery(tmp_path)
 def test_a_lambda_sweep_with_replicates_draws_one_curve_per_surrogate(tmp_path):
     """λ ∈ {0, 4, 16} x two surrogates x 2 seeds: lambda_curves.png, one line per surrogate from the baseline,
     mean ± std over the seeds; results that are not such a sweep draw none."""
-    from cem_bench.report.lambda_plot import lambda_curves, plot_lambda_curves
+    from cem_bench.analysis.report.lambda_plot import lambda_curves, plot_lambda_curves
     root = tmp_path / "sweep"
     root.mkdir()
     rows = []
@@ -968,7 +969,7 @@ def demo_like(root: Path, effect: float, acc_spread: float, seed: int) -> Path:
 def _captured(monkeypatch) -> list:
     """Every figure the report saves, as it is saved: its axes' tick labels, limits, label boxes and the image's
     box (``plots.fit_margins`` runs just before savefig, and the figure is cleared after)."""
-    from cem_bench.report import plots
+    from cem_bench.analysis.report import plots
 
     seen = []
     real = plots.fit_margins
@@ -1008,7 +1009,7 @@ def test_every_label_lies_inside_its_image(outcomes, outcome, monkeypatch, tmp_p
     """The attack_ssim_paper plot's two-line y label ran off the PNG's left edge: every axes' labels, tick labels
     and title now lie inside the image of every figure the report saves."""
     seen = _captured(monkeypatch)
-    from cem_bench.report import build_report
+    from cem_bench.analysis.report import build_report
     build_report(outcomes[outcome], tmp_path / "out")
     assert len(seen) >= 6     # frontiers, hypervolume, λ curves, parameter effects
     for fig in seen:
@@ -1035,7 +1036,7 @@ def test_lambda_ticks_name_every_lambda_used(outcomes, monkeypatch, tmp_path):
 def test_no_accuracy_or_ssim_interval_leaves_its_range(outcomes, monkeypatch, tmp_path):
     """The demo's accuracy intervals ran past 1.0: error bars, bands and the plotted λ curves of accuracy stay in
     [0, 1], SSIM's in [-1, 1]; MSE and PSNR are not clipped."""
-    from cem_bench.report.frontier_plot import baseline_bands, frontier_figure
+    from cem_bench.analysis.report.frontier_plot import baseline_bands, frontier_figure
 
     res = load_results(outcomes["null"])
     c = res.configs
@@ -1059,7 +1060,7 @@ def test_no_accuracy_or_ssim_interval_leaves_its_range(outcomes, monkeypatch, tm
 def test_the_noise_band_shows_where_it_ends(outcomes):
     """On a null result the grey band filled the whole frontier plot: both edges of each band are drawn and lie
     inside the axes, with room outside them, and the legend gives the band's range."""
-    from cem_bench.report.frontier_plot import baseline_bands, frontier_figure
+    from cem_bench.analysis.report.frontier_plot import baseline_bands, frontier_figure
 
     for outcome in ("null", "real"):
         res = load_results(outcomes[outcome])
@@ -1080,7 +1081,7 @@ def test_the_summary_is_short_sentences_with_rounded_numbers(outcomes, outcome):
     and every number in it carries at most 4 significant digits."""
     import re
 
-    from cem_bench.report.summary import MAX_SENTENCE_WORDS
+    from cem_bench.analysis.report.summary import MAX_SENTENCE_WORDS
     summary = summary_sentence(load_results(outcomes[outcome]))
     for sentence in _sentences(summary):
         assert len(sentence.split()) <= MAX_SENTENCE_WORDS, sentence
@@ -1091,9 +1092,9 @@ def test_the_summary_is_short_sentences_with_rounded_numbers(outcomes, outcome):
 def test_short_sentences_in_every_kind_of_summary(tmp_path):
     """The claim's wordings (at the baseline's accuracy, unresolved, a trade-off, exploratory, nothing found)
     each keep to short sentences."""
-    from cem_bench.report.claims import simulated_trials
-    from cem_bench.report.load import results_of
-    from cem_bench.report.summary import MAX_SENTENCE_WORDS
+    from cem_bench.analysis.report.claims import simulated_trials
+    from cem_bench.analysis.report.load import results_of
+    from cem_bench.analysis.report.summary import MAX_SENTENCE_WORDS
 
     rng = np.random.default_rng(7)
     tables = [simulated_trials(rng, 12, effect={0: (0.0, -0.2)}), simulated_trials(rng, 12, confirm=3),
@@ -1131,7 +1132,7 @@ def test_plurals_agree_everywhere_on_the_page(outcomes, tmp_path):
     """"1 configurations": a count of one takes the singular on the page and in the figures' titles."""
     import re
 
-    from cem_bench.report.frontier_plot import frontier_figure
+    from cem_bench.analysis.report.frontier_plot import frontier_figure
     bad = re.compile(r"\b1 (configurations|trials|runs|seeds|ok trials|confirmation runs|search runs)\b")
     text = build_report(outcomes["real"], tmp_path / "out").read_text()
     assert "The confirmed front (1 configuration)" in text
@@ -1165,7 +1166,7 @@ def test_a_bare_trials_table_gets_its_configurations_and_a_true_note(tmp_path):
 
 
 def test_a_long_table_says_where_its_other_rows_are():
-    from cem_bench.report.tables import CONFIGS_IN_FULL, MAX_TABLE_ROWS, html_table
+    from cem_bench.analysis.report.tables import CONFIGS_IN_FULL, MAX_TABLE_ROWS, html_table
 
     df = pd.DataFrame({"a": range(MAX_TABLE_ROWS + 5)})
     assert "every trial is in trials.parquet" in html_table(df, ["a"])

@@ -1,4 +1,4 @@
-"""cem_bench.results on hand-made Ray experiment folders (no Ray)."""
+"""cem_bench.analysis.results on hand-made Ray experiment folders (no Ray)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import pandas as pd
 import pytest
 
-from cem_bench import results
+from cem_bench.analysis import results
 
 CONFIG = {"seed": 0, "cem.lambd": 8.0, "cem.surrogate": "gmm", "train.epochs": 2, "train.milestones": [0.5]}
 
@@ -154,7 +154,7 @@ def test_experiment_state_is_authoritative(experiment):
 
 
 def test_report_reads_the_tables(experiment):
-    from cem_bench.report import load_results
+    from cem_bench.analysis.report import load_results
     results.write_tables(experiment)
     res = load_results(experiment)
     assert len(res.trials) == 5 and len(res.ok) == 3
@@ -165,9 +165,9 @@ def test_the_writer_normalises_once_and_the_report_only_reads(experiment, monkey
     """trials.parquet leaves write_tables final (results.FINAL_COLUMNS: statuses, roles, the λ = 0 rows'
     keys nulled, no attack metric of a skipped attack, config_id, pareto_rank) and configs.parquet is written
     beside it; the report reads both as they are, with no normalisation and no rebuild."""
-    import cem_bench.report.load as load
-    from cem_bench.aggregate import build_configs, config_ids
-    from cem_bench.report import load_results
+    import cem_bench.analysis.report.load as load
+    from cem_bench.analysis.aggregate import build_configs, config_ids
+    from cem_bench.analysis.report import load_results
     base = ours("aaaa0006", acc=0.9, ssim=0.7, lambd=0.0)
     base["info"]["config"].update({"cem.num_clusters": 5, "role": "baseline"})
     make_trial(experiment, "aaaa0006", 6, base)
@@ -230,7 +230,7 @@ def test_a_trial_the_scheduler_stopped_is_stopped_not_an_error(experiment):
 
 
 def test_the_report_says_how_many_trials_stopped_where_and_the_epochs_saved():
-    from cem_bench.report.facts import stopped_text, trials_text
+    from cem_bench.analysis.report.facts import stopped_text, trials_text
     t = pd.DataFrame({"status": ["ok", "ok", "stopped", "stopped", "stopped", "error"],
                       "_ok": [True, True, False, False, False, False],
                       "stopped_at_epoch": [None, None, 2, 2, 6, None],

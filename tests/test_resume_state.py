@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import ray.cloudpickle as cloudpickle
 
-from cem_bench import bundle as bundle_format
-from cem_bench import results, schema, search
+from cem_bench import schema, search
+from cem_bench.analysis import bundle as bundle_format
+from cem_bench.analysis import results
 
 S1, S2, S3 = "2026-01-01_00-00-01", "2026-01-01_00-00-02", "2026-01-01_00-00-03"
 

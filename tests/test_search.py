@@ -513,7 +513,7 @@ def test_diverged_trial_is_an_error_row(tmp_path, local_ray):
     seed = _seed_with_both(path, {0.05, 1000000.0})
     spec = load_space(path, {"sampler.seed": seed})
     exp = Path(search.run_search(spec, storage=str(tmp_path / "res")))
-    from cem_bench.results import write_tables
+    from cem_bench.analysis.results import write_tables
     trials_path, _ = write_tables(exp)
     trials = pd.read_parquet(trials_path).set_index("config.train.lr")
     assert len(trials) == 2
@@ -535,7 +535,7 @@ def test_dead_worker_is_retried_from_checkpoint(tmp_path, local_ray):
     from cem_bench.spaces import load_space
     path = write_space(tmp_path, "die", num_samples=1, max_concurrent=1, max_failures=1)
     exp = Path(search.run_search(load_space(path), storage=str(tmp_path / "res"), hooks=search_hooks.DieOnce(1)))
-    from cem_bench.results import write_tables
+    from cem_bench.analysis.results import write_tables
     trials_path, epochs_path = write_tables(exp)
     trials = pd.read_parquet(trials_path)
     assert len(trials) == 1

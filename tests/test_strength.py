@@ -1,4 +1,4 @@
-"""cem.strength=matched (cem_bench/strength.py): a trial matches gmm's pull on its own encoder, leaves no other
+"""cem.strength=matched (cem_bench/core/strength.py): a trial matches gmm's pull on its own encoder, leaves no other
 trace, keeps the scale through a resume, records it; calibrate reports the same scale; fused terms follow s(η)."""
 
 import math
@@ -9,9 +9,9 @@ from conftest import TINY, make_trainer
 
 from cem_bench import calibrate
 from cem_bench.config import ConfigError, TrialConfig
-from cem_bench.schedule import inject_scale, lr_at
+from cem_bench.core.schedule import inject_scale, lr_at
+from cem_bench.core.trial import run_trial
 from cem_bench.surrogates import resolve
-from cem_bench.trial import run_trial
 
 SMALL = {**TINY, "model.width": 0.0625, "train.epochs": 3, "attack.names": ["rmle"]}
 
@@ -114,7 +114,7 @@ def test_strength_every_matches_again_on_the_encoder_as_it_is_then():
 def test_a_later_match_keeps_its_scale_where_gmm_pulls_no_more(monkeypatch):
     """Every class below gmm's hinge at a later match: no pull to match; the scale is kept (the first match
     would fail with a message that says what to set)."""
-    from cem_bench import strength
+    from cem_bench.core import strength
     tr = make_trainer(**{"cem.surrogate": "slot_cross", "cem.warmup_epochs": 1, "model.width": 0.0625,
                          "cem.strength_every": 1, "train.epochs": 3})
     tr.train_epoch(1)

@@ -13,7 +13,7 @@ import torch
 from conftest import feature_batch, make_surrogate
 
 from cem_bench.config import ModelConfig, TrialConfig
-from cem_bench.models import ClientEncoder
+from cem_bench.core.models import ClientEncoder
 from cem_bench.surrogates import get, names, resolve
 from cem_bench.surrogates.layers import GatedCrossAttention, SlotAttention, VarianceGates
 

@@ -4,9 +4,9 @@ from conftest import TINY, make_trainer
 
 from cem_bench import surrogates
 from cem_bench.config import ConfigError, TrialConfig
-from cem_bench.schedule import inject_scale, lr_at
-from cem_bench.trainer import TrialDiverged
-from cem_bench.trial import build_config
+from cem_bench.core.schedule import inject_scale, lr_at
+from cem_bench.core.trainer import TrialDiverged
+from cem_bench.core.trial import build_config
 
 
 def test_lr_schedule_matches_the_reference_at_240_epochs():
@@ -131,7 +131,7 @@ def test_divergence_names_the_epoch():
 
 
 def _batch(t):
-    from cem_bench.data import BatchIterator
+    from cem_bench.core.data import BatchIterator
     it = BatchIterator(t.splits.train, t.splits, 32, "crop_flip_rotate", t.gen)
     return next(iter(it))
 
@@ -202,9 +202,10 @@ def _evaluate_at(acc):
 def test_a_trial_at_chance_skips_the_attack_and_says_why(monkeypatch, tmp_path):
     import math
 
-    from cem_bench import attacks, trainer
+    from cem_bench import attacks
+    from cem_bench.core import trainer
+    from cem_bench.core.trial import run_trial
     from cem_bench.schema import ATTACK_METRICS, GALLERY_FILE
-    from cem_bench.trial import run_trial
 
     def no_attack(cfg):
         raise AssertionError("the attack must not be built")
@@ -233,9 +234,9 @@ def test_a_trial_at_chance_skips_the_attack_and_says_why(monkeypatch, tmp_path):
 def test_the_attack_runs_above_the_margin_or_with_the_gate_off(acc, margin, monkeypatch, tmp_path):
     import math
 
-    from cem_bench import trainer
+    from cem_bench.core import trainer
+    from cem_bench.core.trial import run_trial
     from cem_bench.schema import GALLERY_FILE
-    from cem_bench.trial import run_trial
     monkeypatch.setattr(trainer.Trainer, "evaluate", _evaluate_at(acc))
     res = run_trial({**TINY, "train.epochs": 1, "attack.min_accuracy_margin": margin}, out_dir=str(tmp_path))
     assert res["attack_skipped"] == ""
@@ -256,7 +257,7 @@ def test_a_tiny_trial_that_learns_is_attacked():
     of the other tests stay at chance, 0.100, and are skipped by the default gate)."""
     import math
 
-    from cem_bench.trial import run_trial
+    from cem_bench.core.trial import run_trial
     res = run_trial({**TINY, "attack.min_accuracy_margin": 0.05, "train.epochs": 3, "train.batch_size": 32,
                      "data.train_size": 1024, "train.lr": 0.02,
                      "train.augment": "none", "model.width": 0.25})
@@ -267,7 +268,7 @@ def test_a_tiny_trial_that_learns_is_attacked():
 def test_linear_lr_warm_up_per_step(monkeypatch):
     """train.warmup_lr_epochs = 1.5: the SGD rate climbs linearly per step over one and a half epochs, then
     follows the schedule; the injection scale keeps the scheduled rate."""
-    from cem_bench.trainer import Trainer
+    from cem_bench.core.trainer import Trainer
     t = make_trainer(**{"train.warmup_lr_epochs": 1.5, "train.epochs": 3, "train.milestones": [0.9], "cem.lambd": 0})
     seen = []
     real = Trainer.step
@@ -286,7 +287,7 @@ def test_linear_lr_warm_up_per_step(monkeypatch):
 
 
 def test_a_fractional_warm_up_never_exceeds_the_scheduled_rate(monkeypatch):
-    from cem_bench.trainer import Trainer
+    from cem_bench.core.trainer import Trainer
     t = make_trainer(**{"train.warmup_lr_epochs": 1.3, "train.epochs": 2, "train.milestones": [0.9], "cem.lambd": 0})
     seen = []
     real = Trainer.step
@@ -322,7 +323,7 @@ def test_compiled_surrogate_runs_compiled_and_matches_the_eager_step():
         t.check_surrogate_compiles()        # what fit() does first: compiles now, leaves no trace
         assert torch.equal(gen.get_state(), before)
         assert all(p.grad is None for p in t.surrogate.parameters())
-        from cem_bench.data import BatchIterator  # a batch of the step's size (the compiled shape)
+        from cem_bench.core.data import BatchIterator  # a batch of the step's size (the compiled shape)
         x, y = next(iter(BatchIterator(t.splits.train, t.splits, t.cfg.train.batch_size, "crop_flip_rotate", t.gen)))
         acc = _acc(t)
         init = [p.detach().clone() for p in t.surrogate.parameters()]
@@ -382,7 +383,7 @@ def test_auto_compile_that_fails_falls_back_to_the_eager_surrogate_and_says_so(m
     (True, False, True), (False, True, False)])
 def test_surrogate_stream_and_compile_default_to_the_graphed_step(value, graphed, expected):
     """auto = on exactly for a graphed (CUDA) step; on/off as set; YAML's booleans read as on/off."""
-    from cem_bench.step_options import surrogate_options
+    from cem_bench.core.step_options import surrogate_options
     cfg = build_config({"train.surrogate_stream": value, "train.compile_surrogate": value})
     assert surrogate_options(cfg, graphed) == (expected, expected)
 
@@ -391,7 +392,7 @@ def test_surrogate_stream_and_compile_default_to_the_graphed_step(value, graphed
 def test_tf32_key_sets_the_process_flags(mode, conv, matmul):
     """train.tf32: auto restores PyTorch's defaults (TF32 convolutions, fp32 matrix products) whatever an earlier
     trial of the process set; on and off set both."""
-    from cem_bench.runtime import set_tf32
+    from cem_bench.core.runtime import set_tf32
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:
         set_tf32("off" if mode != "off" else "on")

@@ -30,7 +30,7 @@ class Scorer:
     and the paper's per-batch ones) and the first ``GALLERY_SIZE`` images for the gallery."""
 
     def __init__(self, image_shape: tuple[int, ...]):
-        from ..metrics import MetricAccumulator, PaperMetricAccumulator
+        from ..core.metrics import MetricAccumulator, PaperMetricAccumulator
         self.image_shape = tuple(image_shape)
         self.acc, self.paper = MetricAccumulator(), PaperMetricAccumulator()
         self.originals: list[torch.Tensor] = []

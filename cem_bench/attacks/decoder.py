@@ -30,9 +30,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import models
-from ..data import eval_batches
-from ..graphs import CaptureSchedule, graph_mode
+from ..core import models
+from ..core.data import eval_batches
+from ..core.graphs import CaptureSchedule, graph_mode
 from ..keys import key
 from .base import Attack, AttackResult, Scorer, register
 

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..data import eval_batches
+from ..core.data import eval_batches
 from ..keys import key
 from .base import Attack, AttackResult, Scorer, register
 

@@ -23,11 +23,11 @@ TARGET_PAPER_ATTACK_S = ("le", 60.0)   # on an H100/H200
 @row("attack", "attack epoch", order=40)
 def bench_attack(device: torch.device, sizes: Sizes) -> list[dict]:
     """One decoder-attack epoch on cached features vs the same epoch plus a fresh encoder pass."""
-    from .. import models
     from ..attacks import build as build_attack
     from ..attacks.decoder import InversionDecoder, encode
-    from ..models import amp_dtype
-    from ..trial import build_config
+    from ..core import models
+    from ..core.models import amp_dtype
+    from ..core.trial import build_config
 
     # on CUDA each timed call trains 5 epochs (the graphed step's warm-up and capture, once per call, are
     # then a fifth of an epoch's worth, as in a 50-epoch attack they are a fiftieth); the figure is per epoch
@@ -96,7 +96,7 @@ def _rmle_rows(device: torch.device, client, splits, cfg) -> list[dict]:
     """rmle's optimisation of one batch of evaluation images: seconds per image at its default iterations (on
     the CPU a few iterations, scaled: the cost is linear in them)."""
     from ..attacks.rmle import RMLEAttack
-    from ..trial import build_config
+    from ..core.trial import build_config
     rcfg = build_config({**cfg.to_flat(), "attack.names": ["rmle"]})
     iters = rcfg.attack.rmle_iterations
     run_iters = iters if device.type == "cuda" else min(iters, 3)
@@ -122,9 +122,9 @@ def _probe_rows(device: torch.device, client, cfg, sizes: Sizes) -> list[dict]:
     50,000-image epoch (the cheapest epoch, without its evaluation pass: the ratio errs on the probe's side)."""
     import math
 
-    from ..data import eval_batches
-    from ..schedule import lr_at
-    from ..trial import probe
+    from ..core.data import eval_batches
+    from ..core.schedule import lr_at
+    from ..core.trial import probe
     from .harness import step_trainer
     n = cfg.attack.probe_images
     psplits = synthetic_splits(20, 10 * n, device)          # the inference protocol: the last 10 % = n images

@@ -30,7 +30,7 @@ CEILING_STEPS = 20
 
 def measure(device: torch.device, sizes: Sizes, batch: int, amp: str) -> float:
     """Images per second of one model at ``batch`` in precision ``amp``: the median of the timed runs."""
-    from ..trial import build, build_config
+    from ..core.trial import build, build_config
     images = batch * 4
     splits = synthetic_splits(images, 64, device)
     flat = step_config(sizes, device, **{"data.train_size": images, "data.test_size": 64, "cem.lambd": 0.0,

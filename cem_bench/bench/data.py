@@ -25,7 +25,7 @@ def bench_data(device: torch.device, sizes: Sizes) -> list[dict]:
     import numpy as np
     import torchvision.transforms as T
 
-    from .. import data
+    from ..core import data
 
     splits = synthetic_splits(sizes.data_images, 20, device)
     split = splits.train

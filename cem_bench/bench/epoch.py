@@ -37,7 +37,7 @@ CUDA_CONFIGS = {"slot_cross (one stream, eager surrogate)": {"cem.surrogate": "s
 
 @row("epoch", "epoch", order=45)
 def bench_epoch(device: torch.device, sizes: Sizes) -> list[dict]:
-    from ..trial import build, build_config
+    from ..core.trial import build, build_config
 
     splits = synthetic_splits(sizes.epoch_images, sizes.epoch_test, device)
     scale = PAPER_IMAGES / sizes.epoch_images

@@ -35,7 +35,7 @@ def _comparison_copy(flat: dict, mode: str, dev: torch.device, random: bool):
     """``(cfg, splits, trainer)`` of one copy in a comparison: ``train.cuda_graph=mode`` on ``dev``, in train mode,
     with the same arithmetic as every other copy (no TF32, no autotuned algorithm choice); without ``random``
     nothing in its step draws random numbers but the surrogate (no defense noise, no classifier dropout)."""
-    from ..trial import build, build_config
+    from ..core.trial import build, build_config
     if flat.get("train.compile_surrogate", "auto") == "auto":
         # auto compiles the surrogate of a graphed CUDA step only: every copy the same, so one arithmetic
         flat = {**flat, "train.compile_surrogate": "on" if dev.type == "cuda" else "off"}
@@ -55,7 +55,7 @@ def _comparison_copy(flat: dict, mode: str, dev: torch.device, random: bool):
 
 def _comparison_batches(cfg, splits, dev: torch.device, steps: int):
     """The first ``steps`` training batches of a fixed order (epochs repeat as needed), no augmentation."""
-    from .. import data
+    from ..core import data
     gen = torch.Generator(device=dev).manual_seed(0)
     batches = data.BatchIterator(splits.train, splits, cfg.train.batch_size, "none", gen)
     return list(itertools.islice(itertools.chain.from_iterable(itertools.repeat(batches)), steps))

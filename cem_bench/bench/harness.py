@@ -206,7 +206,7 @@ def named_config(name: str) -> dict:
 def step_trainer(flat: dict, device: torch.device, splits):
     """``(cfg, trainer)`` of ``flat`` ready to step as in an epoch (``Trainer.prepare_steps``: a surrogate with a
     refit fitted, which is not part of a step; every module in train mode), built on ``splits``."""
-    from ..trial import build, build_config
+    from ..core.trial import build, build_config
     cfg = build_config(flat)
     _, tr = build(cfg, device, splits)
     tr.prepare_steps(tr.surrogate is not None)
@@ -215,8 +215,8 @@ def step_trainer(flat: dict, device: torch.device, splits):
 
 def synthetic_splits(train_images: int, test_images: int, device: torch.device):
     """Synthetic splits on ``device``; large training splits are generated in chunks (memory)."""
-    from .. import data
     from ..config import DataConfig
+    from ..core import data
     chunk = 8192
     splits = data.load(DataConfig(dataset="synthetic", train_size=min(train_images, chunk),
                                   test_size=test_images), device)
@@ -302,7 +302,7 @@ def run_bench(device: str = "cpu", quick: bool = False, only: list[str] | tuple[
               tiny: bool = False, progress: bool = True) -> dict:
     """Measure the rows of ``only`` (default: every registered group; ``flops`` only on CUDA) and return
     ``{"header": {...}, "rows": [{name, value, unit, baseline, ratio, target, met, note, error, ...}]}``."""
-    from ..runtime import resolve_device
+    from ..core.runtime import resolve_device
     dev = resolve_device(device)
     known = group_names()
     wanted = set(known if only is None else only)

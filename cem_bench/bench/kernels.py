@@ -82,8 +82,9 @@ def count_configs(device: torch.device, sizes: Sizes, names: list[str] | None = 
     """``{"lambda=0": ops, surrogate: ops, ...}`` for one step of each configuration at ``sizes`` (default:
     lambda = 0 and every surrogate), all on the same batch. With ``errors`` a configuration that fails is
     recorded there and the others are still counted; without, it raises."""
-    from .. import data, surrogates
-    from ..schedule import lr_at
+    from .. import surrogates
+    from ..core import data
+    from ..core.schedule import lr_at
 
     images = max(2 * sizes.batch_size, 256)
     splits = synthetic_splits(images, 20, device)

@@ -279,7 +279,7 @@ def _train(tr, cfg, first_epoch: int, seconds: float, min_epochs: int) -> tuple[
 
 def _worker(flat: dict) -> None:
     from .. import attacks
-    from ..trial import build, build_config
+    from ..core.trial import build, build_config
     cfg = build_config(flat)
     dev = torch.device(cfg.train.device)
     splits, tr = build(cfg, dev)

@@ -42,7 +42,7 @@ def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
     import ray
 
     from .. import search, spaces
-    from ..trial import run_trial
+    from ..core.trial import run_trial
 
     flat = dict(sizes.ray_trial, **{"train.device": device.type})
     n = sizes.ray_trials

@@ -24,8 +24,8 @@ TARGET_REFIT = ("ge", 3.0)
 @row("refit", "gmm refit", order=30)
 def bench_refit(device: torch.device, sizes: Sizes) -> list[dict]:
     """The gmm refit (cold) against scikit-learn's KMeans per class, on the same features."""
+    from ..core.trial import build, build_config
     from ..surrogates.clustering import MAX_LLOYD_ITERS
-    from ..trial import build, build_config
 
     flat = step_config(sizes, device, **{"data.train_size": sizes.refit_images, "data.test_size": 20,
                                          "cem.surrogate": "gmm"})

@@ -132,9 +132,10 @@ def sampler_cost(name: str, completed: int, repeats: int = 3) -> float:
 @row("results", "results at scale", order=55)
 def bench_results(device: torch.device, sizes: Sizes) -> list[dict]:
     """build_configs, pareto_ranks, the report and the table on synthetic results; the sampler's ask + tell."""
-    from .. import aggregate, frontier
-    from ..report import build_report
-    from ..table import main as table_main
+    from .. import frontier
+    from ..analysis import aggregate
+    from ..analysis.report import build_report
+    from ..analysis.table import main as table_main
     rows = []
     root = Path(tempfile.mkdtemp(prefix="cem-bench-results-"))
     try:

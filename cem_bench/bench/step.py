@@ -67,15 +67,16 @@ def split_variant(name: str) -> tuple[str, str | None]:
 def count_step_flops(trainer, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
     """(forward, forward + backward) FLOPs of the trainer's client and server on the batch ``(x, y)``, as its
     step runs them (``models.count_train_flops``, the count every CUDA epoch record's ``tflops`` uses)."""
-    from ..models import count_train_flops
+    from ..core.models import count_train_flops
     return count_train_flops(trainer.client, trainer.server, x, y, trainer.amp)
 
 
 @row("step", "train step", order=20, options={"flops": "cuda"})
 def bench_steps(device: torch.device, sizes: Sizes, flops: bool = False) -> list[dict]:
     """``Trainer.step`` with lambda = 0 and each surrogate, round-robin, seconds per step."""
-    from .. import data, surrogates
-    from ..schedule import lr_at
+    from .. import surrogates
+    from ..core import data
+    from ..core.schedule import lr_at
 
     flops = flops and device.type == "cuda"
     base_flat = step_config(sizes, device, **{"data.train_size": sizes.step_images, "data.test_size": 20}, **PLAIN)

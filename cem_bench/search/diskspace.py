@@ -74,7 +74,7 @@ def estimate_bytes(spec) -> tuple[int, int]:
     parameters twice (weights and SGD momentum; three times with ``train.select_best_last``), Tune keeps
     ``CHECKPOINTS_KEPT`` per trial, and every trial writes its result files."""
     from ..config import TrialConfig
-    from ..models import build, count_params
+    from ..core.models import build, count_params
     try:
         cfg = TrialConfig.from_flat({k: v for k, v in spec.fixed.items()})
         classes = 100 if cfg.data.dataset == "cifar100" else 10

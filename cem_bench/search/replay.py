@@ -158,8 +158,8 @@ def correlations(trials: pd.DataFrame, epochs: pd.DataFrame, objectives: list[di
 
 def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
     """(trials, epochs, objectives) of a search's folder: its tables when written, else built from its files."""
+    from ..analysis.results import build_tables
     from ..integrity import read_table
-    from ..results import build_tables
     from ..schema import EPOCHS_FILE, TRIALS_FILE, load_objectives
     from ..storage import Dir
     d = Dir(results_dir)

@@ -1,6 +1,6 @@
 """The experiment-state guard behind ``--resume`` (package docstring: why Ray's own state can be torn).
 
-The bundle's format (``resume_bundle_bytes``, ``read_resume_bundle``) is in ``cem_bench/bundle.py``, which
+The bundle's format (``resume_bundle_bytes``, ``read_resume_bundle``) is in ``cem_bench/analysis/bundle.py``, which
 ``results`` reads it with too: building the tables of an experiment folder prefers the bundle's state to
 Ray's, and that runs in the report too, which may not import ``search`` (docs/architecture.md §3)."""
 
@@ -31,7 +31,7 @@ def _state_kind(name: str) -> str | None:
 def write_resume_snapshot(staging_dir: str, session_str: str, target: str) -> dict[str, bytes]:
     """Bundle the experiment checkpoint of ``session_str`` that Ray has just written into
     ``staging_dir`` into one file at ``target``, atomically. Returns the bundled files."""
-    from ..bundle import resume_bundle_bytes
+    from ..analysis.bundle import resume_bundle_bytes
     files: dict[str, bytes] = {}
     for entry in os.scandir(staging_dir):
         if entry.is_file() and _state_kind(entry.name) and entry.name.rsplit(".", 1)[0].endswith(session_str):
@@ -90,7 +90,7 @@ def repair_experiment_state(exp_path: str, trust_pickle: bool = False) -> list[s
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     done: list[str] = []
 
-    from ..bundle import read_resume_bundle
+    from ..analysis.bundle import read_resume_bundle
     try:
         snapshot = read_resume_bundle(exp_path, trust_pickle=trust_pickle)
     except ValueError as e:

@@ -452,7 +452,7 @@ def search_command(args) -> dict:
                 exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
                                  stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)))
             t_write = time.perf_counter()
-            from .. import results
+            from ..analysis import results
             trials, epochs = results.build_tables(exp)
             trials_path, epochs_path = results.write_tables(exp, (trials, epochs))
             stats["write_s"] = time.perf_counter() - t_write

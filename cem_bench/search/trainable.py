@@ -128,9 +128,9 @@ def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHook
         import torch
         from ray import tune
 
-        from ..checkpoint import load_state, save_state
+        from ..core.checkpoint import load_state, save_state
+        from ..core.trial import build_config, run_trial
         from ..spaces import trial_config
-        from ..trial import build_config, run_trial
         from .diskspace import is_enospc
 
         started_at = _now_iso()

@@ -52,7 +52,7 @@ class AttentionCentroid(Surrogate):
     # Seed 000 names no warm-up: keep the paper's (no CEM in epoch 1).
     Keys = AttentionCentroidKeys
     # cem.strength=matched: each trial measures the loss scale with which one unit of lambda pulls on its encoder as
-    # gmm's does (cem_bench/strength.py); cem.loss_scale is the fixed scale of cem.strength=fixed, calibrated at the
+    # gmm's does (cem_bench/core/strength.py); cem.loss_scale is the fixed scale of cem.strength=fixed, calibrated at the
     # synthetic reference state (docs/estimators.md, "One lambda scale"); the seed's own weight was 1.
     defaults = {"cem.strength": "matched",
                 "cem.loss_scale": 0.038, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}

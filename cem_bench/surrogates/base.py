@@ -27,7 +27,7 @@ from ..registry import Registry
 
 # Fallbacks of the keys every surrogate has whose default is "the surrogate's own" (None in config.py); a
 # surrogate overrides them in its ``defaults``.
-REFERENCE_SURROGATE = "gmm"   # the surrogate whose strength λ means (cem.strength, cem_bench/strength.py)
+REFERENCE_SURROGATE = "gmm"   # the surrogate whose strength λ means (cem.strength, cem_bench/core/strength.py)
 GLOBAL_DEFAULTS = {
     "cem.grad_mode": "inject",
     "cem.warmup_epochs": 1,

@@ -39,7 +39,7 @@ class GatedAttentionKeys(GateKeys, AttentionKeys):
 class GatedAttention(Surrogate):
     Keys = GatedAttentionKeys
     # cem.strength=matched: each trial measures the loss scale with which one unit of lambda pulls on its encoder as
-    # gmm's does (cem_bench/strength.py); cem.loss_scale is the fixed scale of cem.strength=fixed, calibrated at the
+    # gmm's does (cem_bench/core/strength.py); cem.loss_scale is the fixed scale of cem.strength=fixed, calibrated at the
     # synthetic reference state (docs/estimators.md, "One lambda scale"); the seed's own weight was 0.1.
     defaults = {"cem.strength": "matched",
                 "cem.loss_scale": 0.84, "cem.warmup_epochs": 5, "cem.grad_mode": "inject"}

@@ -53,7 +53,7 @@ class SlotCrossKeys(GateKeys, SlotKeys):
 class SlotCross(Surrogate):
     Keys = SlotCrossKeys
     # cem.strength=matched: each trial measures the loss scale with which one unit of lambda pulls on its encoder as
-    # gmm's does (cem_bench/strength.py); cem.loss_scale is the fixed scale of cem.strength=fixed, calibrated at the
+    # gmm's does (cem_bench/core/strength.py); cem.loss_scale is the fixed scale of cem.strength=fixed, calibrated at the
     # synthetic reference state (docs/estimators.md, "One lambda scale"); the seed's own weight was 0.25.
     defaults = {"cem.strength": "matched",
                 "cem.loss_scale": 0.93, "cem.warmup_epochs": 3, "cem.grad_mode": "inject"}

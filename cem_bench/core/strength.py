@@ -25,11 +25,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .. import surrogates
+from ..config import TrialConfig
+from ..surrogates.base import REFERENCE_SURROGATE as REFERENCE
 from . import data as data_mod
-from . import surrogates
-from .config import TrialConfig
 from .schedule import inject_scale, lr_at
-from .surrogates.base import REFERENCE_SURROGATE as REFERENCE
 
 # the batches a match averages: cem.strength_batches (config.py says why 64 by default)
 BATCH_SEED = 104729        # the match's batches: a generator seeded from the trial seed plus this

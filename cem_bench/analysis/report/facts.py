@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cem_bench.aggregate import SEED_COLUMN
+from cem_bench.analysis.aggregate import SEED_COLUMN
 
 from .formatting import format_value
 from .load import MAIN_PARAMS, REPORTED_METRICS, SKIP_COL, SURROGATE_COL, Results

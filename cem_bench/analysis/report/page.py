@@ -47,7 +47,7 @@ from .training_plot import plot_training_curves
 
 MAX_GALLERY = 24  # front trials shown in the gallery (best first objective first)
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("cem_bench.report", "templates"),
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("cem_bench.analysis.report", "templates"),
                           autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..errors import ResultsError
+from ..integrity import read_table
+from ..schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
+from ..storage import Dir
 from .aggregate import CONFIRMED, build_configs
-from .errors import ResultsError
-from .integrity import read_table
 from .noise import ALPHA, BETTER, P_MIN, WORSE
-from .schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
-from .storage import Dir
 
 DEFAULT_METRICS = ("test_acc", "attack_ssim", "attack_psnr", "attack_mse")
 SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "config.cem.surrogate"

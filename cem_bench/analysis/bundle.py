@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 
-from .parsing import loads_json
-from .schema import RESUME_STATE_FILE
-from .storage import Dir
+from ..parsing import loads_json
+from ..schema import RESUME_STATE_FILE
+from ..storage import Dir
 
 BUNDLE_KIND = "cem-bench-resume-state"
 BUNDLE_VERSION = 2   # 1: a pickle (written before 2026-11-26), read only with trust_pickle
@@ -25,7 +25,7 @@ def resume_bundle_bytes(session: str, written_at: str, files: dict[str, bytes]) 
     """The bundle as JSON: each file's bytes in base64, the whole sealed by its SHA-256 (no code, only bytes)."""
     import base64
 
-    from .integrity import seal
+    from ..integrity import seal
     body = {"kind": BUNDLE_KIND, "version": BUNDLE_VERSION, "session": session, "written_at": written_at,
             "files": {n: base64.b64encode(b).decode("ascii") for n, b in sorted(files.items())}}
     return json.dumps(seal(body)).encode()
@@ -41,7 +41,7 @@ def read_resume_bundle(experiment_dir: str | os.PathLike, trust_pickle: bool = F
     import base64
     import binascii
 
-    from .integrity import unseal
+    from ..integrity import unseal
     data = Dir(experiment_dir).read_bytes(RESUME_STATE_FILE)
     if data is None:
         return None

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .errors import ResultsError
-from .integrity import read_recorded, write_recorded
-from .schema import CHECKPOINT_FILE
-from .storage import Dir, read_regular
+from ..errors import ResultsError
+from ..integrity import read_recorded, write_recorded
+from ..schema import CHECKPOINT_FILE
+from ..storage import Dir, read_regular
 
 KIND = "cem-bench-checkpoint"
 VERSION = 2        # 1: written before checkpoints carried a version

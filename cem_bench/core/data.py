@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..config import DataConfig
+from ..errors import ConfigError, DataError  # noqa: F401  (DataError re-exported)
 from . import realdata
-from .config import DataConfig
-from .errors import ConfigError, DataError  # noqa: F401  (DataError re-exported)
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.247, 0.243, 0.261)

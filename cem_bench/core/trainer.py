@@ -44,15 +44,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..config import TrialConfig
+from ..errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
+from ..surrogates import Surrogate, intra_class_mse
 from . import data as data_mod
 from . import graphs, models, strength
-from .config import TrialConfig
-from .errors import ConfigError, TrialDiverged  # noqa: F401  (TrialDiverged re-exported)
 from .runtime import set_tf32
 from .schedule import applied_lr, estimator_sign, inject_scale, lr_at
 from .selection import BestEpoch
 from .step_options import SURROGATE_COMPILE_OPTIONS, graph_mode, surrogate_options
-from .surrogates import Surrogate, intra_class_mse
 
 
 class _GradGate(torch.autograd.Function):
@@ -113,7 +113,7 @@ class Trainer:
         self.surrogate_params = list(self.surrogate_opt.param_groups[0]["params"]) if self.surrogate_opt else []
         self.gen = torch.Generator(device=device).manual_seed(cfg.seed)
         self.lambd = cfg.cem.lambd
-        # cem.strength: the loss scale, fixed or matched to gmm's pull on this encoder (cem_bench/strength.py)
+        # cem.strength: the loss scale, fixed or matched to gmm's pull on this encoder (cem_bench/core/strength.py)
         self.matcher = strength.Matcher(cfg, device, surrogate is not None)
         self._client_fwd = self.client
         self._server_fwd = self.server

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from ..config import TrialConfig
+from ..errors import ConfigError
 from . import graphs
-from .config import TrialConfig
-from .errors import ConfigError
 
 
 def graph_mode(cfg: TrialConfig, device: torch.device) -> bool:

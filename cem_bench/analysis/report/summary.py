@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from cem_bench import noise
-from cem_bench.aggregate import CONFIG_ID
+from cem_bench.analysis import noise
+from cem_bench.analysis.aggregate import CONFIG_ID
 from cem_bench.schema import DEFAULT_UTILITY_TOLERANCE
 
 from .facts import config_searched_columns, status_counts

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import DataError
+from ..errors import DataError
 
 PATCH = 32  # every data set of the project is 32x32, the VGG's input (CIFAR's size)
 

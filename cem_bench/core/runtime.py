@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def resolve_device(name: str) -> torch.device:

@@ -1,6 +1,6 @@
 """The report's HTML tables (``DataFrame.to_html``, every cell escaped): ``html_table`` and ``facts_table``;
 with replicates, the front of configurations (mean ± std, each against its λ = 0 baseline), each surrogate's
-best configuration and the paper-style tables (``cem_bench.table.paper_table``); the trials whose attack did
+best configuration and the paper-style tables (``cem_bench.analysis.table.paper_table``); the trials whose attack did
 not run."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from cem_bench import noise
-from cem_bench.aggregate import CONFIG_ID
+from cem_bench.analysis import noise
+from cem_bench.analysis.aggregate import CONFIG_ID
+from cem_bench.analysis.table import DEFAULT_METRICS, SIGMA, column_label, legend, paper_table
 from cem_bench.schema import strongest_column
-from cem_bench.table import DEFAULT_METRICS, SIGMA, column_label, legend, paper_table
 
 from .facts import config_searched_columns
 from .formatting import format_value, interval, is_missing, ms, p_text, plural, short
@@ -199,7 +199,7 @@ MAX_PAPER_COLUMNS = 40  # λ × surrogate columns beyond which the paper-style t
 
 
 def paper_tables(res: Results) -> list[dict] | None:
-    """``cem_bench.table.paper_table`` of test_acc and attack_ssim (and attack_psnr, attack_mse when they hold
+    """``cem_bench.analysis.table.paper_table`` of test_acc and attack_ssim (and attack_psnr, attack_mse when they hold
     a value) as escaped HTML: ``[{metric, table, error}]``; None without a σ column (not a CEM grid)."""
     c = res.configs
     if c is None or SIGMA not in c:

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from . import __version__, attacks, data, models, surrogates
-from .config import TrialConfig
-from .provenance import device_name, git_sha
+from .. import __version__, attacks, surrogates
+from ..config import TrialConfig
+from ..provenance import device_name, git_sha
+from ..schema import ATTACK_METRICS, GALLERY_FILE
+from . import data, models
 from .runtime import resolve_device, seed_everything
-from .schema import ATTACK_METRICS, GALLERY_FILE
 from .trainer import Trainer
 
 Report = Callable[..., None]

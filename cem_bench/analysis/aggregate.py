@@ -31,9 +31,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from . import noise
-from .frontier import pareto_ranks
-from .schema import (
+from ..frontier import pareto_ranks
+from ..schema import (
     ATTACK_METRICS,
     COST_COLUMNS,
     OBJECTIVE_METRICS,
@@ -44,6 +43,7 @@ from .schema import (
     rank_table,
     strongest_column,
 )
+from . import noise
 
 SEED_COLUMN = "config.seed"
 CONFIG_ID = "config_id"

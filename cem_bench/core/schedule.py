@@ -6,7 +6,7 @@ by the trainer, the CEM strength (``strength.py``, ``calibrate.py``) and the ben
 
 from __future__ import annotations
 
-from .config import TrialConfig
+from ..config import TrialConfig
 
 INJECT_LR_KNEE = 4.1e-4  # the reference's s(eta) switches to 1 below this lr
 

@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .bundle import read_resume_bundle
-from .integrity import write_table
-from .parsing import loads_json
-from .schema import (
+from ..integrity import write_table
+from ..parsing import loads_json
+from ..schema import (
     CONFIGS_FILE,
     EPOCH_COLUMNS,
     EPOCHS_FILE,
@@ -49,7 +48,8 @@ from .schema import (
     load_objectives,
     rank_table,
 )
-from .storage import Dir as _Dir
+from ..storage import Dir as _Dir
+from .bundle import read_resume_bundle
 
 # keys of Ray's result lines that are bookkeeping, not epoch metrics
 _RAY_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date",

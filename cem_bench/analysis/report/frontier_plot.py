@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from cem_bench.aggregate import CONFIG_ID
-from cem_bench.noise import WITHIN, band_of
+from cem_bench.analysis.aggregate import CONFIG_ID
+from cem_bench.analysis.noise import WITHIN, band_of
 
 from .formatting import better, plural
 from .load import BASELINE_LABEL, Results, front_of, is_attack_metric, numeric

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cem_bench.aggregate import (
+from cem_bench.analysis.aggregate import (
     CONFIG_ID,
     CONFIRM,
     CONFIRMED,
@@ -41,10 +41,10 @@ from cem_bench.aggregate import (
     roles,
     skipped_attacks,
 )
+from cem_bench.analysis.results import is_final
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
 from cem_bench.integrity import MANIFEST_FILE, read_table
-from cem_bench.results import is_final
 from cem_bench.schema import (
     ATTACK_METRICS,
     CONFIGS_FILE,
@@ -174,7 +174,7 @@ def fetch_remote(uri: str, local: Path) -> Path:
     if not src.is_dir():
         raise ResultsError(f"{uri}: no such folder; {VALID_FOLDER}")
     if not src.exists(TRIALS_FILE):
-        from cem_bench.results import write_tables
+        from cem_bench.analysis.results import write_tables
         try:
             write_tables(uri)
         except Exception as exc:  # noqa: BLE001 - any failure means: nothing to report on
@@ -209,7 +209,7 @@ def check_results_dir(results_dir: str | Path) -> Path:
         raise ResultsError(f"{path} is not a folder; {VALID_FOLDER}")
     if os.path.lexists(path / TRIALS_FILE):
         return path
-    from cem_bench import results  # lazy: reading Ray folders is only needed without trials.parquet
+    from cem_bench.analysis import results  # lazy: reading Ray folders is only needed without trials.parquet
 
     exp = Dir(path)
     has_state = results.ray_trials(exp) is not None
@@ -222,7 +222,7 @@ def check_results_dir(results_dir: str | Path) -> Path:
 def _read_trials(results_dir: Path) -> pd.DataFrame:
     path = results_dir / TRIALS_FILE
     if not os.path.lexists(path):
-        from cem_bench.results import write_tables  # lazy: results.py reads Ray folders
+        from cem_bench.analysis.results import write_tables  # lazy: results.py reads Ray folders
         try:
             write_tables(results_dir)
         except ResultsError:

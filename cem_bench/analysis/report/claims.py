@@ -10,7 +10,7 @@ again with ``confirm_runs`` new seeds, as ``confirm:`` in a space does. ``judge`
 table on) and returns what the summary claims (``summary.claim``) and what the tables mark
 (``table.paper_table``), checked against each other.
 
-``python -m cem_bench.report.claims [--tables N]`` prints the rates of docs/protocol.md §9.
+``python -m cem_bench.analysis.report.claims [--tables N]`` prints the rates of docs/protocol.md §9.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from cem_bench.table import paper_table
+from cem_bench.analysis.table import paper_table
 
 from .load import results_of
 from .summary import TRADE_OFF, claim, summary_sentence
@@ -135,7 +135,7 @@ DESIGNS = ("null 12", "null 100", "null 12, 3x spread", "null 12, top 3 confirme
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cem_bench.report.claims", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m cem_bench.analysis.report.claims", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", type=int, default=200, help="simulated searches per design")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--designs", nargs="*", default=list(DESIGNS))
