@@ -166,3 +166,38 @@ def test_a_bundle_of_the_old_format_is_read_with_the_flag():
         bundle_format.read_resume_bundle(exp)
     bundle = bundle_format.read_resume_bundle(exp, trust_pickle=True)
     assert bundle["version"] == 1 and any(n.startswith("experiment_state-") for n in bundle["files"])
+
+
+def test_a_checkpoint_removed_after_the_last_snapshot_is_replaced_by_the_trials_newer_one(tmp_path):
+    """Ray deletes a trial's older checkpoints as new ones come (two kept) and writes its experiment state only
+    now and then: a driver killed in between leaves a state that names a deleted checkpoint, and Ray's restore
+    then fails the trial. --resume copies the trial's newest checkpoint to the recorded name; a finished trial, a
+    trial whose checkpoint is there and a trial with nothing newer are left as they are (the last one said)."""
+    from ray import tune
+    exp = tmp_path / "exp"
+
+    def trial(tid, status, recorded, present):
+        folder = exp / f"cem_trial_{tid}_1_"
+        for n in present:
+            (folder / f"checkpoint_{n:06d}").mkdir(parents=True)
+            (folder / f"checkpoint_{n:06d}" / "state.pt").write_bytes(f"{tid} epoch {n + 1}".encode())
+        # what Ray pickles: its checkpoint manager, holding the recorded checkpoints by path
+        blob = cloudpickle.dumps([tune.Checkpoint(path=str(folder / f"checkpoint_{n:06d}")) for n in recorded])
+        meta = {"checkpoint_manager": {"_type": "CLOUDPICKLE_FALLBACK", "value": blob.hex()}}
+        return [json.dumps({"trial_id": tid, "status": status, "relative_logdir": folder.name}), json.dumps(meta)]
+
+    state = {"trial_data": [trial("gone", "RUNNING", [0, 1], [2, 3]), trial("done", "TERMINATED", [0, 1], [3]),
+                            trial("here", "RUNNING", [1, 2], [1, 2]), trial("lost", "ERROR", [4, 5], [3])],
+             "runner_data": {}, "stats": {}}
+    (exp / f"experiment_state-{S1}.json").write_text(json.dumps({"trial_data": [], "runner_data": {}}))
+    (exp / f"experiment_state-{S2}.json").write_text(json.dumps(state))   # the newest: the one Ray restores
+    assert search.recorded_checkpoints(json.loads(state["trial_data"][0][1])) == ["checkpoint_000000",
+                                                                                  "checkpoint_000001"]
+    done = search.restore_removed_checkpoints(str(exp))
+    assert len(done) == 2 and "trial gone:" in done[0] and "continues from checkpoint_000003" in done[0], done
+    assert "trial lost:" in done[1] and "no newer one" in done[1], done
+    assert (exp / "cem_trial_gone_1_" / "checkpoint_000001" / "state.pt").read_bytes() == b"gone epoch 4"
+    assert (exp / "cem_trial_gone_1_" / "checkpoint_000003" / "state.pt").read_bytes() == b"gone epoch 4"
+    assert not (exp / "cem_trial_done_1_" / "checkpoint_000001").exists()
+    assert sorted(p.name for p in (exp / "cem_trial_here_1_").iterdir()) == ["checkpoint_000001", "checkpoint_000002"]
+    assert search.restore_removed_checkpoints(str(exp)) == [done[1]]   # done once; the lost trial is said again

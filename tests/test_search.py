@@ -237,12 +237,37 @@ def test_a_second_search_of_the_same_experiment_is_refused_and_nothing_is_lost(t
     assert len(study.trials) == 2
 
 
+def make_recorded_checkpoints_stale(exp: Path) -> list[str]:
+    """What a driver killed between a trial's checkpoints and its next snapshot leaves: for each unfinished trial
+    of Ray's newest experiment state, the checkpoint it records moved two places on (``checkpoint_N`` to
+    ``N+2``, as the newer ones Ray kept) and the older one deleted. Returns the trials it changed; at least one,
+    or Ray's state is not read as ``search.recorded_checkpoints`` expects."""
+    state = json.loads(sorted(exp.glob("experiment_state-*.json"))[-1].read_text())
+    changed = []
+    for entry in state["trial_data"]:
+        trial, meta = json.loads(entry[0]), json.loads(entry[1])
+        recorded = search.recorded_checkpoints(meta)
+        if trial["status"] == "TERMINATED" or not recorded:
+            continue
+        folder = exp / trial["relative_logdir"]
+        latest = int(recorded[-1].split("_")[1])
+        (folder / recorded[-1]).rename(folder / f"checkpoint_{latest + 2:06d}")
+        for older in recorded[:-1]:
+            shutil.rmtree(folder / older, ignore_errors=True)
+        changed.append(trial["trial_id"])
+    assert changed, state["trial_data"]
+    return changed
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signalled_search_is_interrupted_not_failed_and_resumes(tmp_path, sig):
     """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM: the trials in flight are recorded as
     interrupted, not as errors; the exit code is 130 / 143; the last line is the exact --resume command, and
-    running it finishes every trial; the report says the search was interrupted."""
+    running it finishes every trial; the report says the search was interrupted. After SIGTERM the trials'
+    recorded checkpoints are also made stale, as a driver killed between a trial's checkpoints and its next
+    snapshot leaves them (Ray deleted the recorded one and kept two newer): the resume still finishes every
+    trial, from the newer checkpoint, instead of Ray failing them."""
     space = write_space(tmp_path, "sig", num_samples=2, max_concurrent=2, fixed={"train.epochs": 40})
     storage = tmp_path / "res"
     exp = storage / "sig"
@@ -273,6 +298,7 @@ def test_a_signalled_search_is_interrupted_not_failed_and_resumes(tmp_path, sig)
     assert (exp / schema.INTERRUPTED_FILE).is_file()
     page = (exp / "report" / "index.html").read_text()
     assert f"interrupted by {sig.name}" in page and "--resume" in page
+    stale = make_recorded_checkpoints_stale(exp) if sig == signal.SIGTERM else []
     # the printed command continues it: every trial once, all ok
     import shlex
     argv = shlex.split(resume)
@@ -280,6 +306,8 @@ def test_a_signalled_search_is_interrupted_not_failed_and_resumes(tmp_path, sig)
     done = subprocess.run([sys.executable, "-m", "cem_bench.cli", *argv[1:]], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    for tid in stale:
+        assert f"--resume: trial {tid}: its recorded checkpoint" in done.stdout, done.stdout[-3000:]
     trials = pd.read_parquet(exp / "trials.parquet")
     assert len(trials) == 2 and trials["trial_id"].is_unique and (trials["status"] == "ok").all()
     assert not (exp / schema.INTERRUPTED_FILE).exists()

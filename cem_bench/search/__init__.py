@@ -50,8 +50,12 @@ into the staging folder and before the copy starts, the same files bundled into 
 ``cem_resume_state.bin``, atomically (temp file + rename; one PUT on s3/gs). It is always at least as new
 as anything the copy can have written, and always consistent. ``--resume`` first puts the bundle's files
 back in place (``repair_experiment_state``; files it replaces are moved to ``superseded_state/``, never
-deleted), then lets Ray restore. The bundle's name ends in neither ``.json`` nor ``.pkl`` because Ray's
-restore copies those from the storage into the staging folder and would upload a stale copy back.
+deleted), then gives each unfinished trial the checkpoint the state records: Ray keeps two per trial and
+deletes older ones as new ones come, so a driver killed between a trial's checkpoints and its next snapshot
+leaves a state naming a deleted one, which Ray's restore turns into an error; the trial's newer checkpoint is
+copied to that name (``restore_removed_checkpoints``). Then Ray restores. The bundle's name ends in neither
+``.json`` nor ``.pkl`` because Ray's restore copies those from the storage into the staging folder and would
+upload a stale copy back.
 
 The Optuna journal: ``OptunaSearch`` keeps its study in memory (so the study is pickled with the searcher
 state and restored consistently with the trials). The searcher used here (``JournalOptunaSearch``) copies
@@ -71,10 +75,18 @@ the resume bundle, the scheduler's state file, the live guard), registered by ``
 """
 
 from ..errors import SearchError
-from .resume import RAY_STATE_KINDS, SUPERSEDED_DIR, repair_experiment_state, write_resume_snapshot
+from .resume import (
+                     RAY_STATE_KINDS,
+                     SUPERSEDED_DIR,
+                     recorded_checkpoints,
+                     repair_experiment_state,
+                     restore_removed_checkpoints,
+                     write_resume_snapshot,
+)
 from .run import overrides_from_args, run_search, search_command
 from .trainable import STATE_FILE, TRAINABLE_NAME, TrialHooks, make_trainable, trial_resources, with_resources
 
 __all__ = ["RAY_STATE_KINDS", "STATE_FILE", "SUPERSEDED_DIR", "SearchError", "TRAINABLE_NAME", "TrialHooks",
-           "make_trainable", "overrides_from_args", "repair_experiment_state",
+           "make_trainable", "overrides_from_args", "recorded_checkpoints", "repair_experiment_state",
+           "restore_removed_checkpoints",
            "run_search", "search_command", "trial_resources", "with_resources", "write_resume_snapshot"]

@@ -6,7 +6,9 @@ Ray's, and that runs in the report too, which may not import ``search`` (docs/ar
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from datetime import datetime, timezone
 
 from ..errors import SearchError
@@ -130,4 +132,85 @@ def repair_experiment_state(exp_path: str, trust_pickle: bool = False) -> list[s
         raise SearchError(f"--resume: {exp_path} holds no readable experiment state (the driver was killed "
                           f"before Ray wrote a complete one; {'; '.join(done) or 'none was written'}); start "
                           f"the search again under a new --name")
+    return done
+
+
+CHECKPOINT_DIR = re.compile(r"checkpoint_(\d{6})")
+
+
+def recorded_checkpoints(trial_run_metadata: dict) -> list[str]:
+    """The checkpoint folder names (``checkpoint_000003``) that one trial's entry of Ray's experiment state
+    records, oldest first. Ray keeps them in a pickled checkpoint manager; the names are read from its bytes
+    (the path strings it holds), never unpickled."""
+    blob = trial_run_metadata.get("checkpoint_manager")
+    if isinstance(blob, str):
+        try:
+            blob = json.loads(blob)
+        except ValueError:
+            return []
+    if not isinstance(blob, dict) or not isinstance(blob.get("value"), str):
+        return []
+    try:
+        raw = bytes.fromhex(blob["value"])
+    except ValueError:
+        return []
+    found = {int(m.group(1)) for m in re.finditer(rb"checkpoint_(\d{6})", raw)}
+    return [f"checkpoint_{i:06d}" for i in sorted(found)]
+
+
+def restore_removed_checkpoints(exp_path: str) -> list[str]:
+    """Give each unfinished trial the checkpoint Ray's experiment state expects to restore it from.
+
+    Ray records a trial's newest checkpoint in the experiment state, which it writes only now and then, and
+    deletes a trial's older checkpoints as new ones come (``CheckpointConfig(num_to_keep=2)``). A driver killed
+    after a trial's next two checkpoints but before its next snapshot leaves a state whose recorded checkpoint
+    is gone, and ``Tuner.restore`` then fails that trial ("Could not recover from checkpoint as it does not
+    exist on storage anymore") instead of continuing it, so its search run is lost (seen in a loaded CI run:
+    the finished best trial became an error and the confirmation was never planned). Its newer checkpoint is
+    still there: it is copied to the recorded name, and the trial continues from the newer epoch (the
+    trainable reads the epoch from the state it loads, not from the folder's name). Returns one line per
+    trial it gave a checkpoint, or could not."""
+    import pyarrow.fs as pafs
+    fs, root = filesystem(exp_path)
+    root = root.rstrip("/")
+    states = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(root, recursive=False))
+                    if i.type == pafs.FileType.File and i.base_name.startswith("experiment_state-"))
+    if not states:
+        return []
+    try:
+        state = loads_json(_read(fs, f"{root}/{states[-1]}"))   # the newest: the one Ray restores
+    except (UnicodeDecodeError, ValueError):
+        return []                                             # repair_experiment_state has said why
+    done: list[str] = []
+    for entry in state.get("trial_data") or []:
+        try:
+            trial, meta = (loads_json(x) if isinstance(x, str) else x for x in entry)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(trial, dict) or not isinstance(meta, dict) or trial.get("status") == "TERMINATED":
+            continue
+        recorded = recorded_checkpoints(meta)
+        logdir = trial.get("relative_logdir")
+        if not recorded or not isinstance(logdir, str) or "/" in logdir or logdir in ("", ".", ".."):
+            continue
+        folder = f"{root}/{logdir}"
+        want = recorded[-1]
+        if fs.get_file_info(f"{folder}/{want}").type == pafs.FileType.Directory:
+            continue
+        have = sorted((i.base_name for i in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+                       if i.type == pafs.FileType.Directory and CHECKPOINT_DIR.fullmatch(i.base_name)),
+                      reverse=True)
+        newer = [n for n in have if n > want]
+        tid = trial.get("trial_id", logdir)
+        if not newer:
+            done.append(f"trial {tid}: its recorded checkpoint {want} is gone and no newer one exists; Ray will "
+                        f"report the trial as an error")
+            continue
+        source = f"{folder}/{newer[0]}"
+        for info in fs.get_file_info(pafs.FileSelector(source, recursive=True)):
+            if info.type == pafs.FileType.File:
+                rel = info.path[len(source) + 1:]
+                write_bytes(join(exp_path, logdir, want, rel), _read(fs, info.path), within=exp_path)
+        done.append(f"trial {tid}: its recorded checkpoint {want} was removed after the last snapshot; it "
+                    f"continues from {newer[0]} (copied to {want})")
     return done

@@ -35,7 +35,7 @@ from .interrupt import Interruption, resume_command
 from .lock import experiment_lock
 from .machine import detect_cpus as _detect_cpus  # names of run.py that tests replace
 from .machine import detect_gpus as _detect_gpus
-from .resume import repair_experiment_state
+from .resume import repair_experiment_state, restore_removed_checkpoints
 from .trainable import make_trainable, trial_resources, with_resources
 
 # ----------------------------------------------------------------------------------- concurrency
@@ -257,6 +257,8 @@ def _tuner(spec, storage: str, exp_path: str, resume: bool, trust_pickled_state:
         if exists(join(exp_path, SPACE_FILE)):
             _warn_if_changed(spec, join(exp_path, SPACE_FILE))
         for line in repair_experiment_state(exp_path, trust_pickle=trust_pickled_state):
+            print(f"--resume: {line}", flush=True)
+        for line in restore_removed_checkpoints(exp_path):
             print(f"--resume: {line}", flush=True)
         print(f"resuming {exp_path}", flush=True)
         return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
