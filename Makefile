@@ -1,7 +1,7 @@
 # make demo: create .venv, install, run the demo on scikit-learn's handwritten digits, read from its wheel (CPU).
 # make test: create .venv if needed, lint (ruff), run every test (the README's and CI's command).
-# make test-fast: the inner loop: every test but the slow and Ray tiers (about 3-4 min on a 2-core machine:
-#   201 s wall, 152 s CPU, measured 2026-11-27 with other work running; docs/architecture.md 5.5).
+# make test-fast: the inner loop: every test but the slow and Ray tiers (about 4 min on a 2-core machine:
+#   229 s wall, measured 2026-11-27 with nothing else running; docs/architecture.md 5.5).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
