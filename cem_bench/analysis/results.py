@@ -95,9 +95,10 @@ def _num(v: Any) -> float:
 # ----------------------------------------------------------------------------------- reading
 def ray_trials(exp: _Dir) -> list[dict] | None:
     """The trials of Ray's newest ``experiment_state-*.json`` (``trial_id``, ``status``, ``dir``, ``config``,
-    ``failures``), or None when there is no readable state file. ``failures`` is Ray's ``num_failures`` from the
-    trial's run metadata (the second item of its entry): how often the trial failed (its worker or node died)
-    and, within ``max_failures``, was started again from its last checkpoint; None when Ray did not record it."""
+    ``failures``, ``meta``), or None when there is no readable state file. ``meta`` is the trial's run metadata
+    (the second item of its entry, a dict, or None), as parsed JSON: nothing in it is unpickled. ``failures`` is
+    its ``num_failures``: how often the trial failed (its worker or node died) and, within ``max_failures``, was
+    started again from its last checkpoint; None when Ray did not record it."""
     names = []
     if not exp.uri:
         names = [e.name for e in os.scandir(exp.root) if e.is_file() and e.name.startswith("experiment_state-")
@@ -131,7 +132,8 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
                 failures = meta.get("num_failures") if isinstance(meta, dict) else None
                 out.append({"trial_id": str(t["trial_id"]), "status": t.get("status"),
                             "dir": t.get("relative_logdir"), "config": t.get("config") or {},
-                            "failures": int(failures) if isinstance(failures, (int, float)) else None})
+                            "failures": int(failures) if isinstance(failures, (int, float)) else None,
+                            "meta": meta if isinstance(meta, dict) else None})
             except (KeyError, TypeError, ValueError, IndexError):
                 continue
         return out

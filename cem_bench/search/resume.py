@@ -171,27 +171,22 @@ def restore_removed_checkpoints(exp_path: str) -> list[str]:
     trainable reads the epoch from the state it loads, not from the folder's name). Returns one line per
     trial it gave a checkpoint, or could not."""
     import pyarrow.fs as pafs
+
+    from ..analysis.results import ray_trials
+    from ..storage import Dir
+    trials = ray_trials(Dir(exp_path))   # the newest state, as Ray picks it; after repair_experiment_state
+    if not trials:
+        return []
     fs, root = filesystem(exp_path)
     root = root.rstrip("/")
-    states = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(root, recursive=False))
-                    if i.type == pafs.FileType.File and i.base_name.startswith("experiment_state-"))
-    if not states:
-        return []
-    try:
-        state = loads_json(_read(fs, f"{root}/{states[-1]}"))   # the newest: the one Ray restores
-    except (UnicodeDecodeError, ValueError):
-        return []                                             # repair_experiment_state has said why
     done: list[str] = []
-    for entry in state.get("trial_data") or []:
-        try:
-            trial, meta = (loads_json(x) if isinstance(x, str) else x for x in entry)
-        except (TypeError, ValueError):
+    for trial in trials:
+        logdir = trial["dir"]
+        if trial["status"] == "TERMINATED" or not trial["meta"] or not isinstance(logdir, str) \
+                or "/" in logdir or logdir in ("", ".", ".."):
             continue
-        if not isinstance(trial, dict) or not isinstance(meta, dict) or trial.get("status") == "TERMINATED":
-            continue
-        recorded = recorded_checkpoints(meta)
-        logdir = trial.get("relative_logdir")
-        if not recorded or not isinstance(logdir, str) or "/" in logdir or logdir in ("", ".", ".."):
+        recorded = recorded_checkpoints(trial["meta"])
+        if not recorded:
             continue
         folder = f"{root}/{logdir}"
         want = recorded[-1]
@@ -201,7 +196,7 @@ def restore_removed_checkpoints(exp_path: str) -> list[str]:
                        if i.type == pafs.FileType.Directory and CHECKPOINT_DIR.fullmatch(i.base_name)),
                       reverse=True)
         newer = [n for n in have if n > want]
-        tid = trial.get("trial_id", logdir)
+        tid = trial["trial_id"]
         if not newer:
             done.append(f"trial {tid}: its recorded checkpoint {want} is gone and no newer one exists; Ray will "
                         f"report the trial as an error")
