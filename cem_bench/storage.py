@@ -57,7 +57,12 @@ def filesystem(path: str):
     if is_uri(path):
         if path.startswith("file://"):
             return pafs.LocalFileSystem(), local(path)
-        fs, p = pafs.FileSystem.from_uri(path)
+        try:
+            fs, p = pafs.FileSystem.from_uri(path)
+        except (ValueError, OSError) as e:  # ArrowInvalid (a ValueError): an unknown scheme, a URI with no bucket
+            raise StorageUnavailable(f"{path}: not a storage cem-bench can use ({' '.join(str(e).split())}); give a "
+                                     f"local folder, s3://BUCKET/PREFIX (an S3-compatible endpoint too: "
+                                     f"docs/cluster.md) or gs://BUCKET/PREFIX") from e
         _check_bucket(fs, path, p)
         return fs, p
     return pafs.LocalFileSystem(), os.path.abspath(path)

@@ -80,9 +80,15 @@ def test_table_command(tmp_path, capsys):
     assert main(["table", str(tmp_path), "--csv", "--metrics", "attack_ssim"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# attack_ssim") and "σ=0.1," in out
-    assert main(["table", str(tmp_path), "--metrics", "nope"]) == 2
-    assert "metric 'nope' is not in the results" in capsys.readouterr().err
+    assert main(["table", str(tmp_path), "--metrics", "nope", "test_acc"]) == 2
+    err = capsys.readouterr().err
+    # the user's word is named, and the table is not blamed (its advice would delete a good configs.parquet)
+    assert "--metrics nope: not in the results" in err and "known: test_acc" in err and "delete" not in err
     assert main(["table", str(tmp_path / "missing")]) == 2
+    assert "missing: no such folder" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("x")
+    assert main(["table", str(tmp_path / "a_file")]) == 2
+    assert "a_file: no such folder" in capsys.readouterr().err
 
 
 def test_the_baseline_is_its_own_row_and_each_configuration_meets_its_own():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -193,3 +194,18 @@ def test_an_object_store_failure_names_its_reason(monkeypatch, capsys, tmp_path)
     monkeypatch.setattr(cli, "make_parser", lambda: parser)
     rc, out = run_cli(["report", "s3://b/res", "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and "Could not resolve host: b.s3.amazonaws.com" in out and len(out.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["table", "ftp://host/x"],
+    ["table", "gs:///x"],
+    ["report", "http://example.com/x", "--out", "{tmp}/o"],
+    ["search", "search_spaces/demo.yaml", "--storage", "ftp://host/x"],
+])
+def test_a_storage_pyarrow_cannot_open_is_one_line_naming_what_is_valid(argv, capsys, tmp_path, monkeypatch):
+    """An unknown URI scheme (or one without its bucket) was a pyarrow traceback; now one line saying which
+    storages are valid, before anything is written or started."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    rc, out = run_cli([a.format(tmp=tmp_path) for a in argv], capsys)
+    assert rc == 2 and "not a storage cem-bench can use" in out and "s3://BUCKET/PREFIX" in out, out[-2000:]
+    assert "Traceback" not in out and not (tmp_path / "o").exists()

@@ -467,6 +467,22 @@ def test_a_ray_experiment_state_without_trial_folders_is_accepted(tmp_path):
     assert (exp / "trials.parquet").is_file()
 
 
+def test_the_table_of_an_experiment_with_no_finished_trial_says_so(tmp_path, capsys):
+    """A search stopped before any trial finished: its trials carry only the searched keys (no σ), and
+    `cem-bench table` says nothing has finished, instead of blaming a configs.parquet that is not there."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    trial = json.dumps({"trial_id": "aaaa0001", "status": "PENDING", "relative_logdir": None,
+                        "config": {"cem.lambd": 0.0, "seed": 0}})
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": [[trial, "{}"]]}))
+    load_results(exp)                     # writes trials.parquet and configs.parquet, as `cem-bench report` does
+    capsys.readouterr()
+    assert main(["table", str(exp)]) == 2
+    err = capsys.readouterr().err
+    assert "no trial has a final result yet (1 run(s) of 1 configuration(s))" in err
+    assert "configs.parquet" not in err and "Traceback" not in err
+
+
 # ---------------------------------------------------------------- parameter effects: only the users of a key
 def _gmm_and_slot_cross(root: Path) -> Path:
     """gmm and slot_cross trials, and gmm rows carrying the unused defaults of num_slots and snr_thresh."""

@@ -209,6 +209,25 @@ def test_many_mistakes_reported_together():
     assert len(errors) >= len(expected)
 
 
+def test_the_plan_fields_are_reported_with_the_others():
+    """baseline, confirm, utility_tolerance, the scheduler and the grid's kinds are checked in the same run as
+    the fields above them: one run lists every problem, not a second round after the first is fixed."""
+    doc = minimal(
+        objectives=[{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssimm", "mode": "min"}],
+        sampler={"name": "grid"}, baseline={"replicates": 1}, confirm={"replicates": 1},
+        utility_tolerance=-1, scheduler={"name": "moasha", "grace": 2},
+        params={"cem.lambd": {"loguniform": [0, 64]}, "defense.noise_std": {"uniform": [0.01, 0.1]}})
+    text = "\n".join(errors_of(doc))
+    for frag in ["objectives[1].metric: unknown metric 'attack_ssimm'",
+                 "params.cem.lambd.loguniform: a log scale needs low > 0",
+                 "params.defense.noise_std: sampler grid enumerates discrete values",
+                 "baseline.replicates: 1 must be an integer >= 2",
+                 "confirm.replicates: 1 must be an integer >= 2",
+                 "utility_tolerance: -1 must be a number >= 0",
+                 "scheduler.grace: unknown option of scheduler 'moasha'"]:
+        assert frag in text, f"missing {frag!r} in:\n{text}"
+
+
 def test_when_value_must_be_possible_and_refer_to_a_param():
     doc = minimal(params={
         "cem.surrogate": {"choice": ["gmm", "slot_cross"]},

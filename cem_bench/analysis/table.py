@@ -41,6 +41,8 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
     trials = read_table(d, TRIALS_FILE, "trials")
     if trials is None and configs is not None:
         return configs
+    if trials is None and not d.is_dir():
+        raise ResultsError(f"{d.display}: no such folder; give the experiment folder of a `cem-bench search`")
     if trials is None:
         raise ResultsError(f"{d.display}: neither {CONFIGS_FILE} nor {TRIALS_FILE}; run `cem-bench report` on an "
                            f"experiment folder of `cem-bench search` first, or point at one")
@@ -222,7 +224,17 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 def main(args) -> int:
     configs = load_configs(args.results_dir)
+    if "runs_ok" in configs and not (pd.to_numeric(configs["runs_ok"], errors="coerce").fillna(0) > 0).any():
+        # before the checks below: an experiment none of whose trials finished lacks the keys its trials never
+        # reported (σ among them), which would otherwise read as a table cem-bench did not write
+        raise ResultsError(f"{args.results_dir}: no trial has a final result yet ({int(configs['runs'].sum())} "
+                           f"run(s) of {len(configs)} configuration(s)), so there is nothing to tabulate; "
+                           f"`cem-bench report {args.results_dir}` lists the trials and their errors")
     metrics = args.metrics or [m for m in DEFAULT_METRICS if f"{m}_mean" in configs]
+    unknown = [m for m in metrics if f"{m}_mean" not in configs]
+    if unknown:     # the user's word, not the table's fault: said before the check of the table below
+        raise ResultsError(f"--metrics {' '.join(unknown)}: not in the results of {args.results_dir}; known: "
+                           f"{', '.join(c[:-5] for c in configs.columns if c.endswith('_mean'))}")
     try:
         tables = [paper_table(configs, m) for m in metrics]   # every metric checked before anything is printed
     except (TypeError, ValueError, KeyError, AttributeError) as e:   # a table cem-bench did not write

@@ -146,17 +146,23 @@ class _Parser(ParamStages, PlanStages):
         seeds = self.seeds(doc.get("replicates"), doc.get("seeds"), fixed, params)
         if self.fixed_ok:
             self.check_combinations(fixed, params)
+        params = self.pin(params, fixed)
+        # every check that reads one field, or the fields as parsed, runs before the first refusal, so that
+        # one run lists them all; only those that count configurations (which a parameter left out by its own
+        # error would change) wait for the rest to be clean
+        if grid:
+            self.grid_kinds(params)
+        baseline_n = self.baseline_form(doc.get("baseline"))
+        top, confirm_reps = self.confirm(doc.get("confirm"))
+        tolerance = self.utility_tolerance(doc.get("utility_tolerance", DEFAULT_UTILITY_TOLERANCE))
+        scheduler = self.scheduler(doc.get("scheduler"), objectives, fixed, params, grid, seeds)
         if self.errors:
             raise SpaceError(self.errors, self.path)
-        params = self.pin(params, fixed)
         if grid:
             num_samples = self.grid(params, num_samples)
         elif num_samples:
             self.distinct(params, num_samples)
-        baseline, cells = self.baseline(doc.get("baseline"), fixed, params, grid, seeds)
-        top, confirm_reps = self.confirm(doc.get("confirm"))
-        tolerance = self.utility_tolerance(doc.get("utility_tolerance", DEFAULT_UTILITY_TOLERANCE))
-        scheduler = self.scheduler(doc.get("scheduler"), objectives, fixed, params, grid, seeds)
+        baseline, cells = self.baseline(baseline_n, fixed, params, grid, seeds)
         if scheduler and not self.errors:
             fixed = self.probe_at_rungs(scheduler, fixed)
         if self.errors:

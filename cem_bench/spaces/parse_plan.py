@@ -102,32 +102,40 @@ class PlanStages:
             return fixed
         return {**fixed, "attack.probe_epochs": rungs}
 
-    def baseline(self, value, fixed: dict, params, grid: bool, seeds) -> tuple[int, tuple[dict, ...]]:
+    def baseline_form(self, value) -> int | None:
         """``baseline: {replicates: N}`` (N >= 2, or 0), ``true`` (N = 3) or ``false``: the λ = 0 runs that
-        measure the search's noise floor. Left out: on wherever λ can be non-zero, except a replicated grid
-        whose λ = 0 cells already are the baseline. One cell per combination of the searched keys that change
-        the baseline (every searched key outside ``cem.``), which must therefore be choices."""
-        lam = next((p for p in params if p.key == "cem.lambd"), None)
+        measure the search's noise floor. Returns N (0: none, also after a refusal), or None where it is left
+        out (its default depends on the parameters: ``baseline``)."""
         if value is None:
-            if lam is None:
-                fixed_lam = fixed.get("cem.lambd", 16.0)
-                value = not (isinstance(fixed_lam, (int, float)) and fixed_lam == 0)
-            else:
-                value = not (grid and len(seeds) >= 2 and lam.choices is not None and 0 in lam.choices)
+            return None
         if value is True:
-            n = DEFAULT_BASELINE_REPLICATES
-        elif value is False:
-            n = 0
-        elif isinstance(value, dict) and set(value) <= {"replicates"} and "replicates" in value:
+            return DEFAULT_BASELINE_REPLICATES
+        if value is False:
+            return 0
+        if isinstance(value, dict) and set(value) <= {"replicates"} and "replicates" in value:
             n = value["replicates"]
             if isinstance(n, bool) or not isinstance(n, int) or n == 1 or n < 0:
                 self.err("baseline.replicates", f"{n!r} must be an integer >= 2 (a noise floor needs two runs), "
                          "or 0 for no baseline")
-                return 0, ({},)
-        else:
-            self.err("baseline", f"{value!r} must be {{replicates: N}} (N >= 2), true ({{replicates: "
-                     f"{DEFAULT_BASELINE_REPLICATES}}}) or false")
-            return 0, ({},)
+                return 0
+            return n
+        self.err("baseline", f"{value!r} must be {{replicates: N}} (N >= 2), true ({{replicates: "
+                 f"{DEFAULT_BASELINE_REPLICATES}}}) or false")
+        return 0
+
+    def baseline(self, n: int | None, fixed: dict, params, grid: bool, seeds) -> tuple[int, tuple[dict, ...]]:
+        """The baseline's runs and cells from ``baseline_form``'s N. Left out (None): on wherever λ can be
+        non-zero, except a replicated grid whose λ = 0 cells already are the baseline. One cell per combination
+        of the searched keys that change the baseline (every searched key outside ``cem.``), which must
+        therefore be choices."""
+        if n is None:
+            lam = next((p for p in params if p.key == "cem.lambd"), None)
+            if lam is None:
+                fixed_lam = fixed.get("cem.lambd", 16.0)
+                on = not (isinstance(fixed_lam, (int, float)) and fixed_lam == 0)
+            else:
+                on = not (grid and len(seeds) >= 2 and lam.choices is not None and 0 in lam.choices)
+            n = DEFAULT_BASELINE_REPLICATES if on else 0
         if not n:
             return 0, ({},)
         changing = [p for p in params if not p.key.startswith("cem.") and p.key != "seed"]
@@ -169,16 +177,17 @@ class PlanStages:
             return 0, 0
         return (top, reps) if top else (0, 0)
 
+    def grid_kinds(self, params) -> None:
+        """Sampler grid enumerates discrete values: every parameter must be a choice."""
+        for p in params:
+            if p.kind != "choice":
+                self.err(f"params.{p.key}", "sampler grid enumerates discrete values: give it {choice: [...]} "
+                         "(continuous and integer ranges are for the other samplers)")
+
     def grid(self, params, num_samples: int) -> int:
-        """Sampler grid: every parameter a choice; ``num_samples`` is the number of cells (the distinct
-        configurations once ``when`` conditions are applied), given or not."""
+        """Sampler grid (every parameter a choice: ``grid_kinds``, checked before): ``num_samples`` is the
+        number of cells (the distinct configurations once ``when`` conditions are applied), given or not."""
         from .sampling import grid_cells
-        bad = [p.key for p in params if p.kind != "choice"]
-        for key in bad:
-            self.err(f"params.{key}", "sampler grid enumerates discrete values: give it {choice: [...]} "
-                     "(continuous and integer ranges are for the other samplers)")
-        if bad:
-            return max(num_samples, 1)
         bound = math.prod(len(p.choices) for p in params)
         if bound > MAX_CELLS:
             self.err("params", f"sampler grid over {bound:,} cells (the product of the choices' lengths), more than "
