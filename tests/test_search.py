@@ -306,6 +306,7 @@ def test_a_signalled_search_is_interrupted_not_failed_and_resumes(tmp_path, sig)
     done = subprocess.run([sys.executable, "-m", "cem_bench.cli", *argv[1:]], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "its new trials are made in" not in done.stdout      # not moved: the generator's storage is kept
     for tid in stale:
         assert f"--resume: trial {tid}: its recorded checkpoint" in done.stdout, done.stdout[-3000:]
     trials = pd.read_parquet(exp / "trials.parquet")
@@ -416,7 +417,9 @@ def kill_driver_when(tmp_path: Path, space: str, storage: Path, address: str, ti
 @pytest.mark.ray
 def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
     """A driver killed during the baseline (its state files truncated, as a kill mid-copy leaves them) is
-    finished by --resume: the 2 baseline runs, the 3 search runs and the 2 confirmation runs each exactly once."""
+    finished by --resume: the 2 baseline runs, the 3 search runs and the 2 confirmation runs each exactly once.
+    The experiment is moved to another folder before the resume (as a copy from a cluster is): every trial,
+    the new ones too, is written where the experiment now is, nothing where it was."""
     n = 3 + 2 + 2
     space = write_space(tmp_path, "killed", num_samples=3, max_concurrent=2, baseline={"replicates": 2},
                         confirm={"top": 1, "replicates": 2})
@@ -432,6 +435,11 @@ def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
     for pattern in ("searcher-state-*.pkl", "experiment_state-*.json"):
         newest = max(exp.glob(pattern))
         newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])
+    # Ray's pickled search generator remembers the old folder: new trials were created there (their
+    # checkpoints and trial_result.json), so the moved experiment lost them
+    moved = tmp_path / "moved"
+    shutil.move(storage, moved)
+    old_storage, storage, exp = storage, moved, moved / "killed"
 
     try:
         proc = subprocess.run(cli_cmd(space, "--storage", str(storage), "--address", ray_cluster, "--resume"),
@@ -442,6 +450,8 @@ def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
         pytest.fail(f"--resume did not finish in 300 s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-8000:]}")
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert "restored from cem_resume_state.bin" in proc.stdout, proc.stdout[-3000:]
+    assert not old_storage.exists(), sorted(str(p.relative_to(old_storage)) for p in old_storage.rglob("*"))[:20]
+    assert f"its new trials are made in {exp}" in proc.stdout, proc.stdout[-3000:]
     trials = pd.read_parquet(exp / "trials.parquet")
     assert len(trials) == n, (trials[["trial_id", "status", "error"]], proc.stdout[-6000:])
     assert trials["trial_id"].is_unique

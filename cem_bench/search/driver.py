@@ -6,9 +6,9 @@ no new RunConfig). A copy cannot hold where *this* driver writes (the experiment
 storage's journal is kept in this machine's cache) nor the live objects whose state this driver reads after
 ``fit()``. So ``run_search`` registers one ``DriverPaths`` under the experiment's name for as long as its
 search runs (``with active(name, paths): ...``) and the objects look it up by the name they were built with
-(``lookup(name)``): the searcher its Optuna journal and resume bundle, the MOASHA scheduler its state file, the
-storage guard the live guard it reports into. Outside a search nothing is registered and they fall back to what
-they carry themselves (or do nothing).
+(``lookup(name)``): the searcher its Optuna journal and resume bundle, the search generator where its new
+trials go, the MOASHA scheduler its state file, the storage guard the live guard it reports into. Outside a
+search nothing is registered and they fall back to what they carry themselves (or do nothing).
 
 Everything here runs in the driver process (Tune calls its searcher, scheduler and callbacks there); the
 trainable, which runs in Ray's workers, never looks anything up. No Ray import.
@@ -32,6 +32,7 @@ class DriverPaths:
     snapshot: str | None = None                     # the resume bundle (cem_resume_state.bin), path or URI
     scheduler_state: str | None = None              # the scheduler's state file (scheduler_state.jsonl)
     guard: Any = None                               # the live StorageGuard, whose state the driver reads
+    storage: str | None = None                      # the storage the experiment folder is in now (path or URI)
 
 
 _ACTIVE: dict[str, DriverPaths] = {}

@@ -164,16 +164,18 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
         check_resumable(exp_path)
     # the folder is made (new) or locked (--resume) here, before Ray starts: a second driver of the same
     # experiment stops now (search_command already holds it around the tables too: re-entrant)
-    with experiment_lock(exp_path, resume), driver.active(spec.name, driver_paths(spec, exp_path, guard)):
+    with experiment_lock(exp_path, resume), driver.active(spec.name, driver_paths(spec, storage, guard)):
         return _run_locked(spec, storage, exp_path, address, resume, stats, trust_pickled_state, guard, hooks)
 
 
-def driver_paths(spec, exp_path: str, guard) -> driver.DriverPaths:
+def driver_paths(spec, storage: str, guard) -> driver.DriverPaths:
     """What the searcher, the scheduler and the guard find of this driver by the experiment's name while its search
     runs (driver.py): pickled with the experiment, a restored one is the first driver's copy."""
     from .searcher import journal_target
+    exp_path = join(storage, spec.name)
     return driver.DriverPaths(journal=journal_target(exp_path, spec.name), snapshot=join(exp_path, RESUME_STATE_FILE),
-                              scheduler_state=join(exp_path, SCHEDULER_FILE) if spec.scheduler else None, guard=guard)
+                              scheduler_state=join(exp_path, SCHEDULER_FILE) if spec.scheduler else None, guard=guard,
+                              storage=storage)
 
 
 def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: bool, stats: dict,

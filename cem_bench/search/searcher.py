@@ -163,6 +163,23 @@ class SnapshotSearchGenerator(SearchGenerator):
         super().__init__(searcher)
         self._cem_experiment = experiment
 
+    def set_state(self, state: dict):
+        """The restored generator's Experiment is the first driver's, with that driver's storage: new trials
+        (the rest of the search, the confirmation) would be made in the folder the experiment was in before
+        it moved (copied from a cluster, renamed), where they either fail Ray's storage check or land beside
+        the old copy. Ray re-targets the restored trials to where the experiment is now, not this one; this
+        does the same for it, from this driver's experiment folder."""
+        super().set_state(state)
+        name = getattr(self, "_cem_experiment", None)
+        paths = driver.lookup(name)
+        if paths is None or not paths.storage or self._experiment is None:
+            return
+        ctx = here(self._experiment.storage, paths.storage, name)
+        if ctx is not self._experiment.storage:
+            print(f"--resume: the experiment was in {self._experiment.storage.experiment_fs_path}; its new trials "
+                  f"are made in {ctx.experiment_fs_path}", flush=True)
+            self._experiment.storage = self._experiment.spec["storage"] = ctx
+
     def save_to_dir(self, dirpath: str, session_str: str):
         super().save_to_dir(dirpath, session_str)
         paths = driver.lookup(getattr(self, "_cem_experiment", None))   # this driver's bundle (driver.py)
@@ -172,6 +189,22 @@ class SnapshotSearchGenerator(SearchGenerator):
                 write_resume_snapshot(dirpath, session_str, target)
             except Exception as e:  # noqa: BLE001 - Ray's own files are still written
                 logger.warning("cem-bench: could not write %s: %r", target, e)
+
+
+def here(ctx, storage: str, name: str):
+    """Ray's StorageContext ``ctx`` moved to the experiment ``name`` under ``storage`` as this driver resolves it:
+    a copy with the filesystem, path and folder name replaced (as Ray's TuneController does for restored
+    trials), or ``ctx`` itself when it already points there."""
+    import copy
+
+    from ..storage import filesystem
+    fs, fs_path = filesystem(storage)
+    if ctx.storage_fs_path.rstrip("/") == fs_path.rstrip("/") and ctx.experiment_dir_name == name and \
+            type(ctx.storage_filesystem) is type(fs):
+        return ctx
+    new = copy.copy(ctx)
+    new.storage_filesystem, new.storage_fs_path, new.experiment_dir_name = fs, fs_path, name
+    return new
 
 
 def journal_target(experiment_path: str, name: str) -> tuple[str, str | None]:
