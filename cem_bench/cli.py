@@ -201,6 +201,12 @@ def cmd_search(args) -> int:
         print(f"interrupted by {sig.name}: the trials in flight keep their last checkpoint; continue with:\n"
               f"  {stats['resume_command']}")
         return EXIT_CODES[sig]
+    if not done["ok"] and done["error"]:
+        # a search that ran and finished no trial at all is a failure a script or `ray job submit` must see;
+        # some errored trials among finished ones are a search's normal course (exit 0)
+        print(f"cem-bench: no trial of {done['name']} finished ({done['error']} error(s)); the reasons are in the "
+              f"report's \"Errored trials\" table and trials.parquet's error column", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -124,6 +124,8 @@ def fake_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(run, "_detect_gpus", lambda: 1)
     monkeypatch.setattr(run, "_detect_cpus", lambda: 8)
     monkeypatch.setattr(run, "run_search", fake_run_search)
+    # the machine has its data sets (the check itself: test_a_missing_data_set_stops_a_local_search_before_ray)
+    monkeypatch.setattr(run, "check_data", lambda spec: got.setdefault("data_checked", spec.name))
     return got
 
 
@@ -294,3 +296,45 @@ def test_space_packs_the_cluster_as_its_comments_say(path):
         assert all(int(t) == per_node(node, res) for node in gpu_workers), (w, t)
         assert int(w) * int(t) == spec.max_concurrent
         assert int(w) <= max(node["max_workers"] for node in gpu_workers)
+
+
+def test_a_missing_data_set_stops_a_local_search_before_ray(monkeypatch, capsys, tmp_path):
+    """A local search of CIFAR without its files ran every trial into the same DataError and exited 0; now the
+    driver checks the data set first (the folder there but incomplete: no download is tried) and nothing
+    starts or is written. With all files there the search starts."""
+    started = {}
+
+    def fake_run_search(spec, **kw):
+        started["spec"] = spec
+        raise Started
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run, "run_search", fake_run_search)
+    fast = os.path.join(ROOT, "search_spaces", "cifar10_fast.yaml")
+    folder = tmp_path / "data" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for f in ("data_batch_1", "data_batch_2", "batches.meta"):
+        (folder / f).write_bytes(b"")
+    argv = ["search", fast, "--storage", str(tmp_path / "res"), "--mps", "off", "--set",
+            f"data.root={tmp_path / 'data'}"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "data error: cifar10 files under" in err and "missing data_batch_3, data_batch_4" in err, err
+    assert not started and not (tmp_path / "res").exists()
+    for f in ("data_batch_3", "data_batch_4", "data_batch_5", "test_batch"):
+        (folder / f).write_bytes(b"")
+    with pytest.raises(Started):
+        run.search_command(cli.make_parser().parse_args(argv))
+    assert started["spec"].name == "cifar10_fast"
+
+
+@pytest.mark.parametrize("ok, error, rc", [(0, 3, 1), (1, 2, 0), (0, 0, 0)])
+def test_a_search_that_finished_no_trial_exits_1(monkeypatch, capsys, tmp_path, ok, error, rc):
+    """Every trial errored: the search ran, but a script (or `ray job submit`) must see that it produced
+    nothing; some errors beside finished trials are a search's normal course."""
+    import cem_bench.search as search_pkg
+    done = {"experiment": str(tmp_path / "none"), "name": "demo", "trials": "", "epochs": "", "ok": ok,
+            "error": error, "stopped": 0, "interrupted": 0, "stats": {"mode": "local"}, "seconds": 1.0}
+    monkeypatch.setattr(search_pkg, "search_command", lambda args: done)
+    assert cli.main(["search", os.path.join(ROOT, "search_spaces", "demo.yaml"), "--mps", "off"]) == rc
+    err = capsys.readouterr().err
+    assert ("cem-bench: no trial of demo finished (3 error(s))" in err) == (rc == 1), err

@@ -159,18 +159,27 @@ def attack_splits(train: Split, test: Split, protocol: str) -> tuple[Split, Spli
 _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 
 
-def load_cifar(name: str, root: str) -> tuple[Split, Split, int]:
-    """Read CIFAR-10/100 through torchvision; download when missing and online, else a clear error."""
+def check_available(name: str, root: str) -> None:
+    """DataError unless the data set ``name`` can be read here: CIFAR's files under ``root`` (downloaded now
+    when missing and online, as ``load`` would), checked for presence only. The search's driver calls it before
+    Ray starts, so that a missing data set is one message instead of every trial's error. The wheel-shipped
+    sets (digits, photos) and the synthetic one need nothing."""
+    if name in _CIFAR_FOLDERS:
+        klass, folder = _cifar_folder(name, os.path.expanduser(root))
+        missing = [f for f, _ in klass.train_list + klass.test_list + [(klass.meta["filename"], None)]
+                   if not os.path.isfile(os.path.join(folder, f))]
+        if missing:
+            raise DataError(f"{name} files under {folder} are incomplete (missing {', '.join(missing)}); expected "
+                            f"{', '.join(f for f, _ in klass.train_list + klass.test_list)} and "
+                            f"{klass.meta['filename']}")
+
+
+def _cifar_folder(name: str, root: str):
+    """(torchvision's dataset class, the folder of its files), downloading into ``root`` when the folder is
+    missing and the network allows; DataError, naming where the files go, when it does not."""
     import torchvision
 
-    root = os.path.expanduser(root)
     klass = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
-
-    class _Local(klass):  # md5 sums are verified by torchvision when it downloads; here only presence is
-        train_list = [[f, None] for f, _ in klass.train_list]  # checked, so files copied in by hand work
-        test_list = [[f, None] for f, _ in klass.test_list]
-        meta = {**klass.meta, "md5": None}
-
     folder = os.path.join(root, _CIFAR_FOLDERS[name])
     if not os.path.isdir(folder):
         try:
@@ -182,6 +191,19 @@ def load_cifar(name: str, root: str) -> tuple[Split, Split, int]:
                 f"https://www.cs.toronto.edu/~kriz/{'cifar-10-python' if name == 'cifar10' else 'cifar-100-python'}"
                 f".tar.gz), or run once online, or set data.root=DIR to where it already is."
             ) from None
+    return klass, folder
+
+
+def load_cifar(name: str, root: str) -> tuple[Split, Split, int]:
+    """Read CIFAR-10/100 through torchvision; download when missing and online, else a clear error."""
+    root = os.path.expanduser(root)
+    klass, folder = _cifar_folder(name, root)
+
+    class _Local(klass):  # md5 sums are verified by torchvision when it downloads; here only presence is
+        train_list = [[f, None] for f, _ in klass.train_list]  # checked, so files copied in by hand work
+        test_list = [[f, None] for f, _ in klass.test_list]
+        meta = {**klass.meta, "md5": None}
+
     try:
         tr, te = _Local(root, train=True, download=False), _Local(root, train=False, download=False)
     except RuntimeError as e:

@@ -299,6 +299,23 @@ def check_resumable(exp_path: str) -> None:
                           f"drop --resume to start it")
 
 
+def check_data(spec) -> None:
+    """DataError (nothing started, nothing written) unless every data set the space's trials read is on this
+    machine, CIFAR downloaded now if it can be: without it every trial of a local search failed on its own,
+    and the search ran to the end with nothing but errors. A cluster's trials read ``data.root`` on their own
+    nodes (and download CIFAR there), so a search with ``--address`` is not checked here."""
+    from ..config import key_specs
+    from ..core.data import check_available
+    specs = key_specs()
+
+    def values(key: str) -> list:
+        p = next((p for p in spec.params if p.key == key), None)
+        return list(p.choices) if p is not None and p.choices is not None else [spec.fixed.get(key, specs[key].default)]
+    for name in dict.fromkeys(values("data.dataset")):
+        for root in dict.fromkeys(values("data.root")):
+            check_available(str(name), str(root))
+
+
 def check_storage(storage: str) -> None:
     """SearchError unless ``storage`` is a folder (or can become one): nothing is started or written."""
     if is_uri(storage) and not storage.startswith("file://"):
@@ -449,6 +466,8 @@ def search_command(args) -> dict:
         check_resumable(exp_path)
     else:
         check_storage(resolve_storage(args.storage))
+    if args.address is None:
+        check_data(spec)
     # one driver per experiment, from before Ray starts until its tables are written (search/lock.py)
     try:
         with experiment_lock(exp_path, bool(args.resume)):
