@@ -68,16 +68,42 @@ def cmd_train(args) -> int:
 
 
 def check_run_out(out: str) -> None:
-    """ConfigError when ``train --out`` cannot take a new run: a file, or a folder that already holds one
-    (its checkpoint and metrics would be replaced without a word). An empty folder is fine."""
+    """ConfigError when ``train --out`` cannot take a new run: a file, a path under a file, or a folder that
+    already holds one (its checkpoint and metrics would be replaced without a word). An empty folder is fine."""
     from .schema import CHECKPOINT_FILE, METRICS_FILE
     if os.path.lexists(out) and not os.path.isdir(out):
         raise ConfigError(f"--out {out} is a file, not a folder; give a folder for the run (it is created when "
                           f"missing). Nothing was trained")
+    check_writable_under("--out", out, "Nothing was trained")
     held = [f for f in (CHECKPOINT_FILE, METRICS_FILE) if os.path.lexists(os.path.join(out, f))]
     if held:
         raise ConfigError(f"--out {out} already holds a run ({', '.join(held)}); give another folder, or remove "
                           f"that one first (`cem-bench attack {out}` re-attacks the run in it). Nothing was trained")
+
+
+def check_writable_under(flag: str, path: str, nothing: str) -> None:
+    """ConfigError, before any work, when ``path`` cannot be made: its nearest existing parent is a file, or a
+    folder this user cannot write (the write at the end failed with a bare OS message after the work)."""
+    from .storage import is_uri, nearest_existing
+    if is_uri(path):
+        return
+    base = nearest_existing(os.path.dirname(os.path.abspath(path)))
+    if not os.path.isdir(base):
+        raise ConfigError(f"{flag} {path}: {base} is a file, so nothing can be written under it; give a path in a "
+                          f"folder. {nothing}")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: the folder {base} is not writable by this user. {nothing}")
+
+
+def check_out_file(flag: str, path: str | None, nothing: str) -> None:
+    """``--json FILE`` / ``--yaml FILE``: ConfigError before any work when ``path`` is a folder or cannot be
+    made (``check_writable_under``). An existing file is replaced, as such flags do."""
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path} is a folder; give a file name (e.g. {os.path.join(path, 'out')}"
+                          f"{'.yaml' if flag == '--yaml' else '.json'}). {nothing}")
+    check_writable_under(flag, path, nothing)
 
 
 def cmd_attack(args) -> int:
@@ -131,12 +157,14 @@ def cmd_attack(args) -> int:
 def cmd_calibrate(args) -> int:
     from . import calibrate
     from .core.trial import build_config
-    from .storage import write_json
+    from .storage import write_bytes, write_json
     flat = {}
     if args.config:
         flat.update(load_yaml_config(args.config))
     flat.update(parse_set(args.set))
     build_config(flat)   # a bad key is reported before the reference run trains
+    check_out_file("--json", args.json, "Nothing was measured")
+    check_out_file("--yaml", args.yaml, "Nothing was measured")
     surrogates = args.surrogates or None
     print(f"cem-bench calibrate: the λ = 0 encoder after {', '.join(map(str, args.warmup))} epoch(s), "
           f"{args.batches} held-out batch(es) per surrogate", flush=True)
@@ -153,8 +181,7 @@ def cmd_calibrate(args) -> int:
         write_json(args.json, records)
         print(f"json: {args.json}")
     if args.yaml:
-        with open(args.yaml, "w") as fh:
-            fh.write(calibrate.yaml_fragment(records))
+        write_bytes(args.yaml, calibrate.yaml_fragment(records).encode())
         print(f"yaml: {args.yaml} (cem.loss_scale per surrogate)")
     return 0
 
@@ -229,6 +256,7 @@ def cmd_replay(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import main as bench_main
+    check_out_file("--json", getattr(args, "json", None), "Nothing was measured")
     return bench_main(args)
 
 

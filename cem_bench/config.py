@@ -408,13 +408,20 @@ def read_yaml(path: str, what: str, error: Callable[[str], ConfigError] = Config
         raise error(f"{what} {path!r} is not UTF-8 text (byte {e.start}): a YAML file is text") from None
     except ParseError as e:
         raise error(f"{what} {path!r} is refused: {e}") from None
+    except yaml.constructor.ConstructorError as e:   # a tag (!!python/…): refused by the safe loader, never run
+        raise error(f"{what} {path!r} is refused: cem-bench reads plain YAML, without tags such as !!python/…; "
+                    f"nothing in it was run ({e})") from None
     except yaml.YAMLError as e:
         raise error(f"{what} {path!r} is not valid YAML: {e}") from None
 
 
 def load_yaml_config(path: str) -> dict[str, Any]:
     """Read a YAML config file: either flat dotted keys or nested sections; returns flat keys."""
-    doc = read_yaml(path, "config file") or {}
+    doc = read_yaml(path, "config file")
+    if doc is None or doc == {}:
+        # a run with every default (240 epochs) from a file that was meant to say something
+        raise ConfigError(f"config file {path!r} is empty; give keys (`cem-bench keys` lists them), e.g. "
+                          f"train.epochs: 10, or leave --config out to run the defaults")
     if not isinstance(doc, dict):
         raise ConfigError(f"config file {path!r} must hold a mapping of keys to values")
     return flatten(doc)
@@ -426,9 +433,18 @@ def flatten(doc: dict, prefix: str = "") -> dict[str, Any]:
         key = f"{prefix}{k}"
         if isinstance(v, dict) and key in SECTIONS:
             out.update(flatten(v, key + "."))
+        elif key in SECTIONS:
+            raise ConfigError(f"{key}: {v!r} is not a mapping; {key} is a section: give its keys under it "
+                              f"({key}: {{{next(iter(section_keys(key)))}: ...}}) or flat "
+                              f"({key}.{next(iter(section_keys(key)))}: ...)")
         else:
             out[key] = v
     return out
+
+
+def section_keys(section: str) -> list[str]:
+    """The key names of ``section`` (without the section), for messages."""
+    return [f.name for f in dataclasses.fields(SECTIONS[section])]
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:

@@ -69,14 +69,21 @@ def servers() -> str:
     return f"rc {p.returncode}: {(p.stdout + p.stderr).strip()[:200]}"
 
 
+def control() -> str:
+    """The control daemon's executable; ``MPSError`` when it is not on PATH (``--mps on`` is refused with it
+    before anything is written)."""
+    exe = shutil.which(CONTROL)
+    if exe is None:
+        raise MPSError(f"{CONTROL} is not on PATH (it ships with the NVIDIA driver; MPS needs a Linux GPU node)")
+    return exe
+
+
 def start() -> bool:
     """Start the MPS control daemon; True if this call started it, False if one was running. Raises
     ``MPSError`` with the reason when it cannot."""
     if running():
         return False
-    exe = shutil.which(CONTROL)
-    if exe is None:
-        raise MPSError(f"{CONTROL} is not on PATH (it ships with the NVIDIA driver; MPS needs a Linux GPU node)")
+    exe = control()
     try:
         proc = subprocess.run([exe, "-d"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -161,6 +161,35 @@ def test_calibrate_measures_every_surrogate_against_gmm(tmp_path, capsys):
     assert scales["gmm"] == {"cem.strength": "fixed", "cem.loss_scale": 1}
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["train", "--out", "{f}/run"], "--out {f}/run: {f} is a file, so nothing can be written under it"),
+    (["calibrate", "--json", "{f}/x.json"], "--json {f}/x.json: {f} is a file"),
+    (["calibrate", "--yaml", "{d}"], "--yaml {d} is a folder; give a file name"),
+    (["bench", "--only", "data", "--json", "{d}"], "--json {d} is a folder; give a file name"),
+    (["bench", "--only", "data", "--json", "{f}/x.json"], "--json {f}/x.json: {f} is a file"),
+])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(argv, says, tmp_path, capsys,
+                                                                         monkeypatch):
+    """A path under a file, or a folder where a file is asked for, failed with a bare OS message after the
+    training or the measuring it was to hold; now refused first, naming the flag."""
+    from cem_bench import calibrate
+    from cem_bench.bench import harness
+    from cem_bench.core import trial
+
+    def never(*a, **k):
+        raise AssertionError("the work started")
+    monkeypatch.setattr(trial, "run_trial", never)
+    monkeypatch.setattr(calibrate, "measure", never)
+    monkeypatch.setattr(harness, "run_bench", never)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    f, d = tmp_path / "afile", tmp_path / "adir"
+    rc = main([a.format(f=f, d=d) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and says.format(f=f, d=d) in err and "Nothing was" in err, err
+    assert (tmp_path / "afile").read_text() == "x" and not any(d.iterdir())
+
+
 def test_calibrate_refuses_an_unknown_surrogate_before_training(capsys):
     rc = main(["calibrate", "--surrogates", "slotcross", "--set", "model.width=0.0625"])
     assert rc == 2 and "unknown surrogate(s) slotcross" in capsys.readouterr().err

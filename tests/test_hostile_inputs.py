@@ -89,6 +89,11 @@ def run_cli(argv, capsys) -> tuple[int, str]:
     ("train.epochs: " + "9" * 5000, "5,000 digits"),
     ("train.epochs: " + "9" * 400, "400 digits"),
     ("train.epochs: 2\ntrain.epochs: 3\n", "appears twice"),
+    ("", "is empty"),                                   # not a run of every default (240 epochs)
+    ("# only a comment\n", "is empty"),
+    ("train: 5\n", "train: 5 is not a mapping; train is a section"),
+    ("x: !!python/object/apply:os.system [\"true\"]\n", "without tags such as !!python/…; nothing in it was run"),
+    ("cem: [lambd, 8]\n", "cem is a section: give its keys under it (cem: {lambd: ...})"),
 ])
 def test_train_config_files_fail_in_one_short_paragraph(tmp_path, capsys, body, says):
     cfg = tmp_path / "c.yaml"

@@ -167,6 +167,7 @@ def test_banner_on_one_gpu(fake_machine, capsys):
     ("--gpus-per-trial", "nan", "--gpus-per-trial nan: give a fraction"),
     ("--max-concurrent", "0", "--max-concurrent 0: give how many trials may run at once, an integer >= 1"),
     ("--cpus-per-trial", "0", "--cpus-per-trial 0: give the CPUs each trial reserves, a number > 0"),
+    ("--name", "", "name: '' is not a safe folder name"),      # it fell back to the space's name
 ])
 def test_bad_values_are_refused_before_ray(fake_machine, capsys, tmp_path, flag, value, says):
     demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
@@ -338,3 +339,16 @@ def test_a_search_that_finished_no_trial_exits_1(monkeypatch, capsys, tmp_path, 
     assert cli.main(["search", os.path.join(ROOT, "search_spaces", "demo.yaml"), "--mps", "off"]) == rc
     err = capsys.readouterr().err
     assert ("cem-bench: no trial of demo finished (3 error(s))" in err) == (rc == 1), err
+
+
+def test_mps_on_without_its_daemon_is_refused_before_the_storage_is_made(fake_machine, monkeypatch, capsys,
+                                                                          tmp_path):
+    """--mps on where nvidia-cuda-mps-control is not on PATH: exit 2 naming it; the storage folder is not made
+    (it was left empty behind the error)."""
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    rc = cli.main(["search", demo, "--storage", str(tmp_path / "res"), "--mps", "on"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nvidia-cuda-mps-control is not on PATH" in err, err
+    assert "spec" not in fake_machine and not (tmp_path / "res").exists()

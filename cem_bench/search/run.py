@@ -365,8 +365,8 @@ def _warn_if_changed(spec, path: str) -> None:
 def overrides_from_args(args) -> dict:
     from ..config import parse_set
     ov: dict[str, Any] = {}
-    if getattr(args, "name", None):
-        ov["name"] = args.name
+    if getattr(args, "name", None) is not None:
+        ov["name"] = args.name   # "" too: the space's check of names refuses it (a silent fallback resumed another)
     for attr, key in (("num_samples", "num_samples"), ("max_concurrent", "max_concurrent"),
                       ("gpus_per_trial", "resources.gpu"), ("cpus_per_trial", "resources.cpu")):
         v = getattr(args, attr, None)
@@ -468,6 +468,8 @@ def search_command(args) -> dict:
         check_storage(resolve_storage(args.storage))
     if args.address is None:
         check_data(spec)
+    if mode == "on":
+        mps.control()   # MPSError (exit 2) now, before the storage and the experiment folder are made
     # one driver per experiment, from before Ray starts until its tables are written (search/lock.py)
     try:
         with experiment_lock(exp_path, bool(args.resume)):
