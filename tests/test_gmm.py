@@ -52,7 +52,8 @@ def loop_reference(s, z, y):
         for k, members in assign.items():
             n = len(members)
             sq = torch.stack([(x[i] - s.centroids[c, k]) ** 2 for i in members])  # (n, D)
-            alpha = min(0.99, s.cfg.shrink * n / float(s.pi[c, k] * s.cluster_n[c].sum() / s.pi[c].sum()))
+            alpha = s.cfg.shrink * n / float(s.pi[c, k] * s.cluster_n[c].sum() / s.pi[c].sum())
+            alpha = 0.99 if alpha >= 1 else alpha          # the reference's `if var_lambda>=1: var_lambda=0.99`
             if s.cfg.entropy == "isotropic":
                 v_hat = alpha * sq.mean() + (1 - alpha) * s.var_iso[c, k]
                 term = torch.relu(torch.log(v_hat + s.cfg.var_eps) - t)

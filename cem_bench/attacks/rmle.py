@@ -7,8 +7,9 @@ total-variation prior:
 
     x̂ = argmin_x  mean_d (f(x) − z̃)² / (2 s²)  +  w_tv · TV(x),      s = max(σ, 0.01)
 
-where TV is the mean absolute difference of neighbouring pixels, and w_tv defaults to 0.6·s^-1.5 (measured:
-a fixed weight fades against the 1/(2s²) data term as σ falls; see ``auto_tv_weight``). Pixels are kept in
+where TV is the mean absolute vertical difference of neighbouring pixels plus the mean horizontal one, and
+w_tv defaults to 0.6·s^-1.5 (measured: a fixed weight fades against the 1/(2s²) data term as σ falls; see
+``auto_tv_weight``). Pixels are kept in
 range by optimising logits: x = sigmoid(u). Adam on a whole batch of images at once,
 ``attack.rmle_iterations`` steps from a grey image (u ≈ 0, jittered by 0.01); with ``attack.rmle_restarts``
 > 1 the later starts are random (u ~ N(0, 1) from the attack's generator) and each image keeps the start
@@ -40,8 +41,9 @@ class RMLEKeys:
     # prefixed: attacks run together in one trial, so they cannot share a key (attack.lr is the decoder's)
     rmle_iterations: int = key(150, "rmle: Adam steps of the optimisation of each batch of images", lo=1)
     rmle_lr: float = key(0.1, "rmle: Adam learning rate on the image logits", lo=0.0, lo_open=True)
-    rmle_tv_weight: Optional[float] = key(None, "rmle: weight of the total-variation prior (mean |neighbour "
-                                          "difference|) beside the noise-scaled data term; empty = "
+    rmle_tv_weight: Optional[float] = key(None, "rmle: weight of the total-variation prior (mean |vertical "
+                                          "difference| + mean |horizontal difference|) beside the noise-scaled "
+                                          "data term; empty = "
                                           f"{TV_COEF:g}·s^-1.5, s = max(σ, {MIN_NOISE_STD:g}) (measured best "
                                           "over σ 0.01..0.15, docs/attacks.md)", lo=0.0)
     rmle_restarts: int = key(1, "rmle: starts per image (the first grey, the others random); the best data fit "
@@ -58,7 +60,8 @@ def auto_tv_weight(noise_std: float) -> float:
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
-    """Per-image mean absolute difference of vertically and horizontally neighbouring pixels, (N,)."""
+    """Per-image mean absolute difference of vertically neighbouring pixels plus that of horizontally
+    neighbouring ones (two means added), (N,)."""
     dh = (x[:, :, 1:, :] - x[:, :, :-1, :]).abs().flatten(1).mean(1)
     dw = (x[:, :, :, 1:] - x[:, :, :, :-1]).abs().flatten(1).mean(1)
     return dh + dw

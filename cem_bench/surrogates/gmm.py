@@ -36,7 +36,7 @@ class GMMKeys(SurrogateKeys):
                        choices=("kmeans", "em"))
     entropy: str = key("isotropic", "hinge on the scalar variance (the paper's code) or per dimension",
                        choices=("isotropic", "diag"))
-    shrink: float = key(10.0, "s in alpha = min(0.99, s*n/(pi*N_c)), batch-vs-prior shrinkage", lo=0.0)
+    shrink: float = key(10.0, "s in alpha = s*n/(pi*N_c) (0.99 where it reaches 1), batch-vs-prior shrinkage", lo=0.0)
     legacy_prior_indexing: bool = key(False, "reproduce the reference's lookup defect: each class present in the "
                                       "batch takes pi, the prior variance and the cluster size from the class of the "
                                       "label-sorted sample at its class ordinal (almost always class 0) instead of "
@@ -102,7 +102,8 @@ class GMM(Surrogate):
         pi, cluster_n, var_iso, var_diag = self.pi, self.cluster_n, self.var_iso, self.var_diag
         if self.cfg.legacy_prior_indexing:
             pi, cluster_n, var_iso, var_diag = self._legacy_tables(y, class_n)
-        alpha = (self.cfg.shrink * n / cluster_n.reshape(-1).clamp(min=1e-12)).clamp(max=0.99)
+        alpha = self.cfg.shrink * n / cluster_n.reshape(-1).clamp(min=1e-12)
+        alpha = torch.where(alpha >= 1, torch.full_like(alpha, 0.99), alpha)   # the reference's `if >= 1: 0.99`
         t = self.hinge_level
         if self.cfg.entropy == "isotropic":
             b = x.new_zeros(g * k).index_add_(0, slot, sq.mean(1)) / n_safe
