@@ -239,6 +239,11 @@ def cmd_search(args) -> int:
 
 def cmd_report(args) -> int:
     from .analysis.report import build_report
+    if args.out:   # before the results are read (a remote folder is fetched into --out/source first)
+        if os.path.lexists(args.out) and not os.path.isdir(args.out):
+            raise ConfigError(f"--out {args.out} is a file, not a folder; give a folder for the report (it is "
+                              f"created when missing). Nothing was written")
+        check_writable_under("--out", args.out, "Nothing was written")
     path = build_report(args.results_dir, args.out)
     print(f"report: {path}")
     return 0
