@@ -71,14 +71,20 @@ def check_run_out(out: str) -> None:
     """ConfigError when ``train --out`` cannot take a new run: a file, a path under a file, or a folder that
     already holds one (its checkpoint and metrics would be replaced without a word). An empty folder is fine."""
     from .schema import CHECKPOINT_FILE, METRICS_FILE
-    if os.path.lexists(out) and not os.path.isdir(out):
-        raise ConfigError(f"--out {out} is a file, not a folder; give a folder for the run (it is created when "
-                          f"missing). Nothing was trained")
-    check_writable_under("--out", out, "Nothing was trained")
+    check_out_folder(out, "the run", "Nothing was trained")
     held = [f for f in (CHECKPOINT_FILE, METRICS_FILE) if os.path.lexists(os.path.join(out, f))]
     if held:
         raise ConfigError(f"--out {out} already holds a run ({', '.join(held)}); give another folder, or remove "
                           f"that one first (`cem-bench attack {out}` re-attacks the run in it). Nothing was trained")
+
+
+def check_out_folder(out: str, what: str, nothing: str) -> None:
+    """``--out DIR``: ConfigError before any work when ``out`` is a file or cannot be made
+    (``check_writable_under``); a missing folder is created later, by the command."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ConfigError(f"--out {out} is a file, not a folder; give a folder for {what} (it is created when "
+                          f"missing). {nothing}")
+    check_writable_under("--out", out, nothing)
 
 
 def check_writable_under(flag: str, path: str, nothing: str) -> None:
@@ -240,10 +246,7 @@ def cmd_search(args) -> int:
 def cmd_report(args) -> int:
     from .analysis.report import build_report
     if args.out:   # before the results are read (a remote folder is fetched into --out/source first)
-        if os.path.lexists(args.out) and not os.path.isdir(args.out):
-            raise ConfigError(f"--out {args.out} is a file, not a folder; give a folder for the report (it is "
-                              f"created when missing). Nothing was written")
-        check_writable_under("--out", args.out, "Nothing was written")
+        check_out_folder(args.out, "the report", "Nothing was written")
     path = build_report(args.results_dir, args.out)
     print(f"report: {path}")
     return 0

@@ -103,7 +103,7 @@ class GMM(Surrogate):
         if self.cfg.legacy_prior_indexing:
             pi, cluster_n, var_iso, var_diag = self._legacy_tables(y, class_n)
         alpha = self.cfg.shrink * n / cluster_n.reshape(-1).clamp(min=1e-12)
-        alpha = torch.where(alpha >= 1, torch.full_like(alpha, 0.99), alpha)   # the reference's `if >= 1: 0.99`
+        alpha = alpha.masked_fill(alpha >= 1, 0.99)                        # the reference's `if >= 1: 0.99`
         t = self.hinge_level
         if self.cfg.entropy == "isotropic":
             b = x.new_zeros(g * k).index_add_(0, slot, sq.mean(1)) / n_safe
