@@ -143,7 +143,8 @@ def test_no_test_pixel_lies_in_any_training_patch(seed):
     every test box lies in the held-out blocks and no training box touches them."""
     cfg = TrialConfig.from_flat({"data.dataset": "photos", "data.seed": seed}).data
     train = realdata.photo_patches("train", 4096, seed=cfg.seed * 2 + 1)
-    test = realdata.photo_patches("test", 2560, seed=cfg.seed * 2 + 2)
+    test = realdata.photo_patches("test", 2560, seed=cfg.seed * 2 + 2, n_eval=2560 - data.inference_cut(2560))
+    assert torch.equal(test.images, data.load(cfg).test.images)   # the layout data.load uses
     tr, te = _boxes_by_photo(train), _boxes_by_photo(test)
     P, G = realdata.PATCH, realdata.PHOTO_GUARD
     for c in range(len(realdata.PHOTOS)):
@@ -163,6 +164,46 @@ def test_no_test_pixel_lies_in_any_training_patch(seed):
         # the held-out region is spread over the photograph: test patches from several blocks
         blocks = {(y // realdata.PHOTO_BLOCK, x // realdata.PHOTO_BLOCK) for y, x in te[c].tolist()}
         assert len(blocks) >= 4
+
+
+def _positions_by_content(images: torch.Tensor, labels: torch.Tensor) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(photograph, every test position whose 32x32 window is the image) of each image, found from its pixels
+    alone (not from how the split was drawn)."""
+    P = realdata.PATCH
+    where = {}
+    for c in range(len(realdata.PHOTOS)):
+        img = realdata.photo(c)
+        for y, x in realdata.photo_positions(c)[1].tolist():
+            key = (c, np.ascontiguousarray(img[y:y + P, x:x + P].transpose(2, 0, 1)).tobytes())
+            where.setdefault(key, []).append((y, x))
+    return [(c, where[(c, im.numpy().tobytes())]) for im, c in zip(images, labels.tolist())]
+
+
+@pytest.mark.parametrize("flat", [{}, {"data.test_size": 1280}, {"data.test_size": 200, "data.seed": 3}])
+def test_the_attackers_eval_patches_share_no_pixel_with_its_aux_patches(flat):
+    """data.attack_split=inference on photos: no evaluation patch overlaps any aux patch of its photograph (a
+    random 90/10 cut of patches from shared blocks gave every eval patch a 76-97 % overlapping aux patch), no
+    image is on both sides, and the eval slice still holds every photograph, balanced to within one patch."""
+    s = load(**{"data.dataset": "photos", **flat})
+    P = realdata.PATCH
+    aux, ev = _positions_by_content(s.attack_aux.images, s.attack_aux.labels), \
+        _positions_by_content(s.attack_eval.images, s.attack_eval.labels)
+    aux_boxes = {c: torch.tensor([yx for cc, ps in aux if cc == c for yx in ps]) for c in range(len(realdata.PHOTOS))}
+    worst = 0.0
+    for c, ps in ev:
+        for y, x in ps:
+            d = (aux_boxes[c] - torch.tensor([y, x])).abs()
+            overlap = ((P - d[:, 0]).clamp(min=0) * (P - d[:, 1]).clamp(min=0)).max().item() / P ** 2
+            worst = max(worst, overlap)
+    assert worst == 0, f"an eval patch shares {worst:.0%} of its pixels with an aux patch"
+    assert not set(_hashes(s.attack_aux.images)) & set(_hashes(s.attack_eval.images))
+    counts = torch.bincount(s.attack_eval.labels, minlength=10)
+    assert counts.min() >= 1 and counts.max() - counts.min() <= 1
+    aux_counts = torch.bincount(s.attack_aux.labels, minlength=10)
+    assert aux_counts.max() - aux_counts.min() <= 1
+    # the whole test split (what accuracy is measured on) stays balanced, and far from the training patches
+    total = counts + aux_counts
+    assert total.max() - total.min() <= 1 and total.sum() == len(s.test)
 
 
 def _resize(a: np.ndarray, w: int, h: int) -> np.ndarray:
@@ -228,6 +269,15 @@ def test_photos_sizes_follow_data_train_size_and_test_size():
     _, te = realdata.photo_positions(0)
     allowed = {tuple(p) for p in te.tolist()}
     assert {tuple(p) for p in boxes[0].tolist()} <= allowed and len(boxes[0]) == 1200 > len(allowed)
+    # with the attacker's eval slice: each part repeats within its own blocks, never across
+    split = realdata.photo_patches("test", 10 * 1200, seed=0, n_eval=1200)
+    aux = {tuple(p) for p in _boxes_by_photo(realdata.PhotoPatches(*(getattr(split, k)[:-1200] for k in
+                                                                     ("images", "labels", "y", "x"))))[0].tolist()}
+    ev = {tuple(p) for p in _boxes_by_photo(realdata.PhotoPatches(*(getattr(split, k)[-1200:] for k in
+                                                                    ("images", "labels", "y", "x"))))[0].tolist()}
+    assert aux | ev <= allowed and not aux & ev
+    assert {(y // realdata.PHOTO_BLOCK, x // realdata.PHOTO_BLOCK) for y, x in ev}.isdisjoint(
+        {(y // realdata.PHOTO_BLOCK, x // realdata.PHOTO_BLOCK) for y, x in aux})
 
 
 # ---------------------------------------------------------------------------------------- errors

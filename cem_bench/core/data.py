@@ -114,7 +114,11 @@ def load(cfg: DataConfig, device: torch.device | str = "cpu") -> Splits:
         check_memory("photos", (cfg.train_size or realdata.PHOTOS_TRAIN) + (cfg.test_size or realdata.PHOTOS_TEST),
                      PHOTOS_BYTES)
         tr = realdata.photo_patches("train", cfg.train_size or realdata.PHOTOS_TRAIN, seed=cfg.seed * 2 + 1)
-        te = realdata.photo_patches("test", cfg.test_size or realdata.PHOTOS_TEST, seed=cfg.seed * 2 + 2)
+        # the test split's last 10 % (the attacker's evaluation slice under ``inference``) from held-out blocks
+        # of their own: test patches of one block overlap, so a random cut would give the attacker near-copies
+        # of its evaluation images. The same split under both protocols, so that test_acc is comparable.
+        n_test = cfg.test_size or realdata.PHOTOS_TEST
+        te = realdata.photo_patches("test", n_test, seed=cfg.seed * 2 + 2, n_eval=n_test - inference_cut(n_test))
         train, test = Split(tr.images, tr.labels), Split(te.images, te.labels)
         mean, std, num_classes = realdata.PHOTOS_MEAN, realdata.PHOTOS_STD, len(realdata.PHOTO_CLASSES)
     else:  # pragma: no cover - validated by the config
@@ -141,14 +145,22 @@ def seeded_subsets(train: Split, test: Split, cfg: DataConfig) -> tuple[Split, S
     return train, test
 
 
+def inference_cut(n: int) -> int:
+    """How many of ``n`` test images the attacker trains on under ``inference`` (the rest it is scored on)."""
+    return int(round(0.9 * n))
+
+
 def attack_splits(train: Split, test: Split, protocol: str) -> tuple[Split, Split]:
     """The attacker's training (aux) and evaluation images.
 
     ``inference``: aux = test[:90%], eval = test[90%:] (disjoint, the attacker never saw the client's data);
     ``training``: aux = the client's training images, eval = the whole test set (the paper's headline).
+    The eval slice is not stratified by class. For ``photos`` the two slices are also disjoint in pixels (its
+    test split is laid out so: ``realdata.photo_patches``'s ``n_eval``); the other sets' test images are
+    separate samples.
     """
     if protocol == "inference":
-        cut = int(round(0.9 * len(test)))
+        cut = inference_cut(len(test))
         return Split(test.images[:cut], test.labels[:cut]), Split(test.images[cut:], test.labels[cut:])
     if protocol == "training":
         return train, test

@@ -4,7 +4,8 @@
   ``sklearn.datasets.load_digits`` reads): 1,797 images of 8x8 pixels with 17 grey levels (0-16), 10 classes,
   brought to 32x32 RGB and split once, stratified, 1,437 train / 360 test.
 * ``photos``: 32x32 RGB patches of the ten colour photographs bundled in the scikit-image and scikit-learn
-  wheels, one class per photograph, training and test patches cut from disjoint regions of each photograph.
+  wheels, one class per photograph, training and test patches cut from disjoint regions of each photograph,
+  and the attacker's evaluation patches (the test split's last 10 %) from held-out blocks of their own.
 
 The files are found through ``importlib.util.find_spec`` (the package folder, without importing the package),
 so a missing package or file is one ``DataError`` naming both, and scikit-image's on-demand fetcher
@@ -162,6 +163,12 @@ PHOTO_GUARD = 2
 # trivially, which inflates SSIM. This keeps at least 62 % of every photograph's test positions and 81 % of
 # its training positions (docs/datasets.md).
 PHOTO_MIN_STD = 4.0
+# The attacker's evaluation patches (data.attack_split=inference: the last 10 % of the test split) come from
+# their own held-out blocks, a tenth of each photograph's blocks (at least one; with 4-6 blocks, one), drawn
+# with the split's generator among the blocks of which at least half the 17 x 17 positions are textured; its
+# training (aux) patches come from the other blocks. Two patches of one 48 px block always overlap (32 + 32 >
+# 48), so whole blocks are the only pixel-disjoint cut; the blocks never touch, so aux and eval share no pixel.
+PHOTO_EVAL_BLOCK_SHARE = 0.1
 # Mean and std of the default training set (data.seed 0, 4,096 patches); computed by
 # tests/test_real_data.py::test_normalisation_constants_are_those_of_the_training_data.
 PHOTOS_MEAN = (0.4637, 0.3598, 0.3144)
@@ -247,29 +254,74 @@ class PhotoPatches:
     x: torch.Tensor        # int64 (N,): its left column
 
 
-def photo_patches(part: str, n: int, seed: int) -> PhotoPatches:
+def eval_blocks(pos: np.ndarray, g: torch.Generator) -> np.ndarray:
+    """Boolean (k,): which of the test positions ``pos`` (k, 2) lie in the attacker's evaluation blocks
+    (``PHOTO_EVAL_BLOCK_SHARE`` of the photograph's held-out blocks that hold positions, at least one and never
+    all, drawn with ``g`` among those with at least half their positions textured)."""
+    b = PHOTO_BLOCK
+    span = b - PATCH + 1                      # positions per block side (17): a test patch lies in one block
+    block = (pos[:, 0] // b) * 10_000 + pos[:, 1] // b
+    ids, counts = np.unique(block, return_counts=True)
+    if len(ids) < 2:   # pragma: no cover - every photograph holds 4 to 6 (docs/datasets.md)
+        raise DataError("data.dataset=photos: a photograph with fewer than two textured held-out blocks cannot "
+                        "give the attacker disjoint training and evaluation patches")
+    eligible = ids[counts >= span * span / 2]
+    if len(eligible) == 0:   # pragma: no cover - every photograph has full blocks
+        eligible = ids
+    k = min(max(1, round(PHOTO_EVAL_BLOCK_SHARE * len(ids))), len(eligible), len(ids) - 1)
+    chosen = eligible[torch.randperm(len(eligible), generator=g)[:k].numpy()]
+    return np.isin(block, chosen)
+
+
+def photo_patches(part: str, n: int, seed: int, n_eval: int = 0) -> PhotoPatches:
     """``n`` patches of ``part`` ("train" or "test"), balanced over the photographs (the first n % 10 classes
     get one more), at positions drawn without replacement (repeating only when ``n`` asks for more patches
     than a photograph has positions) from a generator seeded with ``seed``; the order is shuffled so that
-    every slice of the split holds every class."""
+    every slice of the split holds every class.
+
+    ``n_eval`` (test only; ``data.load`` gives the size of the attacker's evaluation slice, the last 10 %): the
+    last ``n_eval`` patches come from each photograph's evaluation blocks (``eval_blocks``), the first
+    ``n - n_eval`` from its other held-out blocks, each part balanced over the photographs and shuffled on its
+    own, so that no evaluation patch shares a pixel with any earlier patch. With ``n_eval`` 0 (the training
+    part, or a test split too small to have an evaluation slice) the draw is one part as before."""
     if part not in ("train", "test"):
         raise ValueError(part)
+    if n_eval and (part != "test" or not 0 < n_eval <= n):
+        raise ValueError(f"n_eval={n_eval} for {part} of {n}")
     g = torch.Generator().manual_seed(int(seed))
     k = len(PHOTOS)
-    images, labels, ys, xs = [], [], [], []
+    images, labels, ys, xs, is_eval = [], [], [], [], []
     for c in range(k):
         n_c = n // k + (c < n % k)
         if n_c == 0:
             continue
         pos = photo_positions(c)[0 if part == "train" else 1]
-        reps = -(-n_c // len(pos))
-        pick = torch.cat([torch.randperm(len(pos), generator=g) for _ in range(reps)])[:n_c].numpy()
-        yx = pos[pick]
+        if n_eval:
+            # the eval slice's extra patches go to the first classes, as the split's do: both parts stay
+            # balanced to within one patch (n_eval <= n, so e_c <= n_c)
+            e_c = n_eval // k + (c < n_eval % k)
+            in_eval = eval_blocks(pos, g)
+            parts = ((pos[~in_eval], n_c - e_c, False), (pos[in_eval], e_c, True))
+        else:
+            parts = ((pos, n_c, False),)
         windows = np.lib.stride_tricks.sliding_window_view(photo(c), (PATCH, PATCH), axis=(0, 1))
-        images.append(torch.from_numpy(np.ascontiguousarray(windows[yx[:, 0], yx[:, 1]])))  # (n_c, 3, P, P)
-        labels.append(torch.full((n_c,), c, dtype=torch.int64))
-        ys.append(torch.from_numpy(yx[:, 0].astype(np.int64)))
-        xs.append(torch.from_numpy(yx[:, 1].astype(np.int64)))
-    order = torch.randperm(n, generator=g)
+        for pool, m, ev in parts:
+            if m == 0:
+                continue
+            reps = -(-m // len(pool))
+            pick = torch.cat([torch.randperm(len(pool), generator=g) for _ in range(reps)])[:m].numpy()
+            yx = pool[pick]
+            images.append(torch.from_numpy(np.ascontiguousarray(windows[yx[:, 0], yx[:, 1]])))  # (m, 3, P, P)
+            labels.append(torch.full((m,), c, dtype=torch.int64))
+            ys.append(torch.from_numpy(yx[:, 0].astype(np.int64)))
+            xs.append(torch.from_numpy(yx[:, 1].astype(np.int64)))
+            is_eval.append(torch.full((m,), ev))
+    if n_eval:
+        ev = torch.cat(is_eval)
+        first, last = (~ev).nonzero().squeeze(1), ev.nonzero().squeeze(1)
+        order = torch.cat([first[torch.randperm(len(first), generator=g)],
+                           last[torch.randperm(len(last), generator=g)]])
+    else:
+        order = torch.randperm(n, generator=g)
     return PhotoPatches(torch.cat(images)[order].contiguous(), torch.cat(labels)[order], torch.cat(ys)[order],
                         torch.cat(xs)[order])
