@@ -47,13 +47,28 @@ def on_side_stream(fn, device) -> None:
     torch.cuda.current_stream(device).wait_stream(stream)
 
 
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device) -> torch.cuda.Stream:
+    """The stream a capture on ``device`` records on, one per device for the process. Not torch.cuda.graph's
+    default: that is one stream for the whole class, made on whichever device was current at its first use, so
+    a step on another card (``cuda:1``) launched its kernels outside the capture (an empty graph)."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _CAPTURE_STREAMS.get(index)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
+
 def capture(fn, device, generators=()) -> torch.cuda.CUDAGraph:
     """A CUDA graph of ``fn()`` (recorded, not run), drawing from ``generators`` graph-safely."""
     graph = torch.cuda.CUDAGraph()
     for gen in generators:
         graph.register_generator_state(gen)
     torch.cuda.synchronize(device)
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=capture_stream(device)):
         fn()
     return graph
 

@@ -14,7 +14,13 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device={name!r} but CUDA is not available; use train.device=cpu or auto")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is not None:
+        # what PyTorch does on the "current" device rather than a named one must land on this card too:
+        # torch.cuda.graph's capture stream, is_bf16_supported, the RNG that fork_rng saves, a bare "cuda".
+        # Without this a trial on cuda:1 captured its step on a stream of device 0 (an empty graph).
+        torch.cuda.set_device(device)
+    return device
 
 
 def set_tf32(mode: str) -> None:

@@ -67,6 +67,13 @@ def fixed_batches(cfg: TrialConfig, splits: data_mod.Splits, n: int, seed_offset
     return out
 
 
+def cuda_devices(*modules: torch.nn.Module) -> list[int]:
+    """The CUDA devices the modules' tensors live on: the random streams a measurement on them draws from (the
+    current device is not necessarily the trial's, whose dropout masks come from its own device's stream)."""
+    return sorted({t.device.index for m in modules for t in (*m.parameters(), *m.buffers())
+                   if t.device.type == "cuda"})
+
+
 @contextlib.contextmanager
 def untouched(*modules: torch.nn.Module):
     """Run a measurement without leaving a trace: the modules' state (BatchNorm's running statistics move in a
@@ -74,8 +81,7 @@ def untouched(*modules: torch.nn.Module):
     initialisation) are as before afterwards."""
     saved = [({k: v.detach().clone() for k, v in m.state_dict().items()}, m.training) for m in modules]
     streams = [(m, m.rng_snapshot()) for m in modules if hasattr(m, "rng_snapshot")]   # Surrogate.rng
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=cuda_devices(*modules)):
         try:
             yield
         finally:
