@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..errors import ConfigError
 
 VGG11 = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
 
@@ -122,10 +123,21 @@ def count_params(m: nn.Module) -> int:
 
 # ------------------------------------------------------------------------------ running the client
 def amp_dtype(train_cfg, device: torch.device):
-    """The one autocast policy of training, evaluation and attacks: bf16 on CUDA (``train.amp`` auto or on),
-    none on the CPU unless ``train.amp`` is on, never with ``off``."""
+    """The one autocast policy of training, evaluation and attacks: bf16 on a CUDA card with native bf16
+    (compute capability 8 and later; ``train.amp`` auto or on), none on the CPU unless ``train.amp`` is on,
+    never with ``off``. ``auto`` on an older card runs fp32; ``on`` there is refused."""
     if train_cfg.amp == "off" or (train_cfg.amp == "auto" and device.type != "cuda"):
         return None
+    # Native bf16 only: torch.cuda.is_bf16_supported() alone also says yes through emulation on cards before
+    # Ampere (a bf16 tensor can be made there), where cuDNN has no bf16 convolution engines and the step fails
+    # or crawls. The current device is the trial's (runtime.resolve_device sets it).
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        if train_cfg.amp == "auto":
+            return None
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ConfigError(f"train.amp: on needs native bf16, which {torch.cuda.get_device_name(device)} "
+                          f"(compute capability {major}.{minor}; bf16 needs 8.0 or later) does not have: cuDNN "
+                          f"has no bf16 convolutions for it; set train.amp: off (or auto, which runs fp32 here)")
     return torch.bfloat16
 
 
