@@ -112,6 +112,33 @@ def _scalars(record: dict) -> dict:
     return out
 
 
+def reset_compiled() -> None:
+    """Forget what torch.compile made in this process, at the start of each trial. A reused worker
+    (``reuse_actors``) compiles a new surrogate every trial, and Dynamo's guards on the code it already compiled
+    (one per module attribute such as ``noise_std``) count as recompiles of the same functions: past
+    ``torch._dynamo.config.recompile_limit`` (8) Dynamo runs them eagerly without a word, so a worker's later
+    trials ran uncompiled and their timings were not comparable with its first ones. Cheap when nothing was
+    compiled; a torch without Dynamo has nothing to forget."""
+    try:
+        import torch._dynamo
+        torch._dynamo.reset()
+    except (ImportError, AttributeError):
+        pass
+
+
+def cpu_without_gpu_share(flat: dict, gpu_frac: float) -> dict:
+    """``flat`` with ``train.device: cpu`` where the trial was given no GPU (``resources.gpu`` 0) and its device
+    is ``auto``. Ray leaves CUDA_VISIBLE_DEVICES alone for a task with no GPU, so ``auto`` saw the node's cards
+    and trained on cuda:0 outside Ray's accounting and with no memory fraction, beside the trials that were
+    given that card. Naming the device in the config, rather than hiding the cards through
+    CUDA_VISIBLE_DEVICES, also holds in a reused worker whose CUDA is already initialised (the variable is
+    read once per process), and the trial's result records it (``info.config``, ``info.device``). An explicit
+    ``cuda``/``cuda:N`` is left as asked."""
+    if gpu_frac <= 0 and str(flat.get("train.device", "auto")) == "auto":
+        return {**flat, "train.device": "cpu"}
+    return flat
+
+
 def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHooks | None = None) -> Callable:
     """The function trainable of a search (named ``cem_trial``), not yet wrapped with resources.
 
@@ -134,6 +161,7 @@ def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHook
         from .diskspace import is_enospc
 
         started_at = _now_iso()
+        reset_compiled()
         torch.set_num_threads(max(1, int(round(cpus))))
         if torch.cuda.is_available() and 0 < gpu_frac < 1:
             torch.cuda.set_per_process_memory_fraction(gpu_frac)
@@ -169,6 +197,8 @@ def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHook
             flat = trial_config(spec, config)
         except Exception:  # noqa: BLE001 - from_flat reports the problem below
             flat = dict(config)
+        else:
+            flat = cpu_without_gpu_share(flat, gpu_frac)
 
         def base_metrics(record: dict) -> dict:
             m = _scalars(record)

@@ -1,0 +1,177 @@
+"""The GPU path's device and process choices, checked without a GPU (torch.cuda replaced where needed): a trial on
+cuda:N makes that card current and captures on its stream, strength's measurement saves the random streams of
+the modules' card, bf16 only on cards that have it natively, a trial with no GPU share trains on the CPU, and a
+reused worker's trials each compile afresh."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import types
+
+import pytest
+import torch
+
+from cem_bench.errors import ConfigError
+
+
+# ------------------------------------------------------------------------------ cuda:N
+def test_an_indexed_cuda_device_is_made_current(monkeypatch):
+    """resolve_device('cuda:1') makes cuda:1 the current device (torch.cuda.graph's stream, is_bf16_supported and
+    the RNG that fork_rng saves follow the current device); 'cuda' and 'cpu' leave it."""
+    from cem_bench.core import runtime
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(torch.device(d)))
+    assert runtime.resolve_device("cuda:1") == torch.device("cuda:1")
+    assert calls == [torch.device("cuda:1")]
+    runtime.resolve_device("cuda")
+    runtime.resolve_device("cpu")
+    assert calls == [torch.device("cuda:1")]
+
+
+class _Stream:
+    def __init__(self, device=None, priority=0):
+        self.device = device
+
+
+def test_a_capture_records_on_a_stream_of_its_own_device(monkeypatch):
+    """graphs.capture hands torch.cuda.graph a stream on the graph's device (its default stream is one for the
+    class, made on device 0 at its first use: the kernels of a step on cuda:1 were not captured)."""
+    from cem_bench.core import graphs
+    seen = []
+
+    @contextlib.contextmanager
+    def fake_graph(graph, stream=None, **kw):
+        seen.append(stream)
+        yield
+
+    monkeypatch.setattr(graphs, "_CAPTURE_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    ran = []
+    graphs.capture(lambda: ran.append(1), torch.device("cuda:1"))
+    graphs.capture(lambda: ran.append(2), torch.device("cuda:1"))
+    graphs.capture(lambda: ran.append(3), torch.device("cuda"))
+    assert ran == [1, 2, 3]
+    assert [s.device for s in seen] == [1, 1, 0]
+    assert seen[0] is seen[1]                 # one stream per device, reused
+
+
+def test_a_measurement_saves_the_random_streams_of_the_modules_card(monkeypatch):
+    """strength.untouched forks the RNG of the card the modules live on (it forked the current device's, or none
+    when CUDA had not been initialised on the current device)."""
+    from cem_bench.core import strength
+    fake = types.SimpleNamespace(parameters=lambda: [types.SimpleNamespace(device=torch.device("cuda:1"))],
+                                 buffers=lambda: [types.SimpleNamespace(device=torch.device("cpu"))])
+    assert strength.cuda_devices(fake, torch.nn.Linear(2, 2)) == [1]
+    forked = []
+    real = torch.random.fork_rng
+
+    def fork(devices=None, **kw):
+        forked.append(devices)
+        return real(devices=[], **kw)
+
+    monkeypatch.setattr(torch.random, "fork_rng", fork)
+    monkeypatch.setattr(strength, "cuda_devices", lambda *m: [1])
+    with strength.untouched(torch.nn.Linear(2, 2)):
+        pass
+    assert forked == [[1]]
+
+
+# ------------------------------------------------------------------------------ bf16
+def _card(monkeypatch, capability):
+    native = capability >= (8, 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or
+                        including_emulation)   # torch 2.14: True through emulation on older cards
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+
+
+@pytest.mark.parametrize("capability", [(7, 5), (8, 0)])
+def test_bf16_autocast_only_on_cards_with_native_bf16(monkeypatch, capability):
+    from cem_bench.core.models import amp_dtype
+    _card(monkeypatch, capability)
+    cuda = torch.device("cuda:0")
+    auto, on = types.SimpleNamespace(amp="auto"), types.SimpleNamespace(amp="on")
+    if capability >= (8, 0):
+        assert amp_dtype(auto, cuda) is torch.bfloat16 and amp_dtype(on, cuda) is torch.bfloat16
+    else:
+        assert amp_dtype(auto, cuda) is None       # fp32, not emulated bf16
+        with pytest.raises(ConfigError, match=r"compute capability 7\.5.*train\.amp: off"):
+            amp_dtype(on, cuda)
+    assert amp_dtype(types.SimpleNamespace(amp="off"), cuda) is None
+    assert amp_dtype(auto, torch.device("cpu")) is None
+
+
+# ------------------------------------------------------------------------------ the search's trainable
+def _trainable(monkeypatch, tmp_path, gpu, run_trial, fixed=None):
+    """The search's trainable (cem_trial) called directly, without Ray: Ray's context replaced, run_trial
+    replaced by ``run_trial(flat)``."""
+    import ray
+    from ray import tune
+
+    from cem_bench.core import trial
+    from cem_bench.search import trainable
+
+    ctx = types.SimpleNamespace(get_trial_id=lambda: "t0001", get_trial_dir=lambda: str(tmp_path / "cem_trial_t0001"))
+    monkeypatch.setattr(tune, "get_context", lambda: ctx)
+    monkeypatch.setattr(tune, "get_checkpoint", lambda: None)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(get_node_id=lambda: "node"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(trial, "run_trial", lambda flat, report, out_dir=None, resume_state=None: run_trial(flat))
+    spec = types.SimpleNamespace(metric_names=("test_acc",), fixed=dict(fixed or {}))
+    # the worker's thread count as it is: the trainable sets it from resources.cpu
+    return trainable.make_trainable(str(tmp_path), spec, {"cpu": torch.get_num_threads(), "gpu": gpu})
+
+
+@pytest.mark.parametrize("gpu, fixed, expected", [(0, {}, "cpu"), (0, {"train.device": "auto"}, "cpu"),
+                                                  (1, {}, "cuda"), (0.5, {}, "cuda")])
+def test_a_trial_given_no_gpu_trains_on_the_cpu(monkeypatch, tmp_path, gpu, fixed, expected):
+    """resources.gpu 0 with train.device auto: the CPU, though the worker sees a card (Ray leaves
+    CUDA_VISIBLE_DEVICES alone for a task with no GPU, and auto trained on cuda:0 outside Ray's accounting)."""
+    from cem_bench.core.runtime import resolve_device
+    from cem_bench.core.trial import build_config
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a, **k: None)
+    seen = []
+    cem_trial = _trainable(monkeypatch, tmp_path, gpu, lambda flat: seen.append(
+        resolve_device(build_config(flat).train.device)), fixed)
+    cem_trial({"cem.lambd": 1.0})
+    assert [d.type for d in seen] == [expected]
+
+
+def test_each_trial_of_a_reused_worker_compiles_afresh(monkeypatch, tmp_path):
+    """Ten trials in one process, each compiling a new module whose attribute differs (as a surrogate's noise_std
+    does, with dynamic=False as the trainer compiles): every one is compiled. Without a reset the ninth and
+    later ran eagerly (Dynamo's recompile_limit of 8 per function)."""
+    import torch._dynamo
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.k = k
+
+        def forward(self, x):
+            return x * self.k
+
+    compiled = []
+
+    def backend(gm, example_inputs):
+        compiled.append(1)
+        return gm.forward
+
+    def one_trial(flat):
+        torch.compile(Scaled(float(flat["cem.lambd"])), backend=backend, dynamic=False)(torch.ones(2))
+
+    torch._dynamo.reset()
+    cem_trial = _trainable(monkeypatch, tmp_path, 0, one_trial)
+    try:
+        for k in range(10):
+            cem_trial({"cem.lambd": float(k)})
+    finally:
+        torch._dynamo.reset()
+    assert len(compiled) == 10
