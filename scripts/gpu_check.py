@@ -499,7 +499,8 @@ def options(run: Run) -> None:
     names = ["lambda=0", "slot_cross", "attention_centroid", "serial_enhanced"]
     steps = 10 if run.cuda else 1
     out: dict = {}
-    tf32_default = torch.backends.cuda.matmul.allow_tf32
+    # the trainers set the process's TF32 flags from train.tf32 (runtime.set_tf32); put back what they were
+    tf32_default = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     blas_default = torch.backends.cuda.preferred_blas_library() if run.cuda else None
     for setting, opt in settings.items():
         if run.left() < 60:
@@ -507,7 +508,6 @@ def options(run: Run) -> None:
             break
         priority, compiled = opt.get("priority"), opt.get("compiled", True)
         torch._dynamo.reset()
-        torch.backends.cuda.matmul.allow_tf32 = opt.get("tf32", tf32_default)
         if run.cuda:
             torch.backends.cuda.preferred_blas_library(opt.get("blas", blas_default))
         res: dict = {}
@@ -515,7 +515,10 @@ def options(run: Run) -> None:
             with inductor_config.patch(opt.get("flags", {})):
                 runs: dict[str, TimedTrainer] = {}
                 for name in names:
+                    # train.tf32, not the global flag: Trainer.__init__ sets the flags from it on CUDA, so a
+                    # flag set here was put back to auto's fp32 products and "tf32 matmuls" measured plain fp32
                     flat = harness.step_config(sizes, dev, **keys, **harness.named_config(name),
+                                               **({"train.tf32": "on"} if opt.get("tf32") else {}),
                                                **({} if name == "lambda=0" else
                                                   {"train.surrogate_stream": True,
                                                    "train.compile_surrogate": compiled}))
@@ -549,7 +552,7 @@ def options(run: Run) -> None:
         except Exception as e:  # noqa: BLE001 - the next setting still runs
             res["error"] = f"{type(e).__name__}: {e}"
         finally:
-            torch.backends.cuda.matmul.allow_tf32 = tf32_default
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_default
             if run.cuda:
                 torch.backends.cuda.preferred_blas_library(blas_default)
         out[setting] = res

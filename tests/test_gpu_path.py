@@ -6,6 +6,7 @@ reused worker's trials each compile afresh."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import tempfile
 import types
 
@@ -175,3 +176,29 @@ def test_each_trial_of_a_reused_worker_compiles_afresh(monkeypatch, tmp_path):
     finally:
         torch._dynamo.reset()
     assert len(compiled) == 10
+
+
+# ------------------------------------------------------------------------------ scripts/gpu_check.py
+def test_the_tf32_option_rows_ask_the_trainer_for_tf32(monkeypatch, tmp_path):
+    """The options stage's "tf32 matmuls" settings put train.tf32: on in the trainers' config: the trainer sets
+    the process's TF32 flags from that key on CUDA, so the global flag the stage used to set was put back to
+    fp32 products before any step was timed."""
+    import importlib.util
+    import time
+
+    from cem_bench.bench import harness
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", "scripts/gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, gpu_check)   # its dataclasses look their module up there
+    spec.loader.exec_module(gpu_check)
+    flats = []
+
+    def no_trainer(flat, device, splits):
+        flats.append(flat)
+        raise RuntimeError("not built here")
+
+    monkeypatch.setattr(harness, "step_trainer", no_trainer)
+    run = gpu_check.Run(out=str(tmp_path), budget_s=600, t0=time.perf_counter(), device="cpu",
+                        option_settings=("tf32 matmuls", "default", "tf32 matmuls, high_priority_stream"))
+    gpu_check.options(run)
+    assert [f.get("train.tf32") for f in flats] == ["on", None, "on"]
