@@ -111,6 +111,25 @@ DEFAULT_OBJECTIVES: tuple[dict, ...] = (
 MODES = ("max", "min")
 
 
+def objective_problems(objectives: Sequence[dict]) -> list[tuple[int, str]]:
+    """What makes a list of objectives unreadable by the report, as (index, message): an attack metric as the
+    first objective (the report's utility axis) or one whose mode is not its "more private" direction (the
+    report would call the less private configurations more private)."""
+    out = []
+    for i, o in enumerate(objectives):
+        metric, mode = o.get("metric"), o.get("mode")
+        want = privacy_mode(metric) if isinstance(metric, str) else None
+        if want is None:
+            continue
+        if i == 0:
+            out.append((i, f"{metric} is an attack metric; the first objective is the utility axis (test_acc, "
+                           f"say): list the attack metric second"))
+        elif mode in MODES and mode != want:
+            out.append((i, f"{metric} is more private when {'lower' if want == 'min' else 'higher'}: its mode is "
+                           f"{want}, not {mode}"))
+    return out
+
+
 def load_objectives(results_dir) -> tuple[list[dict], str | None]:
     """Objectives ``[{metric, mode, ref}]`` and experiment name from ``search_space.json`` of a results folder
     (a path, a URI or a ``storage.Dir``); the defaults when it is missing or names none. ResultsError when it
@@ -138,6 +157,9 @@ def load_objectives(results_dir) -> tuple[list[dict], str | None]:
         if ref is not None and (isinstance(ref, bool) or not isinstance(ref, (int, float))):
             raise ResultsError(f"{d.url(SPACE_FILE)}: objective {o['metric']!r} has ref {ref!r}; a number or null")
         out.append({"metric": o["metric"], "mode": mode, "ref": ref})
+    for _, problem in objective_problems(out):
+        raise ResultsError(f"{d.url(SPACE_FILE)}: {problem}; a search space that says so is refused, so this "
+                           f"file was written by hand or by another tool")
     name = spec.get("name")
     return out, name if isinstance(name, str) else None
 

@@ -185,18 +185,32 @@ def compared_metrics(columns, objectives: Sequence[dict]) -> list[str]:
 SIGMA_COLUMN = "config.defense.noise_std"
 
 
+# Keys that say how a trial ran, not what it measures: a baseline that differs from its configurations only
+# in these (run on another card, compiled or graphed, its data read from another folder) is still their
+# baseline. Any other key that differs (the data set, the model, the training, the attack) makes it another
+# experiment, never a noise floor to compare with.
+EXECUTION_KEYS = frozenset(f"config.{k}" for k in (
+    "data.root", "train.device", "train.amp", "train.tf32", "train.compile", "train.cuda_graph",
+    "train.surrogate_stream", "train.compile_surrogate", "train.eval_batch_size",
+    "attack.probe_epochs", "attack.probe_images", "attack.probe_iterations"))
+
+
 def baseline_key_columns(trials: pd.DataFrame, cols: Sequence[str]) -> list[str]:
-    """The config columns that pick a configuration's baseline: σ, and every other non-``cem`` column that
-    takes two or more values among the λ = 0 rows or among the others (a searched key). A column constant in
-    each group is left out even where the two constants differ: a key resolved per trial (a GPU-only
-    feature off without a surrogate, say) must not leave a configuration without its baseline."""
+    """The config columns that pick a configuration's baseline: σ, every other non-``cem`` column that takes
+    two or more values among the λ = 0 rows or among the others (a searched key), and every column whose one
+    value among the λ = 0 rows differs from its one value among the others, unless it only says how the
+    trials ran (``EXECUTION_KEYS``): configurations on another data set than the only baseline then have none,
+    and the report says so, instead of being compared with it."""
     base = is_baseline(trials)
     out = []
     for c in cols:
         if c.startswith("config.cem."):
             continue
         values = pd.Series(_encoded(trials[c], lambda v: json.dumps(v, default=str)), index=trials.index)
-        if c == SIGMA_COLUMN or values[base].nunique() > 1 or values[~base].nunique() > 1:
+        varies = values[base].nunique() > 1 or values[~base].nunique() > 1
+        differs = (c not in EXECUTION_KEYS and base.any() and (~base).any()
+                   and set(values[base]) != set(values[~base]))
+        if c == SIGMA_COLUMN or varies or differs:
             out.append(c)
     return out
 
@@ -258,7 +272,8 @@ def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFr
         configs["seeds"] = [by.get(c, []) for c in order]
     else:
         configs["seeds"] = [[] for _ in order]
-    values = used[metrics].apply(pd.to_numeric, errors="coerce")
+    # an infinite metric measured nothing: missing, like NaN, in the mean, the spread, n and the comparison alike
+    values = used[metrics].apply(pd.to_numeric, errors="coerce").replace([np.inf, -np.inf], np.nan)
     grouped = values.groupby(used[CONFIG_ID].to_numpy())
     mean, std, n = (grouped.mean().reindex(order), grouped.std(ddof=1).reindex(order),
                     grouped.count().reindex(order).fillna(0).astype(int))
@@ -319,7 +334,8 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
                             compared: Sequence[str], objectives: Sequence[dict]) -> None:
     """In place: ``baseline_id`` and, per compared metric, ``_noise``, ``_delta``, ``_delta_lo``,
     ``_delta_hi``, ``_p_better``, ``_p``, ``_verdict_single`` (``noise.compare_many``, all configurations at
-    once), their adjusted ``_q``, ``_holm`` and ``_verdict`` (``adjust_comparisons``), and ``spread_borrowed``."""
+    once), their adjusted ``_q``, ``_holm`` and ``_verdict`` (``adjust_comparisons``), and ``single_run`` (ran once:
+    no interval, p or verdict)."""
     base = configs[configs["role"] == BASELINE]
     # one baseline per value of the baseline keys: the one with the most ok runs
     best = base.sort_values("runs_ok", ascending=False, kind="stable").drop_duplicates("_key")
@@ -328,7 +344,7 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
     row_of = {c: i for i, c in enumerate(configs[CONFIG_ID])}
     bidx = np.array([row_of.get(b, -1) if isinstance(b, str) else -1 for b in configs["baseline_id"]])
     rows = np.flatnonzero((bidx >= 0) & (bidx != np.arange(len(configs))))
-    borrowed = np.zeros(len(configs), dtype=bool)
+    single = np.zeros(len(configs), dtype=bool)
     ids = used[CONFIG_ID].map(row_of).to_numpy(dtype=np.int64)
     for m in compared:
         mode = metric_mode(m, objectives)
@@ -351,12 +367,12 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
             out["p_better"][rows] = c["p_better"]
             out["p"][rows] = c["p"]
             verdict[rows] = c["verdict"]
-            borrowed[rows] |= c["borrowed"]
+            single[rows] |= c["single"]
         for k, col in out.items():
             configs[f"{m}_{k}"] = col
         configs[f"{m}_verdict_single"] = verdict
         adjust_comparisons(configs, m)
-    configs["spread_borrowed"] = borrowed
+    configs["single_run"] = single
 
 
 def comparison_families(configs: pd.DataFrame) -> np.ndarray:

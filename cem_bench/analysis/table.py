@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..errors import ResultsError
@@ -51,14 +52,19 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
 
 
 def adjusted(configs: pd.DataFrame) -> bool:
-    """Does every ``<m>_verdict`` come with its family's adjustment (``<m>_q``)? Older tables' verdicts are
-    single tests: without the trials to rebuild from, such a table is shown without marks."""
-    return all(f"{c[: -len('_verdict')]}_q" in configs for c in configs.columns if c.endswith("_verdict"))
+    """Does every ``<m>_verdict`` come with its family's adjustment (``<m>_q``), under the rule that one run
+    gets no verdict (a table with ``spread_borrowed`` predates it)? Older tables' verdicts are single tests or
+    judge one run by the baseline's spread: without the trials to rebuild from, such a table is shown without
+    marks."""
+    return "spread_borrowed" not in configs and all(
+        f"{c[: -len('_verdict')]}_q" in configs for c in configs.columns if c.endswith("_verdict"))
 
 
 def _mark(row: pd.Series, metric: str) -> str:
     verdict = row.get(f"{metric}_verdict")
     if f"{metric}_q" not in row:     # an older table's single-test verdict: no mark it can stand behind
+        return ""
+    if row.get("spread_borrowed") is True or row.get("spread_borrowed") is np.True_:   # an older table's one run
         return ""
     return {BETTER: " [+]", WORSE: " [−]"}.get(verdict if isinstance(verdict, str) else "", "")
 

@@ -240,6 +240,10 @@ class _Parser(ParamStages, PlanStages):
                 ref = None if r is None else float(r)
             if ok:
                 out.append(Objective(metric, mode, ref))
+        from ..schema import objective_problems
+        checked = out if len(out) == len(value) else []     # (indices hold only when every objective parsed)
+        for i, problem in objective_problems([{"metric": o.metric, "mode": o.mode} for o in checked]):
+            self.err(f"objectives[{i}]", problem)
         return out
 
     def count(self, where: str, value, minimum: int) -> int:

@@ -103,6 +103,10 @@ def rates(design: str, tables: int, seed: int = 0) -> dict:
         "null 12": dict(configs=12),
         "null 100": dict(configs=100),
         "null 12, 3x spread": dict(configs=12, spread=3.0),
+        "null 12, 3x spread, baseline 3 runs": dict(configs=12, spread=3.0, baseline_runs=3),
+        "null 12, 8x spread, baseline 3 runs": dict(configs=12, spread=8.0, baseline_runs=3),
+        "null 12, 2 runs, 3x spread": dict(configs=12, runs=2, spread=3.0),
+        "null 12, 1 run, 8x spread": dict(configs=12, runs=1, spread=8.0),
         "null 12, top 3 confirmed": dict(configs=12, confirm=3),
         "null 100, top 3 confirmed": dict(configs=100, confirm=3),
         "SSIM -5 spreads, 11 null": dict(configs=12, effect={0: (0.0, -5 * SSIM[1])}),
@@ -128,7 +132,9 @@ def rates(design: str, tables: int, seed: int = 0) -> dict:
     return out
 
 
-DESIGNS = ("null 12", "null 100", "null 12, 3x spread", "null 12, top 3 confirmed", "null 100, top 3 confirmed",
+DESIGNS = ("null 12", "null 100", "null 12, 3x spread", "null 12, 3x spread, baseline 3 runs",
+           "null 12, 8x spread, baseline 3 runs", "null 12, 2 runs, 3x spread", "null 12, 1 run, 8x spread",
+           "null 12, top 3 confirmed", "null 100, top 3 confirmed",
            "SSIM -5 spreads, 11 null", "SSIM -5 spreads, 11 null, top 3 confirmed",
            "SSIM -5 spreads, 11 null, top 3 confirmed with 3 seeds", "trade-off (SSIM -0.10, accuracy -0.10), 11 null",
            "trade-off, 11 null, top 3 confirmed")

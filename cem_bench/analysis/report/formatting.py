@@ -108,6 +108,11 @@ def interval(row: pd.Series, metric: str) -> str:
     return text
 
 
+def flag(value) -> bool:
+    """A boolean cell: True only for a true boolean (a missing cell, NaN, is truthy to ``bool``)."""
+    return isinstance(value, (bool, np.bool_)) and bool(value)
+
+
 def p_text(value) -> str:
     """A p- or q-value: two significant digits, "< 0.0001" below that."""
     if is_missing(value):

@@ -121,9 +121,14 @@ class Results:
 
     @property
     def has_floor(self) -> bool:
-        """Is there a λ = 0 baseline with two or more runs to compare against (a noise floor)?"""
-        return self.configs is not None and bool(((self.configs["role"] == "baseline")
-                                                  & (self.configs["runs_ok"] > 1)).any())
+        """Is there a λ = 0 baseline with two or more runs to compare against (a noise floor): two or more
+        values of the privacy objective (an attack the utility gate skipped gives none), else two ok runs?"""
+        if self.configs is None:
+            return False
+        c = self.configs
+        pm = f"{self.metrics[1]}_n" if len(self.metrics) > 1 else None
+        runs = pd.to_numeric(c[pm], errors="coerce") if pm in c else c["runs_ok"]
+        return bool(((c["role"] == "baseline") & (runs > 1)).any())
 
     @property
     def front_configs(self) -> pd.DataFrame:
@@ -247,7 +252,9 @@ def _read_epochs(results_dir: Path) -> pd.DataFrame | None:
 
 
 def numeric(series: pd.Series) -> pd.Series:
-    return pd.to_numeric(series, errors="coerce").astype(float)
+    """Numbers, with anything else and ±inf as NaN: an infinite metric is a run that measured nothing (the
+    statistics of ``aggregate.build_configs`` count it as missing too, so a mean and its n agree)."""
+    return pd.to_numeric(series, errors="coerce").astype(float).replace([np.inf, -np.inf], np.nan)
 
 
 def is_attack_metric(metric: str) -> bool:
@@ -279,6 +286,8 @@ def _stored_configs(results_dir: Path | None, ids: pd.Series) -> pd.DataFrame | 
         return None   # older than the comparison with the baseline: rebuilt from the trials
     if not has_adjusted_verdicts(stored):
         return None   # older than the adjustment for many comparisons: its verdicts are single tests
+    if "spread_borrowed" in stored:
+        return None   # older than the rule that one run gets no verdict: it judged one run by the baseline's spread
     # every trial is a run or a repeat (a seed run again: aggregate.build_configs); older tables count no repeats
     counted = pd.to_numeric(stored["runs"], errors="coerce").sum()
     if "repeats" in stored:

@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import jinja2
+import matplotlib
 import pandas as pd
 
 from cem_bench.errors import ResultsError
@@ -158,7 +159,10 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         root, folders = Path(os.path.abspath(out_dir)), []
         root.mkdir(parents=True, exist_ok=True)
     os.close(open_dir(str(root), folders, create=True))   # a link in the way: refused before any drawing
-    with tempfile.TemporaryDirectory(prefix="cem-bench-report-") as stage:
+    # names come from the user's files: a `$` in one (an experiment called "$x^$") is text, not mathtext,
+    # which would mis-render it or stop the report with a parse error
+    with tempfile.TemporaryDirectory(prefix="cem-bench-report-") as stage, \
+            matplotlib.rc_context({"text.parse_math": False}):
         _draw(res, Path(stage))
         target = publish(stage, root, folders)
     return Path(target) / "index.html"

@@ -16,13 +16,18 @@ from cem_bench.analysis.aggregate import CONFIG_ID
 from cem_bench.schema import DEFAULT_UTILITY_TOLERANCE
 
 from .facts import config_searched_columns, status_counts
-from .formatting import format_value, interval, is_missing, ms, p_text, plural, short
-from .load import LAMBD_COL, SURROGATE_COL, Results
+from .formatting import flag, format_value, interval, is_missing, ms, p_text, plural, short
+from .load import LAMBD_COL, NOISE_COL, SURROGATE_COL, Results
 
 # ================================================================= the summary sentence
 AT, TRADE_OFF, UNRESOLVED = "at", "trade-off", "unresolved"   # a claimed configuration's utility (``Claim``)
 POWER = 0.8          # the chance a suggested confirmation resolves a difference of the size seen
 MOST_SEEDS = 30      # confirmation seeds beyond which the page says the baseline needs more seeds instead
+# Runs a side the summary's claim needs. Welch's test at 2 runs rests on one degree of freedom's worth of the
+# configuration's spread: on pure noise with the configuration 3x as spread as its baseline (what defended
+# configurations do), 12 configurations of 2 runs gave a claim in 14 % of reports, against 1-4 % at 3 runs
+# (docs/protocol.md §9). The tables still mark 2-run differences, under their own correction.
+CLAIM_RUNS = 3
 
 
 def _accuracy_point(values: pd.Series) -> float:
@@ -95,7 +100,11 @@ def claim(res: Results) -> Claim | None:
     if f"{pm}_holm" not in pool:
         return Claim(pool, 0, res.confirmed, pool.iloc[0:0], None, "")
     holm = pd.to_numeric(pool[f"{pm}_holm"], errors="coerce")
-    found = pool[(pool[f"{pm}_verdict_single"] == noise.BETTER) & (holm <= noise.ALPHA)]
+    n_of = dict(zip(c[CONFIG_ID], pd.to_numeric(c[f"{pm}_n"], errors="coerce"))) if f"{pm}_n" in c else {}
+    runs = pd.to_numeric(pool.get(f"{pm}_n", pd.Series(0, index=pool.index)), errors="coerce").fillna(0)
+    base_runs = pool["baseline_id"].map(n_of).astype(float).fillna(0) if "baseline_id" in pool else runs * 0
+    enough = (runs >= CLAIM_RUNS) & (base_runs >= CLAIM_RUNS)
+    found = pool[(pool[f"{pm}_verdict_single"] == noise.BETTER) & (holm <= noise.ALPHA) & enough]
     found = found.sort_values(pm, ascending=mode == "min", kind="stable")
     named, state = None, ""
     if len(found):
@@ -196,21 +205,21 @@ def summary_sentence(res: Results) -> str:
         return (f"No λ=0 baseline ran, so there is no noise floor and no reference accuracy. This report claims "
                 f"no difference between configurations.{tail}")
     base = base_rows.sort_values("runs_ok", ascending=False, kind="stable").iloc[0]
-    base_runs = _runs_of(base, pm)
-    base_txt = f"{pm} {ms(base, pm)}, {um} {ms(base, um)}" + (f" over {base_runs}" if base_runs else "")
     if not res.has_floor:
-        return (f"The λ=0 baseline ran once ({base_txt}). With one seed there is no noise floor, so this report "
-                f"claims no difference. The plots show single runs.{tail}")
-    base_sentence = f" The λ=0 baseline has {base_txt}."
+        return (f"The λ=0 baseline ran once ({_base_text(base, pm, um)}). With one seed there is no noise floor, "
+                f"so this report claims no difference. The plots show single runs.{tail}")
     scope = "confirmed configurations" if res.confirmed else "configurations"
     cl = claim(res)
     tol = utility_tolerance(res)
-    tol_txt = f"{format_value(tol)} (the space's utility_tolerance)"
+    tol_txt = f"{format_value(tol)} ({'the space' + chr(39) + 's' if res.utility_tolerance is not None else 'the default'} " \
+              f"utility_tolerance)"
     if cl.named is None:
-        return _no_claim(res, cl, scope) + base_sentence + tail
+        text, closest = _no_claim(res, cl, scope)
+        own = _baseline_of(res, closest) if closest is not None else None
+        return text + _base_sentence(res, own if own is not None else base) + tail
     r = cl.named
+    base_sentence = _base_sentence(res, _baseline_of(res, r))
     strength = " " + _strength(cl, r, pm)
-    borrowed = " Its spread is the baseline's (it ran once)." if bool(r.get("spread_borrowed")) else ""
     others = ""
     if len(cl.claimed) > 1:
         by = cl.claimed.groupby("_label").size()
@@ -224,7 +233,7 @@ def summary_sentence(res: Results) -> str:
                 f"It {moves}{strength} But its {um} falls beyond the noise: {_pm(r, um)}, {interval(r, um)}, "
                 f"p {p_text(r.get(f'{um}_p'))}. That is one test, as the configuration was chosen on privacy."
                 f"{_um_table_note(r, um)} None of the {scope} is more private at the baseline's {um}."
-                f"{borrowed}{others}{base_sentence}{tail}")
+                f"{others}{base_sentence}{tail}")
     head = f"Beyond the noise of the λ=0 baseline, {who} {moves}{strength}"
     if cl.utility == AT:
         body = (f" It is at the baseline's {um}: {_pm(r, um)}, {interval(r, um)}. That interval lies within the "
@@ -240,7 +249,22 @@ def summary_sentence(res: Results) -> str:
         elif own is not None:
             body += (f" Confirmation seeds alone cannot narrow its interval inside the tolerance. The baseline's "
                      f"own {um} spread needs more seeds too.")
-    return head + body + borrowed + others + base_sentence + tail
+    return head + body + others + base_sentence + tail
+
+
+def _base_text(base: pd.Series, pm: str, um: str) -> str:
+    """``attack_ssim 0.75 ± 0.01 over 4 runs, test_acc 0.90 ± 0.02 over 4 runs`` of a baseline row."""
+    return f"{pm} {_pm(base, pm)}, {um} {_pm(base, um)}"
+
+
+def _base_sentence(res: Results, base: pd.Series | None) -> str:
+    """`` The λ=0 baseline (σ 0.1) has ...``: the baseline the sentence before compared with, its σ named when
+    the search ran several."""
+    if base is None:
+        return ""
+    sigmas = res.configs[NOISE_COL].dropna().nunique() if NOISE_COL in res.configs else 0
+    which = f" (σ {format_value(base.get(NOISE_COL))})" if sigmas > 1 else ""
+    return f" The λ=0 baseline{which} has {_base_text(base, res.metrics[1], res.metrics[0])}."
 
 
 def _baseline_of(res: Results, row: pd.Series) -> pd.Series | None:
@@ -277,16 +301,27 @@ def _um_table_note(row: pd.Series, metric: str) -> str:
             f"{p_text(row.get(f'{metric}_q'))}.")
 
 
-def _no_claim(res: Results, cl: Claim, scope: str) -> str:
+def _no_claim(res: Results, cl: Claim, scope: str) -> tuple[str, pd.Series | None]:
     """The summary when no configuration survives: what was compared, the most private one's numbers, what
-    the tables mark instead, and how many confirmation seeds a difference of that size would need."""
+    the tables mark instead, and how many confirmation seeds a difference of that size would need; and that
+    most private configuration (None without one)."""
     pm, um = res.metrics[1], res.metrics[0]
-    corrected = f", once corrected for {_family_text(cl)} (Holm)" if cl.family > 1 else ""
-    text = f"None of the {scope} is more private than the λ=0 baseline beyond its noise{corrected}."
+    single = cl.pool[cl.pool["single_run"].fillna(False).astype(bool)] if "single_run" in cl.pool else cl.pool[:0]
     marks = _marks(res)
-    if marks.empty:
-        text += " After the correction, the differences the plots show are within the noise of the baseline."
+    if cl.family == 0:
+        text = (f"None of the {scope} could be compared with the λ=0 baseline: a comparison needs two or more "
+                f"runs a side with some spread.")
+        if len(single):
+            text += f" {plural(len(single), 'configuration')} ran once, and one run has no spread of its own."
     else:
+        corrected = f", once corrected for {_family_text(cl)} (Holm)" if cl.family > 1 else ""
+        text = f"None of the {scope} is more private than the λ=0 baseline beyond its noise{corrected}."
+        if len(single):
+            text += (f" {plural(len(single), 'other configuration')} ran once and {'is' if len(single) == 1 else 'are'}"
+                     f" not compared: one run has no spread of its own.")
+    if marks.empty and cl.family:
+        text += " After the correction, the differences the plots show are within the noise of the baseline."
+    elif not marks.empty:
         text += (f" The tables mark {plural(len(marks), 'configuration')} against the baseline on {pm} or {um}, "
                  f"by Benjamini-Hochberg (q ≤ {noise.ALPHA:g}). That rule keeps false marks to 5 % of the marks "
                  f"on average, a weaker guarantee than the summary's."
@@ -294,15 +329,20 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> str:
                     else ""))
     closest = cl.pool.dropna(subset=[pm]).sort_values(pm, ascending=res.modes[1] == "min", kind="stable")
     if not len(closest):
-        return text
+        return text, None
     r = closest.iloc[0]
     if not isinstance(r.get("baseline_id"), str):
         return (text + f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}. No "
-                f"λ=0 baseline shares its other keys (σ, …), so it is compared with none.")
-    verdict = r.get(f"{pm}_verdict") or "no verdict"
-    text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)} and {um} "
-             f"{ms(r, um)}. Against the baseline: {interval(r, pm)}, {_verdict_words(verdict)}, p "
-             f"{p_text(r.get(f'{pm}_p'))} ({p_text(r.get(f'{pm}_holm'))} after Holm's correction).")
+                f"λ=0 baseline shares its other keys (σ, data, model, …), so it is compared with none."), r
+    if flag(r.get("single_run")):
+        text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), ran once: {pm} {ms(r, pm)}, "
+                 f"{um} {ms(r, um)}, {interval(r, pm)} against the baseline. It is a candidate to run again "
+                 f"with new seeds, not a finding.")
+    else:
+        verdict = r.get(f"{pm}_verdict") or "no verdict"
+        text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)} and {um} "
+                 f"{ms(r, um)}. Against the baseline: {interval(r, pm)}, {_verdict_words(verdict)}, p "
+                 f"{p_text(r.get(f'{pm}_p'))} ({p_text(r.get(f'{pm}_holm'))} after Holm's correction).")
     better = r.get(f"{pm}_delta")
     if not is_missing(better) and (float(better) < 0) == (res.modes[1] == "min") and float(better) != 0:
         base = _baseline_of(res, r)
@@ -310,10 +350,10 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> str:
         if need is not None:
             text += (f" Confirming it alone with {need} new seeds would resolve a difference of this size "
                      f"{POWER:.0%} of the time, if it is real. The most private of many looks better than it is.")
-        elif base is not None:
+        elif base is not None and (pd.to_numeric(base.get(f"{pm}_n"), errors="coerce") or 0) >= 2:
             text += (f" A difference of this size would need more than {MOST_SEEDS} confirmation seeds against "
                      f"the baseline's runs. The baseline needs more seeds too.")
-    return text
+    return text, r
 
 
 def _params_text(res: Results, row: pd.Series) -> str:

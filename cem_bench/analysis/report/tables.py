@@ -16,7 +16,7 @@ from cem_bench.analysis.table import DEFAULT_METRICS, SIGMA, column_label, legen
 from cem_bench.schema import strongest_column
 
 from .facts import config_searched_columns
-from .formatting import format_value, interval, is_missing, ms, p_text, plural, short
+from .formatting import flag, format_value, interval, is_missing, ms, p_text, plural, short
 from .load import SKIP_COL, SURROGATE_COL, Results, is_attack_metric
 from .summary import at_utility
 
@@ -141,6 +141,8 @@ def versus_baseline(row: pd.Series, metric: str) -> str:
     """A configuration against its baseline on ``metric``: the verdict, then the difference, its interval and
     the probability of improvement (``noise.compare``); "—" for a baseline itself or without a floor."""
     verdict = row.get(f"{metric}_verdict")
+    if row.get("role") != "baseline" and flag(row.get("single_run")) and not is_missing(row.get(f"{metric}_delta")):
+        return f"one run, no spread of its own: {interval(row, metric)}, no verdict"
     if row.get("role") == "baseline" or not isinstance(verdict, str) or not verdict:
         return "—"
     text = {noise.BETTER: "better beyond the noise", noise.WORSE: "worse beyond the noise"}.get(
@@ -148,10 +150,7 @@ def versus_baseline(row: pd.Series, metric: str) -> str:
     single = row.get(f"{metric}_verdict_single")
     if verdict == noise.WITHIN and single in (noise.BETTER, noise.WORSE):
         text += f" after the correction ({'better' if single == noise.BETTER else 'worse'} as a single test)"
-    text += f": {interval(row, metric)}"
-    if bool(row.get("spread_borrowed")):
-        text += "; one run, the baseline's spread"
-    return text
+    return text + f": {interval(row, metric)}"
 
 
 def surrogate_bests(res: Results) -> str | None:
@@ -164,20 +163,24 @@ def surrogate_bests(res: Results) -> str | None:
     um, pm = res.metrics[0], res.metrics[1]
     p_mode = res.modes[1]
     pool = c[c["_ok"] & (c["role"] != "baseline")]
-    rows = []
+    rows, fallback = [], []
     for s in res.surrogates:
         own = pool[pool["_surrogate"] == s].dropna(subset=[pm])
         if own.empty:
             continue
         if (own["role"] == "confirmed").any():   # a surrogate's confirmed configurations speak for it
             own = own[own["role"] == "confirmed"]
-        if f"{um}_delta" in own:
-            near = own[at_utility(own, res)]
-            own = near if len(near) else own
+        near = own[at_utility(own, res)] if f"{um}_delta" in own else own.iloc[0:0]
+        fallback.append(near.empty)
+        own = near if len(near) else own
         rows.append(own.sort_values(pm, ascending=p_mode == "min", kind="stable").iloc[0])
     if not rows:
         return None
     shown = pd.DataFrame(rows).reset_index(drop=True)
+    # a surrogate none of whose configurations is shown at the baseline's accuracy: its most private one, so
+    # marked (the table's heading promises "at the baseline's accuracy")
+    shown["_label"] = [f"{lab} (none at the baseline's accuracy: its most private)" if fb else lab
+                       for lab, fb in zip(shown["_label"], fallback)]
     shown["_ms_u"] = [mean_std(r, um) for r in rows]
     shown["_ms_p"] = [mean_std(r, pm) for r in rows]
     shown["_vs_u"] = [versus_baseline(r, um) for r in rows]
