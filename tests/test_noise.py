@@ -43,7 +43,7 @@ def test_rows_at_once_equal_rows_one_by_one():
     many = noise.compare_many(noise.packed(xs), noise.packed(ys), "min")
     for i, (x, y) in enumerate(zip(xs, ys)):
         one = noise.compare(x, y, "min")
-        assert one.verdict == many["verdict"][i] and one.single == many["single"][i]
+        assert one.verdict == many["verdict"][i] and one.few == many["few"][i]
         assert one.diff == pytest.approx(many["diff"][i]) and one.p_better == pytest.approx(many["p_better"][i])
         if len(x) == 1 or len(y) < 2:     # closed form: identical
             assert one.lo == pytest.approx(many["lo"][i], nan_ok=True)

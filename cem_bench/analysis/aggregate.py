@@ -334,8 +334,8 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
                             compared: Sequence[str], objectives: Sequence[dict]) -> None:
     """In place: ``baseline_id`` and, per compared metric, ``_noise``, ``_delta``, ``_delta_lo``,
     ``_delta_hi``, ``_p_better``, ``_p``, ``_verdict_single`` (``noise.compare_many``, all configurations at
-    once), their adjusted ``_q``, ``_holm`` and ``_verdict`` (``adjust_comparisons``), and ``single_run`` (ran once:
-    no interval, p or verdict)."""
+    once), their adjusted ``_q``, ``_holm`` and ``_verdict`` (``adjust_comparisons``), and ``few_runs`` (fewer
+    than ``noise.MIN_RUNS`` runs: no interval, p or verdict)."""
     base = configs[configs["role"] == BASELINE]
     # one baseline per value of the baseline keys: the one with the most ok runs
     best = base.sort_values("runs_ok", ascending=False, kind="stable").drop_duplicates("_key")
@@ -344,7 +344,7 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
     row_of = {c: i for i, c in enumerate(configs[CONFIG_ID])}
     bidx = np.array([row_of.get(b, -1) if isinstance(b, str) else -1 for b in configs["baseline_id"]])
     rows = np.flatnonzero((bidx >= 0) & (bidx != np.arange(len(configs))))
-    single = np.zeros(len(configs), dtype=bool)
+    few = np.zeros(len(configs), dtype=bool)
     ids = used[CONFIG_ID].map(row_of).to_numpy(dtype=np.int64)
     for m in compared:
         mode = metric_mode(m, objectives)
@@ -367,12 +367,12 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
             out["p_better"][rows] = c["p_better"]
             out["p"][rows] = c["p"]
             verdict[rows] = c["verdict"]
-            single[rows] |= c["single"]
+            few[rows] |= c["few"]
         for k, col in out.items():
             configs[f"{m}_{k}"] = col
         configs[f"{m}_verdict_single"] = verdict
         adjust_comparisons(configs, m)
-    configs["single_run"] = single
+    configs["few_runs"] = few
 
 
 def comparison_families(configs: pd.DataFrame) -> np.ndarray:

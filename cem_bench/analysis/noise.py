@@ -8,9 +8,10 @@ A configuration is compared with its λ = 0 baseline metric by metric, on their 
   is rebuilt identically; ``tests/test_noise.py`` holds it to ``scipy.stats.bootstrap``), widened to
   Welch's t interval where that is wider (it is at the few seeds a search affords, where the percentile
   bootstrap alone is far too narrow: measured in docs/protocol.md §9). A
-  configuration with a single run has no spread of its own and gets no interval, no p-value and no verdict
-  (``single`` says so): judged with the baseline's spread, one run of a defended configuration (whose runs
-  vary 2-10x more than the baseline's) was called "better" on pure noise in 21-79 % of reports (§9);
+  comparison needs ``MIN_RUNS`` (3) runs a side: with fewer there is no interval, no p-value and no verdict
+  (``few`` says so), only the difference. One run judged with the baseline's spread, or two under Welch's
+  test, named a winner on pure noise in 14-79 % of reports when the configuration's runs spread 3-8x more than
+  the baseline's, as a defended configuration's do (docs/protocol.md §9);
 * the probability of improvement, P(X > Y) + P(X = Y)/2 for one run X of the configuration and one run Y
   of the baseline (the Mann-Whitney U statistic over n·m, as in Agarwal et al. 2021 and Bouthillier et al.
   2021).
@@ -42,6 +43,7 @@ import numpy as np
 
 LEVEL = 0.95           # the intervals' confidence level
 P_MIN = 0.75           # probability of improvement a claim needs
+MIN_RUNS = 3           # runs a side a comparison needs (module docstring)
 ALPHA = 1 - LEVEL      # the adjusted p-value (Holm) a summary claim and the q-value (BH) a mark need
 N_RESAMPLES = 2000     # bootstrap resamples: interval ends stable to ~1 % of the spread at n = 3
 BETTER, WORSE, WITHIN, NO_FLOOR = "better", "worse", "within noise", ""
@@ -54,8 +56,8 @@ class Comparison:
     lo: float              # the 95 % interval of the oriented difference
     hi: float
     p_better: float        # probability of improvement of one run over one baseline run
-    verdict: str           # BETTER, WORSE, WITHIN or NO_FLOOR (fewer than two runs a side, or no spread)
-    single: bool           # the configuration ran once: no interval, no p-value, no verdict
+    verdict: str           # BETTER, WORSE, WITHIN or NO_FLOOR (fewer than MIN_RUNS runs a side, or no spread)
+    few: bool              # the configuration has fewer than MIN_RUNS runs: no interval, p-value or verdict
     p: float = math.nan    # Welch's two-sided p-value
 
     @property
@@ -88,7 +90,7 @@ def packed(groups, width: int | None = None) -> np.ndarray:
 def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0) -> dict[str, np.ndarray]:
     """``compare`` for k configurations at once: ``x`` (k, a) and ``y`` (k, b) hold each configuration's runs
     and its baseline's, finite values first and NaN after (``packed``). Returns arrays of length k: ``diff``,
-    ``lo``, ``hi``, ``p_better``, ``verdict``, ``single``, ``p`` (Welch's two-sided p-value; NaN without
+    ``lo``, ``hi``, ``p_better``, ``verdict``, ``few``, ``p`` (Welch's two-sided p-value; NaN without
     an interval). Vectorised because a search of 100,000 trials
     holds tens of thousands of configurations and one scipy call each took minutes; the bootstrap is
     scipy's percentile method, resampled here for all rows at once."""
@@ -106,14 +108,15 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
         lo = np.full(k, np.nan)
         hi = np.full(k, np.nan)
         from scipy.stats import t as student
-        # one run has no spread of its own: no interval, no p, no verdict. The baseline's spread is not a
-        # stand-in for it (a defended configuration's runs vary 2-10x more than the baseline's: §9)
-        single = (nx == 1) & (ny >= 2)
+        # fewer than MIN_RUNS runs: no interval, no p, no verdict. One run has no spread of its own (the
+        # baseline's is no stand-in: a defended configuration's runs vary 2-10x more), and Welch's test on two
+        # rests on one degree of freedom of it (§9)
+        few = (nx >= 1) & (nx < MIN_RUNS) & (ny >= 2)
         p = np.full(k, np.nan)
         se2 = vx / nx + vy / ny
-        # two or more runs a side with some spread: Welch's interval, widened to the percentile bootstrap's
+        # MIN_RUNS or more a side with some spread: Welch's interval, widened to the percentile bootstrap's
         # where that is wider. No spread on either side (every run equal) is no noise to measure against
-        both = (nx >= 2) & (ny >= 2) & (se2 > 0)
+        both = (nx >= MIN_RUNS) & (ny >= MIN_RUNS) & (se2 > 0)
         dof = se2 ** 2 / ((vx / nx) ** 2 / (nx - 1) + (vy / ny) ** 2 / (ny - 1))
         w_half = student.ppf(0.5 + LEVEL / 2, dof) * np.sqrt(se2)
         lo[both], hi[both] = (diff - w_half)[both], (diff + w_half)[both]
@@ -133,7 +136,7 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
     verdict[floor] = WITHIN
     verdict[floor & (lo > 0) & (p_better >= P_MIN)] = BETTER
     verdict[floor & (hi < 0) & (p_better <= 1 - P_MIN)] = WORSE
-    return {"diff": diff, "lo": lo, "hi": hi, "p_better": p_better, "verdict": verdict, "single": single,
+    return {"diff": diff, "lo": lo, "hi": hi, "p_better": p_better, "verdict": verdict, "few": few,
             "p": p}
 
 
@@ -204,7 +207,7 @@ def compare(x, y, mode: str = "max", seed: int = 0) -> Comparison:
     """The configuration's runs ``x`` against the baseline's ``y`` on one metric (module docstring)."""
     r = compare_many(packed([x]), packed([y]), mode, seed)
     return Comparison(float(r["diff"][0]), float(r["lo"][0]), float(r["hi"][0]), float(r["p_better"][0]),
-                      str(r["verdict"][0]), bool(r["single"][0]), float(r["p"][0]))
+                      str(r["verdict"][0]), bool(r["few"][0]), float(r["p"][0]))
 
 
 

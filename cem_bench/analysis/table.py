@@ -26,7 +26,7 @@ from ..integrity import read_table
 from ..schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
 from ..storage import Dir
 from .aggregate import CONFIRMED, build_configs
-from .noise import ALPHA, BETTER, P_MIN, WORSE
+from .noise import ALPHA, BETTER, MIN_RUNS, P_MIN, WORSE
 
 DEFAULT_METRICS = ("test_acc", "attack_ssim", "attack_psnr", "attack_mse")
 SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "config.cem.surrogate"
@@ -105,8 +105,8 @@ def legend(configs: pd.DataFrame, metric: str) -> str:
                 + (f" ({', '.join(compared)})" if compared else "") + ". Its cells claim nothing about differences.")
     verdicts = configs[col].fillna("").astype(str)
     if not (verdicts != "").any():
-        return ("No λ=0 baseline with two or more runs shares these keys: the table claims nothing about "
-                "differences.")
+        return (f"No cell of {MIN_RUNS} or more runs has a λ=0 baseline of {MIN_RUNS} or more runs sharing its "
+                f"keys (a comparison needs {MIN_RUNS} runs a side): the table claims nothing about differences.")
     if f"{metric}_q" not in configs:
         return ("These results predate the correction for many comparisons and have no trials to rebuild it "
                 "from: the table marks nothing (its single tests are not corrected for the comparisons made).")

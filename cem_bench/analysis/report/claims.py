@@ -32,20 +32,24 @@ ACC, SSIM = (0.90, 0.03), (0.75, 0.01)      # the runs' mean and spread: the bas
 
 def simulated_trials(rng: np.random.Generator, configs: int, effect: dict[int, tuple[float, float]] | None = None,
                      runs: int = 3, baseline_runs: int = 4, confirm: int = 0, confirm_runs: int = 4,
-                     spread: float = 1.0) -> pd.DataFrame:
+                     spread: float = 1.0, skewed: bool = False) -> pd.DataFrame:
     """A trials table of a simulated search (module docstring): configuration ``i`` is gmm at λ = i + 1;
     ``effect[i] = (Δ accuracy, Δ SSIM)`` shifts its means; ``spread`` scales the configurations' spread
-    relative to the baseline's."""
+    relative to the baseline's; ``skewed`` draws every run from a shifted exponential of the same mean and
+    spread (a long tail towards higher values, as of a seed that failed to train) instead of a normal."""
     effect = effect or {}
     rows = []
+
+    def draw(mean: float, sd: float) -> float:
+        return mean + sd * (rng.exponential() - 1.0) if skewed else rng.normal(mean, sd)
 
     def run(i: int | None, seed: int, role: str) -> None:
         d_acc, d_ssim = effect.get(i, (0.0, 0.0)) if i is not None else (0.0, 0.0)
         k = 1.0 if i is None else spread
         rows.append({"trial_id": f"t{len(rows):05d}", "status": "ok", "role": role, "config.seed": seed,
                      "config.defense.noise_std": 0.1, "config.cem.lambd": 0.0 if i is None else float(i + 1),
-                     "config.cem.surrogate": "gmm", "test_acc": rng.normal(ACC[0] + d_acc, k * ACC[1]),
-                     "attack_ssim": rng.normal(SSIM[0] + d_ssim, k * SSIM[1]), "wall_s": 1.0})
+                     "config.cem.surrogate": "gmm", "test_acc": draw(ACC[0] + d_acc, k * ACC[1]),
+                     "attack_ssim": draw(SSIM[0] + d_ssim, k * SSIM[1]), "wall_s": 1.0})
     for s in range(baseline_runs):
         run(None, s, "baseline")
     for i in range(configs):
@@ -107,6 +111,8 @@ def rates(design: str, tables: int, seed: int = 0) -> dict:
         "null 12, 8x spread, baseline 3 runs": dict(configs=12, spread=8.0, baseline_runs=3),
         "null 12, 2 runs, 3x spread": dict(configs=12, runs=2, spread=3.0),
         "null 12, 1 run, 8x spread": dict(configs=12, runs=1, spread=8.0),
+        "null 12, 3x spread, skewed": dict(configs=12, spread=3.0, skewed=True),
+        "null 12, 3x spread, skewed, top 3 confirmed": dict(configs=12, spread=3.0, skewed=True, confirm=3),
         "null 12, top 3 confirmed": dict(configs=12, confirm=3),
         "null 100, top 3 confirmed": dict(configs=100, confirm=3),
         "SSIM -5 spreads, 11 null": dict(configs=12, effect={0: (0.0, -5 * SSIM[1])}),
@@ -134,6 +140,7 @@ def rates(design: str, tables: int, seed: int = 0) -> dict:
 
 DESIGNS = ("null 12", "null 100", "null 12, 3x spread", "null 12, 3x spread, baseline 3 runs",
            "null 12, 8x spread, baseline 3 runs", "null 12, 2 runs, 3x spread", "null 12, 1 run, 8x spread",
+           "null 12, 3x spread, skewed", "null 12, 3x spread, skewed, top 3 confirmed",
            "null 12, top 3 confirmed", "null 100, top 3 confirmed",
            "SSIM -5 spreads, 11 null", "SSIM -5 spreads, 11 null, top 3 confirmed",
            "SSIM -5 spreads, 11 null, top 3 confirmed with 3 seeds", "trade-off (SSIM -0.10, accuracy -0.10), 11 null",

@@ -23,11 +23,6 @@ from .load import LAMBD_COL, NOISE_COL, SURROGATE_COL, Results
 AT, TRADE_OFF, UNRESOLVED = "at", "trade-off", "unresolved"   # a claimed configuration's utility (``Claim``)
 POWER = 0.8          # the chance a suggested confirmation resolves a difference of the size seen
 MOST_SEEDS = 30      # confirmation seeds beyond which the page says the baseline needs more seeds instead
-# Runs a side the summary's claim needs. Welch's test at 2 runs rests on one degree of freedom's worth of the
-# configuration's spread: on pure noise with the configuration 3x as spread as its baseline (what defended
-# configurations do), 12 configurations of 2 runs gave a claim in 14 % of reports, against 1-4 % at 3 runs
-# (docs/protocol.md §9). The tables still mark 2-run differences, under their own correction.
-CLAIM_RUNS = 3
 
 
 def _accuracy_point(values: pd.Series) -> float:
@@ -100,11 +95,7 @@ def claim(res: Results) -> Claim | None:
     if f"{pm}_holm" not in pool:
         return Claim(pool, 0, res.confirmed, pool.iloc[0:0], None, "")
     holm = pd.to_numeric(pool[f"{pm}_holm"], errors="coerce")
-    n_of = dict(zip(c[CONFIG_ID], pd.to_numeric(c[f"{pm}_n"], errors="coerce"))) if f"{pm}_n" in c else {}
-    runs = pd.to_numeric(pool.get(f"{pm}_n", pd.Series(0, index=pool.index)), errors="coerce").fillna(0)
-    base_runs = pool["baseline_id"].map(n_of).astype(float).fillna(0) if "baseline_id" in pool else runs * 0
-    enough = (runs >= CLAIM_RUNS) & (base_runs >= CLAIM_RUNS)
-    found = pool[(pool[f"{pm}_verdict_single"] == noise.BETTER) & (holm <= noise.ALPHA) & enough]
+    found = pool[(pool[f"{pm}_verdict_single"] == noise.BETTER) & (holm <= noise.ALPHA)]
     found = found.sort_values(pm, ascending=mode == "min", kind="stable")
     named, state = None, ""
     if len(found):
@@ -306,19 +297,19 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> tuple[str, pd.Series | Non
     the tables mark instead, and how many confirmation seeds a difference of that size would need; and that
     most private configuration (None without one)."""
     pm, um = res.metrics[1], res.metrics[0]
-    single = cl.pool[cl.pool["single_run"].fillna(False).astype(bool)] if "single_run" in cl.pool else cl.pool[:0]
+    few = cl.pool[cl.pool["few_runs"].fillna(False).astype(bool)] if "few_runs" in cl.pool else cl.pool[:0]
+    need = f"{noise.MIN_RUNS} or more runs a side"
     marks = _marks(res)
     if cl.family == 0:
-        text = (f"None of the {scope} could be compared with the λ=0 baseline: a comparison needs two or more "
-                f"runs a side with some spread.")
-        if len(single):
-            text += f" {plural(len(single), 'configuration')} ran once, and one run has no spread of its own."
+        text = f"None of the {scope} could be compared with the λ=0 baseline: a comparison needs {need}."
+        if len(few):
+            text += f" {plural(len(few), 'configuration')} ran fewer times."
     else:
         corrected = f", once corrected for {_family_text(cl)} (Holm)" if cl.family > 1 else ""
         text = f"None of the {scope} is more private than the λ=0 baseline beyond its noise{corrected}."
-        if len(single):
-            text += (f" {plural(len(single), 'other configuration')} ran once and {'is' if len(single) == 1 else 'are'}"
-                     f" not compared: one run has no spread of its own.")
+        if len(few):
+            text += (f" {plural(len(few), 'other configuration')} ran fewer than {noise.MIN_RUNS} times and "
+                     f"{'is' if len(few) == 1 else 'are'} not compared.")
     if marks.empty and cl.family:
         text += " After the correction, the differences the plots show are within the noise of the baseline."
     elif not marks.empty:
@@ -334,10 +325,10 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> tuple[str, pd.Series | Non
     if not isinstance(r.get("baseline_id"), str):
         return (text + f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}. No "
                 f"λ=0 baseline shares its other keys (σ, data, model, …), so it is compared with none."), r
-    if flag(r.get("single_run")):
-        text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), ran once: {pm} {ms(r, pm)}, "
-                 f"{um} {ms(r, um)}, {interval(r, pm)} against the baseline. It is a candidate to run again "
-                 f"with new seeds, not a finding.")
+    if flag(r.get("few_runs")):
+        text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)} and {um} "
+                 f"{ms(r, um)}: {interval(r, pm)} against the baseline. It is a candidate to run again with new "
+                 f"seeds, not a finding.")
     else:
         verdict = r.get(f"{pm}_verdict") or "no verdict"
         text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)} and {um} "

@@ -141,8 +141,8 @@ def versus_baseline(row: pd.Series, metric: str) -> str:
     """A configuration against its baseline on ``metric``: the verdict, then the difference, its interval and
     the probability of improvement (``noise.compare``); "—" for a baseline itself or without a floor."""
     verdict = row.get(f"{metric}_verdict")
-    if row.get("role") != "baseline" and flag(row.get("single_run")) and not is_missing(row.get(f"{metric}_delta")):
-        return f"one run, no spread of its own: {interval(row, metric)}, no verdict"
+    if row.get("role") != "baseline" and flag(row.get("few_runs")) and not is_missing(row.get(f"{metric}_delta")):
+        return f"too few runs for a verdict (fewer than {noise.MIN_RUNS}): {interval(row, metric)}"
     if row.get("role") == "baseline" or not isinstance(verdict, str) or not verdict:
         return "—"
     text = {noise.BETTER: "better beyond the noise", noise.WORSE: "worse beyond the noise"}.get(
