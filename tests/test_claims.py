@@ -244,6 +244,9 @@ def test_no_claim_from_one_or_two_runs_of_a_noisier_configuration(runs, spread):
     assert sum(j.compared for j in judged) == 0            # no p-value: not a member of any family
     assert all("could be compared" in j.sentence and "3 or more runs a side" in j.sentence for j in judged), \
         judged[0].sentence
+    from cem_bench.analysis.table import legend
+    text = legend(results_of(simulated_trials(rng, 12, runs=runs, spread=spread), OBJ).configs, "attack_ssim")
+    assert "No cell of 3 or more runs" in text and "spread from the baseline" not in text, text
 
 
 def test_no_spread_on_either_side_is_no_verdict_and_a_misspelt_mode_is_refused():

@@ -123,7 +123,7 @@ def legend(configs: pd.DataFrame, metric: str) -> str:
             f"correction over the {int(p.notna().sum())} comparisons of this metric ({families}): q ≤ {ALPHA:g}. "
             f"p is a comparison's own Welch p-value, q the adjusted one (the p / q table). An unmarked cell "
             f"claims no difference. (n confirmed): the statistics of the confirmation runs; other cells are the "
-            f"search's own runs, exploratory. A cell of one run takes its spread from the baseline's.")
+            f"search's own runs, exploratory. A cell of fewer than {MIN_RUNS} runs is compared with nothing.")
     return head + ("" if claims else " No cell differs from its baseline beyond the noise.")
 
 
