@@ -357,3 +357,12 @@ def test_a_dollar_in_a_name_is_text_not_mathtext(tmp_path):
     (tmp_path / "search_space.json").write_text(json.dumps({"name": "$x^$", "objectives": OBJ}))
     page = build_report(tmp_path, tmp_path / "out")
     assert "$x^$" in page.read_text()
+
+
+def test_a_difference_below_float_precision_is_not_printed_as_zeros():
+    """A spread of 1e-10 printed "0.75000000 ± 0.00000000" and "Δ -0.00000000": three significant digits
+    instead, so the page shows how small the numbers are."""
+    from cem_bench.analysis.report.formatting import round_to
+    assert round_to(-2e-9, 1e-10, signed=True) == "-2e-09"
+    assert round_to(0.75, 1e-10) == "0.75" and round_to(1e-10, 1e-10) == "1e-10"
+    assert round_to(0.9054, 0.01851) == "0.905"

@@ -80,7 +80,9 @@ def round_to(value, scale, signed: bool = False) -> str:
         return format_value(v)
     if not (math.isfinite(s) and s > 0):
         return f"{v:{sign}.3g}"
-    decimals = min(8, max(0, 1 - math.floor(math.log10(s))))
+    decimals = max(0, 1 - math.floor(math.log10(s)))
+    if decimals > 8:   # a spread below 1e-7 (float32 rounding): fixed decimals would print a difference as 0.00000000
+        return f"{v:{sign}.3g}"
     return f"{v:{sign},.{decimals}f}"
 
 
