@@ -344,6 +344,10 @@ def test_a_stored_table_that_judged_one_run_by_the_baselines_spread_is_rebuilt(t
     rebuilt = table.load_configs(tmp_path)
     assert "spread_borrowed" not in rebuilt and (rebuilt["attack_ssim_verdict"] != noise.BETTER).all()
     assert "[+]" not in table.paper_table(rebuilt, "attack_ssim").to_string()
+    (tmp_path / "trials.parquet").unlink()                   # nothing to rebuild from: shown without marks
+    shown = table.load_configs(tmp_path)
+    assert "[+]" not in table.paper_table(shown, "attack_ssim").to_string()
+    assert "predate" in table.legend(shown, "attack_ssim")
 
 
 def test_a_dollar_in_a_name_is_text_not_mathtext(tmp_path):

@@ -21,8 +21,8 @@ The verdict is "better" when the interval lies above zero and the probability of
 else "within noise". Both conditions, because each alone fails at the few seeds a search affords: the
 interval says whether the difference of the means is resolved, the probability of improvement whether a
 single run of the configuration usually beats one of the baseline (a mean moved by one outlier fails it).
-docs/protocol.md §9 explains the choice and gives the false-claim rates. With fewer than two baseline runs
-there is no noise floor and no verdict (""); nor where every run on both sides is equal (no spread at all: a
+docs/protocol.md §9 explains the choice and gives the false-claim rates. With fewer than ``MIN_RUNS`` runs on
+either side there is no verdict (""); nor where every run on both sides is equal (no spread at all: a
 difference there is the metric's rounding, not a measurement against noise).
 
 Each comparison also has a p-value, Welch's two-sided t-test: p <= 0.05 exactly where Welch's interval
@@ -141,14 +141,9 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
 
 
 def _two_sided(diff: np.ndarray, scale: np.ndarray, dof: np.ndarray) -> np.ndarray:
-    """2 P(T_dof > |diff| / scale); a zero scale (every run equal on both sides) gives 1 for no difference
-    and 0 for any other (the interval is the point itself, as ``compare_many`` draws it)."""
+    """2 P(T_dof > |diff| / scale), for a positive scale (``compare_many`` gives no p without spread)."""
     from scipy.stats import t as student
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = 2 * student.sf(np.abs(diff) / scale, dof)
-    zero = scale == 0
-    p[zero] = np.where(diff[zero] == 0, 1.0, 0.0)
-    return np.clip(p, 0.0, 1.0)
+    return np.clip(2 * student.sf(np.abs(diff) / scale, dof), 0.0, 1.0)
 
 
 def holm(p) -> np.ndarray:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from ..errors import ResultsError
@@ -40,8 +39,8 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
     # missing, or written before the comparison with the baseline or before its adjustment for many
     # comparisons: built from the trials when they are there
     trials = read_table(d, TRIALS_FILE, "trials")
-    if trials is None and configs is not None:
-        return configs
+    if trials is None and configs is not None:   # nothing to rebuild from: shown, but its verdicts not marked
+        return configs.drop(columns=[c for c in configs.columns if c.endswith("_q")])
     if trials is None and not d.is_dir():
         raise ResultsError(f"{d.display}: no such folder; give the experiment folder of a `cem-bench search`")
     if trials is None:
@@ -52,19 +51,18 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
 
 
 def adjusted(configs: pd.DataFrame) -> bool:
-    """Does every ``<m>_verdict`` come with its family's adjustment (``<m>_q``), under the rule that one run
-    gets no verdict (a table with ``spread_borrowed`` predates it)? Older tables' verdicts are single tests or
-    judge one run by the baseline's spread: without the trials to rebuild from, such a table is shown without
-    marks."""
+    """Are a stored configurations table's verdicts this code's: each ``<m>_verdict`` with its family's
+    adjustment (``<m>_q``, ``_holm``, ``_verdict_single``), and no ``spread_borrowed`` (written before a
+    comparison needed 3 runs a side, when one run was judged by the baseline's spread)? Older tables are
+    rebuilt from the trials (here and by the report); without the trials, shown without marks."""
+    metrics = [c[: -len("_verdict")] for c in configs.columns if c.endswith("_verdict")]
     return "spread_borrowed" not in configs and all(
-        f"{c[: -len('_verdict')]}_q" in configs for c in configs.columns if c.endswith("_verdict"))
+        {f"{m}_q", f"{m}_holm", f"{m}_verdict_single"} <= set(configs.columns) for m in metrics)
 
 
 def _mark(row: pd.Series, metric: str) -> str:
     verdict = row.get(f"{metric}_verdict")
-    if f"{metric}_q" not in row:     # an older table's single-test verdict: no mark it can stand behind
-        return ""
-    if row.get("spread_borrowed") is True or row.get("spread_borrowed") is np.True_:   # an older table's one run
+    if f"{metric}_q" not in row:     # an older table's verdict: no mark it can stand behind
         return ""
     return {BETTER: " [+]", WORSE: " [−]"}.get(verdict if isinstance(verdict, str) else "", "")
 

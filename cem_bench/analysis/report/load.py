@@ -42,6 +42,7 @@ from cem_bench.analysis.aggregate import (
     skipped_attacks,
 )
 from cem_bench.analysis.results import is_final
+from cem_bench.analysis.table import adjusted
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
 from cem_bench.integrity import MANIFEST_FILE, read_table
@@ -284,23 +285,14 @@ def _stored_configs(results_dir: Path | None, ids: pd.Series) -> pd.DataFrame | 
         return None
     if not {CONFIG_ID, "runs", "runs_ok", "role", "final_front"} <= set(stored.columns):
         return None   # older than the comparison with the baseline: rebuilt from the trials
-    if not has_adjusted_verdicts(stored):
-        return None   # older than the adjustment for many comparisons: its verdicts are single tests
-    if "spread_borrowed" in stored:
-        return None   # older than the rule that one run gets no verdict: it judged one run by the baseline's spread
+    if not adjusted(stored):
+        return None   # older verdicts (single tests, or one run judged by the baseline's spread): rebuilt
     # every trial is a run or a repeat (a seed run again: aggregate.build_configs); older tables count no repeats
     counted = pd.to_numeric(stored["runs"], errors="coerce").sum()
     if "repeats" in stored:
         counted += pd.to_numeric(stored["repeats"], errors="coerce").sum()
     same = set(stored[CONFIG_ID].astype(str)) == set(ids) and counted == len(ids)
     return stored if same else None
-
-
-def has_adjusted_verdicts(configs: pd.DataFrame) -> bool:
-    """Does every ``<m>_verdict`` of a configurations table come with its family's adjustment (``<m>_q``,
-    ``_holm``, ``_verdict_single``)? Tables written before it hold single-test verdicts only."""
-    metrics = [c[: -len("_verdict")] for c in configs.columns if c.endswith("_verdict")]
-    return all({f"{m}_q", f"{m}_holm", f"{m}_verdict_single"} <= set(configs.columns) for m in metrics)
 
 
 def load_configs(results_dir: Path | None, raw: pd.DataFrame, trials: pd.DataFrame,
