@@ -20,6 +20,7 @@ from cem_bench.analysis.report.load import results_of
 from cem_bench.analysis.report.summary import AT, TRADE_OFF, UNRESOLVED, claim, utility_states
 from cem_bench.cli import main
 from cem_bench.spaces import parse_space
+from cem_bench.storage import jsonable
 
 OBJ = [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}]
 
@@ -190,7 +191,9 @@ def test_an_unconfirmed_claim_is_exploratory_and_counts_its_comparisons():
 def test_the_tolerance_is_a_key_of_the_space_and_reaches_the_report(tmp_path):
     doc = {"name": "t", "objectives": [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}],
            "num_samples": 2, "params": {"cem.lambd": {"choice": [8, 16]}}}
-    assert parse_space(doc).to_dict()["utility_tolerance"] == 0.02
+    # a space that states none saves none: its report calls the tolerance the default, not the space's (the
+    # parser once saved 0.02, so every report said "the space's utility_tolerance")
+    assert parse_space(doc).to_dict()["utility_tolerance"] is None
     assert parse_space({**doc, "utility_tolerance": 0.05}).to_dict()["utility_tolerance"] == 0.05
     for bad in (-0.1, "two points", True):
         with pytest.raises(Exception, match="utility_tolerance"):
@@ -199,6 +202,9 @@ def test_the_tolerance_is_a_key_of_the_space_and_reaches_the_report(tmp_path):
     (tmp_path / "search_space.json").write_text(json.dumps({"name": "t", "objectives": OBJ, "utility_tolerance": 0.05}))
     res = load_results(tmp_path)
     assert res.utility_tolerance == 0.05 and claim(res).utility == AT
+    (tmp_path / "search_space.json").write_text(json.dumps(jsonable(parse_space(doc).to_dict())))
+    res = load_results(tmp_path)
+    assert res.utility_tolerance is None and claim(res).utility == TRADE_OFF   # the default's 0.02, not 0.05
 
 
 def test_the_table_marks_only_what_survives_and_prints_p_and_q(tmp_path, capsys):

@@ -417,12 +417,12 @@ def kill_driver_when(tmp_path: Path, space: str, storage: Path, address: str, ti
 @pytest.mark.ray
 def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
     """A driver killed during the baseline (its state files truncated, as a kill mid-copy leaves them) is
-    finished by --resume: the 2 baseline runs, the 3 search runs and the 2 confirmation runs each exactly once.
+    finished by --resume: the 3 baseline runs, the 3 search runs and the 3 confirmation runs each exactly once.
     The experiment is moved to another folder before the resume (as a copy from a cluster is): every trial,
     the new ones too, is written where the experiment now is, nothing where it was."""
-    n = 3 + 2 + 2
-    space = write_space(tmp_path, "killed", num_samples=3, max_concurrent=2, baseline={"replicates": 2},
-                        confirm={"top": 1, "replicates": 2})
+    n = 3 + 3 + 3
+    space = write_space(tmp_path, "killed", num_samples=3, max_concurrent=2, baseline={"replicates": 3},
+                        confirm={"top": 1, "replicates": 3})
     storage = tmp_path / "res"
     exp = storage / "killed"
     kill_driver_when(tmp_path, space, storage, ray_cluster, 180,
@@ -456,13 +456,13 @@ def test_killed_driver_is_finished_by_resume(tmp_path, ray_cluster):
     assert len(trials) == n, (trials[["trial_id", "status", "error"]], proc.stdout[-6000:])
     assert trials["trial_id"].is_unique
     assert (trials["status"] == "ok").all(), trials[["trial_id", "status", "error"]]
-    assert sorted(trials["role"]) == ["baseline"] * 2 + ["confirm"] * 2 + ["search"] * 3
+    assert sorted(trials["role"]) == ["baseline"] * 3 + ["confirm"] * 3 + ["search"] * 3
     runs = trials[["config_id", "config.seed"]].astype(str).agg("/".join, axis=1)
     assert runs.is_unique, trials[["role", "config_id", "config.seed"]]
     base = trials[trials["role"] == "baseline"]
-    assert sorted(base["config.seed"]) == [0, 1] and (base["config.cem.surrogate"] == "none").all()
+    assert sorted(base["config.seed"]) == [0, 1, 2] and (base["config.cem.surrogate"] == "none").all()
     confirm = trials[trials["role"] == "confirm"]
-    assert confirm["config_id"].nunique() == 1 and sorted(confirm["config.seed"]) == [2, 3]
+    assert confirm["config_id"].nunique() == 1 and sorted(confirm["config.seed"]) == [3, 4, 5]
     assert confirm["config_id"].iloc[0] in set(trials.loc[trials["role"] == "search", "config_id"])
     import optuna
     from optuna.storages import JournalStorage
@@ -827,8 +827,8 @@ def test_a_full_disk_stops_a_resumed_search_too(tmp_path):
 
 
 def test_baseline_and_confirmation_run_exactly_once_across_restores(tmp_path):
-    """The searcher hands out the λ = 0 baseline first (2 σ cells x 2 seeds), then the search's 5 runs, waits
-    for the last of them, then the 2 best configurations again with 2 new seeds each, then FINISHED; restored
+    """The searcher hands out the λ = 0 baseline first (2 σ cells x 3 seeds), then the search's 5 runs, waits
+    for the last of them, then the 2 best configurations again with 3 new seeds each, then FINISHED; restored
     from its saved state at any point (as --resume does) it hands out none of these twice and misses none."""
     from ray.tune.search import Searcher
 
@@ -836,10 +836,10 @@ def test_baseline_and_confirmation_run_exactly_once_across_restores(tmp_path):
     from cem_bench.spaces import load_space
     params = {"defense.noise_std": {"choice": [0.05, 0.1]}, "cem.lambd": {"loguniform": [1, 32]},
               "cem.surrogate": {"choice": ["gmm", "slot_cross"]}}
-    spec = load_space(write_space(tmp_path, "floor", num_samples=5, params=params, baseline={"replicates": 2},
-                                  confirm={"top": 2, "replicates": 2}))
-    assert (spec.baseline_runs, spec.runs, spec.confirm_runs, spec.total_runs) == (4, 5, 4, 13)
-    assert spec.baseline_seeds == (0, 1) and spec.confirm_seeds == (2, 3)
+    spec = load_space(write_space(tmp_path, "floor", num_samples=5, params=params, baseline={"replicates": 3},
+                                  confirm={"top": 2, "replicates": 3}))
+    assert (spec.baseline_runs, spec.runs, spec.confirm_runs, spec.total_runs) == (6, 5, 6, 17)
+    assert spec.baseline_seeds == (0, 1, 2) and spec.confirm_seeds == (3, 4, 5)
 
     def result(cfg):   # a larger λ: more private, less accurate; slot_cross is dominated by gmm
         lam, penalty = cfg["cem.lambd"], 0.5 * (cfg["cem.surrogate"] != "gmm")
@@ -848,7 +848,7 @@ def test_baseline_and_confirmation_run_exactly_once_across_restores(tmp_path):
     searcher = make_searcher(spec, str(tmp_path / "exp")).searcher.searcher
     handed, running = [], {}
     n = 0
-    restores = {3, 7, 9, 11}                     # inside the baseline, the search, the wait, the confirmation
+    restores = {3, 9, 11, 13}                    # inside the baseline, the search, the wait, the confirmation
     while True:
         if n in restores:
             searcher.save(str(tmp_path / "s.pkl"))
@@ -873,10 +873,10 @@ def test_baseline_and_confirmation_run_exactly_once_across_restores(tmp_path):
             searcher.on_trial_complete(f"t{n}", {"test_acc": 0.5, "attack_ssim": 0.5, "status": "ok"})
         n += 1
     roles = [c.get("role") or "search" for c in handed]
-    assert roles == ["baseline"] * 4 + ["search"] * 5 + ["confirm"] * 4, roles
-    base = sorted((c["defense.noise_std"], c["seed"], c["cem.lambd"]) for c in handed[:4])
-    assert base == [(0.05, 0, 0.0), (0.05, 1, 0.0), (0.1, 0, 0.0), (0.1, 1, 0.0)]
-    search = handed[4:9]
+    assert roles == ["baseline"] * 6 + ["search"] * 5 + ["confirm"] * 6, roles
+    base = sorted((c["defense.noise_std"], c["seed"], c["cem.lambd"]) for c in handed[:6])
+    assert base == [(s, seed, 0.0) for s in (0.05, 0.1) for seed in (0, 1, 2)]
+    search = handed[6:11]
     # the front first (gmm's runs), within it the largest exclusive hypervolume (refs 0 and 1 of write_space)
     from cem_bench.frontier import hypervolume_contributions, pareto_ranks
     values = np.array([[result(c)["test_acc"], result(c)["attack_ssim"]] for c in search])
@@ -885,9 +885,9 @@ def test_baseline_and_confirmation_run_exactly_once_across_restores(tmp_path):
     for r in set(ranks):
         gain[ranks == r] = hypervolume_contributions(values[ranks == r], ["max", "min"], [0.0, 1.0])
     best = [search[i] for i in sorted(range(len(search)), key=lambda i: (ranks[i], -gain[i], -values[i, 0]))[:2]]
-    confirm = handed[9:]
+    confirm = handed[11:]
     assert sorted((c["cem.lambd"], c["seed"]) for c in confirm) == sorted(
-        (c["cem.lambd"], s) for c in best for s in (2, 3))
+        (c["cem.lambd"], s) for c in best for s in (3, 4, 5))
     assert all({k: v for k, v in c.items() if k not in ("seed", "role")} in
                [{k: v for k, v in b.items() if k != "seed"} for b in best] for c in confirm)
 
@@ -898,8 +898,8 @@ def test_moasha_search_stops_dominated_trials_and_a_killed_driver_resumes_it(tmp
     the scheduler has stopped a trial, finished by --resume: every run exactly once; the scheduler's decisions
     from before the kill kept; trials it stopped are "stopped" at a rung in trials.parquet and PRUNED in
     Optuna's study, never errors; the baseline's and the confirmation's runs are never stopped."""
-    space = write_space(tmp_path, "moasha", num_samples=6, max_concurrent=2, baseline={"replicates": 2},
-                        confirm={"top": 1, "replicates": 2}, fixed={"train.epochs": 4},
+    space = write_space(tmp_path, "moasha", num_samples=6, max_concurrent=2, baseline={"replicates": 3},
+                        confirm={"top": 1, "replicates": 3}, fixed={"train.epochs": 4},
                         scheduler={"name": "moasha", "grace_epochs": 1, "reduction_factor": 2})
     storage = tmp_path / "res"
     exp = storage / "moasha"
@@ -916,7 +916,7 @@ def test_moasha_search_stops_dominated_trials_and_a_killed_driver_resumes_it(tmp
     # kept: every decision about a trial the experiment has (a trial the killed driver started after its last
     # snapshot is not in it: its sample ran again under a new id, and the scheduler forgot it)
     assert {t: e for t, e in before.items() if t in set(trials["trial_id"])}.items() <= after.items()
-    assert trials["trial_id"].is_unique and len(trials) == 2 + 6 + 2, trials[["trial_id", "role", "status"]]
+    assert trials["trial_id"].is_unique and len(trials) == 3 + 6 + 3, trials[["trial_id", "role", "status"]]
     # a stopped trial's config is what the searcher gave (params.json): no seed key means the default seed 0
     runs = trials["config_id"] + "/" + trials["config.seed"].fillna(0).astype(int).astype(str)
     assert runs.is_unique

@@ -221,8 +221,8 @@ def test_the_plan_fields_are_reported_with_the_others():
     for frag in ["objectives[1].metric: unknown metric 'attack_ssimm'",
                  "params.cem.lambd.loguniform: a log scale needs low > 0",
                  "params.defense.noise_std: sampler grid enumerates discrete values",
-                 "baseline.replicates: 1 must be an integer >= 2",
-                 "confirm.replicates: 1 must be an integer >= 2",
+                 "baseline.replicates: 1 must be an integer >= 3",
+                 "confirm.replicates: 1 must be an integer >= 3",
                  "utility_tolerance: -1 must be a number >= 0",
                  "scheduler.grace: unknown option of scheduler 'moasha'"]:
         assert frag in text, f"missing {frag!r} in:\n{text}"
@@ -467,16 +467,24 @@ def test_baseline_and_confirm_defaults():
     # a searched σ: one baseline cell per value; the search's seeds lead the baseline's
     spec = parse_space(minimal(params={"cem.lambd": {"loguniform": [1, 64]},
                                        "defense.noise_std": {"choice": [0.05, 0.1]}},
-                               seeds=[7, 9], baseline={"replicates": 3}, confirm={"top": 1, "replicates": 2}))
+                               seeds=[7, 9], baseline={"replicates": 3}, confirm={"top": 1, "replicates": 3}))
     assert spec.baseline_cells == ({"defense.noise_std": 0.05}, {"defense.noise_std": 0.1})
-    assert spec.baseline_seeds == (7, 9, 10) and spec.confirm_seeds == (11, 12)
-    assert spec.baseline_runs == 6 and spec.runs == 8 and spec.confirm_runs == 2
+    assert spec.baseline_seeds == (7, 9, 10) and spec.confirm_seeds == (11, 12, 13)
+    assert spec.baseline_runs == 6 and spec.runs == 8 and spec.confirm_runs == 3
 
 
 def test_baseline_and_confirm_errors_name_the_problem():
     errs = errors_of(minimal(baseline={"replicates": 1}, confirm={"top": 2, "replicates": 1}))
-    assert any(e.startswith("baseline.replicates: 1 must be an integer >= 2") for e in errs), errs
-    assert any(e.startswith("confirm.replicates: 1 must be an integer >= 2") for e in errs), errs
+    assert any(e.startswith("baseline.replicates: 1 must be an integer >= 3") for e in errs), errs
+    assert any(e.startswith("confirm.replicates: 1 must be an integer >= 3") for e in errs), errs
+    # two runs a side are refused too: such a baseline or confirmation is compared with nothing (noise.MIN_RUNS),
+    # so its trials would run for no verdict
+    errs = errors_of(minimal(baseline={"replicates": 2}, confirm={"top": 2, "replicates": 2}))
+    assert any(e.startswith("baseline.replicates: 2 must be an integer >= 3 (a comparison needs 3 runs a side)")
+               for e in errs), errs
+    assert any(e.startswith("confirm.replicates: 2 must be an integer >= 3") for e in errs), errs
+    spec = parse_space(minimal(baseline={"replicates": 0}, confirm={"top": 0, "replicates": 3}))
+    assert spec.baseline_replicates == 0 and spec.confirm_top == 0
     errs = errors_of(minimal(baseline="yes", confirm={"best": 2}))
     assert any(e.startswith("baseline: 'yes' must be {replicates: N}") for e in errs), errs
     assert any(e.startswith("confirm: {'best': 2} must be {top: K, replicates: R}") for e in errs), errs

@@ -154,7 +154,7 @@ class _Parser(ParamStages, PlanStages):
             self.grid_kinds(params)
         baseline_n = self.baseline_form(doc.get("baseline"))
         top, confirm_reps = self.confirm(doc.get("confirm"))
-        tolerance = self.utility_tolerance(doc.get("utility_tolerance", DEFAULT_UTILITY_TOLERANCE))
+        tolerance = self.utility_tolerance(doc.get("utility_tolerance"))
         scheduler = self.scheduler(doc.get("scheduler"), objectives, fixed, params, grid, seeds)
         if self.errors:
             raise SpaceError(self.errors, self.path)
@@ -173,10 +173,14 @@ class _Parser(ParamStages, PlanStages):
                           baseline_cells=cells, confirm_top=top, confirm_replicates=confirm_reps,
                           scheduler=scheduler, utility_tolerance=tolerance)
 
-    def utility_tolerance(self, value) -> float:
+    def utility_tolerance(self, value) -> float | None:
         """``utility_tolerance: T`` (a number >= 0, in the first objective's units): how far a configuration's
         utility may fall below its baseline's for the report to call it "at the baseline's accuracy" (the
-        95 % interval of the difference must lie above -T; docs/protocol.md §9)."""
+        95 % interval of the difference must lie above -T; docs/protocol.md §9). None where the space states
+        none: the report's default then applies, in the objective's own units (2 points of a fraction or of a
+        percentage), and the report says it is the default, not the space's."""
+        if value is None:
+            return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             self.err("utility_tolerance", f"{value!r} must be a number >= 0 in the first objective's units (0.02: "
                      "2 points of accuracy)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from ..analysis.noise import MIN_RUNS
 from . import samplers, schedulers
 from .spec import DEFAULT_BASELINE_REPLICATES, DEFAULT_CONFIRM, RUNG_METRICS
 
@@ -103,9 +104,11 @@ class PlanStages:
         return {**fixed, "attack.probe_epochs": rungs}
 
     def baseline_form(self, value) -> int | None:
-        """``baseline: {replicates: N}`` (N >= 2, or 0), ``true`` (N = 3) or ``false``: the λ = 0 runs that
-        measure the search's noise floor. Returns N (0: none, also after a refusal), or None where it is left
-        out (its default depends on the parameters: ``baseline``)."""
+        """``baseline: {replicates: N}`` (N >= ``noise.MIN_RUNS``, or 0), ``true`` (N = 3) or ``false``: the
+        λ = 0 runs that measure the search's noise floor. Fewer than MIN_RUNS runs are refused rather than run:
+        such a baseline is compared with nothing (docs/protocol.md §9), so its runs would be spent for a band.
+        Returns N (0: none, also after a refusal), or None where it is left out (its default depends on the
+        parameters: ``baseline``)."""
         if value is None:
             return None
         if value is True:
@@ -114,12 +117,12 @@ class PlanStages:
             return 0
         if isinstance(value, dict) and set(value) <= {"replicates"} and "replicates" in value:
             n = value["replicates"]
-            if isinstance(n, bool) or not isinstance(n, int) or n == 1 or n < 0:
-                self.err("baseline.replicates", f"{n!r} must be an integer >= 2 (a noise floor needs two runs), "
-                         "or 0 for no baseline")
+            if isinstance(n, bool) or not isinstance(n, int) or 0 < n < MIN_RUNS or n < 0:
+                self.err("baseline.replicates", f"{n!r} must be an integer >= {MIN_RUNS} (a comparison needs "
+                         f"{MIN_RUNS} runs a side), or 0 for no baseline")
                 return 0
             return n
-        self.err("baseline", f"{value!r} must be {{replicates: N}} (N >= 2), true ({{replicates: "
+        self.err("baseline", f"{value!r} must be {{replicates: N}} (N >= {MIN_RUNS}), true ({{replicates: "
                  f"{DEFAULT_BASELINE_REPLICATES}}}) or false")
         return 0
 
@@ -157,8 +160,8 @@ class PlanStages:
         return n, cells
 
     def confirm(self, value) -> tuple[int, int]:
-        """``confirm: {top: K, replicates: R}`` (K >= 1, R >= 2), ``true`` (the default, top 3 with 3 seeds) or
-        ``false``: after the search, the K best configurations run again with R new seeds."""
+        """``confirm: {top: K, replicates: R}`` (K >= 1, R >= ``noise.MIN_RUNS``), ``true`` (the default, top 3
+        with 3 seeds) or ``false``: after the search, the K best configurations run again with R new seeds."""
         if value is None or value is True:
             return DEFAULT_CONFIRM["top"], DEFAULT_CONFIRM["replicates"]
         if value is False:
@@ -172,8 +175,10 @@ class PlanStages:
         if isinstance(top, bool) or not isinstance(top, int) or top < 0:
             self.err("confirm.top", f"{top!r} must be an integer >= 1, or 0 for no confirmation")
             return 0, 0
-        if isinstance(reps, bool) or not isinstance(reps, int) or reps < 2:
-            self.err("confirm.replicates", f"{reps!r} must be an integer >= 2 (an interval needs two runs)")
+        if isinstance(reps, bool) or not isinstance(reps, int) or reps < MIN_RUNS:
+            # fewer confirmation runs give no verdict (docs/protocol.md §9): the confirmation would claim nothing
+            self.err("confirm.replicates", f"{reps!r} must be an integer >= {MIN_RUNS} (a comparison needs "
+                     f"{MIN_RUNS} runs a side)")
             return 0, 0
         return (top, reps) if top else (0, 0)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schema import DEFAULT_UTILITY_TOLERANCE, OBJECTIVE_METRICS
+from ..schema import OBJECTIVE_METRICS
 
 METRICS: tuple[str, ...] = OBJECTIVE_METRICS
 MODES = ("max", "min")
@@ -127,8 +127,9 @@ class SearchSpec:
     # ``scheduler: {name: moasha, grace_epochs: G, reduction_factor: η}``: its name and every option of its
     # plug-in (defaults filled in); None = every trial runs to the end (no scheduler, or fifo)
     scheduler: dict | None = None
-    # the report's equivalence margin on the first objective (schema.DEFAULT_UTILITY_TOLERANCE)
-    utility_tolerance: float = DEFAULT_UTILITY_TOLERANCE
+    # the report's equivalence margin on the first objective; None: the space states none, and the report's
+    # default (schema.DEFAULT_UTILITY_TOLERANCE, in the objective's units) applies and is called the default
+    utility_tolerance: float | None = None
 
     @property
     def replicates(self) -> int:
