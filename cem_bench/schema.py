@@ -103,6 +103,16 @@ def per_attack_columns(columns) -> list[str]:
 # otherwise. docs/protocol.md §9 says why a stated number and not the baseline's spread.
 DEFAULT_UTILITY_TOLERANCE = 0.02
 
+# Config keys that say how a trial runs, not what it measures (run on another card, compiled or graphed, its
+# data read from another folder, probed at other epochs). A baseline that differs from its configurations only
+# in these is still their baseline (analysis/aggregate.py), and a resumed search may change them (search/run.py:
+# an experiment copied to another machine reads its data from another folder); any other key makes another
+# experiment.
+EXECUTION_KEYS = frozenset((
+    "data.root", "train.device", "train.amp", "train.tf32", "train.compile", "train.cuda_graph",
+    "train.surrogate_stream", "train.compile_surrogate", "train.eval_batch_size",
+    "attack.probe_epochs", "attack.probe_images", "attack.probe_iterations"))
+
 # used when a results folder has no search_space.json; ref = the hypervolume reference point
 DEFAULT_OBJECTIVES: tuple[dict, ...] = (
     {"metric": "test_acc", "mode": "max", "ref": 0.1},        # chance on 10 classes

@@ -194,22 +194,68 @@ def test_a_trial_asking_more_cpus_than_the_machine_has_is_refused(fake_machine, 
         run.search_command(search_args(paper, "--cpus-per-trial", "12"))
 
 
-def test_resume_with_a_changed_space_counts_the_experiments_own_trials(fake_machine, capsys, tmp_path):
-    """--resume restores the experiment's own plan; the banner said the new file's count (issue 39)."""
-    import json
-
-    from cem_bench.spaces import load_space
-    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+def _saved_experiment(tmp_path, space: str, overrides: dict | None = None):
+    """An experiment folder as a search of ``space`` leaves it (``tuner.pkl`` stands for Ray's state: the
+    checks below run before Ray), its search_space.json written and recorded as the search writes it."""
+    from cem_bench.integrity import write_recorded_json
     exp = tmp_path / "results" / "demo"       # the fixture runs in tmp_path: the default --storage ./results
     exp.mkdir(parents=True)
     (exp / "tuner.pkl").write_bytes(b"a Ray experiment")
-    saved = load_space(demo, {"num_samples": 2}).to_dict()
-    (exp / "search_space.json").write_text(json.dumps(saved))
-    with pytest.raises(Started):
+    write_recorded_json(str(exp), "search_space.json", load_space(space, overrides or {}).to_dict())
+    return exp
+
+
+def test_resume_with_a_changed_budget_is_refused_after_the_experiments_own_count(fake_machine, capsys, tmp_path):
+    """--resume restores the experiment's own plan: the banner counts its trials, not the new file's (issue
+    39), and a budget it would not run is refused (Ray's restored experiment keeps its own)."""
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    _saved_experiment(tmp_path, demo, {"num_samples": 2})
+    with pytest.raises(SearchError, match=r"--resume: the space differs from the experiment's search_space.json "
+                                          r"in num_samples\."):
         run.search_command(search_args(demo, "--num-samples", "9", "--resume"))
     line = first_line(capsys)
     assert run.plan(load_space(demo, {"num_samples": 2})) in line, line
     assert "9 configurations" not in line
+
+
+def test_resume_refuses_a_space_that_changes_what_the_trials_compute(fake_machine, capsys, tmp_path):
+    """A --set or an edit of a fixed key on --resume reached the remaining epochs of trials halfway through and
+    re-attacked finished ones (the audit of 2026-11-28): refused before Ray starts, naming the key and both
+    values. How trials run (data.root, the device) and the resources may change, with a note."""
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    _saved_experiment(tmp_path, demo)
+    with pytest.raises(SearchError) as e:
+        run.search_command(search_args(demo, "--resume", "--set", "defense.noise_std=0.9"))
+    msg = str(e.value)
+    assert "fixed.defense.noise_std (" in msg and "-> 0.9)" in msg and "--name NEW_NAME" in msg, msg
+    # a key the saved file does not name stands at its default: setting that default is no change
+    import dataclasses
+    import json
+
+    from cem_bench.config import key_specs
+    from cem_bench.storage import json_bytes
+    spec = load_space(demo)
+    saved = json.loads(json_bytes(spec.to_dict()))
+    key, ks = next((k, v) for k, v in key_specs().items()
+                   if k not in spec.fixed and isinstance(v.default, float) and not isinstance(v.default, bool))
+    assert run.space_changes(dataclasses.replace(spec, fixed={**spec.fixed, key: ks.default}), saved) == ([], [])
+    refused, _ = run.space_changes(dataclasses.replace(spec, fixed={**spec.fixed, key: ks.default + 1}), saved)
+    assert refused == [f"fixed.{key} ({json.dumps(ks.default)} -> {json.dumps(ks.default + 1)})"], refused
+    with pytest.raises(Started):
+        run.search_command(search_args(demo, "--resume", "--set", "data.root=/elsewhere", "--cpus-per-trial", "2"))
+    out = capsys.readouterr().out
+    assert "differs from the experiment's search_space.json in resources, fixed.data.root" in out, out
+
+
+def test_resume_refuses_a_damaged_space_file_before_any_trial(fake_machine, tmp_path):
+    """A truncated search_space.json was found only after every trial had run (the tables' check): now before."""
+    from cem_bench.errors import ResultsError
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    exp = _saved_experiment(tmp_path, demo)
+    data = (exp / "search_space.json").read_bytes()
+    (exp / "search_space.json").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ResultsError, match="search_space.json is not the file cem-bench wrote there"):
+        run.search_command(search_args(demo, "--resume"))
 
 
 # ---------------------------------------------------------------------------------- trial count

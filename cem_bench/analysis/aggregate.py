@@ -43,6 +43,7 @@ from ..schema import (
     rank_table,
     strongest_column,
 )
+from ..schema import EXECUTION_KEYS as schema_execution_keys
 from . import noise
 
 SEED_COLUMN = "config.seed"
@@ -185,14 +186,10 @@ def compared_metrics(columns, objectives: Sequence[dict]) -> list[str]:
 SIGMA_COLUMN = "config.defense.noise_std"
 
 
-# Keys that say how a trial ran, not what it measures: a baseline that differs from its configurations only
-# in these (run on another card, compiled or graphed, its data read from another folder) is still their
-# baseline. Any other key that differs (the data set, the model, the training, the attack) makes it another
-# experiment, never a noise floor to compare with.
-EXECUTION_KEYS = frozenset(f"config.{k}" for k in (
-    "data.root", "train.device", "train.amp", "train.tf32", "train.compile", "train.cuda_graph",
-    "train.surrogate_stream", "train.compile_surrogate", "train.eval_batch_size",
-    "attack.probe_epochs", "attack.probe_images", "attack.probe_iterations"))
+# Columns that say how a trial ran, not what it measures (schema.EXECUTION_KEYS): a baseline that differs from
+# its configurations only in these is still their baseline. Any other key that differs (the data set, the model,
+# the training, the attack) makes it another experiment, never a noise floor to compare with.
+EXECUTION_KEYS = frozenset(f"config.{k}" for k in schema_execution_keys)
 
 
 def baseline_key_columns(trials: pd.DataFrame, cols: Sequence[str]) -> list[str]:

@@ -24,7 +24,6 @@ from ..storage import (
     filesystem,
     is_uri,
     join,
-    jsonable,
     nearest_existing,
     remove_file,
     resolve_storage,
@@ -162,6 +161,7 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
     guard = StorageGuard(storage, key=spec.name)
     if resume:
         check_resumable(exp_path)
+        check_space_unchanged(spec, exp_path)
     # the folder is made (new) or locked (--resume) here, before Ray starts: a second driver of the same
     # experiment stops now (search_command already holds it around the tables too: re-entrant)
     with experiment_lock(exp_path, resume), driver.active(spec.name, driver_paths(spec, storage, guard)):
@@ -256,8 +256,6 @@ def _tuner(spec, storage: str, exp_path: str, resume: bool, trust_pickled_state:
     if resume:
         if not tune.Tuner.can_restore(exp_path):
             raise SearchError(f"--resume: Ray cannot restore {exp_path}")
-        if exists(join(exp_path, SPACE_FILE)):
-            _warn_if_changed(spec, join(exp_path, SPACE_FILE))
         for line in repair_experiment_state(exp_path, trust_pickle=trust_pickled_state):
             print(f"--resume: {line}", flush=True)
         for line in restore_removed_checkpoints(exp_path):
@@ -346,19 +344,74 @@ def saved_plan(spec, path: str):
         return spec
 
 
-def _warn_if_changed(spec, path: str) -> None:
-    try:
-        fs, p = filesystem(path)
-        with fs.open_input_stream(p) as fh:
-            saved = loads_json(fh.read())
-    except Exception:  # noqa: BLE001
+# What a resumed search may change: where and how its trials run. Anything else decides what they compute, and a
+# restored experiment's searcher proposes what its first driver planned while every trial's config is built from
+# the space given now (trainable.make_trainable): an edited ``fixed`` or a new ``--set`` reached the remaining
+# epochs of trials already halfway through, and re-attacked finished ones (the audit of 2026-11-28).
+RESUME_MAY_CHANGE = ("name", "path", "resources", "max_concurrent", "max_failures", "utility_tolerance")
+
+
+def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
+    """(refused, allowed): how ``spec`` differs from an experiment's saved ``search_space.json``. ``fixed`` is
+    compared key by key with each key's default standing in for a missing one, and its ``EXECUTION_KEYS`` (the
+    data's folder, the device, compilation, the probe) are allowed; a top-level key the saved file lacks (an
+    older cem-bench's) is not compared."""
+    from ..config import key_specs
+    from ..schema import EXECUTION_KEYS
+    from ..storage import json_bytes
+    now = loads_json(json_bytes(spec.to_dict()))   # as the file was written: tuples are lists, floats as stored
+    specs = key_specs()
+    refused: list[str] = []
+    allowed: list[str] = []
+    for key, value in now.items():
+        if key not in saved or saved[key] == value:
+            continue
+        if key in RESUME_MAY_CHANGE:
+            allowed.append(key)
+        elif key == "fixed" and isinstance(saved[key], dict) and isinstance(value, dict):
+            missing = object()
+            for k in sorted(set(value) | set(saved[key])):
+                default = specs[k].default if k in specs else missing
+                was, is_ = saved[key].get(k, default), value.get(k, default)
+                if was == is_:
+                    continue
+                words = f"fixed.{k} ({_shown(was, missing)} -> {_shown(is_, missing)})"
+                (allowed if k in EXECUTION_KEYS else refused).append(words)
+        else:
+            refused.append(key)
+    return refused, allowed
+
+
+def _shown(value, missing) -> str:
+    return "not set" if value is missing else json.dumps(value)
+
+
+def check_space_unchanged(spec, exp_path: str) -> None:
+    """``--resume``, before Ray starts: the experiment's ``search_space.json`` verified against its manifest (a
+    damaged one, or a damaged manifest, is a ResultsError now, not after every trial has run), and a SearchError
+    where the space given (its file and every ``--set``) would change what the remaining trials compute
+    (``space_changes``); a note for what may change. An experiment without the file (an older cem-bench's) is
+    not checked."""
+    from ..integrity import read_json_file
+    saved = read_json_file(exp_path, SPACE_FILE, "the search space the search saved (JSON)")
+    if not isinstance(saved, dict):
         return
-    now = jsonable(spec.to_dict())
-    diff = [k for k in now if k != "path" and saved.get(k) != now[k]]
-    if diff:
-        print(f"note: the space differs from the experiment's search_space.json in {', '.join(diff)}; the "
-              f"restored experiment keeps its own sampler, budget and parameters (new resources apply)",
-              flush=True)
+    refused, allowed = space_changes(spec, saved)
+    if refused:
+        raise SearchError(
+            f"--resume: the space differs from the experiment's {SPACE_FILE} in {', '.join(refused)}. A resumed "
+            f"search runs the trials it planned, and their configs would mix both (trials halfway through "
+            f"would finish under the new values): resume with the space and --set options it was started with "
+            f"(its {SPACE_FILE} shows them), or start a new experiment with --name NEW_NAME. What may change "
+            f"on --resume: {', '.join(k for k in RESUME_MAY_CHANGE if k not in ('name', 'path'))} and how trials "
+            f"run (fixed keys such as data.root and train.device). Nothing was changed")
+    # the name is the folder's, the file's path may move, and a new search saves the concurrency it computed for
+    # its machine (not the space's number): none of these is news
+    allowed = [k for k in allowed if k not in ("name", "path", "max_concurrent")]
+    if allowed:
+        print(f"note: the space differs from the experiment's {SPACE_FILE} in {', '.join(allowed)}; the trials "
+              f"from now on run with the new fixed keys and resources (the restored experiment keeps its own "
+              f"concurrency, failure budget and the report's utility_tolerance)", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -464,6 +517,7 @@ def search_command(args) -> dict:
     stats["resume_command"] = resume_command(args, spec.name, resolve_storage(args.storage))
     if args.resume:
         check_resumable(exp_path)
+        check_space_unchanged(spec, exp_path)   # before the banner's plan is trusted and before Ray starts
     else:
         check_storage(resolve_storage(args.storage))
     if args.address is None:
