@@ -238,6 +238,28 @@ def test_state_survives_a_killed_driver_through_the_state_file(tmp_path, state_f
     assert unkeyed.decisions == [] and unkeyed.ranker.counter == 0
 
 
+@pytest.mark.parametrize("content", [b"{}", b"null", b"[1, 2]", b'{"ranker": {"counter": 99, "rungs": 3}}',
+                                     b'{"ranker": {"counter": "x"}}', b"{not json"])
+def test_a_damaged_state_file_leaves_the_scheduler_its_own_state(tmp_path, state_file, capsys, content):
+    """A state file of valid JSON but another shape raised KeyError/TypeError in the resumed driver (the audit of
+    2026-11-28; only invalid JSON was caught): every damage is said once, and the scheduler goes on with the state
+    it was restored with, deciding as an undamaged one does."""
+    state_file(tmp_path / "state.jsonl")
+    stream = _stream(5)
+    first = MOASHA(ranker(eta=2), state_key="exp")
+    at_start = pickle.dumps(first)
+    _feed(first, stream[:40])
+    (tmp_path / "state.jsonl").write_bytes(content)
+    resumed = pickle.loads(at_start)
+    reference = pickle.loads(at_start)
+    state_file(tmp_path / "none.jsonl")      # the reference reads no file at all
+    _restore_trials(reference, stream[:40])
+    state_file(tmp_path / "state.jsonl")
+    _restore_trials(resumed, stream[:40])
+    assert "the scheduler's saved state" in capsys.readouterr().err
+    assert _feed(resumed, stream[40:]) == _feed(reference, stream[40:])
+
+
 def test_save_and_restore_by_pickle(tmp_path):
     stream = _stream(7)
     a = MOASHA(ranker(eta=2))

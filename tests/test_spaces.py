@@ -408,6 +408,8 @@ def test_bad_overrides_are_space_errors():
     errs = "\n".join(space_error_lines(path, {"name": "a b", "num_samples": 0, "bogus": 1,
                                              "fixed": {"train.epochs": -1}}))
     assert "name: 'a b' is not a safe folder name" in errs
+    # "$" matched before a final newline: --name $'evil\n' made a folder whose name ends in one
+    assert "is not a safe folder name" in "\n".join(space_error_lines(path, {"name": "evil\n"}))
     assert "num_samples: 0" in errs and "overrides.bogus: unknown override" in errs
     assert "fixed.train.epochs: train.epochs: -1 is out of range" in errs
 

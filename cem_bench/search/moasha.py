@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -121,11 +122,15 @@ class MOASHA(FIFOScheduler):
             return
         try:
             saved = loads_json(data)
-        except ValueError:
-            return   # damaged: the scheduler keeps its own state
-        if int(saved["ranker"]["counter"]) > self.ranker.counter:
-            self.ranker.load_state_dict(saved["ranker"])
-            self._stops = [dict(d) for d in saved.get("decisions", [])]
+            if int(saved["ranker"]["counter"]) > self.ranker.counter:
+                stops = [dict(d) for d in saved.get("decisions", [])]
+                self.ranker.load_state_dict(saved["ranker"])   # assigns only once every record has parsed
+                self._stops = stops
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            # damaged, or valid JSON of another shape ({} or null once crashed the resumed driver with a
+            # KeyError): the scheduler keeps its own state, and says so
+            print(f"cem-bench: the scheduler's saved state {path} is damaged ({type(e).__name__}: {e}); the "
+                  f"scheduler goes on with the state it restored with the experiment", file=sys.stderr, flush=True)
 
     def _write_state(self) -> None:
         path = self.state_path

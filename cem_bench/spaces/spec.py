@@ -41,7 +41,8 @@ DEFAULT_BASELINE_REPLICATES = 3
 DEFAULT_CONFIRM = {"top": 3, "replicates": 3}
 REQUIRED_KEYS = ("name", "objectives", "params")   # num_samples too, except with sampler grid (the cell count)
 PARAM_FIELDS = (*KINDS, "log", "step", "when")
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# \Z, not $: "$" also matches before a final newline, and a --name ending in one made a folder "name\n"
+SAFE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 
 
 def rung_epochs(max_epochs: int, grace_epochs: int, reduction_factor: float) -> list[int]:
