@@ -31,9 +31,11 @@ def _race(exp: str, barrier, results) -> None:
     barrier.wait()
     try:
         with experiment_lock(exp, resume=False):
+            # what Ray writes first: a folder with it is never taken over as abandoned (a racer descheduled
+            # past the winner's end must still be refused)
+            Path(exp, "tuner.pkl").write_bytes(b"x")
             results.put("ran")
             time.sleep(0.5)
-            # a trial's output: the folder is kept because the run "succeeded"
     except SearchError as e:
         results.put("refused: " + str(e).split(";")[0])
 
@@ -121,6 +123,34 @@ def test_a_search_that_fails_before_ray_wrote_anything_leaves_no_folder(tmp_path
             (exp / "tuner.pkl").write_bytes(b"x")
             raise KeyboardInterrupt
     assert (exp / "tuner.pkl").is_file()
+
+
+def test_a_driver_killed_while_starting_leaves_a_folder_the_next_search_takes_over(tmp_path, holder, capsys):
+    """A plain kill during Ray's start-up left the folder holding only the lock (and perhaps the space and its
+    checksum list): a new search said "already exists" and --resume "no tuner.pkl" (the audit of 2026-11-28).
+    The next new search now takes it over; never one a live driver holds, nor one with anything else in it."""
+    exp = tmp_path / "res" / "starting"
+    p = holder(exp)
+    with pytest.raises(SearchError, match="already exists"):     # a live driver still starting: refused
+        with experiment_lock(str(exp), resume=False):
+            pass
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    (exp / "search_space.json").write_text("{}")
+    with experiment_lock(str(exp), resume=False):
+        assert "holds only what a search stopped while starting leaves" in capsys.readouterr().out
+        (exp / "tuner.pkl").write_bytes(b"x")
+    (exp / "tuner.pkl").unlink()
+    (exp / "trials.parquet").write_bytes(b"results")         # anything else: kept, refused
+    with pytest.raises(SearchError, match="already exists"):
+        with experiment_lock(str(exp), resume=False):
+            pass
+    assert (exp / "trials.parquet").read_bytes() == b"results"
+    empty = tmp_path / "res" / "empty"                       # an empty folder: a racer before its lock
+    empty.mkdir()
+    with pytest.raises(SearchError, match="already exists"):
+        with experiment_lock(str(empty), resume=False):
+            pass
 
 
 def test_the_lock_is_reentrant_in_one_process(tmp_path):

@@ -13,7 +13,9 @@ tables replaced the first's (trials dropped, one Optuna journal holding both sea
   driver never leaves a stale lock behind (NFSv4 and Lustre carry ``flock`` between hosts; a file system
   without it gets the atomic ``mkdir`` only);
 * a new search that fails before Ray wrote anything resumable (no ``tuner.pkl``) removes the folder it
-  made, so the same command can simply be run again.
+  made, so the same command can simply be run again; one killed then (a plain ``kill`` during Ray's start-up)
+  cannot, and the next new search takes over a folder holding only what such a start leaves (the lock, the
+  space and its checksum list) once no driver holds its lock.
 
 On object storage (``s3://``, ``gs://``) there is no atomic create in pyarrow's file systems and no lock:
 a new search writes a claim with a random token, waits, and reads it back; of two drivers that started
@@ -35,6 +37,8 @@ import time
 from collections.abc import Iterator
 
 from ..errors import SearchError
+from ..integrity import MANIFEST_FILE
+from ..schema import SPACE_FILE
 from ..storage import Dir, exists, is_uri, join, write_bytes
 
 LOCK_FILE = ".cem-bench-driver.lock"
@@ -108,6 +112,36 @@ def _remove(path: str) -> None:
     shutil.rmtree(path[len("file://"):] if path.startswith("file://") else path, ignore_errors=True)
 
 
+# What a new search writes into its folder before Ray writes tuner.pkl (and with it anything resumable): a folder
+# holding no more than these was left by a driver stopped while it started (search/run.py: _tuner)
+_STARTING_FILES = frozenset({LOCK_FILE, SPACE_FILE, MANIFEST_FILE})
+
+
+def _abandoned(local: str) -> bool:
+    """A folder left by a new search stopped before Ray wrote anything resumable: no more than ``_STARTING_FILES``
+    in it, and no driver holding its lock (a search that is starting holds it)."""
+    try:
+        names = set(os.listdir(local))
+    except OSError:
+        return False
+    if not names <= _STARTING_FILES:
+        return False
+    if LOCK_FILE not in names:
+        return False   # an empty folder is also a new search between its mkdir and its lock: never taken
+    try:
+        fd = os.open(os.path.join(local, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError:   # held (a search starting now), or no flock here: not provably abandoned
+        return False
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
     """Hold ``exp_path`` for this driver: made here for a new search (SearchError when it exists), locked
@@ -131,15 +165,24 @@ def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
             os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
             try:
                 os.mkdir(local)
+                made = True
             except FileExistsError:
-                raise SearchError(f"the experiment folder {local} already exists; continue it with --resume or "
-                                  f"start a new experiment with --name NEW_NAME (nothing was changed)") from None
-            made = True
+                if not _abandoned(local):
+                    raise SearchError(f"the experiment folder {local} already exists; continue it with --resume "
+                                      f"or start a new experiment with --name NEW_NAME (nothing was changed)") from None
+                # a driver killed while it started left the folder with nothing to resume: this search takes
+                # it over under the lock below, as if it had made it (a plain kill used to leave a folder that
+                # both a new search and --resume refused)
+                print(f"cem-bench: {local} holds only what a search stopped while starting leaves (no Ray Tune "
+                      f"experiment): this search takes it over", flush=True)
+                made = True
         elif not os.path.isdir(local):
             yield   # nothing to lock: the caller says what is missing
             return
         try:
             fd = _lock_local(local)
+        except SearchError:
+            raise   # another driver holds it (one that took over an abandoned folder): the folder is its
         except BaseException:
             if made:
                 shutil.rmtree(local, ignore_errors=True)
