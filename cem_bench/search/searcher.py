@@ -9,6 +9,8 @@ state, so the classes keep their names.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import math
 import os
@@ -123,9 +125,25 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
         local, remote = target
         try:
             from optuna.storages import JournalStorage
-            from optuna.storages.journal import JournalFileBackend
+            from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
             os.makedirs(os.path.dirname(local), exist_ok=True)
-            storage = JournalStorage(JournalFileBackend(local))
+            lock = JournalFileSymlinkLock(local)    # the lock JournalFileBackend takes for every append
+            lock.acquire()
+            try:
+                if init and remote:
+                    # a new search (``init`` comes only from __init__: --resume unpickles the searcher Ray saved
+                    # and never builds one) starts its cached copy empty. The cache outlives the experiment
+                    # (a search made again under the same URI would otherwise upload the old one's trials
+                    # with its own); a resumed search keeps it and goes on appending to it.
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(local)
+                cut = drop_unfinished_line(local)
+            finally:
+                lock.release()
+            if cut:
+                logger.warning("cem-bench: the Optuna journal %s ended in an unfinished line (%d bytes, an append "
+                               "that was cut off); it was cut back to its last complete line", local, cut)
+            storage = JournalStorage(JournalFileBackend(local, lock_obj=lock))
             try:
                 study = optuna.load_study(study_name=self._study_name, storage=storage)
             except KeyError:
@@ -207,10 +225,46 @@ def here(ctx, storage: str, name: str):
     return new
 
 
+def drop_unfinished_line(path: str) -> int:
+    """Cut the journal ``path`` back to just after its last newline; return how many bytes were cut (0: none,
+    also when the file is missing).
+
+    Optuna's JournalFileBackend appends each record as one line written with its newline, and its reader skips
+    a last line without one: such a line is an append that never finished (the driver killed, the disk full
+    during the write). Left in place, the next append is glued onto it, the glued line is not JSON, and Optuna's
+    reader then refuses every line after it: the study could never be loaded again. Cutting it loses nothing
+    Optuna could read; the trial it was writing is copied again by the next update (keyed by Ray's trial id).
+    The caller holds the journal's lock."""
+    try:
+        fh = open(path, "r+b")
+    except FileNotFoundError:
+        return 0
+    with fh:
+        end = pos = fh.seek(0, os.SEEK_END)
+        keep = 0
+        while pos > 0:                         # the last newline, read backwards in blocks
+            step = min(pos, 1 << 16)
+            fh.seek(pos - step)
+            at = fh.read(step).rfind(b"\n")
+            if at >= 0:
+                keep = pos - step + at + 1
+                break
+            pos -= step
+        if keep == end:
+            return 0
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+        return end - keep
+
+
 def journal_target(experiment_path: str, name: str) -> tuple[str, str | None]:
-    """(local journal file, remote copy or None)."""
+    """(local journal file, remote copy or None). A remote experiment's journal is kept in this machine's cache,
+    in a folder named after the experiment and a hash of its full URI: experiments of one name in two buckets
+    (or two prefixes) have a journal each, and a resume (the same URI) finds its own."""
     if is_uri(experiment_path) and not experiment_path.startswith("file://"):
-        local = os.path.join(os.path.expanduser("~/.cache/cem-bench/journals"), name, JOURNAL_FILE)
+        key = hashlib.sha256(experiment_path.rstrip("/").encode()).hexdigest()[:16]
+        local = os.path.join(os.path.expanduser("~/.cache/cem-bench/journals"), f"{name}-{key}", JOURNAL_FILE)
         return local, join(experiment_path, JOURNAL_FILE)
     return os.path.join(experiment_path, JOURNAL_FILE), None
 

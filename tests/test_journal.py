@@ -1,0 +1,114 @@
+"""The searcher's Optuna journal (cem_bench.search.searcher), without Ray: a remote experiment's cached copy is
+its own (not shared with a same-named experiment elsewhere, empty for a new search, continued by a resume), and
+a journal whose last line was cut short is readable again after the next update. The searcher is built as
+Tune gets it (make_searcher) and driven by hand; the upload to s3:// is a copy into a local folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from test_search import write_space
+
+METRICS = {"attack_ssim": 0.5, "status": "ok"}
+
+
+def ray_trial_ids(path: str, name: str) -> list[str]:
+    """The Ray trial ids of the trials in the journal file ``path`` (loaded as optuna-dashboard would)."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(path)))
+    return sorted(t.user_attrs["ray_trial_id"] for t in study.get_trials(deepcopy=False))
+
+
+@pytest.fixture
+def bucket(tmp_path, monkeypatch):
+    """HOME in tmp_path (the journal cache is ~/.cache/cem-bench/journals) and uploads to s3://B/K copied to
+    tmp_path/s3/B/K; returns that folder."""
+    from cem_bench.search import searcher
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    root = tmp_path / "s3"
+
+    def copy_file(src: str, dst: str) -> None:
+        assert dst.startswith("s3://"), dst
+        out = root / dst[len("s3://"):]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, out)
+    monkeypatch.setattr(searcher, "copy_file", copy_file)
+    return root
+
+
+def run(searcher, ids) -> None:
+    for i, tid in enumerate(ids):
+        assert isinstance(searcher.suggest(tid), dict)
+        searcher.on_trial_complete(tid, {"test_acc": 0.1 * (i + 1), **METRICS})
+
+
+def test_same_named_experiments_in_two_buckets_keep_their_own_journal(tmp_path, bucket):
+    """Two experiments named alike (s3://bucketA/... and s3://bucketB/...): each uploaded journal holds its own
+    trials only, and so does a new search made again under bucketA's URI."""
+    from cem_bench.search.searcher import journal_target, make_searcher
+    from cem_bench.spaces import load_space
+    spec = load_space(write_space(tmp_path, "same", num_samples=3))
+    a, b = "s3://bucketA/results/same", "s3://bucketB/results/same"
+    run(make_searcher(spec, a).searcher.searcher, ["aaaa0", "aaaa1"])
+    run(make_searcher(spec, b).searcher.searcher, ["bbbb0"])
+    assert ray_trial_ids(str(bucket / "bucketA/results/same/optuna_journal.log"), "same") == ["aaaa0", "aaaa1"]
+    assert ray_trial_ids(str(bucket / "bucketB/results/same/optuna_journal.log"), "same") == ["bbbb0"]
+    assert journal_target(a, "same")[0] != journal_target(b, "same")[0]
+    # the experiment made again where A was (its folder deleted): a new search, a new journal
+    shutil.rmtree(bucket / "bucketA")
+    run(make_searcher(spec, a).searcher.searcher, ["cccc0"])
+    assert ray_trial_ids(str(bucket / "bucketA/results/same/optuna_journal.log"), "same") == ["cccc0"]
+
+
+def test_a_resumed_search_continues_its_cached_journal(tmp_path, bucket):
+    """--resume unpickles the searcher Tune saved with the experiment (never builds a new one): its journal
+    keeps what the killed driver copied into it after the searcher's last checkpoint, and goes on from there."""
+    import ray.cloudpickle as cloudpickle
+
+    from cem_bench.search.searcher import make_searcher
+    from cem_bench.spaces import load_space
+    spec = load_space(write_space(tmp_path, "res", num_samples=4))
+    exp = "s3://bucketA/results/res"
+    generator = make_searcher(spec, exp)
+    pickled = cloudpickle.dumps(generator)                  # tuner.pkl
+    first = generator.searcher.searcher
+    run(first, ["r0"])
+    first.save(str(tmp_path / "searcher.pkl"))              # the searcher's last checkpoint
+    run(first, ["r1"])                                      # copied into the journal, then the driver is killed
+    second = cloudpickle.loads(pickled).searcher.searcher
+    second.restore(str(tmp_path / "searcher.pkl"))
+    run(second, ["r2"])
+    assert ray_trial_ids(str(bucket / "bucketA/results/res/optuna_journal.log"), "res") == ["r0", "r1", "r2"]
+
+
+def test_a_journal_cut_off_mid_line_is_readable_after_the_next_update(tmp_path):
+    """A kill (or a full disk) during Optuna's append leaves the last line without its newline; the next update
+    must not glue its record onto it: the journal loads afterwards, with every trial."""
+    from cem_bench.search.searcher import make_searcher
+    from cem_bench.spaces import load_space
+    spec = load_space(write_space(tmp_path, "cut", num_samples=3))
+    exp = tmp_path / "exp"
+    searcher = make_searcher(spec, str(exp)).searcher.searcher
+    run(searcher, ["t0"])
+    journal = exp / "optuna_journal.log"
+    data = journal.read_bytes()
+    assert data.endswith(b"\n") and ray_trial_ids(str(journal), "cut") == ["t0"]
+    journal.write_bytes(data[:-20])                        # t0's record, half written
+    run(searcher, ["t1", "t2"])
+    assert journal.read_bytes().endswith(b"\n")
+    assert ray_trial_ids(str(journal), "cut") == ["t0", "t1", "t2"]   # t0 copied again, each on a line of its own
+
+
+@pytest.mark.parametrize("content, kept", [(b"", b""), (b"{}\n", b"{}\n"), (b'{"op', b""),
+                                           (b'{}\n{"a":1}\n{"op', b'{}\n{"a":1}\n')])
+def test_drop_unfinished_line(tmp_path, content, kept):
+    from cem_bench.search.searcher import drop_unfinished_line
+    path = tmp_path / "j.log"
+    path.write_bytes(content)
+    assert drop_unfinished_line(str(path)) == len(content) - len(kept)
+    assert path.read_bytes() == kept
+    assert drop_unfinished_line(str(tmp_path / "missing.log")) == 0 and not os.path.exists(tmp_path / "missing.log")
