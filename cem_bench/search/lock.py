@@ -133,6 +133,8 @@ def _abandoned(local: str) -> bool:
     except OSError:
         return False
     try:
+        if os.fstat(fd).st_size == 0:
+            return False   # made, not yet locked: a driver writes who it is once it holds the lock
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return True
