@@ -149,3 +149,41 @@ def test_cifar_missing_offline_says_where_the_files_go(tmp_path, monkeypatch):
         data.load(cfg.data)
     msg = str(e.value)
     assert str(tmp_path) in msg and "cifar-10-batches-py" in msg and "data.root" in msg
+
+
+def test_trials_starting_together_download_cifar_once_and_never_read_it_half_written(tmp_path, monkeypatch):
+    """The trials a fresh cluster node starts at once all found CIFAR missing and all downloaded and extracted
+    into the same folder, which exists as soon as extraction begins: one could read it half-written (a DataError,
+    never retried). Now one downloads into a folder of its own and renames it into place; the others wait and
+    read the complete folder."""
+    import threading
+    import time
+
+    import torchvision
+    calls = []
+
+    def download(self):          # torchvision's download, as slow as a real one, file by file
+        calls.append(self.root)
+        time.sleep(0.3)
+        _write_cifar(self.root)
+
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", download)
+    # the test's files are not CIFAR's: torchvision checks them for presence only
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path / "data"),
+                                 "data.test_size": None})
+    sizes, errors = [], []
+
+    def trial():
+        try:
+            sizes.append(len(data.load(cfg.data).train))
+        except Exception as e:  # noqa: BLE001 - the assertion below shows it
+            errors.append(e)
+    threads = [threading.Thread(target=trial) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and sizes == [30] * 4, errors
+    assert len(calls) == 1 and calls[0] != str(tmp_path / "data"), calls   # once, into a folder of its own
+    assert sorted(os.listdir(tmp_path / "data")) == [".cifar-10-batches-py.download.lock", "cifar-10-batches-py"]

@@ -195,7 +195,7 @@ def _cifar_folder(name: str, root: str):
     folder = os.path.join(root, _CIFAR_FOLDERS[name])
     if not os.path.isdir(folder):
         try:
-            klass(root, train=True, download=True)
+            _download_once(klass, root, folder)
         except Exception as e:  # offline, proxy, disk: say where the files go
             raise DataError(
                 f"{name} is not in data.root={root!r} and could not be downloaded ({type(e).__name__}: {e}). "
@@ -204,6 +204,41 @@ def _cifar_folder(name: str, root: str):
                 f".tar.gz), or run once online, or set data.root=DIR to where it already is."
             ) from None
     return klass, folder
+
+
+def _download_once(klass, root: str, folder: str) -> None:
+    """Download and extract into a private folder of ``root``, then rename the extracted folder into place, under
+    a lock of ``root``. The trials that a fresh cluster node starts at once all found the folder missing and all
+    downloaded into the same place: torchvision rewrites the archive in place and extracts file by file, and
+    ``isdir(folder)`` is true as soon as extraction begins, so a trial could read a half-written folder (a
+    DataError: an error row, never retried). Now the folder appears complete or not at all (one rename), and the
+    lock makes the others wait for the first download instead of repeating it; where the file system has no
+    locks, the rename alone still keeps a half-written folder out of sight."""
+    import fcntl
+    import shutil
+    import tempfile
+    os.makedirs(root, exist_ok=True)
+    fd = os.open(os.path.join(root, f".{os.path.basename(folder)}.download.lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass   # no flock here: the rename below still publishes only a complete folder
+        if os.path.isdir(folder):   # another trial downloaded it while this one waited
+            return
+        tmp = tempfile.mkdtemp(prefix=".download-", dir=root)
+        try:
+            klass(tmp, train=True, download=True)
+            try:
+                os.rename(os.path.join(tmp, os.path.basename(folder)), folder)
+            except OSError:
+                if not os.path.isdir(folder):   # not another process's complete folder: a real failure
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 def load_cifar(name: str, root: str) -> tuple[Split, Split, int]:

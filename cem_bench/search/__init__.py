@@ -62,7 +62,8 @@ state and restored consistently with the trials). The searcher used here (``Jour
 every finished trial into a ``JournalStorage`` study in ``optuna_journal.log`` from the driver, right after
 telling the in-memory study; the copy is idempotent (keyed by the Ray trial id), so a resumed search fills
 in what a killed driver missed. With remote storage the journal is kept in
-``~/.cache/cem-bench/journals/NAME/`` and uploaded after every update.
+``~/.cache/cem-bench/journals/NAME-HASH/`` (HASH: of the experiment's URI, so same-named experiments elsewhere
+keep their own) and uploaded after every update.
 
 Test hooks: ``run_search(..., hooks=...)`` (not on the command line) hands every trial an object whose
 ``before_report`` / ``after_report`` it calls at each epoch, in its Ray worker (``trainable.TrialHooks``).
