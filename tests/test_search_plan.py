@@ -398,3 +398,17 @@ def test_mps_on_without_its_daemon_is_refused_before_the_storage_is_made(fake_ma
     err = capsys.readouterr().err
     assert rc == 2 and "nvidia-cuda-mps-control is not on PATH" in err, err
     assert "spec" not in fake_machine and not (tmp_path / "res").exists()
+
+
+def test_resume_of_an_unreadable_tuner_pkl_is_one_clear_error(tmp_path, monkeypatch):
+    """A truncated tuner.pkl beside a readable experiment state came out of Ray's restore as a raw UnpicklingError
+    traceback (the audit of 2026-11-28): now a SearchError naming the file and what to do."""
+    import pickle
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    data = pickle.dumps({"tuner": list(range(1000))})
+    (exp / "tuner.pkl").write_bytes(data[: len(data) // 2])
+    monkeypatch.setattr(run, "repair_experiment_state", lambda *a, **k: [])   # the state beside it is readable
+    monkeypatch.setattr(run, "restore_removed_checkpoints", lambda *a, **k: [])
+    with pytest.raises(SearchError, match=r"tuner.pkl cannot be read \(UnpicklingError: .*--name"):
+        run._tuner(None, str(tmp_path), str(exp), True, False, lambda config: None, None)

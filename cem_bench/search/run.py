@@ -212,7 +212,12 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
             print(note, flush=True)
         trainable = with_resources(make_trainable(exp_path, spec, resources, hooks), resources)
         t1 = time.perf_counter()
-        tuner = _tuner(spec, storage, exp_path, resume, trust_pickled_state, trainable, guard)
+        try:
+            tuner = _tuner(spec, storage, exp_path, resume, trust_pickled_state, trainable, guard)
+        except Exception as e:  # noqa: BLE001 - a full disk while Ray writes tuner.pkl: one line, not its traceback
+            if is_enospc(e):
+                raise StorageFull(full_message(storage)) from e
+            raise
         if resume and exists(join(exp_path, INTERRUPTED_FILE)):   # this run continues the interrupted one
             remove_file(join(exp_path, INTERRUPTED_FILE))
         try:
@@ -261,7 +266,16 @@ def _tuner(spec, storage: str, exp_path: str, resume: bool, trust_pickled_state:
         for line in restore_removed_checkpoints(exp_path):
             print(f"--resume: {line}", flush=True)
         print(f"resuming {exp_path}", flush=True)
-        return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        import pickle
+        try:
+            return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        except (pickle.UnpicklingError, EOFError) as e:   # was a raw traceback from Ray's unpickling
+            raise SearchError(
+                f"--resume: {join(exp_path, 'tuner.pkl')} cannot be read ({type(e).__name__}: {e}): it is "
+                f"truncated or damaged (a driver killed, or out of space, while Ray wrote it), and Ray restores "
+                f"an experiment from it. The finished trials' results are still in the folder; start the search "
+                f"again under a new --name, or delete the folder and run the same command without --resume"
+            ) from None
     write_recorded_json(exp_path, SPACE_FILE, spec.to_dict())
     scheduler = make_scheduler(spec, state_key=spec.name)   # by its plug-in (spaces/schedulers/); None: FIFO
     return tune.Tuner(
