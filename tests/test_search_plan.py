@@ -412,3 +412,36 @@ def test_resume_of_an_unreadable_tuner_pkl_is_one_clear_error(tmp_path, monkeypa
     monkeypatch.setattr(run, "restore_removed_checkpoints", lambda *a, **k: [])
     with pytest.raises(SearchError, match=r"tuner.pkl cannot be read \(UnpicklingError: .*--name"):
         run._tuner(None, str(tmp_path), str(exp), True, False, lambda config: None, None)
+
+
+def _closed_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]     # nothing listens once the socket is closed
+
+
+def test_an_address_where_nothing_answers_is_refused_before_ray_starts(fake_machine, monkeypatch):
+    """ray.init retried a dead --address for minutes (a stale address `auto` found hung it past 170 s in the
+    audit of 2026-11-28): now one SearchError within seconds, naming the address, before Ray or the folder."""
+    import socket
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    port = _closed_port()
+    with pytest.raises(SearchError, match=rf"--address 127.0.0.1:{port}: nothing answers at 127.0.0.1:{port}"):
+        run.search_command(search_args(demo, "--address", f"127.0.0.1:{port}"))
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(SearchError, match=rf"where --address auto found the cluster: 127.0.0.1:{port}"):
+        run.check_address("auto", timeout_s=2)
+    with socket.socket() as listening:      # a cluster that answers passes (Ray then does the rest)
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        run.check_address(f"127.0.0.1:{listening.getsockname()[1]}", timeout_s=2)
+    run.check_address("ray://somewhere:10001")   # left to Ray
+    run.check_address(None)
+
+
+def test_a_gpu_request_on_a_cluster_without_gpus_says_what_it_waits_for():
+    note = run.cluster_gpu_note("auto", {"cpu": 1, "gpu": 0.25}, 0.0)
+    assert note and "has no GPU now" in note and "--gpus-per-trial 0" in note
+    assert run.cluster_gpu_note("auto", {"cpu": 1, "gpu": 0.25}, 1.0) is None
+    assert run.cluster_gpu_note("auto", {"cpu": 1, "gpu": 0}, 0.0) is None

@@ -210,6 +210,10 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
         resources, note = trial_resources(spec.resources, gpus)
         if note:
             print(note, flush=True)
+        if address:
+            note = cluster_gpu_note(address, spec.resources, float(ray.cluster_resources().get("GPU", 0.0)))
+            if note:
+                print(note, flush=True)
         trainable = with_resources(make_trainable(exp_path, spec, resources, hooks), resources)
         t1 = time.perf_counter()
         try:
@@ -481,6 +485,48 @@ def check_args(args) -> None:
                           f"as 0.5 are allowed)")
 
 
+def cluster_gpu_note(address: str, resources: dict, cluster_gpus: float) -> str | None:
+    """A cluster's GPU request is kept (its autoscaler may add GPU nodes); on a cluster with none now, the note that
+    says so: without a node type that can add one, the trials wait forever, and Ray's "No available node types can
+    fulfill" lines do not say what to change (the audit of 2026-11-28)."""
+    gpu = float(resources.get("gpu", 0) or 0)
+    if gpu <= 0 or cluster_gpus > 0:
+        return None
+    return (f"note: the cluster at {address} has no GPU now; each trial asks for {gpu:g} GPU and waits until a GPU "
+            f"node joins (cluster.yaml's gpu_worker, started by the autoscaler). On a cluster without GPU nodes, "
+            f"give --gpus-per-trial 0")
+
+
+def check_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """SearchError, before Ray starts, when the cluster of ``--address HOST:PORT`` (or the one ``auto`` finds:
+    ``RAY_ADDRESS``, else the address ``ray start`` last recorded on this machine) does not answer within
+    ``timeout_s``. ``ray.init`` retries a dead address about 20 times, some 40 s each: a stale recorded address
+    hung the command for minutes before its error (the audit of 2026-11-28). Addresses it cannot resolve to
+    HOST:PORT (``ray://``, nothing recorded) are left to Ray, whose errors for them are immediate."""
+    import socket
+    if not address or "://" in address:
+        return
+    target = address
+    if address == "auto":
+        target = os.environ.get("RAY_ADDRESS", "")
+        if not target:
+            try:   # Ray's own reading of what `auto` means (a private helper: skipped if it moves)
+                from ray._private.utils import read_ray_address
+                target = read_ray_address() or ""
+            except Exception:  # noqa: BLE001
+                return
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit() or "://" in target:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        found = "" if target == address else f" (where --address auto found the cluster: {target})"
+        raise SearchError(f"--address {address}: nothing answers at {host}:{port}{found} within {timeout_s:g} s "
+                          f"({e.strerror or type(e).__name__}); is the cluster up (`ray status` on its head)? "
+                          f"Give its head's HOST:PORT, or leave --address out to search on this machine") from None
+
+
 def machine_resources(address: str | None) -> tuple[float | None, float | None]:
     """``(GPUs, CPUs)`` the search's Ray will have: those of a Ray session this process already holds, else
     this machine's (the local session is started with them); ``(None, None)`` for a cluster."""
@@ -514,6 +560,7 @@ def search_command(args) -> dict:
                           "resume bundle)")
     check_args(args)
     spec = load_space(args.space, overrides_from_args(args))  # SpaceError -> the CLI prints it, exit 2
+    check_address(args.address)
     stats: dict[str, Any] = {}
     conc = None
     if not args.resume:
