@@ -445,3 +445,14 @@ def test_a_gpu_request_on_a_cluster_without_gpus_says_what_it_waits_for():
     assert note and "has no GPU now" in note and "--gpus-per-trial 0" in note
     assert run.cluster_gpu_note("auto", {"cpu": 1, "gpu": 0.25}, 1.0) is None
     assert run.cluster_gpu_note("auto", {"cpu": 1, "gpu": 0}, 0.0) is None
+
+
+def test_a_cluster_search_into_a_local_folder_says_every_node_must_share_it(fake_machine, capsys):
+    import socket
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        with pytest.raises(Started):
+            run.search_command(search_args(demo, "--address", f"127.0.0.1:{head.getsockname()[1]}"))
+    assert "with --address every node writes there" in capsys.readouterr().out

@@ -583,6 +583,12 @@ def search_command(args) -> dict:
         check_storage(resolve_storage(args.storage))
     if args.address is None:
         check_data(spec)
+    elif not is_uri(resolve_storage(args.storage)) or resolve_storage(args.storage).startswith("file://"):
+        # a worker node writes its trials' results and checkpoints to this path on its own disk: Ray's storage
+        # check then fails every trial there, retried until max_failures, and each ends an error row
+        print(f"note: --storage {resolve_storage(args.storage)} is a folder, and with --address every node writes "
+              f"there: it works only where all nodes share it (one machine, or a network file system); else "
+              f"give s3://BUCKET/PREFIX (docs/cluster.md)", flush=True)
     if mode == "on":
         mps.control()   # MPSError (exit 2) now, before the storage and the experiment folder are made
     # one driver per experiment, from before Ray starts until its tables are written (search/lock.py)
