@@ -207,7 +207,8 @@ def cmd_search(args) -> int:
     """The search, then the report from its tables: the two stages stay apart (a failed report loses
     nothing; `cem-bench report` rebuilds it)."""
     from .search import search_command
-    from .storage import is_uri
+    from .storage import is_uri, resolve_storage
+    resolve_storage(args.storage)   # a URI with no bucket (s3://$BUCKET, BUCKET unset): one line, before anything
     done = search_command(args)
     exp, stats = done["experiment"], done["stats"]
     t0 = time.perf_counter()

@@ -28,11 +28,36 @@ def is_uri(path: str | os.PathLike) -> bool:
 
 
 def resolve_storage(storage: str | None) -> str:
-    """``None`` -> ``./results`` made absolute; a URI (``s3://``, ``gs://``, ...) unchanged; a path absolute."""
+    """``None`` -> ``./results`` made absolute; a URI (``s3://``, ``gs://``, ...) with its path's trailing
+    slashes removed (:func:`clean_uri`: StorageUnavailable for one that names no bucket); a path absolute."""
     storage = "results" if storage is None else str(storage)
     if is_uri(storage):
-        return storage.rstrip("/")
+        return clean_uri(storage, "--storage ")
     return os.path.abspath(os.path.expanduser(storage))
+
+
+# object stores whose URI starts with a bucket: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX
+BUCKET_SCHEMES = ("s3", "gs", "gcs")
+
+
+def clean_uri(uri: str, flag: str = "") -> str:
+    """``uri`` with the trailing slashes of its path removed (``s3://B/p/`` -> ``s3://B/p``; a ``?query`` kept).
+
+    :class:`StorageUnavailable` (``flag``, e.g. ``"--storage "``, starts the message) for a URI that names
+    nothing: a scheme alone (``s3://``, what ``s3://$BUCKET`` gives with BUCKET unset; ``file://``), or an
+    object-store URI without a bucket (``s3:///p``). Stripping such a URI's slashes left ``s3:``, a local
+    folder's name: the search made ``./s3:`` and Ray then tried to create a bucket."""
+    scheme, _, rest = str(uri).partition("://")
+    path, q, query = rest.partition("?")
+    trimmed = path.rstrip("/") or path[:1]          # file:/// is the root: it keeps its one slash
+    valid = "give s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a local folder"
+    if scheme in BUCKET_SCHEMES and not path.split("/", 1)[0]:
+        hint = f" (an unset variable in {scheme}://$BUCKET?)" if not path.strip("/") else ""
+        raise StorageUnavailable(f"{flag}{uri}: not a storage cem-bench can use: no bucket named{hint}; {valid}")
+    if not trimmed:
+        raise StorageUnavailable(f"{flag}{uri}: not a storage cem-bench can use: a scheme alone names no "
+                                 f"storage; {valid}")
+    return f"{scheme}://{trimmed}{q}{query}"
 
 
 def join(base: str, *parts: str) -> str:
@@ -57,6 +82,7 @@ def filesystem(path: str):
     if is_uri(path):
         if path.startswith("file://"):
             return pafs.LocalFileSystem(), local(path)
+        clean_uri(path)   # a URI with no bucket is refused here, whoever gives it
         try:
             fs, p = pafs.FileSystem.from_uri(path)
         except (ValueError, OSError) as e:  # ArrowInvalid (a ValueError): an unknown scheme, a URI with no bucket
@@ -266,8 +292,9 @@ class Dir:
         path = str(path)
         self.uri = is_uri(path) and not path.startswith("file://")
         if self.uri:
-            self.fs, self.root = filesystem(path.rstrip("/"))
-            self.display = path.rstrip("/")
+            path = clean_uri(path)   # s3:// alone is refused (stripped, it was the local folder 's3:')
+            self.fs, self.root = filesystem(path)
+            self.display = path
         else:
             self.root = os.path.abspath(os.path.expanduser(local(path)))
             self.display = self.root

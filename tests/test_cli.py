@@ -207,3 +207,39 @@ def test_the_calibrated_defaults_hold_at_the_reference_state():
                                               "train.device": "cpu"}, warmup=3, batches=4, seeds=[0, 1, 2]))
     for r in rows:
         assert 1 / 1.5 <= r["fixed_ratio_to_gmm"] <= 1.5, rows
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["search", "{space}", "--storage", "s3://"], "--storage s3://: not a storage cem-bench can use: no bucket "
+                                                  "named (an unset variable in s3://$BUCKET?); give s3://BUCKET/PREFIX"),
+    (["search", "{space}", "--storage", "gs://"], "--storage gs://: not a storage cem-bench can use: no bucket named"),
+    (["search", "{space}", "--storage", "s3:///"], "--storage s3:///: not a storage cem-bench can use: no bucket"),
+    (["search", "{space}", "--storage", "s3://?endpoint_override=127.0.0.1:9"], "no bucket named"),
+    (["search", "{space}", "--storage", "file://"], "--storage file://: not a storage cem-bench can use: a scheme "
+                                                    "alone names no storage"),
+    (["table", "s3://"], "s3://: not a storage cem-bench can use: no bucket named"),
+])
+def test_a_storage_uri_without_a_bucket_is_refused_before_the_search(argv, says, tmp_path, capsys, monkeypatch):
+    """`--storage s3://$BUCKET` with BUCKET unset gives `s3://`: its slashes were stripped to `s3:`, a local
+    folder's name, so the check passed, Ray started, `./s3:` was made and Ray tried to create a bucket. Now one
+    line naming what is valid, before the search (or the table) starts and with nothing made."""
+    import cem_bench.search
+
+    def never(*a, **k):
+        raise AssertionError("the work started")
+    monkeypatch.setattr(cem_bench.search, "search_command", never)
+    monkeypatch.chdir(tmp_path)
+    space = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "search_spaces", "demo.yaml")
+    rc = main([a.format(space=space) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not os.listdir(tmp_path)
+
+
+def test_a_storage_uri_loses_only_its_paths_trailing_slashes():
+    from cem_bench.storage import resolve_storage
+    assert resolve_storage("s3://b/prefix//") == "s3://b/prefix"
+    assert resolve_storage("s3://b/") == "s3://b"
+    assert resolve_storage("s3://b/p/?endpoint_override=h:9") == "s3://b/p?endpoint_override=h:9"
+    assert resolve_storage("file:///") == "file:///"      # the root, not the local folder 'file:'
+    assert resolve_storage("file:///tmp/x/") == "file:///tmp/x"
