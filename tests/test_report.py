@@ -1195,3 +1195,19 @@ def test_a_long_table_says_where_its_other_rows_are():
     assert "every trial is in trials.parquet" in html_table(df, ["a"])
     assert "configs.csv beside this page" in html_table(df, ["a"], full=CONFIGS_IN_FULL)
     assert "configs.parquet" not in html_table(df, ["a"])
+
+
+def test_a_resolved_difference_without_a_consistent_one_is_not_called_within_the_noise():
+    """At many runs a tiny shift has an interval that excludes 0 (p 1e-7) while a run beats a baseline run in
+    barely half of the pairs: no verdict, but "within the noise" read as if nothing were resolved."""
+    from cem_bench.analysis import noise
+    from cem_bench.analysis.report.tables import versus_baseline
+    row = pd.Series({"role": "search", "few_runs": False, "attack_ssim_verdict": noise.WITHIN,
+                     "attack_ssim_verdict_single": noise.WITHIN, "attack_ssim_delta": -0.004,
+                     "attack_ssim_delta_lo": -0.006, "attack_ssim_delta_hi": -0.002, "attack_ssim_p_better": 0.58})
+    text = versus_baseline(row, "attack_ssim")
+    assert text.startswith("no verdict: the means differ") and "58% of pairs" in text and "75%" in text, text
+    unresolved = row.copy()
+    unresolved["attack_ssim_delta_lo"] = -0.007
+    unresolved["attack_ssim_delta_hi"] = 0.001
+    assert versus_baseline(unresolved, "attack_ssim").startswith("within the noise: ")

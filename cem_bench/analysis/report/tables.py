@@ -151,7 +151,20 @@ def versus_baseline(row: pd.Series, metric: str) -> str:
     single = row.get(f"{metric}_verdict_single")
     if verdict == noise.WITHIN and single in (noise.BETTER, noise.WORSE):
         text += f" after the correction ({'better' if single == noise.BETTER else 'worse'} as a single test)"
+    elif verdict == noise.WITHIN and _means_resolved(row, metric):
+        # the interval excludes 0 but runs of the two overlap too much for a verdict: "within the noise" alone
+        # read as if the difference were not resolved at all (at many runs, next to p = 1e-7)
+        text = (f"no verdict: the means differ (the interval excludes 0), but a run is better than a baseline run "
+                f"in {float(row.get(f'{metric}_p_better')):.0%} of pairs; a verdict needs {noise.P_MIN:.0%} (or "
+                f"{1 - noise.P_MIN:.0%} for worse)")
     return text + f": {interval(row, metric)}"
+
+
+def _means_resolved(row: pd.Series, metric: str) -> bool:
+    lo, hi, pb = (row.get(f"{metric}_{k}") for k in ("delta_lo", "delta_hi", "p_better"))
+    if is_missing(lo) or is_missing(hi) or is_missing(pb):
+        return False
+    return float(lo) > 0 or float(hi) < 0
 
 
 def surrogate_bests(res: Results) -> str | None:
