@@ -414,6 +414,21 @@ def test_bad_overrides_are_space_errors():
     assert "fixed.train.epochs: train.epochs: -1 is out of range" in errs
 
 
+def test_fixing_every_searched_key_leaves_one_configuration():
+    """--set on every searched key left params empty, and the count of distinct configurations was skipped: 5
+    identical trials with one seed ran, where 2 distinct configurations with num_samples 5 were refused. No
+    parameter left is one configuration, refused the same way; num_samples 1 (replicates for seeds) runs."""
+    pin = {"fixed": {"cem.lambd": "8"}}
+    for params in ({"cem.lambd": {"choice": [0, 8]}}, {"cem.lambd": {"loguniform": [1, 64]}}):
+        errs = errors_of(minimal(params=params, num_samples=5), overrides=pin)
+        assert errs == ["num_samples: 5, but the space holds only 1 distinct configuration (every key it searches is "
+                        "fixed by --set): a sampler cannot propose more, and a repeat is not a replicate (its runs "
+                        "would share a seed). Set num_samples to 1 or fewer (sampler grid runs each once); for "
+                        "several seeds of each, add replicates: N"], errs
+    spec = parse_space(minimal(num_samples=1, replicates=3), overrides=pin)
+    assert spec.params == () and spec.fixed["cem.lambd"] == 8.0 and spec.seeds == (0, 1, 2)
+
+
 def space_error_lines(path, overrides):
     with pytest.raises(SpaceError) as info:
         load_space(path, overrides)

@@ -208,9 +208,11 @@ class PlanStages:
     def distinct(self, params, num_samples: int) -> None:
         """A sampler cannot propose more distinct configurations than a discrete space holds: the searcher
         rejects a repeat, and a repeat run would count as a replicate of the same seed. ``num_samples`` above
-        that count is refused, naming it (replicates are ``replicates:``/``seeds:``, not repeats)."""
+        that count is refused, naming it (replicates are ``replicates:``/``seeds:``, not repeats). No parameters
+        left (an override fixed every searched key; a file's own empty ``params`` is refused before) is one
+        configuration."""
         from .sampling import grid_cells
-        if not params or any(p.kind not in ("choice", "int") for p in params):
+        if any(p.kind not in ("choice", "int") for p in params):
             return   # a continuous parameter: more configurations than any budget
         sizes = [len(p.choices) if p.kind == "choice" else
                  (int(p.high) - int(p.low)) // int(p.step or 1) + 1 for p in params]
@@ -222,8 +224,9 @@ class PlanStages:
                 bound = len(grid_cells(params))   # exact, with the `when` conditions applied
             if bound >= num_samples:
                 return
+        why = "" if params else " (every key it searches is fixed by --set)"
         self.err("num_samples", f"{num_samples}, but the space holds only {bound} distinct configuration"
-                 f"{'s' * (bound != 1)}: a sampler cannot propose more, and a repeat is not a replicate (its runs "
+                 f"{'s' * (bound != 1)}{why}: a sampler cannot propose more, and a repeat is not a replicate (its runs "
                  f"would share a seed). Set num_samples to {bound} or fewer (sampler grid runs each once); for "
                  f"several seeds of each, add replicates: N")
 
