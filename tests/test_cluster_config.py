@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import fnmatch
 import re
 from pathlib import Path
 
@@ -51,6 +52,8 @@ def test_nodes_and_scaling(raw, prepared):
         itype = w["node_config"]["InstanceType"]
         assert itype.split(".")[0] in ("g4dn", "g5", "g6", "g6e", "p3", "p4d", "p5"), itype
         assert "IamInstanceProfile" in w["node_config"]  # workers write checkpoints/results to S3
+        # ... and the head launches them with it only once its role may pass that role (the header's step)
+        assert "iam:PassRole" in (ROOT / "cluster.yaml").read_text()
         assert prepared["available_node_types"][name]["max_workers"] == w["max_workers"]
     assert raw["idle_timeout_minutes"] > 0
 
@@ -66,6 +69,16 @@ def test_commands_install_package_and_set_auth(raw):
         assert start and all("RAY_AUTH_MODE=token" in c for c in start), key
     assert any("--autoscaling-config=~/ray_bootstrap_config.yaml" in c for c in raw["head_start_ray_commands"])
     assert any("$RAY_HEAD_IP" in c for c in raw["worker_start_ray_commands"])
+
+
+def test_git_repository_is_uploaded(raw):
+    """Each trial records `git rev-parse HEAD` (provenance.git_sha): on a node that needs the uploaded .git."""
+    for pattern in raw.get("rsync_exclude", []):
+        assert not fnmatch.fnmatch(".git", pattern.removeprefix("**/")), pattern
+    for name in raw.get("rsync_filter", []):   # files of rsync exclude patterns, like .gitignore
+        patterns = [ln.strip().strip("/") for ln in (ROOT / name).read_text().splitlines()
+                    if ln.strip() and not ln.startswith(("#", "!"))]
+        assert not any(fnmatch.fnmatch(".git", p) for p in patterns), name
 
 
 def test_broken_config_is_rejected(raw):

@@ -1,0 +1,57 @@
+"""provenance.git_sha answers from the repository that holds the package, wherever that copy lives (a node of the
+cluster gets the tree and its .git from `ray up`), and says "unknown" without one."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+
+
+def load_copy(tree: Path):
+    """cem_bench/provenance.py copied into ``tree``/cem_bench and imported from there."""
+    (tree / "cem_bench").mkdir(parents=True)
+    shutil.copy(ROOT / "cem_bench" / "provenance.py", tree / "cem_bench" / "provenance.py")
+    spec = importlib.util.spec_from_file_location(f"provenance_copy_{tree.name}", tree / "cem_bench" / "provenance.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def repo(tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    src = tmp_path / "src"
+    src.mkdir()
+    subprocess.run([*GIT, "init", "-q"], cwd=src, check=True)
+    (src / "f.txt").write_text("x\n")
+    subprocess.run([*GIT, "add", "f.txt"], cwd=src, check=True)
+    subprocess.run([*GIT, "commit", "-q", "-m", "one"], cwd=src, check=True)
+    return src
+
+
+def test_git_sha_of_a_copied_repository(repo, tmp_path):
+    node = tmp_path / "node"
+    shutil.copytree(repo / ".git", node / ".git")   # what `ray up` uploads with the tree
+    sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert len(sha) == 12
+    assert load_copy(node).git_sha() == sha
+
+
+def test_git_sha_without_a_repository_is_unknown(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))   # whatever holds the temporary folder
+    assert load_copy(tmp_path / "bare").git_sha() == "unknown"
+
+
+def test_git_sha_without_git_is_unknown(repo, monkeypatch):
+    mod = load_copy(repo)
+    monkeypatch.setenv("PATH", "")
+    assert mod.git_sha() == "unknown"
