@@ -428,18 +428,31 @@ def load_yaml_config(path: str) -> dict[str, Any]:
 
 
 def flatten(doc: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested sections (``train: {epochs: 3}``) and flat dotted keys (``train.epochs: 3``) -> flat keys.
+    ConfigError for a key given both ways (the later one won silently), naming both spellings."""
     out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    _flatten_into(doc, prefix, out, spelled)
+    return out
+
+
+def _flatten_into(doc: dict, prefix: str, out: dict[str, Any], spelled: dict[str, str]) -> None:
     for k, v in doc.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and key in SECTIONS:
-            out.update(flatten(v, key + "."))
+            _flatten_into(v, key + ".", out, spelled)
         elif key in SECTIONS:
             raise ConfigError(f"{key}: {v!r} is not a mapping; {key} is a section: give its keys under it "
                               f"({key}: {{{next(iter(section_keys(key)))}: ...}}) or flat "
                               f"({key}.{next(iter(section_keys(key)))}: ...)")
         else:
+            shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+            spelling = f"{prefix[:-1]}: {{{k}: {shown}}}" if prefix else f"{key}: {shown}"
+            if key in out:
+                raise ConfigError(f"the key {key!r} is given twice, as {spelled[key]} and as {spelling}; the later "
+                                  f"one would win silently: give it once, nested under its section or flat")
             out[key] = v
-    return out
+            spelled[key] = spelling
 
 
 def section_keys(section: str) -> list[str]:

@@ -71,6 +71,23 @@ def test_yaml_nested_and_flat(tmp_path):
     assert c.cem.lambd == 4 and c.train.epochs == 3 and c.seed == 7
 
 
+@pytest.mark.parametrize("body, first, second", [
+    ("train:\n  epochs: 3\ntrain.epochs: 4\n", "train: {epochs: 3}", "train.epochs: 4"),
+    ("cem.surrogate: gmm\ncem:\n  lambd: 8\n  surrogate: slot_cross\n", "cem.surrogate: 'gmm'",
+     "cem: {surrogate: 'slot_cross'}"),
+])
+def test_a_key_given_nested_and_flat_is_refused(tmp_path, capsys, body, first, second):
+    """train: {epochs: 3} then train.epochs: 4 trained 4 epochs without a word (the later one won)."""
+    p = tmp_path / "c.yaml"
+    p.write_text(body)
+    with pytest.raises(ConfigError) as e:
+        load_yaml_config(str(p))
+    assert f"is given twice, as {first} and as {second}" in str(e.value), str(e.value)
+    assert main(["train", "--config", str(p), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "is given twice" in err and "Traceback" not in err and not (tmp_path / "run").exists()
+
+
 def test_cli_config_error_exit_2_without_traceback(capsys):
     assert main(["train", "--set", "cem.lambd=-3", "--set", "cem.surrogate=nope"]) == 2
     err = capsys.readouterr().err

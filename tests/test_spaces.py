@@ -429,6 +429,15 @@ def test_fixing_every_searched_key_leaves_one_configuration():
     assert spec.params == () and spec.fixed["cem.lambd"] == 8.0 and spec.seeds == (0, 1, 2)
 
 
+def test_a_fixed_key_given_nested_and_flat_is_refused():
+    """fixed: {train: {epochs: 3}, train.epochs: 4} ran 4 epochs without a word; now refused, naming both."""
+    doc = minimal(fixed={"train": {"epochs": 3}, "train.epochs": 4})
+    for overrides in (None, {"fixed": {"cem.lambd": 8}}):
+        assert errors_of(doc, overrides=overrides) == [
+            "fixed: the key 'train.epochs' is given twice, as train: {epochs: 3} and as train.epochs: 4; the later "
+            "one would win silently: give it once, nested under its section or flat"]
+
+
 def space_error_lines(path, overrides):
     with pytest.raises(SpaceError) as info:
         load_space(path, overrides)

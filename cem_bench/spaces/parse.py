@@ -67,7 +67,10 @@ def _apply_overrides(doc: dict, overrides: dict, errors: list[str]) -> set[str]:
             if not isinstance(fixed, dict):
                 fixed = {} if fixed is None else fixed
             if isinstance(fixed, dict):
-                fixed = flatten(fixed)
+                try:
+                    fixed = flatten(fixed)
+                except ConfigError:
+                    continue     # the file's own fixed: is refused by _Parser.fixed, with the file's words
                 fixed.update(flatten(dict(value)))
                 doc["fixed"] = fixed
                 pinned.update(flatten(dict(value)))
@@ -302,7 +305,12 @@ class _Parser(ParamStages, PlanStages):
             self.err("fixed", f"expected a mapping of config keys to values, got {value!r}")
             self.fixed_ok = False
             return {}
-        value = flatten(value)
+        try:
+            value = flatten(value)
+        except ConfigError as e:   # a section that is not a mapping; a key given both nested and flat
+            self.err("fixed", str(e))
+            self.fixed_ok = False
+            return {}
         out, ok_all = {}, True
         for key, v in value.items():
             where = f"fixed.{key}"
