@@ -243,3 +243,14 @@ def test_a_storage_uri_loses_only_its_paths_trailing_slashes():
     assert resolve_storage("s3://b/p/?endpoint_override=h:9") == "s3://b/p?endpoint_override=h:9"
     assert resolve_storage("file:///") == "file:///"      # the root, not the local folder 'file:'
     assert resolve_storage("file:///tmp/x/") == "file:///tmp/x"
+
+
+def test_bench_help_lists_every_group_that_only_accepts(capsys):
+    """`bench --help` listed the --only groups by hand and missed `ceiling`, which `bench --only nope` names
+    among the known ones: both now come from the bench's registry."""
+    from cem_bench.bench import group_names
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and "ceiling" in group_names()
+    assert f"only these row groups ({' '.join(group_names())}); default: all" in help_text, help_text
