@@ -418,3 +418,37 @@ def test_every_epoch_records_its_throughput_and_the_flop_count_changes_nothing()
     from cem_bench.bench.step import count_step_flops
     x = torch.zeros((t.cfg.train.batch_size, *t.splits.image_shape))
     assert flops == count_step_flops(t, x, torch.zeros(len(x), dtype=torch.long))[1] > 0
+
+
+@pytest.mark.parametrize("name", ["attention_centroid", "gated_attention"])
+def test_the_matched_scale_reaches_the_encoder_and_not_the_surrogates_own_gradient(name):
+    """cem.strength: matched scales the loss the encoder feels. Seeded into the backward, it scaled the surrogate's
+    own gradient too, and at attention_centroid's scales (0.003-0.02) Adam, near its eps, then fitted the estimator
+    several times slower (the audit of 2026-11-28). Now θ's gradient is the same at any scale, the encoder's share
+    is proportional to it."""
+    def run(scale):
+        torch.manual_seed(0)
+        t = make_trainer(**{"cem.surrogate": name, "cem.grad_mode": "inject", "cem.hidden_dim": 16,
+                            "cem.num_heads": 2, "train.momentum": 0, "train.weight_decay": 0})
+        t.refit_surrogate()
+        for m in t.server.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        t.matcher.scale = scale
+        t.matcher.scale_t.fill_(scale)
+        x, y = _batch(t)
+        before = [p.detach().clone() for p in t.client_params]
+        t.step(x, y, True, 0.05, _acc(t))
+        theta = [p.grad.detach().clone() for p in t.surrogate.parameters() if p.grad is not None]
+        return theta, [(b - p.detach()) / 0.05 for b, p in zip(before, t.client_params)]
+    theta_1, enc_1 = run(1.0)
+    theta_s, _ = run(0.01)
+    _, enc_q = run(0.25)
+    _, enc_0 = run(0.0)   # the CE gradient alone reaches the encoder
+    assert theta_1 and any(g.abs().sum() > 0 for g in theta_1)
+    for a, b in zip(theta_1, theta_s):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-12)
+    share_1 = torch.cat([(e1 - e0).flatten() for e1, e0 in zip(enc_1, enc_0)])
+    share_q = torch.cat([(eq - e0).flatten() for eq, e0 in zip(enc_q, enc_0)])
+    assert share_1.norm() > 0       # the encoder's CEM share scales with the matched scale
+    assert (share_q - 0.25 * share_1).norm() <= 0.05 * (0.25 * share_1).norm()

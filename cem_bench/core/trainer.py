@@ -175,8 +175,10 @@ class Trainer:
         the encoder's share by mult: the encoder descends CE + scale·L with scale = weight·mult. fused: scale
         = λ; inject: λ·s(lr), whose backward equals the paper's g_CE + λ·s·g_CEM (its code: two backward
         passes). The surrogate's gradient: joint keeps λ·dL/dθ (fused) or drops the scale (inject: weight 1);
-        adversarial ascends (weight -1); Adam is invariant to a constant scale. One multiplication of z's
-        gradient, not one per surrogate parameter: a graphed step's time is its kernel count."""
+        adversarial ascends (weight -1). The matched loss scale is not in either: ``step_body`` multiplies it
+        into the gate's mult, so the surrogate's gradient never carries it (Adam is invariant to a constant
+        scale only well above its eps). One multiplication of z's gradient, not one per surrogate parameter:
+        a graphed step's time is its kernel count."""
         fused = self.cfg.cem.grad_mode == "fused"
         if fused:
             # matched: the fused weight follows s(η) from the first CEM epoch on, as the injected ones do
@@ -217,7 +219,12 @@ class Trainer:
         rob = nonfinite = rob_grad = None
         if cem_on:
             ok = torch.ones((), dtype=torch.bool, device=z.device)
-            zin = _GradGate.apply(z.float(), ok, mult)
+            # the matched loss scale (cem.strength: matched) reaches the encoder through the gate, not the
+            # backward's seed: seeded with it, the surrogate's own parameters got scale·dL/dθ too, and at
+            # attention_centroid's scales (0.003-0.02) most of those gradients fell below Adam's eps, so its
+            # estimator fitted several times slower than at scale 1 (the audit of 2026-11-28: θ moved 0.41x as far
+            # in 5 steps at 0.018). Adam is invariant to a constant scale only well above eps.
+            zin = _GradGate.apply(z.float(), ok, mult * self.matcher.scale_t)
             # Everything of the CEM loss happens on the surrogate's stream (train.surrogate_stream), up to the
             # scaled loss that seeds the backward: the server's forward and backward then never wait for the
             # surrogate's forward, and the two branches meet only at the encoder (the gate's backward).
@@ -225,10 +232,10 @@ class Trainer:
                 out = self._surrogate_fwd(zin, y)          # statistics in fp32
                 finite = torch.isfinite(out.loss)
                 ok.copy_(finite)                           # the gate's backward reads it after this stream's gradient
-                rob = torch.where(finite, out.loss, 0.0) * self.matcher.scale_t
+                rob = torch.where(finite, out.loss, 0.0)           # the backward's root: unscaled (above)
                 nonfinite = (~finite).float()
                 acc["rob_nonfinite"] += nonfinite
-                acc["rob_loss"] += rob.detach()
+                acc["rob_loss"] += rob.detach() * self.matcher.scale_t   # logged as the encoder feels it
                 self._add_surrogate_logs(acc, out.logs)
                 rob_grad = weight if isinstance(weight, torch.Tensor) else rob.new_full((), weight)
                 if self.surrogate_opt is not None:
