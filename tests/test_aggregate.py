@@ -31,6 +31,20 @@ def runs() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def test_how_a_run_ran_does_not_make_another_configuration():
+    """A resumed search may read its data from another folder or run on another device (search/run.py allows
+    those keys to change): its runs of one configuration stay one configuration, with all their seeds, as a
+    baseline differing only in them stays a baseline (schema.EXECUTION_KEYS). Any other key still splits."""
+    t = runs()
+    t["config.data.root"] = np.where(t["config.seed"] == 2, "/elsewhere", "~/data")
+    t["config.train.device"] = np.where(t["config.seed"] == 0, "cuda", "cpu")
+    assert config_ids(t).nunique() == 3
+    c = build_configs(t, OBJ)
+    assert sorted(c["runs"]) == [3, 3, 3]
+    t["config.train.epochs"] = np.where(t["config.seed"] == 2, 10, 8)   # what the runs compute: split
+    assert config_ids(t).nunique() == 6
+
+
 def test_configs_aggregate_the_runs_of_each_configuration():
     t = runs()
     ids = config_ids(t)

@@ -150,11 +150,13 @@ def _encoded(column: pd.Series, fmt) -> np.ndarray:
 
 
 def config_ids(trials: pd.DataFrame) -> pd.Series:
-    """A short stable id of each row's configuration (its config columns without the seed; the λ = 0 rows'
-    inapplicable keys null first, so that every λ = 0 row of the same other keys is one configuration): the
-    SHA-1 of the JSON list of ``[column, value]`` pairs."""
+    """A short stable id of each row's configuration (its config columns without the seed and without the
+    ``EXECUTION_KEYS``; the λ = 0 rows' inapplicable keys null first, so that every λ = 0 row of the same other
+    keys is one configuration): the SHA-1 of the JSON list of ``[column, value]`` pairs. How a run ran (its data
+    read from another folder after the experiment moved, another device) does not make another configuration:
+    a resumed search may change those keys (search/run.py), and its runs of one configuration stay one."""
     trials = null_inapplicable(trials)
-    cols = config_columns(trials)
+    cols = [c for c in config_columns(trials) if c not in EXECUTION_KEYS]
     if not len(trials):
         return pd.Series([], dtype=object)
     pieces = [_encoded(trials[c], lambda v, c=c: json.dumps([c, v], default=str)) for c in cols]
