@@ -11,8 +11,11 @@ sign only turns the estimator's own update around, not the encoder's. So
 measured on one reference state shared by every surrogate: the encoder (and server) after ``warmup`` epochs
 of a λ = 0 run, the surrogate's own parameters at their initial values (gmm: refitted on that encoder's
 clean training features, as the trainer does before its first CEM epoch). ``gmm`` is the reference: the
-paper's λ keeps its meaning, and the others' default ``cem.loss_scale`` is set so that their strength is
-within a factor of 1.5 of gmm's on the synthetic data (docs/estimators.md, "One λ scale").
+paper's λ keeps its meaning. The others' fixed ``cem.loss_scale`` defaults (used under ``cem.strength:
+fixed``) were set so that their strength is within a factor of 1.5 of gmm's at this reference state on the
+synthetic data (width 0.25, σ 0.1); elsewhere they drift (0.23-35× over the states docs/estimators.md, "One λ
+scale", measured), which is why ``matched``, the attention surrogates' default, measures the ratio in every
+trial and is what this command's held-out match checks.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ gmm is the reference: the paper's λ keeps its meaning. Under ``cem.strength=mat
 surrogates' default) a trial measures, at the start of its first CEM epoch and on its own encoder, gmm's
 strength and its own on the same batches, and sets its ``loss_scale`` to their ratio: λ then means gmm's pull
 wherever the trial runs (σ, width, warm-up, data set, seed), which a fixed default calibrated at one state
-cannot (docs/estimators.md, "One λ scale": the fixed defaults move 1.7-5× between states). Through the
+cannot (docs/estimators.md, "One λ scale": the fixed defaults' strength moved 0.23-35× over the 404 cells
+measured there). Through the
 schedule the inject surrogates keep their ratio to gmm by construction (both scale with s(η)); a fused
 surrogate's weight is multiplied by s(η)/s(η₀) (η₀ the rate of its first CEM epoch) so that it does too
 (``Trainer.cem_scales``). ``cem-bench calibrate`` measures both the fixed defaults and the match on held-out
