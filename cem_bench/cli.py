@@ -421,8 +421,9 @@ def os_error_message(e: OSError) -> str:
     if e.errno == errno.ENOSPC:
         import shutil
         free = ""
-        try:
-            free = f"; {shutil.disk_usage(os.path.dirname(str(e.filename)) or '.').free / 2**20:.0f} MiB free there"
+        try:   # only where the error names its file: the working folder's free space said nothing of the disk
+            if e.filename:
+                free = f"; {shutil.disk_usage(os.path.dirname(str(e.filename)) or '.').free / 2**20:.0f} MiB free there"
         except OSError:
             pass
         return (f"no space left on the device{where}{free}. Free some space and run the command again (what was "

@@ -254,3 +254,15 @@ def test_bench_help_lists_every_group_that_only_accepts(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert e.value.code == 0 and "ceiling" in group_names()
     assert f"only these row groups ({' '.join(group_names())}); default: all" in help_text, help_text
+
+
+def test_a_full_disk_without_a_file_name_does_not_quote_the_working_folders_free_space(tmp_path):
+    """ENOSPC from a write that names no file (Ray's, pyarrow's) printed the free space of the folder the command
+    ran in, which says nothing of the disk that was full (the audit of 2026-11-28)."""
+    import errno
+
+    from cem_bench.cli import os_error_message
+    bare = os_error_message(OSError(errno.ENOSPC, "No space left on device"))
+    assert bare.startswith("no space left on the device.") and "MiB free" not in bare, bare
+    named = os_error_message(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "f")))
+    assert f"({tmp_path / 'f'}); " in named and "MiB free there" in named, named

@@ -201,7 +201,8 @@ class PlanStages:
             return 1
         cells = len(grid_cells(params))
         if num_samples and num_samples != cells:
-            self.err("num_samples", f"{num_samples} with sampler grid, whose space has {cells} cells; leave it "
+            self.err("num_samples", f"{num_samples} with sampler grid, whose space has {cells} "
+                     f"cell{'s' * (cells != 1)}; leave it "
                      f"out (it defaults to the number of cells) or set it to {cells}")
         return cells
 
