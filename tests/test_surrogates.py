@@ -269,3 +269,29 @@ def test_every_surrogate_has_a_reference_test():
         test_reference_gated_slot_cross.COVERS)
     assert covered == set(NAMES), f"without a reference test: {sorted(set(NAMES) - covered)}"
 
+
+
+@pytest.mark.parametrize("name", ["gated_attention", "slot_cross"])
+def test_the_snr_gate_is_closed_by_a_mean_shift_unless_its_statistics_are_detached(name):
+    """Note 003's SNR gate h = sigmoid(k (var / (mean^2 + eps) - t)) keeps the gradient through the class mean:
+    shifting every feature lowers L at an unchanged spread (the audit of 2026-11-28: 0.209 -> 0.085), so the
+    encoder can saturate its outputs instead of concentrating them. cem.snr_gate_grad=false computes h from
+    detached statistics: the gate still weights the penalty, and no gradient moves a class's mean through it."""
+    x, y = feature_batch((8, 4, 4), 64, 4, seed=3)
+    x = 0.3 + 0.1 * x                    # a spread of the features' own scale; the SNR gate partly open
+    designed = make_surrogate(name, (8, 4, 4), 4)
+    fixed = make_surrogate(name, (8, 4, 4), 4, **{"cem.snr_gate_grad": False})
+    assert designed.gates.snr_gate_grad and not fixed.gates.snr_gate_grad
+    for surr, closable in ((designed, True), (fixed, False)):
+        z = x.clone().requires_grad_(True)
+        out = surr(z, y)
+        (g,) = torch.autograd.grad(out.loss, z)
+        shift = torch.stack([g[y == c].sum() for c in range(4)])   # d L / d (a uniform shift of class c)
+        spread = torch.stack([(g[y == c] - g[y == c].mean(0)).abs().sum() for c in range(4)])
+        assert spread.sum() > 0                                    # the spread is penalised either way
+        if closable:
+            assert shift.abs().max() > 1e-3 * spread.max(), (shift, spread)
+        else:
+            assert shift.abs().max() <= 1e-4 * spread.max(), (shift, spread)
+    with torch.no_grad():   # the forward is the same: only the gradient differs
+        assert torch.allclose(designed(x, y).loss, fixed(x, y).loss)

@@ -34,6 +34,9 @@ class GateKeys:
     """The keys of ``VarianceGates`` and the class gate (gated_attention and slot_cross, design note 003)."""
     snr_thresh: float = key(0.3, "SNR gate threshold on var/(mean^2+eps)", lo=0.0)
     snr_sharp: float = key(10.0, "SNR gate sharpness", lo=0.0)
+    snr_gate_grad: bool = key(True, "the encoder's gradient flows through the SNR gate's class statistics (note "
+                                    "003; the encoder can then close the gate by shifting a class mean: "
+                                    "docs/estimators.md); false: the gate only weights the penalty")
     softplus_beta: float = key(1.0, "beta of the softplus hinge", lo=0.0, lo_open=True)
     margin: float = key(0.1, "margin m of the softplus hinge (in log-variance units)")
     slot_power: float = key(2.0, "exponent of slot/class weights", lo=0.0)
@@ -186,7 +189,9 @@ class VarianceGates(nn.Module):
     ``forward(mean (..., dim), var (..., dim)) -> GateOut``. With ``lv = log(var + var_eps)``:
 
     * dimension gate ``g = sigmoid(MLP(LN(lv)))``, MLP dim -> hidden_dim -> dim (GELU), LN with affine;
-    * SNR gate ``h = sigmoid(snr_sharp * (var / (mean^2 + SNR_EPS) - snr_thresh))``;
+    * SNR gate ``h = sigmoid(snr_sharp * (var / (mean^2 + SNR_EPS) - snr_thresh))``, from detached statistics
+      when ``snr_gate_grad`` is false (then the encoder cannot lower the term by moving a class mean, only by
+      shrinking its spread; note 003 keeps the gradient, the default);
     * penalty ``p = softplus(beta * (lv - t - margin)) / beta`` with ``t = hinge_level = log(tau*sigma^2 +
       var_eps)``, so var_eps (gamma) sits inside both logs, as in ``gmm``: var = 0 gives a finite loss and
       p is small exactly when var is well below tau*sigma^2;
@@ -196,10 +201,11 @@ class VarianceGates(nn.Module):
     """
 
     def __init__(self, dim: int, hidden_dim: int, hinge_level: float, var_eps: float, snr_thresh: float,
-                 snr_sharp: float, softplus_beta: float, margin: float):
+                 snr_sharp: float, softplus_beta: float, margin: float, snr_gate_grad: bool = True):
         super().__init__()
         self.hinge_level, self.var_eps = float(hinge_level), float(var_eps)
         self.snr_thresh, self.snr_sharp = float(snr_thresh), float(snr_sharp)
+        self.snr_gate_grad = bool(snr_gate_grad)
         self.beta, self.margin = float(softplus_beta), float(margin)
         self.norm = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, dim))
@@ -207,7 +213,8 @@ class VarianceGates(nn.Module):
     def forward(self, mean: Tensor, var: Tensor) -> GateOut:
         logvar = torch.log(var + self.var_eps)
         g = torch.sigmoid(self.mlp(self.norm(logvar)))
-        h = torch.sigmoid(self.snr_sharp * (var / (mean.pow(2) + SNR_EPS) - self.snr_thresh))
+        m, v = (mean, var) if self.snr_gate_grad else (mean.detach(), var.detach())
+        h = torch.sigmoid(self.snr_sharp * (v / (m.pow(2) + SNR_EPS) - self.snr_thresh))
         p = F.softplus(self.beta * (logvar - self.hinge_level - self.margin)) / self.beta
         return GateOut((g * h * p).mean(-1), g, h, p)
 
@@ -216,7 +223,7 @@ def build_gates(surrogate, dim: int) -> VarianceGates:
     """``VarianceGates`` over ``dim`` statistics from ``surrogate.cfg`` (a resolved CemConfig)."""
     c = surrogate.cfg
     return VarianceGates(dim, c.hidden_dim, surrogate.hinge_level, c.var_eps, c.snr_thresh, c.snr_sharp,
-                         c.softplus_beta, c.margin)
+                         c.softplus_beta, c.margin, c.snr_gate_grad)
 
 
 @torch.compiler.disable
