@@ -208,12 +208,11 @@ def _cifar_folder(name: str, root: str):
 
 def _download_once(klass, root: str, folder: str) -> None:
     """Download and extract into a private folder of ``root``, then rename the extracted folder into place, under
-    a lock of ``root``. The trials that a fresh cluster node starts at once all found the folder missing and all
-    downloaded into the same place: torchvision rewrites the archive in place and extracts file by file, and
-    ``isdir(folder)`` is true as soon as extraction begins, so a trial could read a half-written folder (a
-    DataError: an error row, never retried). Now the folder appears complete or not at all (one rename), and the
-    lock makes the others wait for the first download instead of repeating it; where the file system has no
-    locks, the rename alone still keeps a half-written folder out of sight."""
+    a lock of ``root``. The trials a fresh cluster node starts at once all find the folder missing; torchvision
+    extracts file by file, and ``isdir(folder)`` is true as soon as extraction begins, so without this a trial
+    could read a half-written folder. The folder appears complete or not at all (one rename), and the lock makes
+    the others wait for the first download instead of repeating it; where the file system has no locks, the
+    rename alone still keeps a half-written folder out of sight."""
     import fcntl
     import shutil
     import tempfile

@@ -220,10 +220,9 @@ class Trainer:
         if cem_on:
             ok = torch.ones((), dtype=torch.bool, device=z.device)
             # the matched loss scale (cem.strength: matched) reaches the encoder through the gate, not the
-            # backward's seed: seeded with it, the surrogate's own parameters got scale·dL/dθ too, and at
-            # attention_centroid's scales (0.003-0.02) most of those gradients fell below Adam's eps, so its
-            # estimator fitted several times slower than at scale 1 (the audit of 2026-11-28: θ moved 0.41x as far
-            # in 5 steps at 0.018). Adam is invariant to a constant scale only well above eps.
+            # backward's seed: seeded with it, the surrogate's own gradient would carry it too, and at small
+            # scales that gradient falls below Adam's eps (invariant to a constant scale only well above it),
+            # slowing the estimator's fit (docs/estimators.md)
             zin = _GradGate.apply(z.float(), ok, mult * self.matcher.scale_t)
             # Everything of the CEM loss happens on the surrogate's stream (train.surrogate_stream), up to the
             # scaled loss that seeds the backward: the server's forward and backward then never wait for the
@@ -235,7 +234,7 @@ class Trainer:
                 rob = torch.where(finite, out.loss, 0.0)           # the backward's root: unscaled (above)
                 nonfinite = (~finite).float()
                 acc["rob_nonfinite"] += nonfinite
-                acc["rob_loss"] += rob.detach() * self.matcher.scale_t   # logged as the encoder feels it
+                acc["rob_loss"].addcmul_(rob.detach(), self.matcher.scale_t)   # logged as the encoder feels it
                 self._add_surrogate_logs(acc, out.logs)
                 rob_grad = weight if isinstance(weight, torch.Tensor) else rob.new_full((), weight)
                 if self.surrogate_opt is not None:

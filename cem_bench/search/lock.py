@@ -172,9 +172,8 @@ def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
                 if not _abandoned(local):
                     raise SearchError(f"the experiment folder {local} already exists; continue it with --resume "
                                       f"or start a new experiment with --name NEW_NAME (nothing was changed)") from None
-                # a driver killed while it started left the folder with nothing to resume: this search takes
-                # it over under the lock below, as if it had made it (a plain kill used to leave a folder that
-                # both a new search and --resume refused)
+                # nothing in it can be resumed and no driver holds it: this search takes it over under the lock
+                # below, as if it had made it, so that neither a new search nor --resume is stuck on it
                 print(f"cem-bench: {local} holds only what a search stopped while starting leaves (no Ray Tune "
                       f"experiment): this search takes it over", flush=True)
                 made = True

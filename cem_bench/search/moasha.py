@@ -127,8 +127,7 @@ class MOASHA(FIFOScheduler):
                 self.ranker.load_state_dict(saved["ranker"])   # assigns only once every record has parsed
                 self._stops = stops
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            # damaged, or valid JSON of another shape ({} or null once crashed the resumed driver with a
-            # KeyError): the scheduler keeps its own state, and says so
+            # damaged, or valid JSON of another shape ({}, null): the scheduler keeps its own state, and says so
             print(f"cem-bench: the scheduler's saved state {path} is damaged ({type(e).__name__}: {e}); the "
                   f"scheduler goes on with the state it restored with the experiment", file=sys.stderr, flush=True)
 

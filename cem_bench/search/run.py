@@ -273,7 +273,7 @@ def _tuner(spec, storage: str, exp_path: str, resume: bool, trust_pickled_state:
         import pickle
         try:
             return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
-        except (pickle.UnpicklingError, EOFError) as e:   # was a raw traceback from Ray's unpickling
+        except (pickle.UnpicklingError, EOFError) as e:   # one line, not Ray's unpickling traceback
             raise SearchError(
                 f"--resume: {join(exp_path, 'tuner.pkl')} cannot be read ({type(e).__name__}: {e}): it is "
                 f"truncated or damaged (a driver killed, or out of space, while Ray wrote it), and Ray restores "
@@ -364,9 +364,12 @@ def saved_plan(spec, path: str):
 
 # What a resumed search may change: where and how its trials run. Anything else decides what they compute, and a
 # restored experiment's searcher proposes what its first driver planned while every trial's config is built from
-# the space given now (trainable.make_trainable): an edited ``fixed`` or a new ``--set`` reached the remaining
-# epochs of trials already halfway through, and re-attacked finished ones (the audit of 2026-11-28).
-RESUME_MAY_CHANGE = ("name", "path", "resources", "max_concurrent", "max_failures", "utility_tolerance")
+# the space given now (trainable.make_trainable): a changed ``fixed`` would reach the remaining epochs of trials
+# already halfway through.
+RESUME_MAY_CHANGE = ("resources", "max_failures", "utility_tolerance")
+# Never news: the name is the folder's, the file's path may move, and a new search saves the concurrency it
+# computed for its machine, not the space's number (a restored experiment keeps its own)
+RESUME_UNCOMPARED = ("name", "path", "max_concurrent")
 
 
 def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
@@ -382,7 +385,7 @@ def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
     refused: list[str] = []
     allowed: list[str] = []
     for key, value in now.items():
-        if key not in saved or saved[key] == value:
+        if key in RESUME_UNCOMPARED or key not in saved or saved[key] == value:
             continue
         if key in RESUME_MAY_CHANGE:
             allowed.append(key)
@@ -421,11 +424,8 @@ def check_space_unchanged(spec, exp_path: str) -> None:
             f"search runs the trials it planned, and their configs would mix both (trials halfway through "
             f"would finish under the new values): resume with the space and --set options it was started with "
             f"(its {SPACE_FILE} shows them), or start a new experiment with --name NEW_NAME. What may change "
-            f"on --resume: {', '.join(k for k in RESUME_MAY_CHANGE if k not in ('name', 'path'))} and how trials "
+            f"on --resume: {', '.join(RESUME_MAY_CHANGE)} and how trials "
             f"run (fixed keys such as data.root and train.device). Nothing was changed")
-    # the name is the folder's, the file's path may move, and a new search saves the concurrency it computed for
-    # its machine (not the space's number): none of these is news
-    allowed = [k for k in allowed if k not in ("name", "path", "max_concurrent")]
     if allowed:
         print(f"note: the space differs from the experiment's {SPACE_FILE} in {', '.join(allowed)}; the trials "
               f"from now on run with the new fixed keys and resources (the restored experiment keeps its own "
@@ -488,7 +488,7 @@ def check_args(args) -> None:
 def cluster_gpu_note(address: str, resources: dict, cluster_gpus: float) -> str | None:
     """A cluster's GPU request is kept (its autoscaler may add GPU nodes); on a cluster with none now, the note that
     says so: without a node type that can add one, the trials wait forever, and Ray's "No available node types can
-    fulfill" lines do not say what to change (the audit of 2026-11-28)."""
+    fulfill" lines do not say what to change."""
     gpu = float(resources.get("gpu", 0) or 0)
     if gpu <= 0 or cluster_gpus > 0:
         return None
@@ -500,8 +500,8 @@ def cluster_gpu_note(address: str, resources: dict, cluster_gpus: float) -> str 
 def check_address(address: str | None, timeout_s: float = 5.0) -> None:
     """SearchError, before Ray starts, when the cluster of ``--address HOST:PORT`` (or the one ``auto`` finds:
     ``RAY_ADDRESS``, else the address ``ray start`` last recorded on this machine) does not answer within
-    ``timeout_s``. ``ray.init`` retries a dead address about 20 times, some 40 s each: a stale recorded address
-    hung the command for minutes before its error (the audit of 2026-11-28). Addresses it cannot resolve to
+    ``timeout_s``. ``ray.init`` retries a dead address about 20 times, some 40 s each, so a stale recorded
+    address would hang the command for minutes before its error. Addresses it cannot resolve to
     HOST:PORT (``ray://``, nothing recorded) are left to Ray, whose errors for them are immediate."""
     import socket
     if not address or "://" in address:

@@ -41,7 +41,7 @@ DEFAULT_BASELINE_REPLICATES = 3
 DEFAULT_CONFIRM = {"top": 3, "replicates": 3}
 REQUIRED_KEYS = ("name", "objectives", "params")   # num_samples too, except with sampler grid (the cell count)
 PARAM_FIELDS = (*KINDS, "log", "step", "when")
-# \Z, not $: "$" also matches before a final newline, and a --name ending in one made a folder "name\n"
+# \Z, not $: "$" also matches before a final newline, which would let a name end in one
 SAFE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 
 
