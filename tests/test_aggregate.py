@@ -141,3 +141,65 @@ def test_the_baseline_is_its_own_row_and_each_configuration_meets_its_own():
     assert conf["test_acc_verdict"] == "within noise"
     assert bool(c.loc[("confirmed", 0.05), "final_front"]) and not bool(conf["final_front"])   # σ 0.05 dominates it
     assert c.loc[("confirmed", 0.05), "baseline_id"] == c.loc[("baseline", 0.05), "config_id"]
+
+
+def test_a_configuration_whose_runs_ran_on_several_devices_keeps_its_baseline():
+    """An execution key (schema.EXECUTION_KEYS) that varies among the runs does not split a configuration, so it
+    must not pick the baseline either: the baseline ran on the CPU, the configuration's runs on the GPU and,
+    after a resume, the CPU; it is still compared with that baseline (it had none)."""
+    t = runs()
+    t = t[t["config.defense.noise_std"] == 0.1].copy()
+    t["status"] = "ok"
+    t["test_acc"], t["attack_ssim"] = t["test_acc"].fillna(0.7), t["attack_ssim"].fillna(0.4)
+    base = t["config.cem.lambd"] == 0
+    t["config.train.device"] = np.where(base, "cpu", np.where(t["config.seed"] < 2, "cuda", "cpu"))
+    c = build_configs(t, OBJ).set_index("role")
+    assert c.loc["search", "baseline_id"] == c.loc["baseline", "config_id"]
+    assert np.isfinite(c.loc["search", "test_acc_p"])
+    t["config.train.epochs"] = np.where(base, 10, 8)       # a key that changes what runs compute still splits
+    c = build_configs(t, OBJ).set_index("role")
+    assert pd.isna(c.loc["search", "baseline_id"])
+
+
+def test_a_trials_table_without_an_objective_column_is_tabled_without_a_traceback(tmp_path, capsys):
+    """An older or hand-made trials.parquet without an objective's column: no value of it (NaN), the other
+    metrics tabled, and the legend says why that table claims nothing."""
+    t = runs().drop(columns=["test_acc"])
+    c = build_configs(t, OBJ)
+    assert c["test_acc_mean"].isna().all() and (c["pareto_rank"] == -1).all()
+    t["config.train.milestones"] = [[0.5]] * len(t)
+    t.to_parquet(tmp_path / "trials.parquet")
+    assert main(["table", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "No run has a value of test_acc" in out and "**attack_ssim**" in out
+
+
+def test_a_table_error_names_the_file_it_read(tmp_path, capsys):
+    """A trials.parquet without σ, and no configs.parquet: the message names trials.parquet and says what is
+    missing, not "delete configs.parquet" (there is none)."""
+    t = runs().drop(columns=["config.defense.noise_std"])
+    t["config.train.milestones"] = [[0.5]] * len(t)
+    t.to_parquet(tmp_path / "trials.parquet")
+    assert main(["table", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "trials.parquet" in err and "config.defense.noise_std" in err
+    assert "configs.parquet" not in err and "delete" not in err
+
+
+def test_the_table_rebuilds_a_configs_table_that_is_not_about_the_trials_beside_it(tmp_path, capsys):
+    """configs.parquet written before the search went on (or before trials.parquet was filtered): the table
+    prints the trials' numbers, as the report does, not the stale ones."""
+    t = runs()
+    t["config.train.milestones"] = [[0.5]] * len(t)
+    t["config_id"] = config_ids(t)
+    build_configs(t, OBJ).to_parquet(tmp_path / "configs.parquet")
+    more = t[(t["config.cem.lambd"] == 16.0) & (t["status"] == "ok")].copy()
+    more["config.seed"] += 10
+    more["attack_ssim"] = 0.05
+    t = pd.concat([t, more], ignore_index=True)
+    t.to_parquet(tmp_path / "trials.parquet")
+    assert main(["table", str(tmp_path), "--csv", "--metrics", "attack_ssim"]) == 0
+    out = capsys.readouterr().out
+    fresh = build_configs(t, OBJ).set_index("config.cem.lambd").loc[16.0]
+    assert f"({int(fresh['attack_ssim_n'])})" in out and fresh["attack_ssim_n"] == 4
+    assert f"{fresh['attack_ssim_mean']:.3f}" in out

@@ -241,7 +241,7 @@ TARGETS = {
     "attack": (schema.CHECKPOINT_FILE, integrity.MANIFEST_FILE),
     "report": (schema.TRIALS_FILE, schema.EPOCHS_FILE, schema.CONFIGS_FILE, schema.SPACE_FILE,
                integrity.MANIFEST_FILE),
-    "table": (schema.CONFIGS_FILE, integrity.MANIFEST_FILE),
+    "table": (schema.CONFIGS_FILE, schema.TRIALS_FILE, integrity.MANIFEST_FILE),
 }
 
 corruptions = st.one_of(
@@ -337,7 +337,7 @@ test_every_corrupted_file_is_a_clear_error_long = pytest.mark.slow(_corruption_t
 UNVERIFIED = {
     "attack": (schema.CHECKPOINT_FILE,),
     "report": (schema.TRIALS_FILE, schema.EPOCHS_FILE, schema.CONFIGS_FILE, schema.SPACE_FILE),
-    "table": (schema.CONFIGS_FILE,),
+    "table": (schema.CONFIGS_FILE, schema.TRIALS_FILE),
     "rebuild": ("experiment_state-*.json", "search_gen_state-*.json", schema.RESULT_FILE, "result.json",
                 "params.json", schema.SPACE_FILE),
 }

@@ -197,18 +197,18 @@ EXECUTION_KEYS = frozenset(f"config.{k}" for k in schema_execution_keys)
 def baseline_key_columns(trials: pd.DataFrame, cols: Sequence[str]) -> list[str]:
     """The config columns that pick a configuration's baseline: σ, every other non-``cem`` column that takes
     two or more values among the λ = 0 rows or among the others (a searched key), and every column whose one
-    value among the λ = 0 rows differs from its one value among the others, unless it only says how the
-    trials ran (``EXECUTION_KEYS``): configurations on another data set than the only baseline then have none,
-    and the report says so, instead of being compared with it."""
+    value among the λ = 0 rows differs from its one value among the others: configurations on another data set
+    than the only baseline then have none, and the report says so, instead of being compared with it. A column
+    that only says how the trials ran (``EXECUTION_KEYS``) is never one, even where its value varies: it does
+    not split a configuration (``config_ids``), so a configuration's value of it is only its first run's."""
     base = is_baseline(trials)
     out = []
     for c in cols:
-        if c.startswith("config.cem."):
+        if c.startswith("config.cem.") or c in EXECUTION_KEYS:
             continue
         values = pd.Series(_encoded(trials[c], lambda v: json.dumps(v, default=str)), index=trials.index)
         varies = values[base].nunique() > 1 or values[~base].nunique() > 1
-        differs = (c not in EXECUTION_KEYS and base.any() and (~base).any()
-                   and set(values[base]) != set(values[~base]))
+        differs = base.any() and (~base).any() and set(values[base]) != set(values[~base])
         if c == SIGMA_COLUMN or varies or differs:
             out.append(c)
     return out
@@ -226,6 +226,9 @@ def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFr
         return pd.DataFrame(columns=[CONFIG_ID, "role", "pareto_rank", "final_front", "runs", "runs_ok", "repeats",
                                      "seeds"])
     trials = null_inapplicable(trials).reset_index(drop=True)
+    for o in objectives:    # a table without an objective's column (older, or by hand): no value of it, NaN
+        if o["metric"] not in trials:
+            trials[o["metric"]] = np.nan
     if CONFIG_ID not in trials:
         trials[CONFIG_ID] = config_ids(trials)
     trials[CONFIG_ID] = trials[CONFIG_ID].astype(str)

@@ -2,7 +2,8 @@
 
 ``cem-bench table RESULTS_DIR [--csv] [--metrics ...]`` prints one table per metric (noisy test accuracy,
 attack SSIM, PSNR, MSE by default) as Markdown, or as CSV. The numbers come from ``configs.parquet`` (built
-from ``trials.parquet`` when missing or older than the adjusted verdicts). A configuration's cell is
+from ``trials.parquet`` when missing, older than the adjusted verdicts or about other trials than those beside it,
+as the report does). A configuration's cell is
 ``mean ± std (n)``, ``(n confirmed)`` when its statistics are confirmation runs (new seeds after the search's
 choice); a cell several configurations fall in (they differ in a key that is not a row or column, e.g.
 ``cem.num_slots``) shows each, separated by " / ", so nothing is averaged away silently. A cell ends in
@@ -24,7 +25,7 @@ from ..errors import ResultsError
 from ..integrity import read_table
 from ..schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
 from ..storage import Dir
-from .aggregate import CONFIRMED, build_configs
+from .aggregate import CONFIG_ID, CONFIRMED, build_configs, config_ids
 from .noise import ALPHA, BETTER, MIN_RUNS, P_MIN, WORSE
 
 DEFAULT_METRICS = ("test_acc", "attack_ssim", "attack_psnr", "attack_mse")
@@ -32,13 +33,17 @@ SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "conf
 
 
 def load_configs(results_dir: str | Path) -> pd.DataFrame:
+    """``configs.parquet`` when it is this code's and describes the trials beside it (``describes``: the
+    report's rule, so that the table and the page print the same numbers), else built from
+    ``trials.parquet``."""
     d = Dir(results_dir)
     configs = read_table(d, CONFIGS_FILE, "configs")
-    if configs is not None and "role" in configs and adjusted(configs):
-        return configs
-    # missing, or written before the comparison with the baseline or before its adjustment for many
-    # comparisons: built from the trials when they are there
     trials = read_table(d, TRIALS_FILE, "trials")
+    if configs is not None and "role" in configs and adjusted(configs) and (
+            trials is None or describes(configs, trial_config_ids(trials))):
+        return configs
+    # missing, written before the comparison with the baseline or before its adjustment for many comparisons,
+    # or about other trials (a search that went on, a filtered trials.parquet): built from the trials
     if trials is None and configs is not None:   # nothing to rebuild from: shown, but its verdicts not marked
         return configs.drop(columns=[c for c in configs.columns if c.endswith("_q")])
     if trials is None and not d.is_dir():
@@ -47,7 +52,29 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
         raise ResultsError(f"{d.display}: neither {CONFIGS_FILE} nor {TRIALS_FILE}; run `cem-bench report` on an "
                            f"experiment folder of `cem-bench search` first, or point at one")
     objectives, _ = load_objectives(d)
-    return build_configs(trials, objectives)
+    configs = build_configs(trials, objectives)
+    configs.attrs["source"] = TRIALS_FILE      # what an error about the table must name (``main``)
+    return configs
+
+
+def trial_config_ids(trials: pd.DataFrame) -> pd.Series:
+    """Each trial's configuration id as text: the table's ``config_id``, computed where an older table has
+    none."""
+    if CONFIG_ID in trials and trials[CONFIG_ID].notna().all():
+        return trials[CONFIG_ID].astype(str)
+    return config_ids(trials).astype(str)
+
+
+def describes(configs: pd.DataFrame, ids: pd.Series) -> bool:
+    """Does a stored configurations table describe exactly the trials of configuration ``ids``: the same
+    configurations, and as many runs and repeats (a seed run again: ``aggregate.build_configs``) as trials?
+    Older tables count no repeats."""
+    if not {CONFIG_ID, "runs"} <= set(configs.columns):
+        return False
+    counted = pd.to_numeric(configs["runs"], errors="coerce").sum()
+    if "repeats" in configs:
+        counted += pd.to_numeric(configs["repeats"], errors="coerce").sum()
+    return set(configs[CONFIG_ID].astype(str)) == set(ids.astype(str)) and counted == len(ids)
 
 
 def adjusted(configs: pd.DataFrame) -> bool:
@@ -102,6 +129,8 @@ def legend(configs: pd.DataFrame, metric: str) -> str:
         return (f"{metric} is not compared with the λ=0 baseline; only the search's objectives are"
                 + (f" ({', '.join(compared)})" if compared else "") + ". Its cells claim nothing about differences.")
     verdicts = configs[col].fillna("").astype(str)
+    if f"{metric}_mean" in configs and pd.to_numeric(configs[f"{metric}_mean"], errors="coerce").isna().all():
+        return f"No run has a value of {metric}: the table claims nothing about differences."
     if not (verdicts != "").any():
         return (f"No cell of {MIN_RUNS} or more runs has a λ=0 baseline of {MIN_RUNS} or more runs sharing its "
                 f"keys (a comparison needs {MIN_RUNS} runs a side): the table claims nothing about differences.")
@@ -239,12 +268,16 @@ def main(args) -> int:
     if unknown:     # the user's word, not the table's fault: said before the check of the table below
         raise ResultsError(f"--metrics {' '.join(unknown)}: not in the results of {args.results_dir}; known: "
                            f"{', '.join(c[:-5] for c in configs.columns if c.endswith('_mean'))}")
+    source = configs.attrs.get("source", CONFIGS_FILE)
     try:
         tables = [paper_table(configs, m) for m in metrics]   # every metric checked before anything is printed
+    except ResultsError as e:   # its own words say what is missing; the file named is the one read
+        raise ResultsError(f"{args.results_dir}: {source}: {e}") from e
     except (TypeError, ValueError, KeyError, AttributeError) as e:   # a table cem-bench did not write
-        raise ResultsError(f"{args.results_dir}: its {CONFIGS_FILE} is not as cem-bench writes it ({type(e).__name__}: "
-                           f"{' '.join(str(e).split())[:200]}); delete it and run `cem-bench report "
-                           f"{args.results_dir}` to rebuild it from the trials") from e
+        advice = (f"delete it and run `cem-bench report {args.results_dir}` to rebuild it from the trials"
+                  if source == CONFIGS_FILE else "it was not written by `cem-bench search`")
+        raise ResultsError(f"{args.results_dir}: its {source} is not as cem-bench writes it ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:200]}); {advice}") from e
     for m, t in zip(metrics, tables):
         pq = pq_table(configs, m)
         if args.csv:

@@ -42,7 +42,7 @@ from cem_bench.analysis.aggregate import (
     skipped_attacks,
 )
 from cem_bench.analysis.results import is_final
-from cem_bench.analysis.table import adjusted
+from cem_bench.analysis.table import adjusted, describes
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
 from cem_bench.integrity import MANIFEST_FILE, read_table
@@ -287,12 +287,7 @@ def _stored_configs(results_dir: Path | None, ids: pd.Series) -> pd.DataFrame | 
         return None   # older than the comparison with the baseline: rebuilt from the trials
     if not adjusted(stored):
         return None   # older verdicts (single tests, or one run judged by the baseline's spread): rebuilt
-    # every trial is a run or a repeat (a seed run again: aggregate.build_configs); older tables count no repeats
-    counted = pd.to_numeric(stored["runs"], errors="coerce").sum()
-    if "repeats" in stored:
-        counted += pd.to_numeric(stored["repeats"], errors="coerce").sum()
-    same = set(stored[CONFIG_ID].astype(str)) == set(ids) and counted == len(ids)
-    return stored if same else None
+    return stored if describes(stored, ids) else None
 
 
 def load_configs(results_dir: Path | None, raw: pd.DataFrame, trials: pd.DataFrame,

@@ -159,15 +159,23 @@ def _strength(cl: Claim, row: pd.Series, metric: str) -> str:
             f"choice: {test}.")
 
 
-def _marks(res: Results) -> pd.DataFrame:
-    """The configurations the page's tables mark on either objective (``<m>_verdict`` better or worse, after
-    the Benjamini-Hochberg correction)."""
+def _marks(res: Results) -> tuple[pd.DataFrame, list[str]]:
+    """The configurations the page's tables mark (``<m>_verdict`` better or worse, after the
+    Benjamini-Hochberg correction) and the metrics they are marked on: every compared metric, not only the
+    two objectives, since the paper-style tables mark ``attack_ssim`` and a third objective as well and the
+    frontier plots draw them."""
     c = res.configs
+    not_base = (c["role"] != "baseline").to_numpy()
     marked = np.zeros(len(c), dtype=bool)
-    for m in res.metrics[:2]:
-        if f"{m}_verdict" in c:
-            marked |= c[f"{m}_verdict"].isin([noise.BETTER, noise.WORSE]).to_numpy()
-    return c[marked & (c["role"] != "baseline").to_numpy()]
+    metrics = []
+    for col in c.columns:
+        if not col.endswith("_verdict"):
+            continue
+        hit = c[col].isin([noise.BETTER, noise.WORSE]).to_numpy() & not_base
+        if hit.any():
+            metrics.append(col[: -len("_verdict")])
+        marked |= hit
+    return c[marked], metrics
 
 
 def _verdict_words(verdict: str) -> str:
@@ -299,7 +307,7 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> tuple[str, pd.Series | Non
     pm, um = res.metrics[1], res.metrics[0]
     few = cl.pool[cl.pool["few_runs"].fillna(False).astype(bool)] if "few_runs" in cl.pool else cl.pool[:0]
     need = f"{noise.MIN_RUNS} or more runs a side"
-    marks = _marks(res)
+    marks, marked_on = _marks(res)
     if cl.family == 0:
         text = f"None of the {scope} could be compared with the λ=0 baseline: a comparison needs {need}."
         if len(few):
@@ -313,7 +321,8 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> tuple[str, pd.Series | Non
     if marks.empty and cl.family:
         text += " After the correction, the differences the plots show are within the noise of the baseline."
     elif not marks.empty:
-        text += (f" The tables mark {plural(len(marks), 'configuration')} against the baseline on {pm} or {um}, "
+        text += (f" The tables mark {plural(len(marks), 'configuration')} against the baseline on "
+                 f"{' or '.join([', '.join(marked_on[:-1]), marked_on[-1]] if len(marked_on) > 1 else marked_on)}, "
                  f"by Benjamini-Hochberg (q ≤ {noise.ALPHA:g}). That rule keeps false marks to 5 % of the marks "
                  f"on average, a weaker guarantee than the summary's."
                  + (" They are the search's own runs, not confirmed." if not (marks["role"] == "confirmed").all()

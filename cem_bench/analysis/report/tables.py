@@ -76,18 +76,37 @@ def mean_std(row: pd.Series, metric: str) -> str:
     return ms(row, metric)
 
 
-def _runs(row: pd.Series) -> str:
-    """The runs of a configuration, saying which its statistics use: ``3 (1 errored)``; for a confirmed
-    configuration ``4 confirmation runs (+1 search run, not in the statistics)``, so the count agrees with
-    the summary's and the plot's (``<m>_n``: the confirmation's runs only)."""
+NOT_OK_WORDS = {"error": "errored", "stopped": "stopped early", "interrupted": "interrupted"}
+
+
+def not_ok_kinds(res: Results) -> dict[str, str]:
+    """Per configuration id, what its runs that are not ok are, in the words of the run facts
+    (``facts.status_counts``): "errored", "stopped early", "interrupted", or "not ok" for a mix."""
+    t = res.trials
+    if CONFIG_ID not in t or "status" not in t:
+        return {}
+    bad = t.loc[~t["_ok"], [CONFIG_ID, "status"]].astype(str)
+    out = {}
+    for cid, status in bad.groupby(CONFIG_ID)["status"]:
+        kinds = {NOT_OK_WORDS.get(s, "errored") for s in status}
+        out[cid] = kinds.pop() if len(kinds) == 1 else "not ok"
+    return out
+
+
+def _runs(row: pd.Series, kinds: dict[str, str] | None = None) -> str:
+    """The runs of a configuration, saying which its statistics use: ``3 (1 errored)`` (or ``stopped early``,
+    ``interrupted``: ``kinds``, from ``not_ok_kinds``); for a confirmed configuration ``4 confirmation runs (+1
+    search run, not in the statistics)``, so the count agrees with the summary's and the plot's (``<m>_n``: the
+    confirmation's runs only)."""
     runs, ok = int(row["runs"]), int(row["runs_ok"])
-    text = str(runs) if ok == runs else f"{runs} ({runs - ok} errored)"
+    word = (kinds or {}).get(str(row.get(CONFIG_ID)), "errored")
+    text = str(runs) if ok == runs else f"{runs} ({runs - ok} {word})"
     seeds = row.get("seeds")
     used = len(seeds) if isinstance(seeds, (list, tuple, np.ndarray)) else None
     if row.get("role") == "confirmed" and used is not None and 0 < used < ok:
         left = ok - used
         text = (f"{plural(used, 'confirmation run')} (+{plural(left, 'search run')}, not in the statistics"
-                + (f"; {runs - ok} errored)" if ok != runs else ")"))
+                + (f"; {runs - ok} {word})" if ok != runs else ")"))
     return text
 
 
@@ -101,13 +120,14 @@ def config_front_table(res: Results) -> str:
     """The configurations on the front of the means, one row each: id, surrogate, the varying config keys,
     ``mean ± std`` of each objective over the ok runs, the runs and their seeds."""
     front = res.front_configs
+    kinds = not_ok_kinds(res)
     searched = [c for c in config_searched_columns(res) if c != SURROGATE_COL]
     shown = front.copy()
     rows = [r for _, r in front.iterrows()]
     for m in res.metrics:
         shown[f"_ms_{m}"] = [mean_std(r, m) for r in rows]
         shown[f"_vs_{m}"] = [versus_baseline(r, m) for r in rows]
-    shown["_runs"] = [_runs(r) for r in rows]
+    shown["_runs"] = [_runs(r, kinds) for r in rows]
     shown["_seeds"] = [_seeds(r.get("seeds")) for r in rows]
     by_metric = {m: strongest_column(m) for m in res.metrics if strongest_column(m) in front}  # strongest_summary
     pq = [m for m in res.metrics if f"{m}_q" in front]
@@ -191,6 +211,7 @@ def surrogate_bests(res: Results) -> str | None:
     if not rows:
         return None
     shown = pd.DataFrame(rows).reset_index(drop=True)
+    kinds = not_ok_kinds(res)
     # a surrogate none of whose configurations is shown at the baseline's accuracy: its most private one, so
     # marked (the table's heading promises "at the baseline's accuracy")
     shown["_label"] = [f"{lab} (none at the baseline's accuracy: its most private)" if fb else lab
@@ -199,7 +220,7 @@ def surrogate_bests(res: Results) -> str | None:
     shown["_ms_p"] = [mean_std(r, pm) for r in rows]
     shown["_vs_u"] = [versus_baseline(r, um) for r in rows]
     shown["_vs_p"] = [versus_baseline(r, pm) for r in rows]
-    shown["_runs"] = [_runs(r) for r in rows]
+    shown["_runs"] = [_runs(r, kinds) for r in rows]
     for key, m in (("p", pm), ("u", um)):
         shown[f"_pp_{key}"] = [p_text(r.get(f"{m}_p")) for r in rows]
         shown[f"_q_{key}"] = [p_text(r.get(f"{m}_q")) for r in rows]
