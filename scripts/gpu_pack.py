@@ -109,7 +109,8 @@ def main() -> int:
                 continue
             try:
                 rows, attack = pack.pack_phase(flat_for(amp), ks, top, use_mps, log=log,
-                                               then=attacks if amp == "off" and not use_mps else None)
+                                               then=attacks if amp == "off" and not use_mps else None,
+                                               timeout=max(60.0, left()))
                 summary[phase] = {"rows": rows, "attack": attack, "ceiling": top}
             except Exception:  # noqa: BLE001
                 emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
@@ -121,7 +122,7 @@ def main() -> int:
                 continue
             try:
                 rows, attack = pack.pack_phase(flat_for("off"), (), None, use_mps, log=log,
-                                               then=attacks, workers_n=2)
+                                               then=attacks, workers_n=2, timeout=max(60.0, left()))
                 summary[phase] = {"rows": [], "ceiling": None, "attack": attack or {"rows": rows}}
             except Exception:  # noqa: BLE001
                 emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
@@ -141,7 +142,8 @@ def write_summary(out, env, summary) -> None:
         lines.append(f"## {phase}: ceiling {top['images_per_s']:,.0f} images/s (batch {top['batch']}; "
                      f"{', '.join(f'{b}: {v:,.0f}' for b, v in top['by_batch'].items())})")
         for r in s["rows"]:
-            lines.append(f"- k={r['k']}: {r['value'] if r['value'] is None else round(r['value'], 1)} "
+            what = f"k={r['k']}" if "k" in r else r["name"]   # a phase's own row (MPS not started, workers failed)
+            lines.append(f"- {what}: {r['value'] if r['value'] is None else round(r['value'], 1)} "
                          f"trials/h; {r.get('error') or ''} {r['note']}")
         if s["attack"]:
             a = s["attack"]

@@ -116,6 +116,24 @@ def test_bad_arguments(capsys):
     assert "allowed: cpu, cuda" in capsys.readouterr().err
 
 
+def test_bad_arguments_are_refused_before_any_measurement(monkeypatch, capsys):
+    # a CUDA-only option named on the CPU measured nothing and printed an empty table with exit 0
+    with pytest.raises(ValueError, match=r"flops \(cuda only\) cannot run on cpu"):
+        bench.run_bench(device="cpu", only=["step", "flops"], progress=False)
+    assert bench.main(SimpleNamespace(device="cpu", quick=True, json=None, only=["flops"])) == 2
+    assert "cannot run on cpu" in capsys.readouterr().err
+
+    # a card index the machine does not have, or no index at all: refused before any row runs
+    def never(**kw):
+        raise AssertionError("measured")
+    monkeypatch.setattr(harness, "run_bench", never)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for dev in ("cuda:1", "cuda:x", "cuda:"):
+        assert bench.main(SimpleNamespace(device=dev, quick=True, json=None)) == 2
+        assert "CUDA devices cuda:0 to cuda:0" in capsys.readouterr().err
+
+
 @pytest.mark.ray
 def test_ray_row_times_a_real_search():
     # the real row at its tiniest: a local Ray session, one direct run_trial and a two-trial search
@@ -228,10 +246,74 @@ def test_packed_workers_pin_their_threads_start_together_and_are_reused_across_k
     assert attack_packing([[0.0, 10.0], [10.0, 20.0]], 10.0) == pytest.approx(1.0)  # one after the other
 
 
+@pytest.mark.slow
+def test_pack_workers_keep_their_replies_apart_from_what_libraries_print(tmp_path, monkeypatch):
+    """A worker's own prints (a graph capture or a compile that falls back under ``auto`` prints a line on
+    stdout) and a chatty stderr (more than a pipe holds) neither corrupt its replies nor stall it."""
+    import signal
+
+    from cem_bench.bench.pack import Workers, worker_flat
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nprint('[cem-bench] a library line on stdout', flush=True)\n"
+        "sys.stderr.write('w' * 200000 + '\\n')\nsys.stderr.flush()\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    flat = {**worker_flat(64), "train.device": "cpu", "model.width": 0.0625, "data.test_size": 20,
+            "train.batch_size": 64}
+
+    def stalled(*_):
+        raise TimeoutError("the pack worker stalled")
+    old = signal.signal(signal.SIGALRM, stalled)
+    signal.alarm(240)
+    try:
+        with Workers(1, flat, timeout=200) as w:
+            res = w.train(1, seconds=0.0, min_epochs=1)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert len(res) == 1 and len(res[0]["epochs"]) == 1
+
+
 def test_a_worker_that_dies_before_it_is_ready_is_reported():
     from cem_bench.bench.pack import Workers
     with pytest.raises(RuntimeError, match="pack worker exited with"):
         Workers(1, {"data.dataset": "no-such-set", "train.device": "cpu"}, timeout=60)
+
+
+def test_a_pack_phase_without_mps_refuses_to_run_under_a_running_daemon(monkeypatch):
+    """A control daemon still running (one this process did not start, or one that has not quit yet after the
+    previous phase) takes every CUDA process as its client: the no-MPS rows would hold MPS figures."""
+    from cem_bench import mps
+    from cem_bench.bench import pack
+
+    def never(*a, **k):
+        raise AssertionError("workers started")
+    monkeypatch.setattr(pack, "Workers", never)
+    monkeypatch.setattr(mps, "running", lambda: True)
+    rows, after = pack.pack_phase(pack.worker_flat(64), (1, 2), {"images_per_s": 1.0}, False)
+    assert after is None and len(rows) == 1 and "MPS control daemon is running" in rows[0]["error"]
+
+
+def test_gpu_pack_summary_takes_a_phase_that_measured_no_k(tmp_path, monkeypatch):
+    """scripts/gpu_pack.py's summary.md with a phase whose only row is the phase's own (MPS could not start, the
+    workers failed): such a row has no k, and the summary, written last, must not lose the run's figures."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("gpu_pack_under_test", "scripts/gpu_pack.py")
+    gpu_pack = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, gpu_pack)
+    spec.loader.exec_module(gpu_pack)
+    top = {"images_per_s": 1000.0, "batch": 32, "precision": "bf16", "by_batch": {32: 1000.0}}
+    k1 = {**harness.make_row("packed k=1 (bf16)", 2.0, "trials/h", note="median of 2"), "k": 1, "mps": False}
+    summary = {"pack bf16": {"rows": [k1, harness.error_row("packed (bf16): workers", RuntimeError("died"))],
+                             "attack": None, "ceiling": top},
+               "pack bf16 MPS": {"rows": [harness.make_row("packed (bf16, MPS)", note="not started: no daemon")],
+                                 "attack": None, "ceiling": top}}
+    env = {"device": "cpu", "torch": torch.__version__, "commit": "0" * 40}
+    gpu_pack.write_summary(str(tmp_path), env, summary)
+    text = (tmp_path / "summary.md").read_text()
+    assert "- k=1: 2.0 trials/h" in text and "packed (bf16): workers: None trials/h; RuntimeError: died" in text
+    assert "packed (bf16, MPS): None trials/h;  not started: no daemon" in text
 
 
 def test_the_pack_window_counts_only_the_time_all_workers_ran():

@@ -309,6 +309,12 @@ def run_bench(device: str = "cpu", quick: bool = False, only: list[str] | tuple[
     unknown = [g for g in (only or ()) if g not in known]
     if unknown:
         raise ValueError(f"unknown bench rows {unknown}; known: {', '.join(known)}")
+    # an option asked for by name on a device it does not apply to would be left out in silence
+    elsewhere = [f"{o} ({t} only)" for g in registered() for o, t in g.options.items()
+                 if o in (only or ()) and dev.type != t]
+    if elsewhere:
+        raise ValueError(f"bench rows {', '.join(elsewhere)} cannot run on {dev.type}: leave them out or use "
+                         f"--device cuda")
     sizes = sizes_for(dev, quick, tiny)
     MEASURED.clear()
     head = header(dev, sizes)
@@ -426,6 +432,12 @@ def main(args) -> int:
         print(f"cem-bench bench: --device {device} but CUDA is not available here; use --device cpu",
               file=sys.stderr)
         return 2
+    if device.startswith("cuda:"):
+        index = device.removeprefix("cuda:")
+        if not index.isdigit() or int(index) >= torch.cuda.device_count():
+            print(f"cem-bench bench: --device {device}: this machine has CUDA devices cuda:0 to "
+                  f"cuda:{torch.cuda.device_count() - 1}", file=sys.stderr)
+            return 2
     try:
         result = run_bench(device=device, quick=bool(getattr(args, "quick", False)), only=getattr(args, "only", None))
     except ValueError as e:                      # an unknown --only group, named with the known ones

@@ -22,8 +22,10 @@ measures the attacks of two packed trials, and ``whole_trials_per_hour`` joins t
 (``train.amp`` off: the grid's fp32 with TF32 convolutions, and bf16), without MPS first, then under MPS where
 ``nvidia-cuda-mps-control`` can start (stopped again if this row started it).
 
-``python -m cem_bench.bench.pack FLAT_JSON`` is the worker: JSON lines on stdout; on stdin one command a line,
-``{"train": seconds, "min_epochs": n}`` or ``{"attack": true}``; end of input stops it.
+``python -m cem_bench.bench.pack FLAT_JSON FD`` is the worker: its replies are JSON lines on the pipe ``FD``, not
+on stdout, where libraries print (a graph capture or a compile that falls back under ``auto`` says so there);
+its stdout and stderr go to a file, which no amount of output fills, read back when it dies. On stdin one
+command a line, ``{"train": seconds, "min_epochs": n}`` or ``{"attack": true}``; end of input stops it.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -66,8 +70,9 @@ def worker_flat(images: int, amp: str = "off") -> dict:
 
 class Workers:
     """``n`` pack workers of one trial config, started and warmed up together; ``train(k, ...)`` and
-    ``attack(k)`` release the first k at once and return what each reports. A context manager: leaving it
-    ends their input, and kills any that does not exit."""
+    ``attack(k)`` release the first k at once and return what each reports. ``timeout``: the longest any one
+    reply may take (a worker silent for longer is killed and reported). A context manager: leaving it ends
+    their input, and kills any that does not exit."""
 
     def __init__(self, n: int, flat: dict, timeout: float = 600.0):
         cpus = os.cpu_count() or 1
@@ -75,26 +80,61 @@ class Workers:
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cpus // n)),
                "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         self.timeout = timeout
-        self.procs = [subprocess.Popen([sys.executable, "-m", "cem_bench.bench.pack", json.dumps(flat)], env=env,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True) for _ in range(n)]
+        self.procs: list[subprocess.Popen] = []
+        self.replies: list[int] = []          # the read end of each worker's reply pipe
+        self.logs: list = []                  # each worker's stdout and stderr
+        self.pending: list[bytes] = []        # bytes read from a reply pipe after its last whole line
         try:
-            for p in self.procs:               # every worker has built, captured and warmed up
-                if self._read(p).get("ready") is not True:
+            for _ in range(n):
+                r, w = os.pipe()
+                log = tempfile.TemporaryFile()
+                try:
+                    p = subprocess.Popen([sys.executable, "-m", "cem_bench.bench.pack", json.dumps(flat), str(w)],
+                                         env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                         pass_fds=(w,), text=True)
+                except BaseException:
+                    os.close(r)
+                    log.close()
+                    raise
+                finally:
+                    os.close(w)
+                self.procs.append(p)
+                self.replies.append(r)
+                self.logs.append(log)
+                self.pending.append(b"")
+            for i in range(n):                 # every worker has built, captured and warmed up
+                if self._read(i).get("ready") is not True:
                     raise RuntimeError("pack worker said something other than ready")
         except BaseException:
             self.close()
             raise
 
-    def _read(self, p: subprocess.Popen) -> dict:
-        line = p.stdout.readline()
-        if not line:
-            try:
-                p.wait(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
+    def _tail(self, i: int) -> list[str]:
+        log = self.logs[i]
+        log.seek(0, os.SEEK_END)
+        log.seek(max(0, log.tell() - 4096))
+        return log.read().decode(errors="replace").strip().splitlines()[-3:]
+
+    def _read(self, i: int) -> dict:
+        """Worker ``i``'s next reply, waiting at most ``timeout`` seconds for it."""
+        p, fd = self.procs[i], self.replies[i]
+        deadline = time.monotonic() + self.timeout
+        while b"\n" not in self.pending[i]:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
                 p.kill()
-            tail = (p.stderr.read() or "").strip().splitlines()[-3:]
-            raise RuntimeError(f"pack worker exited with {p.returncode}: {tail}")
+                p.wait()
+                raise RuntimeError(f"pack worker {i} sent no reply in {self.timeout:.0f} s: {self._tail(i)}")
+            chunk = os.read(fd, 65536)
+            if not chunk:                      # the pipe closed: the worker is gone
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                raise RuntimeError(f"pack worker exited with {p.returncode}: {self._tail(i)}")
+            self.pending[i] += chunk
+        line, _, self.pending[i] = self.pending[i].partition(b"\n")
         return json.loads(line)
 
     def _release(self, k: int, command: dict) -> list[dict]:
@@ -104,7 +144,7 @@ class Workers:
             p.stdin.write(json.dumps(command) + "\n")
         for p in self.procs[:k]:               # after every write: the k start as close together as the pipes allow
             p.stdin.flush()
-        return [self._read(p) for p in self.procs[:k]]
+        return [self._read(i) for i in range(k)]
 
     def train(self, k: int, seconds: float = PACK_SECONDS, min_epochs: int = PACK_MIN_EPOCHS) -> list[dict]:
         """Each of the first k: ``{"epochs": [[start, end, images], ...], "threads": n, "graphed": bool}``."""
@@ -125,6 +165,12 @@ class Workers:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for fd in self.replies:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for log in self.logs:
+            log.close()
+        self.replies, self.logs = [], []
 
     def __enter__(self) -> Workers:
         return self
@@ -211,21 +257,27 @@ def pack_rows(device: torch.device, sizes: Sizes, flat: dict, ks: tuple[int, ...
 
 
 def pack_phase(flat: dict, ks: tuple[int, ...], top: dict | None, use_mps: bool, log=lambda *_: None,
-               then=None, workers_n: int | None = None) -> tuple[list[dict], object]:
+               then=None, workers_n: int | None = None, timeout: float = 600.0) -> tuple[list[dict], object]:
     """One precision with or without MPS: ``workers_n`` workers (``max(ks)`` by default), then a row per k
     (each also handed to ``log``);
     ``then(workers)``, if given, runs while the workers live and its result is returned beside the rows. A
-    session where MPS cannot start gives one row saying why."""
+    session where MPS cannot start gives one row saying why. ``timeout``: the longest a worker's reply may
+    take (``Workers``), so that a hung worker ends the phase instead of the run."""
     from .. import mps
     precision = "grid fp32" if flat.get("train.amp", "off") == "off" else "bf16"
     where = f"{precision}{', MPS' if use_mps else ''}"
     rows, after = [], None
+    if not use_mps and mps.running():
+        # every CUDA process connects to a running control daemon: these workers would share the card
+        # through MPS and their figures would stand in the no-MPS rows
+        return [make_row(f"packed ({where})", error=f"an MPS control daemon is running (pipe directory "
+                         f"{mps.pipe_dir()}): the workers would run under MPS; stop it to measure without")], None
     with (mps.Session("auto", 0.5, True, log=log) if use_mps else contextlib.nullcontext()) as session:
         if session is not None and session.state.startswith("not started"):
             return [make_row(f"packed ({where})", note=session.state)], None
         try:
             t0, n = time.monotonic(), workers_n or max(ks)
-            with Workers(n, flat) as workers:
+            with Workers(n, flat, timeout) as workers:
                 log({"workers": n, "start_s": time.monotonic() - t0, "mps": use_mps,
                      "mps_daemons": mps.daemons(), "mps_servers": mps.servers() if use_mps else None})
                 for k in ks:
@@ -277,16 +329,21 @@ def _train(tr, cfg, first_epoch: int, seconds: float, min_epochs: int) -> tuple[
     return epochs, epoch
 
 
-def _worker(flat: dict) -> None:
+def _worker(flat: dict, reply_fd: int) -> None:
     from .. import attacks
     from ..core.trial import build, build_config
+    replies = os.fdopen(reply_fd, "w")
+
+    def reply(obj: dict) -> None:
+        replies.write(json.dumps(obj) + "\n")
+        replies.flush()
     cfg = build_config(flat)
     dev = torch.device(cfg.train.device)
     splits, tr = build(cfg, dev)
     if tr.surrogate is not None and tr.lambd > 0:
         tr.check_surrogate_compiles()
     tr.train_epoch(1)                            # capture, autotuning, the first refit: untimed
-    print(json.dumps({"ready": True}), flush=True)
+    reply({"ready": True})
     epoch = 2
     for line in sys.stdin:                       # end of input: the parent is done (or gone)
         cmd = json.loads(line)
@@ -297,8 +354,8 @@ def _worker(flat: dict) -> None:
             t0 = time.monotonic()
             attacks.run_all(cfg, tr.client, splits, cfg.defense.noise_std, dev)
             out = {"attack": [t0, time.monotonic()]}
-        print(json.dumps(out), flush=True)
+        reply(out)
 
 
 if __name__ == "__main__":
-    _worker(json.loads(sys.argv[1]))
+    _worker(json.loads(sys.argv[1]), int(sys.argv[2]))
