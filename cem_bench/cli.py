@@ -126,6 +126,9 @@ def check_out_file(flag: str, path: str | None, nothing: str) -> None:
     check_writable_under(flag, path, nothing)
 
 
+ATTACK_ALSO = ("train.device", "train.eval_batch_size")   # the keys `attack --set` takes besides attack.*
+
+
 def cmd_attack(args) -> int:
     from . import attacks
     from .core import checkpoint
@@ -134,9 +137,10 @@ def cmd_attack(args) -> int:
     from .errors import ResultsError
     from .storage import write_json
     overrides = parse_set(args.set)
-    bad = [k for k in overrides if not (k.startswith("attack.") or k in ("train.device", "train.eval_batch_size"))]
+    bad = [k for k in overrides if not (k.startswith("attack.") or k in ATTACK_ALSO)]
     if bad:
-        raise ConfigError(f"cem-bench attack only changes attack.* keys (and train.device); got {', '.join(bad)}")
+        raise ConfigError(f"cem-bench attack only changes attack.* keys (and {', '.join(ATTACK_ALSO)}); got "
+                          f"{', '.join(bad)}")
     # weights only (no pickled code), verified against the run's checksums: ResultsError before any work
     config, state = checkpoint.load_run(args.run_dir)
     try:
@@ -232,6 +236,10 @@ def cmd_search(args) -> int:
         from .analysis.report import build_report
         try:
             print(f"report: {build_report(exp)}")
+        except KeyboardInterrupt:   # Ctrl-C or SIGTERM while drawing: the tables are written, the page is not
+            print(f"cem-bench: stopped before the report was written; the tables are complete: build it with "
+                  f"`cem-bench report {exp}`", file=sys.stderr, flush=True)
+            raise
         except Exception as e:  # noqa: BLE001 - the tables are written; the report can be rebuilt
             print(f"cem-bench: the report could not be built ({type(e).__name__}: {e}); "
                   f"rebuild it with `cem-bench report {exp}`", file=sys.stderr)
@@ -387,7 +395,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    from .search.interrupt import terminating_raises
+    with terminating_raises():   # SIGTERM runs every finally, as Ctrl-C does (search/interrupt.py)
+        return _dispatch(args)
+
+
+def _dispatch(args) -> int:
     from .errors import DataError, ResultsError, StorageFull, TrialDiverged
+    from .search.interrupt import Terminated
     try:
         return args.func(args)
     except ResultsError as e:
@@ -405,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrialDiverged as e:
         print(f"cem-bench: the trial diverged: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("cem-bench: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("cem-bench: interrupted", file=sys.stderr)
         return 130

@@ -6,7 +6,8 @@ carries the classes themselves, not a reference to a module the worker lacks.
 
 ``python -c 'import search_hooks; search_hooks.main()' --full-while MARKER search SPACE ...`` (with ``tests/`` on
 ``PYTHONPATH``) is ``cem-bench search SPACE ...`` whose trials run with ``FullWhile(MARKER)`` (``--wait-for
-RELEASE``: ``WaitFor``): the command line itself cannot inject a hook.
+RELEASE``: ``WaitFor``; ``--slow-report MARKER``: the report waits, ``slow_report``): the command line itself
+cannot inject a hook.
 """
 
 from __future__ import annotations
@@ -72,6 +73,23 @@ class WaitFor(TrialHooks):
             time.sleep(0.1)
 
 
+def slow_report(marker: str) -> None:
+    """The report's drawing first writes its staging folder's path into ``marker``, then waits (up to 10 min)
+    for a signal: the search is over and its tables written, the report not yet published."""
+    import time
+
+    from cem_bench.analysis.report import page
+    draw = page._draw
+
+    def waiting(res, out_dir):
+        with open(marker + ".tmp", "w") as f:
+            f.write(str(out_dir))
+        os.replace(marker + ".tmp", marker)
+        time.sleep(600)
+        return draw(res, out_dir)
+    page._draw = waiting
+
+
 def main(argv: list[str] | None = None) -> None:
     """``--full-while MARKER`` or ``--wait-for RELEASE``, then the arguments of ``cem-bench``: the command with
     that hook in every trial."""
@@ -81,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
         hooks, argv = FullWhile(argv[1]), argv[2:]
     elif argv[:1] == ["--wait-for"]:
         hooks, argv = WaitFor(argv[1]), argv[2:]
+    elif argv[:1] == ["--slow-report"]:
+        slow_report(argv[1])
+        argv = argv[2:]
     from cem_bench import cli
     from cem_bench.search import run
     run.run_search = functools.partial(run.run_search, hooks=hooks)   # what search_command calls

@@ -237,6 +237,40 @@ def test_a_second_search_of_the_same_experiment_is_refused_and_nothing_is_lost(t
     assert len(study.trials) == 2
 
 
+@pytest.mark.ray
+def test_sigterm_while_the_report_is_drawn_cleans_up_and_says_how_to_build_it(tmp_path):
+    """SIGTERM after the trials, while the report is drawn: ray.init's own SIGTERM handler (a bare sys.exit(15)),
+    or Python's default, used to end the driver there with no word and the report's staging folder left in the
+    temp folder. Now it exits 143 like an interrupted search, the staging folder is removed, the tables are
+    complete, and the last words say how to build the report."""
+    space = write_space(tmp_path, "late", num_samples=1, max_concurrent=1)
+    storage = tmp_path / "res"
+    exp = storage / "late"
+    marker = tmp_path / "drawing"
+    proc = subprocess.Popen([sys.executable, "-c", "import search_hooks; search_hooks.main()", "--slow-report",
+                             str(marker), "search", space, "--storage", str(storage)],
+                            env=hooks_env(subprocess_env()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.2)
+        stage = Path(marker.read_text())
+        assert stage.is_dir()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, out[-3000:]
+    assert not stage.exists(), out[-2000:]
+    assert f"build it with `cem-bench report {exp}`" in out, out[-2000:]
+    trials = pd.read_parquet(exp / "trials.parquet")
+    assert len(trials) == 1 and (trials["status"] == "ok").all()
+    assert not (exp / "report" / "index.html").exists()
+
+
 def make_recorded_checkpoints_stale(exp: Path) -> list[str]:
     """What a driver killed between a trial's checkpoints and its next snapshot leaves: for each unfinished trial
     of Ray's newest experiment state, the checkpoint it records moved two places on (``checkpoint_N`` to

@@ -8,7 +8,10 @@ the driver in Ray's C++ code (exit 134). Here both signals take the same gracefu
 * while ``tuner.fit()`` runs, the first SIGINT or SIGTERM is recorded and handed to Tune as SIGUSR1, which
   Tune always listens to for exactly this stop (its SIGINT handler is turned off, so that this one sees
   every Ctrl-C); a second signal stops at once (KeyboardInterrupt);
-* before and after ``fit`` a signal is a KeyboardInterrupt, as Python's default;
+* before and after ``fit`` a signal is a KeyboardInterrupt: Python's default for SIGINT, and for SIGTERM
+  :func:`terminating_raises` (``cem-bench``'s whole command; Python's default would end the process without
+  running a single ``finally``, leaving the report's staging folder in the temp folder, and ``ray.init`` puts in
+  a ``sys.exit(15)`` of its own, which ``search.run`` takes out again with Ray);
 * the experiment folder then gets :data:`~cem_bench.schema.INTERRUPTED_FILE` (the signal, when, the
   command that continues it); the tables mark the trials that were in flight ``interrupted`` (not
   ``error``), the report says the search was interrupted, and ``cem-bench search`` exits 130 (SIGINT) or
@@ -18,6 +21,7 @@ the driver in Ray's C++ code (exit 134). Here both signals take the same gracefu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -26,6 +30,34 @@ import threading
 import time
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside Tune's loop: raised as Ctrl-C's KeyboardInterrupt is, so that every ``finally`` and
+    ``with`` runs (staging folders removed, the experiment lock released); ``cem-bench`` then exits 143."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def terminating_raises():
+    """Within it, SIGTERM raises :class:`Terminated` (in the main thread; elsewhere signals never arrive)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interrupt_for(signum) -> KeyboardInterrupt:
+    """What a signal that stops at once raises: :class:`Terminated` for SIGTERM (exit 143), else
+    KeyboardInterrupt (130)."""
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 class Interruption:
@@ -39,10 +71,10 @@ class Interruption:
 
     def _handler(self, signum, frame) -> None:
         if self.signal is not None:
-            raise KeyboardInterrupt   # a second signal: stop now
+            raise interrupt_for(signum)   # a second signal: stop now
         tune_listens = signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, signal.SIG_IGN, None)
         if not tune_listens:
-            raise KeyboardInterrupt   # Tune's loop is not running: nothing to stop gracefully
+            raise interrupt_for(signum)   # Tune's loop is not running: nothing to stop gracefully
         self.signal, self.at = signal.Signals(signum), time.time()
         print(f"\ncem-bench: {self.signal.name} received: stopping the trials in flight and saving the experiment "
               f"(send it again to stop at once)", file=sys.stderr, flush=True)

@@ -11,7 +11,9 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any, NamedTuple
 
@@ -185,6 +187,9 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
     from .diskspace import full_message, is_enospc, one_line_when_full
     t0 = time.perf_counter()
     started_ray = False
+    # ray.init replaces SIGTERM's handler with a sys.exit(15) of its own, which outlives ray.shutdown: the
+    # command's own (interrupt.terminating_raises) is put back with Ray's shutdown
+    sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=True)
@@ -251,6 +256,8 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
     finally:
         if started_ray:
             ray.shutdown()
+            if sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
     return exp_path
 
 
