@@ -127,8 +127,9 @@ def read_recorded(folder: Dir | str, name: str, what: str) -> bytes | None:
     if files is not None and name in files and sha256(data) not in files[name]:
         raise ResultsError(f"{folder.url(name)} is not the file cem-bench wrote there ({len(data):,} bytes, "
                            f"SHA-256 {sha256(data)[:12]}…, which {MANIFEST_FILE} does not list): it was "
-                           f"damaged or changed since. If you changed it on purpose, delete its entry from "
-                           f"{MANIFEST_FILE} (or the whole file) to read it unverified")
+                           f"damaged or changed since. If you changed it on purpose, delete {MANIFEST_FILE} "
+                           f"there to read the folder unverified (the list seals itself: an entry cannot be "
+                           f"removed alone)")
     return data
 
 

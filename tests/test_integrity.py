@@ -231,6 +231,18 @@ def test_a_crash_between_the_writes_of_a_recorded_file_leaves_a_folder_that_veri
         integrity.read_recorded(str(tmp_path), "t.bin", "x")
 
 
+def test_the_advice_for_a_file_changed_on_purpose_works(tmp_path):
+    """The refusal of a changed file says how to read it anyway; doing what it says reads it (removing the
+    file's entry alone would break the list's seal: the advice must not be that)."""
+    integrity.write_recorded(str(tmp_path), "t.bin", b"written")
+    (tmp_path / "t.bin").write_bytes(b"filtered")
+    with pytest.raises(ResultsError) as e:
+        integrity.read_recorded(str(tmp_path), "t.bin", "x")
+    assert f"delete {integrity.MANIFEST_FILE}" in str(e.value)
+    (tmp_path / integrity.MANIFEST_FILE).unlink()
+    assert integrity.read_recorded(str(tmp_path), "t.bin", "x") == b"filtered"
+
+
 # ------------------------------------------------------------------------------------ the corruption test
 CORRUPTION_EXAMPLES = {"fast": 40, "slow": 300, "fast_unverified": 25, "slow_unverified": 200}
 TRIED: dict[str, int] = {}
