@@ -27,6 +27,10 @@ _f = key
 # the most images a split may ask for: 100x CIFAR-10, 4x ImageNet's training set. A typo of a few zeros
 # (10^9) would otherwise try to allocate terabytes before anything said a word (data.check_memory below it).
 MAX_IMAGES = 5_000_000
+# the largest trial seed: numpy's range. Generators are seeded with multiples of it (gmm's k-means stream
+# 1000003 x (seed + 1), a graphed trainer's evaluation noise), which torch refuses past 64 bits, so a larger
+# seed passed validation and then stopped the trial at its first CEM epoch.
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -216,7 +220,7 @@ SECTIONS = {
 
 @dataclass(frozen=True)
 class TrialConfig:
-    seed: int = _f(0, "seeds torch, numpy, data order and surrogate init")
+    seed: int = _f(0, "seeds torch, numpy, data order and surrogate init", lo=0, hi=MAX_SEED)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     defense: DefenseConfig = field(default_factory=DefenseConfig)
@@ -427,30 +431,39 @@ def load_yaml_config(path: str) -> dict[str, Any]:
     return flatten(doc)
 
 
-def flatten(doc: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(doc: dict, prefix: str = "", errors: list[str] | None = None) -> dict[str, Any]:
     """Nested sections (``train: {epochs: 3}``) and flat dotted keys (``train.epochs: 3``) -> flat keys.
-    ConfigError for a key given both ways (the later one won silently), naming both spellings."""
+    ConfigError for a key given both ways (the later one won silently), naming both spellings, and for a
+    section that is not a mapping. With ``errors`` (a list) the problems are appended there instead and the rest
+    is flattened (a duplicate keeps its first value), so that a caller that reports every problem at once
+    (a search space) can go on checking the other keys."""
     out: dict[str, Any] = {}
     spelled: dict[str, str] = {}
-    _flatten_into(doc, prefix, out, spelled)
+    problems: list[str] = []
+    _flatten_into(doc, prefix, out, spelled, problems)
+    if problems and errors is None:
+        raise ConfigError("\n".join(problems))
+    if errors is not None:
+        errors.extend(problems)
     return out
 
 
-def _flatten_into(doc: dict, prefix: str, out: dict[str, Any], spelled: dict[str, str]) -> None:
+def _flatten_into(doc: dict, prefix: str, out: dict[str, Any], spelled: dict[str, str], problems: list[str]) -> None:
     for k, v in doc.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and key in SECTIONS:
-            _flatten_into(v, key + ".", out, spelled)
+            _flatten_into(v, key + ".", out, spelled, problems)
         elif key in SECTIONS:
-            raise ConfigError(f"{key}: {v!r} is not a mapping; {key} is a section: give its keys under it "
-                              f"({key}: {{{next(iter(section_keys(key)))}: ...}}) or flat "
-                              f"({key}.{next(iter(section_keys(key)))}: ...)")
+            problems.append(f"{key}: {v!r} is not a mapping; {key} is a section: give its keys under it "
+                            f"({key}: {{{next(iter(section_keys(key)))}: ...}}) or flat "
+                            f"({key}.{next(iter(section_keys(key)))}: ...)")
         else:
             shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
             spelling = f"{prefix[:-1]}: {{{k}: {shown}}}" if prefix else f"{key}: {shown}"
             if key in out:
-                raise ConfigError(f"the key {key!r} is given twice, as {spelled[key]} and as {spelling}; the later "
-                                  f"one would win silently: give it once, nested under its section or flat")
+                problems.append(f"the key {key!r} is given twice, as {spelled[key]} and as {spelling}; the later "
+                                f"one would win silently: give it once, nested under its section or flat")
+                continue
             out[key] = v
             spelled[key] = spelling
 

@@ -438,6 +438,14 @@ def test_a_fixed_key_given_nested_and_flat_is_refused():
             "one would win silently: give it once, nested under its section or flat"]
 
 
+def test_a_key_given_twice_does_not_hide_the_other_problems_of_fixed():
+    """Every problem at once: a duplicate in fixed used to be the only line, and a misspelt key beside it was
+    reported only after the duplicate was gone."""
+    errs = errors_of(minimal(fixed={"cem.lamda": 3, "train": {"epochs": 3}, "train.epochs": 4}))
+    assert any("is given twice" in e for e in errs), errs
+    assert any(e.startswith("fixed.cem.lamda") and "cem.lambd" in e for e in errs), errs
+
+
 def space_error_lines(path, overrides):
     with pytest.raises(SpaceError) as info:
         load_space(path, overrides)

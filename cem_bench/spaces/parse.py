@@ -305,13 +305,13 @@ class _Parser(ParamStages, PlanStages):
             self.err("fixed", f"expected a mapping of config keys to values, got {value!r}")
             self.fixed_ok = False
             return {}
-        try:
-            value = flatten(value)
-        except ConfigError as e:   # a section that is not a mapping; a key given both nested and flat
-            self.err("fixed", str(e))
-            self.fixed_ok = False
-            return {}
-        out, ok_all = {}, True
+        # a section that is not a mapping, a key given both nested and flat: reported, and the other keys
+        # are still checked (every problem at once)
+        problems: list[str] = []
+        value = flatten(value, errors=problems)
+        for problem in problems:
+            self.err("fixed", problem)
+        out, ok_all = {}, not problems
         for key, v in value.items():
             where = f"fixed.{key}"
             if not self.key_ok(where, key):
