@@ -110,6 +110,9 @@ class Started(Exception):
     pass
 
 
+REAL_RUN_SEARCH = run.run_search   # before any fixture replaces it
+
+
 @pytest.fixture
 def fake_machine(monkeypatch, tmp_path):
     """One GPU and 8 CPUs, and a run_search that records the spec it was given instead of starting Ray
@@ -218,7 +221,7 @@ def test_resume_with_a_changed_budget_is_refused_after_the_experiments_own_count
     assert "9 configurations" not in line
 
 
-def test_resume_refuses_a_space_that_changes_what_the_trials_compute(fake_machine, capsys, tmp_path):
+def test_resume_refuses_a_space_that_changes_what_the_trials_compute(fake_machine, capsys, tmp_path, monkeypatch):
     """A --set or an edit of a fixed key on --resume reached the remaining epochs of trials halfway through and
     re-attacked finished ones (the audit of 2026-11-28): refused before Ray starts, naming the key and both
     values. How trials run (data.root, the device) and the resources may change, with a note."""
@@ -241,10 +244,17 @@ def test_resume_refuses_a_space_that_changes_what_the_trials_compute(fake_machin
     assert run.space_changes(dataclasses.replace(spec, fixed={**spec.fixed, key: ks.default}), saved) == ([], [])
     refused, _ = run.space_changes(dataclasses.replace(spec, fixed={**spec.fixed, key: ks.default + 1}), saved)
     assert refused == [f"fixed.{key} ({json.dumps(ks.default)} -> {json.dumps(ks.default + 1)})"], refused
+    # the real run_search up to Ray (it checks the space too, when called on its own): the note comes once
+    monkeypatch.setattr(run, "run_search", REAL_RUN_SEARCH)
+
+    def before_ray(*a, **kw):
+        raise Started
+    monkeypatch.setattr(run, "_run_locked", before_ray)
     with pytest.raises(Started):
         run.search_command(search_args(demo, "--resume", "--set", "data.root=/elsewhere", "--cpus-per-trial", "2"))
     out = capsys.readouterr().out
     assert "differs from the experiment's search_space.json in resources, fixed.data.root" in out, out
+    assert out.count("differs from the experiment's search_space.json") == 1, out
 
 
 def test_resume_refuses_a_damaged_space_file_before_any_trial(fake_machine, tmp_path):

@@ -140,7 +140,8 @@ def progress_table(spec):
 
 
 def run_search(spec, storage: str | None = None, address: str | None = None, resume: bool = False,
-               stats: dict | None = None, trust_pickled_state: bool = False, *, hooks=None) -> str:
+               stats: dict | None = None, trust_pickled_state: bool = False, *, hooks=None,
+               space_checked: bool = False) -> str:
     """Run (or with ``resume`` continue) the search of ``spec``; return the experiment path.
 
     Local mode (no ``address``) starts Ray on this machine (``ray.init``, no dashboard) unless a Ray
@@ -149,7 +150,8 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
     bundle that an older cem-bench wrote as a pickle. ``stats`` (a dict), when given, receives timings:
     ``ray_start_s``, ``trials_s``, ``trials_ok``, ``trials_error``, ``mode``. ``hooks`` (a picklable
     ``trainable.TrialHooks``; not on the command line) is called by every trial at each epoch: the tests inject
-    faults through it.
+    faults through it. ``space_checked``: the caller has already compared the space with the experiment's
+    (``search_command`` does, before its banner), so that a note about it is printed once.
     """
 
     stats = stats if stats is not None else {}
@@ -163,7 +165,8 @@ def run_search(spec, storage: str | None = None, address: str | None = None, res
     guard = StorageGuard(storage, key=spec.name)
     if resume:
         check_resumable(exp_path)
-        check_space_unchanged(spec, exp_path)
+        if not space_checked:
+            check_space_unchanged(spec, exp_path)
     # the folder is made (new) or locked (--resume) here, before Ray starts: a second driver of the same
     # experiment stops now (search_command already holds it around the tables too: re-entrant)
     with experiment_lock(exp_path, resume), driver.active(spec.name, driver_paths(spec, storage, guard)):
@@ -603,7 +606,8 @@ def search_command(args) -> dict:
         with experiment_lock(exp_path, bool(args.resume)):
             with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _detect_gpus() > 0):
                 exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
-                                 stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)))
+                                 stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)),
+                                 space_checked=True)
             t_write = time.perf_counter()
             from ..analysis import results
             trials, epochs = results.build_tables(exp)
