@@ -18,7 +18,7 @@ from typing import Any
 from . import attacks, surrogates
 from .config import TrialConfig, key_specs
 from .errors import ConfigError
-from .keys import KeySpec, specs_of
+from .keys import KeySpec, number_text, specs_of
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def fmt(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
-        return f"{v:g}"
+        return number_text(v)
     if isinstance(v, list):
         return "[" + ", ".join(map(fmt, v)) + "]"
     return str(v)

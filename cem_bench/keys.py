@@ -47,11 +47,18 @@ class KeySpec:
         if self.choices:
             extra = f" one of {', '.join(map(str, self.choices))}"
         elif self.lo is not None or self.hi is not None:
-            lo = "-inf" if self.lo is None else f"{self.lo:g}"
-            hi = "inf" if self.hi is None else f"{self.hi:g}"
+            lo = "-inf" if self.lo is None else number_text(self.lo)
+            hi = "inf" if self.hi is None else number_text(self.hi)
             extra = f" in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open or self.hi is None else ']'}"
         opt = " or empty" if self.optional else ""
         return f"{t}{extra}{opt}"
+
+
+def number_text(v: float) -> str:
+    """``v`` as short as ``:g`` writes it where that reads back as ``v``, else in full: a bound or default
+    shown rounded (4.29497e+09, 3.36359) is not the value the code uses."""
+    short = f"{v:g}"
+    return short if float(short) == v else repr(v)
 
 
 def spec_of_field(name: str, f: dataclasses.Field, hint: Any) -> KeySpec:
@@ -221,6 +228,8 @@ def coerce_value(key: str, value: Any, spec: KeySpec) -> Any:
         else:
             if not isinstance(value, (list, tuple)):
                 raise bad("is not a list")
+            if any(isinstance(x, bool) for x in value):   # YAML reads yes/on/true as True, which float() makes 1.0
+                raise bad("holds a boolean, not a number")
             try:
                 v = [float(x) for x in value]
             except OverflowError:

@@ -95,6 +95,13 @@ def test_missing_run_dir_is_a_clear_error(tmp_path, capsys):
     assert "checkpoint.pt" in capsys.readouterr().err
 
 
+def test_attack_refusal_names_every_key_it_takes(tmp_path, capsys):
+    """The refusal said attack.* and train.device, leaving out train.eval_batch_size, which it takes."""
+    assert main(["attack", str(tmp_path), "--set", "cem.lambd=8"]) == 2
+    err = capsys.readouterr().err
+    assert "train.device, train.eval_batch_size" in err and "cem.lambd" in err, err
+
+
 @pytest.mark.parametrize("bad", [["--set", "data.dataset=imagenet"], ["--set", "train.epochs=0"]])
 def test_bad_values_fail_before_work(bad, tmp_path):
     assert main(["train", *bad, "--out", str(tmp_path / "x")]) == 2

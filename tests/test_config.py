@@ -56,6 +56,27 @@ def test_errors_name_the_key_and_the_allowed_values(flat, fragments):
         assert f in str(e.value)
 
 
+def test_a_seed_past_what_the_generators_take_is_refused_before_the_trial():
+    """seed took any integer up to 2^53, but gmm seeds its k-means stream with 1000003 x (seed + 1), which torch
+    refuses past 64 bits: the trial stopped with a ValueError at its first CEM epoch, after its warm-up. Now the
+    seed is numpy's range, and its largest value seeds every stream derived from it."""
+    from cem_bench.config import MAX_SEED
+    for bad in (2**53, MAX_SEED + 1, -1):
+        with pytest.raises(ConfigError, match=r"seed: .* out of range"):
+            TrialConfig.from_flat({"seed": bad})
+    from conftest import make_trainer
+    trainer = make_trainer(seed=MAX_SEED, **{"cem.warmup_epochs": 0, "data.train_size": 64, "data.test_size": 20})
+    trainer.refit_surrogate()
+    assert trainer.surrogate.fitted
+
+
+def test_a_boolean_in_a_list_of_numbers_is_refused():
+    """YAML reads yes, on and true as a boolean; in train.milestones it became 1.0 without a word."""
+    with pytest.raises(ConfigError, match="train.milestones: .* holds a boolean"):
+        TrialConfig.from_flat({"train.milestones": "[0.5, yes]"})
+    assert TrialConfig.from_flat({"train.milestones": "[0.5, 1]"}).train.milestones == [0.5, 1.0]
+
+
 def test_all_errors_reported_at_once():
     with pytest.raises(ConfigError) as e:
         TrialConfig.from_flat({"cem.lambd": -1, "train.epochs": "x", "nope.key": 1})

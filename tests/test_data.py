@@ -151,6 +151,52 @@ def test_cifar_missing_offline_says_where_the_files_go(tmp_path, monkeypatch):
     assert str(tmp_path) in msg and "cifar-10-batches-py" in msg and "data.root" in msg
 
 
+def test_a_damaged_cifar_file_is_a_data_error_saying_how_to_get_the_files(tmp_path):
+    """A truncated or foreign batch file ended the trial in a bare UnpicklingError traceback; a missing one was
+    torchvision's "You can use download=True", which no cem-bench key sets. Both now name the folder, the file
+    where known, and how to get a complete copy."""
+    _write_cifar(str(tmp_path))
+    folder = tmp_path / "cifar-10-batches-py"
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path)})
+    whole = (folder / "data_batch_3").read_bytes()
+    for damaged in (whole[: len(whole) // 2], b"not a pickle"):
+        (folder / "data_batch_3").write_bytes(damaged)
+        with pytest.raises(data.DataError) as e:
+            data.load(cfg.data)
+        msg = str(e.value)
+        assert str(folder) in msg and "cannot be read" in msg and "cifar-10-python.tar.gz" in msg, msg
+    (folder / "data_batch_3").unlink()
+    with pytest.raises(data.DataError) as e:
+        data.load(cfg.data)
+    msg = str(e.value)
+    assert "missing data_batch_3" in msg and "cifar-10-python.tar.gz" in msg and "download=True" not in msg, msg
+
+
+def test_cifar_labels_outside_the_class_list_are_refused_at_load(tmp_path):
+    """A label past the meta file's classes loaded silently and stopped training at its first batch."""
+    _write_cifar(str(tmp_path))
+    path = tmp_path / "cifar-10-batches-py" / "test_batch"
+    with open(path, "rb") as f:
+        batch = pickle.load(f)
+    batch["labels"][0] = 10
+    with open(path, "wb") as f:
+        pickle.dump(batch, f)
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path)})
+    with pytest.raises(data.DataError, match=r"test files .* in 0\.\.9"):
+        data.load(cfg.data)
+
+
+@pytest.mark.parametrize("dataset", ["digits", "photos"])
+def test_check_available_finds_a_missing_wheel_file_before_a_search(dataset, monkeypatch, tmp_path):
+    """The search's driver calls check_available before Ray starts; for digits and photos it checked nothing,
+    so a missing package or file failed every trial on its own."""
+    from cem_bench.core import realdata
+    monkeypatch.setattr(realdata, "package_dir", lambda p: str(tmp_path))
+    with pytest.raises(data.DataError, match=f"data.dataset={dataset} reads"):
+        data.check_available(dataset, str(tmp_path))
+    data.check_available("synthetic", str(tmp_path))
+
+
 def test_trials_starting_together_download_cifar_once_and_never_read_it_half_written(tmp_path, monkeypatch):
     """The trials a fresh cluster node starts at once all found CIFAR missing and all downloaded and extracted
     into the same folder, which exists as soon as extraction begins: one could read it half-written (a DataError,

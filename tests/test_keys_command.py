@@ -48,7 +48,8 @@ def written(v) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, float):
-        return f"{v:g}"
+        short = f"{v:g}"
+        return short if float(short) == v else repr(v)
     return str(v)
 
 
@@ -132,6 +133,28 @@ def test_attack_defaults_are_what_resolve_gives_per_attack_and_dataset(capsys):
                 assert shown == by_ds, name
                 assert "attack.names" in keys[name]["depends_on"] and "data.dataset" in keys[name]["depends_on"]
                 assert f"{a} (" + ", ".join(f"{d} {written(v)}" for d, v in by_ds.items()) + ")" in text[name]
+
+
+def test_every_listed_default_reads_back_as_the_value_the_code_uses(capsys):
+    """The text listing wrote floats with 6 significant digits: slot_cross's cem.slot_temp showed as 3.36359 and
+    rmle's attack.rmle_tv_weight as 151.789, so a default copied from the listing was not the default. Every
+    number of a "default:" line, and of an "allowed:" range, now reads back exactly."""
+    import re
+
+    from cem_bench.config import MAX_SEED
+    text = run_keys(capsys)
+    lines = default_lines(text)
+    flat = surrogate_defaults()["slot_cross"]
+    assert f"slot_cross {flat['cem.slot_temp']!r}" in lines["cem.slot_temp"], lines["cem.slot_temp"]
+    tv = attack_defaults()[("rmle", DATASETS[0])]["attack.rmle_tv_weight"]
+    assert repr(tv) in lines["attack.rmle_tv_weight"], lines["attack.rmle_tv_weight"]
+    assert f"int in [0, {MAX_SEED}]" in text
+    for doc_key in keys_json(capsys)["keys"]:
+        for v in (doc_key["defaults_by"] or {doc_key["name"]: doc_key["default"]}).values():
+            for x in (v.values() if isinstance(v, dict) else [v]):
+                if isinstance(x, float):
+                    shown = re.findall(r"-?[0-9.]+(?:e[-+][0-9]+)?", lines[doc_key["name"]])
+                    assert any(float(t) == x for t in shown if t not in (".", "-")), (doc_key["name"], x)
 
 
 def test_the_issue_examples(capsys):

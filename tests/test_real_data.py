@@ -95,6 +95,17 @@ def test_digits_are_deterministic_and_the_test_set_ignores_data_seed():
 
 
 # ---------------------------------------------------------------------------------------- photos
+def test_the_digits_test_subset_does_not_change_with_train_size():
+    """train_size and test_size drew from one generator, so setting data.train_size changed which test images
+    (and attack_eval images) a run measured on: two runs that differed only in train_size had different test
+    sets. The generated sets never did."""
+    ref = load(**{"data.dataset": "digits", "data.test_size": 100})
+    for n in (500, 1436):
+        s = load(**{"data.dataset": "digits", "data.test_size": 100, "data.train_size": n})
+        assert torch.equal(s.test.images, ref.test.images) and torch.equal(s.attack_eval.labels, ref.attack_eval.labels)
+        assert len(s.train) == n
+
+
 def test_photos_are_balanced_32x32_rgb_uint8_patches_of_ten_photographs():
     s = load(**{"data.dataset": "photos"})
     assert (len(s.train), len(s.test)) == (4096, 2560) and s.num_classes == 10 == len(realdata.PHOTOS)

@@ -16,6 +16,7 @@ import math
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -134,13 +135,14 @@ def load(cfg: DataConfig, device: torch.device | str = "cpu") -> Splits:
 
 def seeded_subsets(train: Split, test: Split, cfg: DataConfig) -> tuple[Split, Split]:
     """``data.train_size`` / ``data.test_size`` images of a data set with fixed splits (CIFAR, digits), a
-    subset drawn with ``data.seed``; all of a split when the size is empty or larger."""
-    g = torch.Generator().manual_seed(cfg.seed)
+    subset drawn with ``data.seed``; all of a split when the size is empty or larger. Each split from a
+    generator of its own, so that the test subset (and the attacker's images cut from it) does not change with
+    ``data.train_size``, as for the generated sets."""
     if cfg.train_size is not None and cfg.train_size < len(train):
-        idx = torch.randperm(len(train), generator=g)[: cfg.train_size]
+        idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed))[: cfg.train_size]
         train = Split(train.images[idx], train.labels[idx])
     if cfg.test_size is not None and cfg.test_size < len(test):
-        idx = torch.randperm(len(test), generator=g)[: cfg.test_size]
+        idx = torch.randperm(len(test), generator=torch.Generator().manual_seed(cfg.seed))[: cfg.test_size]
         test = Split(test.images[idx], test.labels[idx])
     return train, test
 
@@ -173,17 +175,36 @@ _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-pytho
 
 def check_available(name: str, root: str) -> None:
     """DataError unless the data set ``name`` can be read here: CIFAR's files under ``root`` (downloaded now
-    when missing and online, as ``load`` would), checked for presence only. The search's driver calls it before
-    Ray starts, so that a missing data set is one message instead of every trial's error. The wheel-shipped
-    sets (digits, photos) and the synthetic one need nothing."""
+    when missing and online, as ``load`` would), the files of digits and photos inside the installed wheels,
+    checked for presence only. The search's driver calls it before Ray starts, so that a missing data set is one
+    message instead of every trial's error. The synthetic set needs nothing."""
     if name in _CIFAR_FOLDERS:
         klass, folder = _cifar_folder(name, os.path.expanduser(root))
-        missing = [f for f, _ in klass.train_list + klass.test_list + [(klass.meta["filename"], None)]
-                   if not os.path.isfile(os.path.join(folder, f))]
-        if missing:
-            raise DataError(f"{name} files under {folder} are incomplete (missing {', '.join(missing)}); expected "
-                            f"{', '.join(f for f, _ in klass.train_list + klass.test_list)} and "
-                            f"{klass.meta['filename']}")
+        _check_cifar_files(name, klass, folder)
+    elif name == "digits":
+        realdata.locate(realdata.DIGITS_FILE, name)
+    elif name == "photos":
+        for _, f in realdata.PHOTOS:
+            realdata.locate(f, name)
+
+
+def _cifar_url(name: str) -> str:
+    return f"https://www.cs.toronto.edu/~kriz/{'cifar-10-python' if name == 'cifar10' else 'cifar-100-python'}.tar.gz"
+
+
+def _cifar_remedy(name: str, folder: str) -> str:
+    """How to get a complete copy of a CIFAR folder that is there but damaged (no download is tried then)."""
+    return (f"remove {folder} and run again online to download it, or put the files of the folder inside "
+            f"{_cifar_url(name)} there")
+
+
+def _check_cifar_files(name: str, klass, folder: str) -> None:
+    """DataError naming the missing files of a CIFAR folder that exists."""
+    expected = [f for f, _ in klass.train_list + klass.test_list] + [klass.meta["filename"]]
+    missing = [f for f in expected if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise DataError(f"{name} files under {folder} are incomplete (missing {', '.join(missing)}); expected "
+                        f"{', '.join(expected)}: {_cifar_remedy(name, folder)}")
 
 
 def _cifar_folder(name: str, root: str):
@@ -200,8 +221,7 @@ def _cifar_folder(name: str, root: str):
             raise DataError(
                 f"{name} is not in data.root={root!r} and could not be downloaded ({type(e).__name__}: {e}). "
                 f"Put the python version of the dataset there, so that {folder}/ exists (the folder inside "
-                f"https://www.cs.toronto.edu/~kriz/{'cifar-10-python' if name == 'cifar10' else 'cifar-100-python'}"
-                f".tar.gz), or run once online, or set data.root=DIR to where it already is."
+                f"{_cifar_url(name)}), or run once online, or set data.root=DIR to where it already is."
             ) from None
     return klass, folder
 
@@ -250,11 +270,19 @@ def load_cifar(name: str, root: str) -> tuple[Split, Split, int]:
         test_list = [[f, None] for f, _ in klass.test_list]
         meta = {**klass.meta, "md5": None}
 
+    _check_cifar_files(name, klass, folder)
     try:
         tr, te = _Local(root, train=True, download=False), _Local(root, train=False, download=False)
-    except RuntimeError as e:
-        raise DataError(f"{name} files under {folder} are incomplete ({e}); expected "
-                        f"{', '.join(f for f, _ in klass.train_list + klass.test_list)}") from None
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file fails anywhere inside unpickling
+        raise DataError(f"{name} files under {folder} cannot be read ({type(e).__name__}: {e}): a file is "
+                        f"truncated or not in CIFAR's python format; {_cifar_remedy(name, folder)}") from None
+    for part, ds in (("training", tr), ("test", te)):
+        # a label past the class list stops training at its first batch (CUDA: a device-side assert)
+        labels = np.asarray(ds.targets)
+        if len(labels) != len(ds.data) or (len(labels) and not (0 <= labels.min() and labels.max() < len(tr.classes))):
+            raise DataError(f"{name} files under {folder}: the {part} files hold {len(ds.data)} images and "
+                            f"{len(labels)} labels, which must be as many and in 0..{len(tr.classes) - 1} (the "
+                            f"{len(tr.classes)} classes of {klass.meta['filename']}); {_cifar_remedy(name, folder)}")
 
     def to_split(ds) -> Split:
         images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
