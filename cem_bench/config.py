@@ -305,8 +305,9 @@ class TrialConfig:
                    "is empty" if not names else "names an attack twice")
             errors.append(f"attack.names: {names!r} {why}; allowed: a list of {', '.join(known)}")
         ms = self.train.milestones
-        if any((not isinstance(m, (int, float))) or not (0 < m <= 1) for m in ms) or list(ms) != sorted(ms):
-            errors.append(f"train.milestones: {ms!r} must be increasing fractions of the run in (0, 1]")
+        if any((not isinstance(m, (int, float))) or not (0 < m <= 1) for m in ms) or \
+                any(b <= a for a, b in zip(ms, ms[1:])):
+            errors.append(f"train.milestones: {ms!r} must be strictly increasing fractions of the run in (0, 1]")
         me = self.train.milestones_epochs
         if any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in me) or \
                 any(b <= a for a, b in zip(me, me[1:])):

@@ -46,6 +46,7 @@ def test_flat_round_trip():
     ({"attack.names": "[1, 2]"}, ["attack.names", "not a list of names"]),
     ({"cem.grad_mode": "both"}, ["cem.grad_mode", "inject, fused"]),
     ({"train.milestones": "[0.9, 0.1]"}, ["train.milestones", "increasing"]),
+    ({"train.milestones": "[0.5, 0.5]"}, ["train.milestones", "strictly increasing"]),   # was accepted
     ({"model.sigmoid": "maybe"}, ["model.sigmoid", "not a boolean", "true or false"]),
     ({"bogus": 1}, ["unknown config key 'bogus'"]),
 ])

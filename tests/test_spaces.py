@@ -446,6 +446,13 @@ def test_a_key_given_twice_does_not_hide_the_other_problems_of_fixed():
     assert any(e.startswith("fixed.cem.lamda") and "cem.lambd" in e for e in errs), errs
 
 
+def test_seeds_a_trial_cannot_take_are_refused_with_the_space():
+    """A seed past the key's range (0 to config.MAX_SEED) passed the space and stopped every trial at its start."""
+    from cem_bench.config import MAX_SEED
+    errs = errors_of(minimal(seeds=[1, MAX_SEED + 1, -2]))
+    assert errs == [f"seeds: {[MAX_SEED + 1, -2]!r} outside the seeds a trial takes, 0 to {MAX_SEED} (the key seed)"], errs
+
+
 def space_error_lines(path, overrides):
     with pytest.raises(SpaceError) as info:
         load_space(path, overrides)

@@ -14,6 +14,7 @@ import itertools
 import math
 
 from ..analysis.noise import MIN_RUNS
+from ..config import MAX_SEED
 from . import samplers, schedulers
 from .spec import DEFAULT_BASELINE_REPLICATES, DEFAULT_CONFIRM, RUNG_METRICS
 
@@ -247,6 +248,9 @@ class PlanStages:
                 return ()
             if replicates is not None and replicates != len(seeds):
                 self.err("replicates", f"{replicates!r} disagrees with the {len(seeds)} seeds given; give one of them")
+            bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
+            if bad:   # refused here, not by every trial at its start
+                self.err("seeds", f"{bad!r} outside the seeds a trial takes, 0 to {MAX_SEED} (the key seed)")
             return tuple(seeds)
         n = self.count("replicates", replicates, 1)
         base = fixed.get("seed", 0)
