@@ -172,6 +172,61 @@ def test_a_damaged_cifar_file_is_a_data_error_saying_how_to_get_the_files(tmp_pa
     assert "missing data_batch_3" in msg and "cifar-10-python.tar.gz" in msg and "download=True" not in msg, msg
 
 
+class _Planted:
+    """Unpickled by a plain pickle.load, this makes the folder ``marker``: what a crafted batch file could run."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+@pytest.mark.parametrize("which", ["data_batch_2", "batches.meta"])
+def test_a_crafted_cifar_file_runs_nothing(tmp_path, which):
+    """torchvision read the batch files with pickle.load, which calls whatever a file names: a file put under
+    data.root ran code in every trial. Now only numpy's array reconstruction is allowed, and the file is a
+    DataError saying what it named."""
+    _write_cifar(str(tmp_path))
+    marker = tmp_path / "ran"
+    path = tmp_path / "cifar-10-batches-py" / which
+    with open(path, "rb") as f:
+        entry = pickle.load(f)
+    entry["labels" if which != "batches.meta" else "label_names"] = _Planted(str(marker))
+    with open(path, "wb") as f:
+        pickle.dump(entry, f)
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path)})
+    with pytest.raises(data.DataError, match="posix.mkdir, which no CIFAR batch holds"):
+        data.load(cfg.data)
+    assert not marker.exists()
+
+
+def test_cifar_files_of_every_pickle_protocol_read_as_torchvision_reads_them(tmp_path):
+    """The restricted reader gives torchvision's arrays, labels and classes, whatever protocol wrote the files
+    (CIFAR's own are Python 2 pickles; by hand a user may write any)."""
+    import torchvision
+    base = torchvision.datasets.CIFAR10
+
+    class Unchecked(base):   # torchvision's reader without the md5 sums of the real files
+        train_list = [[f, None] for f, _ in base.train_list]
+        test_list = [[f, None] for f, _ in base.test_list]
+        meta = {**base.meta, "md5": None}
+    for protocol in (2, 4, 5):
+        root = tmp_path / f"p{protocol}"
+        _write_cifar(str(root))
+        folder = root / "cifar-10-batches-py"
+        for f in folder.iterdir():
+            with open(f, "rb") as fh:
+                obj = pickle.load(fh)
+            with open(f, "wb") as fh:
+                pickle.dump(obj, fh, protocol=protocol)
+        train, test, k = data.load_cifar("cifar10", str(root))
+        for split, ref in ((train, Unchecked(str(root), train=True)), (test, Unchecked(str(root), train=False))):
+            assert torch.equal(split.images, torch.from_numpy(ref.data).permute(0, 3, 1, 2)), protocol
+            assert split.labels.tolist() == ref.targets and split.labels.dtype == torch.int64
+        assert k == 10
+
+
 def test_cifar_labels_outside_the_class_list_are_refused_at_load(tmp_path):
     """A label past the meta file's classes loaded silently and stopped training at its first batch."""
     _write_cifar(str(tmp_path))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,35 +261,69 @@ def _download_once(klass, root: str, folder: str) -> None:
         os.close(fd)
 
 
+# What a CIFAR python batch may name when it is unpickled: numpy's array reconstruction, nothing else. A plain
+# pickle.load (torchvision's reader) calls any global a file names, so a batch file put under data.root
+# could run code in every trial; with these, such a file is a DataError and nothing runs (tests/test_data.py).
+_CIFAR_GLOBALS = frozenset((module, name)
+                           for module in ("numpy.core.multiarray", "numpy._core.multiarray",
+                                          "numpy.core.numeric", "numpy._core.numeric", "numpy")
+                           for name in ("_reconstruct", "_frombuffer", "scalar", "ndarray", "dtype")) | {
+    ("_codecs", "encode")}   # how Python 3 writes bytes at protocol 2 or below: it encodes a string, nothing more
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _CIFAR_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which no CIFAR batch holds (refused: unpickling "
+                                     f"it would run code)")
+
+
+def _read_cifar_file(path: str) -> dict:
+    """One CIFAR python file (a batch or the meta file) as a dict with text keys. CIFAR's files are Python 2
+    pickles: latin1 reads their byte strings as text, as torchvision does."""
+    with open(path, "rb") as f:
+        obj = _CifarUnpickler(f, encoding="latin1").load()
+    if not isinstance(obj, dict):
+        raise ValueError(f"{os.path.basename(path)} holds a {type(obj).__name__}, not CIFAR's dict")
+    return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
+
+
+def _read_cifar_split(folder: str, files: list) -> tuple[np.ndarray, np.ndarray]:
+    """The images (N, 3, 32, 32 uint8, as CIFAR stores them) and labels of a split's batch files."""
+    images, labels = [], []
+    for f, _ in files:
+        entry = _read_cifar_file(os.path.join(folder, f))
+        images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        labels.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
+    return np.concatenate(images), np.asarray(labels, dtype=np.int64)
+
+
 def load_cifar(name: str, root: str) -> tuple[Split, Split, int]:
-    """Read CIFAR-10/100 through torchvision; download when missing and online, else a clear error."""
+    """Read CIFAR-10/100 from its python batch files (downloaded through torchvision when missing and online,
+    else a clear error). Only presence is checked, not torchvision's md5 sums (it verifies them when it
+    downloads), so files copied in by hand work; they are unpickled by ``_CifarUnpickler``, which runs nothing."""
     root = os.path.expanduser(root)
     klass, folder = _cifar_folder(name, root)
-
-    class _Local(klass):  # md5 sums are verified by torchvision when it downloads; here only presence is
-        train_list = [[f, None] for f, _ in klass.train_list]  # checked, so files copied in by hand work
-        test_list = [[f, None] for f, _ in klass.test_list]
-        meta = {**klass.meta, "md5": None}
-
     _check_cifar_files(name, klass, folder)
     try:
-        tr, te = _Local(root, train=True, download=False), _Local(root, train=False, download=False)
+        classes = list(_read_cifar_file(os.path.join(folder, klass.meta["filename"]))[klass.meta["key"]])
+        splits = {part: _read_cifar_split(folder, files)
+                  for part, files in (("training", klass.train_list), ("test", klass.test_list))}
     except Exception as e:  # noqa: BLE001 - a truncated or foreign file fails anywhere inside unpickling
         raise DataError(f"{name} files under {folder} cannot be read ({type(e).__name__}: {e}): a file is "
                         f"truncated or not in CIFAR's python format; {_cifar_remedy(name, folder)}") from None
-    for part, ds in (("training", tr), ("test", te)):
+    for part, (images, labels) in splits.items():
         # a label past the class list stops training at its first batch (CUDA: a device-side assert)
-        labels = np.asarray(ds.targets)
-        if len(labels) != len(ds.data) or (len(labels) and not (0 <= labels.min() and labels.max() < len(tr.classes))):
-            raise DataError(f"{name} files under {folder}: the {part} files hold {len(ds.data)} images and "
-                            f"{len(labels)} labels, which must be as many and in 0..{len(tr.classes) - 1} (the "
-                            f"{len(tr.classes)} classes of {klass.meta['filename']}); {_cifar_remedy(name, folder)}")
+        if len(labels) != len(images) or (len(labels) and not (0 <= labels.min() and labels.max() < len(classes))):
+            raise DataError(f"{name} files under {folder}: the {part} files hold {len(images)} images and "
+                            f"{len(labels)} labels, which must be as many and in 0..{len(classes) - 1} (the "
+                            f"{len(classes)} classes of {klass.meta['filename']}); {_cifar_remedy(name, folder)}")
 
-    def to_split(ds) -> Split:
-        images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
-        return Split(images, torch.as_tensor(ds.targets, dtype=torch.int64))
+    def to_split(images: np.ndarray, labels: np.ndarray) -> Split:
+        return Split(torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(labels))
 
-    return to_split(tr), to_split(te), len(tr.classes)
+    return to_split(*splits["training"]), to_split(*splits["test"]), len(classes)
 
 
 # ---------------------------------------------------------------------------------------- synthetic
