@@ -308,12 +308,18 @@ def test_gpu_pack_summary_takes_a_phase_that_measured_no_k(tmp_path, monkeypatch
     summary = {"pack bf16": {"rows": [k1, harness.error_row("packed (bf16): workers", RuntimeError("died"))],
                              "attack": None, "ceiling": top},
                "pack bf16 MPS": {"rows": [harness.make_row("packed (bf16, MPS)", note="not started: no daemon")],
-                                 "attack": None, "ceiling": top}}
+                                 "attack": None, "ceiling": top},
+               # the attacks' phase: its grid line looks for k=2 among rows, one of which has no k
+               "pack fp32": {"rows": [harness.error_row("packed (grid fp32): k=4", RuntimeError("died")),
+                                      {**k1, "k": 2, "images_per_s": 61_500.0}],
+                             "attack": {"alone_s": 66.5, "together_s": 100.0, "factor_k2": 1.33}, "ceiling": top}}
     env = {"device": "cpu", "torch": torch.__version__, "commit": "0" * 40}
     gpu_pack.write_summary(str(tmp_path), env, summary)
     text = (tmp_path / "summary.md").read_text()
     assert "- k=1: 2.0 trials/h" in text and "packed (bf16): workers: None trials/h; RuntimeError: died" in text
     assert "packed (bf16, MPS): None trials/h;  not started: no daemon" in text
+    # what the grid line counts is said: training and attacks, not a whole trial's evaluation and start-up
+    assert "paper trials per GPU-hour of training and attacks (evaluation and start-up not included)" in text
 
 
 def test_the_pack_window_counts_only_the_time_all_workers_ran():
