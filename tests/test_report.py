@@ -1213,24 +1213,33 @@ def test_a_resolved_difference_without_a_consistent_one_is_not_called_within_the
     assert versus_baseline(unresolved, "attack_ssim").startswith("within the noise: ")
 
 
-def test_the_summary_does_not_call_within_the_noise_what_a_table_marks_on_another_metric():
-    """Objectives test_acc and attack_psnr (pure noise), but attack_ssim, which the paper-style table and a
-    frontier plot show too, falls far beyond the noise: the table marks it, so the summary must not say that
-    the differences the plots show are within the noise, and names the metric it is marked on."""
+ACC_SSIM = [{"metric": "test_acc", "mode": "max", "ref": 0.1}, {"metric": "attack_ssim", "mode": "min", "ref": 1.0}]
+
+
+def _lambda_pair(objectives, run):
+    """A λ = 0 baseline and gmm at λ = 8, 4 seeds each, σ 0.1: ``run(lam, seed, rng)`` gives each run's
+    status and metrics (merged into its row)."""
     from cem_bench.analysis.report.load import results_of
-    from cem_bench.analysis.table import paper_table
-    objectives = [{"metric": "test_acc", "mode": "max", "ref": 0.1}, {"metric": "attack_psnr", "mode": "min",
-                                                                       "ref": 40.0}]
     rng = np.random.default_rng(0)
     rows = []
     for lam in (0.0, 8.0):
         for seed in range(4):
             rows.append({"trial_id": f"t{len(rows)}", "status": "ok", "role": "baseline" if lam == 0 else "search",
                          "config.seed": seed, "config.defense.noise_std": 0.1, "config.cem.lambd": lam,
-                         "config.cem.surrogate": "gmm", "test_acc": rng.normal(0.9, 0.01),
-                         "attack_psnr": rng.normal(15.0, 0.5), "attack_ssim": rng.normal(0.75 - 0.2 * (lam > 0), 0.01),
-                         "wall_s": 1.0})
-    res = results_of(pd.DataFrame(rows), objectives, name="x")
+                         "config.cem.surrogate": "gmm", "wall_s": 1.0, **run(lam, seed, rng)})
+    return results_of(pd.DataFrame(rows), objectives, name="x")
+
+
+def test_the_summary_does_not_call_within_the_noise_what_a_table_marks_on_another_metric():
+    """Objectives test_acc and attack_psnr (pure noise), but attack_ssim, which the paper-style table and a
+    frontier plot show too, falls far beyond the noise: the table marks it, so the summary must not say that
+    the differences the plots show are within the noise, and names the metric it is marked on."""
+    from cem_bench.analysis.table import paper_table
+    objectives = [{"metric": "test_acc", "mode": "max", "ref": 0.1}, {"metric": "attack_psnr", "mode": "min",
+                                                                       "ref": 40.0}]
+    res = _lambda_pair(objectives, lambda lam, seed, rng: {
+        "test_acc": rng.normal(0.9, 0.01), "attack_psnr": rng.normal(15.0, 0.5),
+        "attack_ssim": rng.normal(0.75 - 0.2 * (lam > 0), 0.01)})
     assert paper_table(res.configs, "attack_ssim").iloc[0, 1].endswith("[+]")
     text = summary_sentence(res)
     assert "within the noise of the baseline" not in text
@@ -1240,21 +1249,13 @@ def test_the_summary_does_not_call_within_the_noise_what_a_table_marks_on_anothe
 def test_a_run_the_scheduler_stopped_is_not_called_errored_in_the_configuration_tables():
     """The run facts say "1 stopped early, 0 errored": the front table's run count says the same."""
     from cem_bench.analysis.report.facts import trials_text
-    from cem_bench.analysis.report.load import results_of
     from cem_bench.analysis.report.tables import config_front_table
-    objectives = [{"metric": "test_acc", "mode": "max", "ref": 0.1}, {"metric": "attack_ssim", "mode": "min",
-                                                                       "ref": 1.0}]
-    rng = np.random.default_rng(0)
-    rows = []
-    for lam in (0.0, 8.0):
-        for seed in range(4):
-            stopped = lam > 0 and seed == 3
-            rows.append({"trial_id": f"t{len(rows)}", "status": "stopped" if stopped else "ok",
-                         "role": "baseline" if lam == 0 else "search", "config.seed": seed,
-                         "config.defense.noise_std": 0.1, "config.cem.lambd": lam, "config.cem.surrogate": "gmm",
-                         "test_acc": np.nan if stopped else rng.normal(0.9, 0.01),
-                         "attack_ssim": np.nan if stopped else rng.normal(0.7, 0.01), "wall_s": 1.0})
-    res = results_of(pd.DataFrame(rows), objectives, name="x")
+
+    def run(lam, seed, rng):
+        stopped = lam > 0 and seed == 3
+        return {"status": "stopped" if stopped else "ok", "test_acc": np.nan if stopped else rng.normal(0.9, 0.01),
+                "attack_ssim": np.nan if stopped else rng.normal(0.7, 0.01)}
+    res = _lambda_pair(ACC_SSIM, run)
     assert "1 stopped early, 0 errored" in trials_text(res.trials)
     html = config_front_table(res)
     assert "4 (1 stopped early)" in html and "errored" not in html
@@ -1264,18 +1265,10 @@ def test_the_noise_floor_counts_the_runs_each_spread_is_over():
     """A baseline run whose attack the utility gate skipped has no SSIM: the floor's SSIM spread is over 3
     runs, its accuracy spread over 4, and the run facts say so."""
     from cem_bench.analysis.report.facts import noise_floor_text
-    from cem_bench.analysis.report.load import results_of
-    objectives = [{"metric": "test_acc", "mode": "max", "ref": 0.1}, {"metric": "attack_ssim", "mode": "min",
-                                                                       "ref": 1.0}]
-    rng = np.random.default_rng(0)
-    rows = []
-    for lam in (0.0, 8.0):
-        for seed in range(4):
-            skip = lam == 0 and seed == 3
-            rows.append({"trial_id": f"t{len(rows)}", "status": "ok", "role": "baseline" if lam == 0 else "search",
-                         "config.seed": seed, "config.defense.noise_std": 0.1, "config.cem.lambd": lam,
-                         "config.cem.surrogate": "gmm", "attack_skipped": "at chance" if skip else "",
-                         "test_acc": rng.normal(0.9, 0.01), "attack_ssim": np.nan if skip else rng.normal(0.7, 0.01),
-                         "wall_s": 1.0})
-    text = noise_floor_text(results_of(pd.DataFrame(rows), objectives, name="x"))
+
+    def run(lam, seed, rng):
+        skip = lam == 0 and seed == 3
+        return {"attack_skipped": "at chance" if skip else "", "test_acc": rng.normal(0.9, 0.01),
+                "attack_ssim": np.nan if skip else rng.normal(0.7, 0.01)}
+    text = noise_floor_text(_lambda_pair(ACC_SSIM, run))
     assert "(4 seeds)" in text.split("attack_ssim")[0] and text.endswith("(3 seeds)"), text
