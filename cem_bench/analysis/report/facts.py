@@ -146,21 +146,16 @@ def noise_floor_text(res: Results) -> str:
         n = int(r["runs_ok"])
         # each std is over the runs with a value of its metric (``<m>_n``): an attack the utility gate skipped
         # leaves an ok run without attack metrics, so the counts can differ between metrics
-        counts = {m: _count(r.get(f"{m}_n"), n) for m in res.metrics}
+        counts = {m: int(c) if pd.notna(c := r.get(f"{m}_n")) else n for m in res.metrics}
         where = f"σ={format_value(r.get('config.defense.noise_std'))}: " if len(base) > 1 else ""
-        if len(set(counts.values())) > 1:
-            spread = ", ".join(f"{m} ± {format_value(r.get(f'{m}_std'), m)} ({_seeds(counts[m])})"
-                               for m in res.metrics)
-            parts.append(f"{where}{spread}" if n > 1 else f"{where}one run: no floor")
+        if n <= 1:
+            parts.append(f"{where}one run: no floor")
             continue
-        spread = ", ".join(f"{m} ± {format_value(r.get(f'{m}_std'), m)}" for m in res.metrics)
-        parts.append(f"{where}{spread} ({_seeds(n)})" if n > 1 else f"{where}one run: no floor")
+        one = len(set(counts.values())) == 1    # one count for the line, else each metric's own
+        spread = ", ".join(f"{m} ± {format_value(r.get(f'{m}_std'), m)}" + ("" if one else f" ({_seeds(counts[m])})")
+                           for m in res.metrics)
+        parts.append(f"{where}{spread}" + (f" ({_seeds(counts[res.metrics[0]])})" if one else ""))
     return "; ".join(parts)
-
-
-def _count(value, default: int) -> int:
-    n = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
-    return default if pd.isna(n) else int(n)
 
 
 def _seeds(n: int) -> str:
