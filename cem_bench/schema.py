@@ -102,6 +102,11 @@ def per_attack_columns(columns) -> list[str]:
 # test), in the objective's own units. A search space sets it (``utility_tolerance``); 2 points of accuracy
 # otherwise. docs/protocol.md §9 says why a stated number and not the baseline's spread.
 DEFAULT_UTILITY_TOLERANCE = 0.02
+# The hypotheses a space writes down before its run (docs/search-spaces.md §8a): what side a's metric is claimed
+# to be against side b's, and how the family's p-values are adjusted. The parser (spaces/) and the tests on the
+# trials (analysis/hypotheses.py) read the same words.
+HYPOTHESIS_CLAIMS = ("lower", "higher", "not_lower", "not_higher")
+HYPOTHESIS_CORRECTIONS = ("holm", "bonferroni")
 
 # Config keys that say how a trial runs, not what it measures (run on another card, compiled or graphed, its
 # data read from another folder, probed at other epochs). A baseline that differs from its configurations only

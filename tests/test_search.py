@@ -193,6 +193,30 @@ def test_cli_local_search_end_to_end(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.ray
+def test_a_grid_s_hypotheses_are_tested_on_the_runs_the_search_wrote(tmp_path, monkeypatch, capsys):
+    """The contract between the space and the report: each side, written as the space's keys (an int for a
+    float key), finds its 3 runs among the rows results.write_tables wrote, and the page leads with them."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    space = write_space(tmp_path, "hyp", num_samples=None, sampler={"name": "grid"}, replicates=3,
+                        params={"cem.lambd": {"choice": [4, 8]}},
+                        hypotheses={"tests": [
+                            {"metric": "test_acc", "a": {"cem.lambd": 8}, "b": {"cem.lambd": 4}, "a_is": "not_lower",
+                             "margin": 1.0},
+                            {"metric": "attack_ssim", "a": {"cem.lambd": 8}, "b": {"cem.lambd": 4}, "a_is": "lower",
+                             "paired": True}]})
+    rc = cli.main(["search", space, "--storage", str(tmp_path / "res")])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    report = tmp_path / "res" / "hyp" / "report"
+    tested = pd.read_csv(report / "hypotheses.csv")
+    assert tested["name"].tolist() == ["H1", "H2"]
+    assert (tested["n_a"] == 3).all() and (tested["n_b"] == 3).all()     # paired: the 3 seeds both ran
+    assert tested["verdict"].iloc[0] == "holds"   # accuracy cannot fall by a whole 1.0
+    assert tested["verdict"].iloc[1] in ("holds", "not shown") and np.isfinite(tested["p"]).all()
+    assert "The space wrote down 2 hypotheses before the run" in (report / "index.html").read_text()
+
+
+@pytest.mark.ray
 def test_a_second_search_of_the_same_experiment_is_refused_and_nothing_is_lost(tmp_path):
     """Two `cem-bench search` with one --storage and --name (issue 39: both ran, two of four trials were
     dropped, one journal held both): the second is refused before Ray starts, and so is a --resume while the

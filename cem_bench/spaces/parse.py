@@ -6,7 +6,8 @@ path (``params.cem.lambd: empty range [64, 1] ...``). Command-line overrides are
 
 The validator ``_Parser`` runs in stages: the top level, the objectives, resources, fixed keys and the utility
 tolerance here; the params, their ``when`` conditions and the combination checks in ``parse_params.py``; the
-sampler, seeds, grid, baseline, confirmation and scheduler in ``parse_plan.py``.
+sampler, seeds, grid, baseline, confirmation and scheduler in ``parse_plan.py``; the hypotheses written down
+before the run in ``parse_hypotheses.py``.
 Importing this module imports neither torch nor Optuna nor Ray.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
 from ..schema import DEFAULT_UTILITY_TOLERANCE
+from .parse_hypotheses import HypothesisStages
 from .parse_params import ParamStages, as_number, fmt_value
 from .parse_plan import PlanStages
 from .spec import (
@@ -106,7 +108,7 @@ def _from_cli(value: Any) -> Any:
     return value
 
 
-class _Parser(ParamStages, PlanStages):
+class _Parser(ParamStages, PlanStages, HypothesisStages):
     """One validation of one document: ``parse()`` runs every stage, collects every problem in ``errors``
     and raises them together as one ``SpaceError``, or returns the ``SearchSpec``."""
 
@@ -159,6 +161,7 @@ class _Parser(ParamStages, PlanStages):
         top, confirm_reps = self.confirm(doc.get("confirm"))
         tolerance = self.utility_tolerance(doc.get("utility_tolerance"))
         scheduler = self.scheduler(doc.get("scheduler"), objectives, fixed, params, grid, seeds)
+        hypotheses, alpha, correction = self.hypotheses_form(doc.get("hypotheses"), grid, seeds)
         if self.errors:
             raise SpaceError(self.errors, self.path)
         if grid:
@@ -166,6 +169,9 @@ class _Parser(ParamStages, PlanStages):
         elif num_samples:
             self.distinct(params, num_samples)
         baseline, cells = self.baseline(baseline_n, fixed, params, grid, seeds)
+        if hypotheses and not self.errors:
+            from .sampling import grid_cells
+            self.hypotheses_cells(hypotheses, fixed, grid_cells(params), cells, baseline)
         if scheduler and not self.errors:
             fixed = self.probe_at_rungs(scheduler, fixed)
         if self.errors:
@@ -174,7 +180,8 @@ class _Parser(ParamStages, PlanStages):
                           max_concurrent=max_concurrent, resources=resources, fixed=fixed, params=tuple(params),
                           max_failures=max_failures, path=self.path, seeds=seeds, baseline_replicates=baseline,
                           baseline_cells=cells, confirm_top=top, confirm_replicates=confirm_reps,
-                          scheduler=scheduler, utility_tolerance=tolerance)
+                          scheduler=scheduler, utility_tolerance=tolerance, hypotheses=hypotheses,
+                          hypotheses_alpha=alpha, hypotheses_correction=correction)
 
     def utility_tolerance(self, value) -> float | None:
         """``utility_tolerance: T`` (a number >= 0, in the first objective's units): how far a configuration's

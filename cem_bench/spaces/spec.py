@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schema import OBJECTIVE_METRICS
+from ..schema import HYPOTHESIS_CLAIMS, HYPOTHESIS_CORRECTIONS, OBJECTIVE_METRICS
 
 METRICS: tuple[str, ...] = OBJECTIVE_METRICS
 MODES = ("max", "min")
@@ -31,7 +31,8 @@ SAMPLERS = tuple(sorted(SAMPLER_OPTIONS))
 
 # The shape of the YAML file itself (used by the parser).
 TOP_KEYS = ("name", "objectives", "sampler", "num_samples", "replicates", "seeds", "baseline", "confirm",
-            "scheduler", "max_concurrent", "max_failures", "resources", "fixed", "params", "utility_tolerance")
+            "scheduler", "max_concurrent", "max_failures", "resources", "fixed", "params", "utility_tolerance",
+            "hypotheses")
 # Early stopping (docs/search.md): the schedulers a space may name and their options are the plug-ins of
 # spaces/schedulers/ (one file each; the parser, SearchSpec.rungs and the search ask that registry). For each
 # objective, the value every epoch record carries that stands for it at a rung (the probe for the attack's SSIM):
@@ -105,6 +106,33 @@ class Param:
         return d
 
 
+# Hypotheses written into a space before its run (docs/protocol.md section 9, "Hypotheses"): what each claims
+# of side a against side b, as a one-sided test of the difference a - b shifted by the margin.
+CLAIMS = HYPOTHESIS_CLAIMS
+CORRECTIONS = HYPOTHESIS_CORRECTIONS
+HYPOTHESIS_FIELDS = ("name", "metric", "a", "b", "a_is", "margin", "paired")
+HYPOTHESES_FIELDS = ("alpha", "correction", "tests")
+DEFAULT_HYPOTHESES = {"alpha": 0.05, "correction": "holm"}
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One hypothesis: ``metric`` of configuration ``a`` is ``a_is`` (lower, higher, not_lower, not_higher)
+    than that of configuration ``b``, by ``margin`` in the metric's units. ``a`` and ``b`` are flat config keys
+    with their values, each naming one cell of the grid; ``paired`` pairs their runs by seed."""
+    name: str
+    metric: str
+    a: dict
+    b: dict
+    a_is: str
+    margin: float = 0.0
+    paired: bool = False
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "metric": self.metric, "a": dict(self.a), "b": dict(self.b), "a_is": self.a_is,
+                "margin": self.margin, "paired": self.paired}
+
+
 @dataclass(frozen=True)
 class SearchSpec:
     name: str
@@ -131,6 +159,11 @@ class SearchSpec:
     # the report's equivalence margin on the first objective; None: the space states none, and the report's
     # default (schema.DEFAULT_UTILITY_TOLERANCE, in the objective's units) applies and is called the default
     utility_tolerance: float | None = None
+    # the hypotheses written into the space before its run, tested by the report as one family at
+    # ``hypotheses_alpha`` with ``hypotheses_correction``; empty: none
+    hypotheses: tuple[Hypothesis, ...] = ()
+    hypotheses_alpha: float = DEFAULT_HYPOTHESES["alpha"]
+    hypotheses_correction: str = DEFAULT_HYPOTHESES["correction"]
 
     @property
     def replicates(self) -> int:
@@ -238,5 +271,7 @@ class SearchSpec:
                         "seeds": list(self.confirm_seeds)},
             "scheduler": dict(self.scheduler) if self.scheduler else None,
             "utility_tolerance": self.utility_tolerance,
+            "hypotheses": {"alpha": self.hypotheses_alpha, "correction": self.hypotheses_correction,
+                           "tests": [h.to_dict() for h in self.hypotheses]} if self.hypotheses else None,
             "path": self.path,
         }

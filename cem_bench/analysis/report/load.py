@@ -109,6 +109,10 @@ class Results:
     # holds only the keys its surrogate reads. False: an older table (``normalise_older``), whose rows may also
     # hold other surrogates' defaults; ``plots.uses_param`` then asks the surrogate registry
     final_table: bool = False
+    # the hypotheses the space wrote down before its run (search_space.json, analysis/hypotheses.py); None: none,
+    # or none usable, and then ``hypotheses_problem`` says why
+    hypotheses: dict | None = None
+    hypotheses_problem: str | None = None
 
     @property
     def replicated(self) -> bool:
@@ -337,8 +341,19 @@ def load_results(results_dir: str | Path) -> Results:
     ``trials.parquet`` nor a Ray experiment of ``cem-bench search``."""
     results_dir = check_results_dir(results_dir)
     objectives, name = load_objectives(results_dir)
-    return results_of(_read_trials(results_dir), objectives, results_dir=results_dir, name=name,
-                      epochs=_read_epochs(results_dir), utility_tolerance=read_utility_tolerance(results_dir))
+    res = results_of(_read_trials(results_dir), objectives, results_dir=results_dir, name=name,
+                     epochs=_read_epochs(results_dir), utility_tolerance=read_utility_tolerance(results_dir))
+    res.hypotheses, res.hypotheses_problem = read_space_hypotheses(results_dir)
+    return res
+
+
+def read_space_hypotheses(results_dir: Path) -> tuple[dict | None, str | None]:
+    """The space's ``hypotheses`` from ``search_space.json`` (``hypotheses.read_hypotheses``): (None, None)
+    when it states none or there is no space."""
+    from cem_bench.analysis.hypotheses import read_hypotheses
+    from cem_bench.integrity import read_json_file
+    spec = read_json_file(results_dir, SPACE_FILE, "the search space the search saved (JSON)")
+    return read_hypotheses(spec.get("hypotheses") if isinstance(spec, dict) else None)
 
 
 def read_utility_tolerance(results_dir: Path) -> float | None:
@@ -414,7 +429,7 @@ def results_of(trials: pd.DataFrame, objectives: Sequence[dict], results_dir: Pa
     colors = {s: palette[i % len(palette)] for i, s in enumerate(surrogates)}
     configs, stored = load_configs(results_dir, raw, trials, objectives)
     return Results(results_dir, name, objectives, trials, epochs, surrogates, colors, configs, utility_tolerance,
-                   stored, final)
+                   configs_stored=stored, final_table=final)
 
 
 def normalise_older(trials: pd.DataFrame, objectives: Sequence[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -13,6 +13,8 @@ import jinja2
 import matplotlib
 import pandas as pd
 
+from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
+from cem_bench.analysis.hypotheses import summary_text as hypotheses_summary
 from cem_bench.errors import ResultsError
 from cem_bench.parsing import loads_json
 from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
@@ -40,6 +42,7 @@ from .tables import (
     config_front_table,
     facts_table,
     html_table,
+    hypotheses_html,
     paper_tables,
     skipped_table,
     surrogate_bests,
@@ -262,11 +265,20 @@ def _draw(res: Results, out_dir: Path) -> None:
         front_heading = f"Trials on the front ({len(front)})"
         front_table, front_note = html_table(front, table_cols, table_heads), None
     skipped = res.skipped
+    summary = summary_sentence(res)
+    hypotheses = None
+    if res.hypotheses:   # what the space planned leads the page; the summary's picks after the run follow
+        tested = evaluate_hypotheses(res.trials, res.hypotheses)
+        tested.to_csv(out_dir / "hypotheses.csv", index=False)
+        summary = hypotheses_summary(tested, res.hypotheses) + " " + summary
+        hypotheses = hypotheses_html(tested)
 
     page = _ENV.get_template("index.html.j2").render(
         experiment=res.experiment,
         frontier=frontiers[0] if frontiers else None,
-        summary=summary_sentence(res),
+        summary=summary,
+        hypotheses=hypotheses,
+        hypotheses_problem=res.hypotheses_problem,
         bests=surrogate_bests(res),
         other_frontiers=frontiers[1:],
         hypervolume=_figure(hv_path.name, "hypervolume", f"final hypervolume {format_value(final_hv)}"),

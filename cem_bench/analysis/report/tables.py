@@ -63,6 +63,26 @@ def html_table(df: pd.DataFrame, columns: Sequence[str], headers: Sequence[str] 
     return html
 
 
+def hypotheses_html(table: pd.DataFrame) -> str:
+    """The tested hypotheses (``hypotheses.evaluate``) as the page shows them: each side's mean ± std over its
+    runs, the difference with its 95 % interval, the one-sided p and the family's adjusted p, the verdict."""
+    def side(r, s):
+        return f"{format_value(r['mean_' + s], r['metric'])} ± {format_value(r['std_' + s], r['metric'])} " \
+               f"({int(r['n_' + s])} run{'s' * (r['n_' + s] != 1)})"
+
+    shown = pd.DataFrame({
+        "hypothesis": table["name"],
+        "claim": [f"{r['metric']}: {r['claim']}" + (" (paired by seed)" if r["paired"] else "")
+                  for _, r in table.iterrows()],
+        "a": table["a"], "b": table["b"],
+        "a: mean ± std": [side(r, "a") for _, r in table.iterrows()],
+        "b: mean ± std": [side(r, "b") for _, r in table.iterrows()],
+        "a − b (95 % interval)": [f"{format_value(r['diff'], r['metric'])} ({format_value(r['ci_low'], r['metric'])} "
+                                  f"to {format_value(r['ci_high'], r['metric'])})" for _, r in table.iterrows()],
+        "p (one-sided)": table["p"], "adjusted p": table["p_adjusted"], "verdict": table["verdict"]})
+    return html_table(shown, list(shown.columns), classes=["hypotheses"])
+
+
 def facts_table(facts: Sequence[tuple[str, str]]) -> str:
     """Key/value pairs as an HTML table (keys as row headers), escaped."""
     shown = pd.DataFrame({"value": [_cell(v, "") for _, v in facts]}, index=[k for k, _ in facts])

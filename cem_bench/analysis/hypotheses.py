@@ -1,0 +1,185 @@
+"""The hypotheses a space wrote down before its run, tested on its trials (docs/protocol.md §9, "Hypotheses").
+
+``read_hypotheses`` checks the ``hypotheses`` of a saved ``search_space.json`` (a file from anyone: a bad one is
+a problem named, never a crash); ``evaluate`` tests each on the ok runs of its two configurations: Welch's t
+(or the paired t over the seeds both sides ran, ``paired: true``) of ``a - b`` shifted by the margin, one-sided
+in the claimed direction, the family's p-values adjusted together (Holm or Bonferroni) and judged at its alpha.
+A hypothesis without ``MIN_RUNS`` runs a side stays in the family with p = 1: it was planned, so it counts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..schema import HYPOTHESIS_CLAIMS as CLAIMS
+from ..schema import HYPOTHESIS_CORRECTIONS as CORRECTIONS
+from .noise import MIN_RUNS, holm
+
+LEVEL = 0.95   # the interval shown beside each test: two-sided, of the difference a - b
+COLUMNS = ("name", "metric", "claim", "a", "b", "paired", "n_a", "n_b", "mean_a", "std_a", "mean_b", "std_b",
+           "diff", "ci_low", "ci_high", "p", "p_adjusted", "verdict")
+# the claim's one-sided test of d = a - b: H1 is d < -margin, d > margin, d > -margin or d < margin. Shifting a
+# by `sign * margin` and testing the shifted difference against 0 in `alternative` is that test.
+_TEST = {"lower": (+1, "less"), "higher": (-1, "greater"), "not_lower": (+1, "greater"), "not_higher": (-1, "less")}
+
+
+def read_hypotheses(saved: Any) -> tuple[dict | None, str | None]:
+    """(hypotheses, problem) from a saved space's ``hypotheses`` value: ``(None, None)`` when it states none,
+    ``(None, why)`` when it cannot be used (the page says why instead of testing it)."""
+    if saved is None:
+        return None, None
+    try:
+        if not isinstance(saved, dict):
+            raise ValueError("not a mapping")
+        alpha = saved.get("alpha")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+            raise ValueError(f"alpha {alpha!r} is not a number in (0, 1)")
+        if saved.get("correction") not in CORRECTIONS:
+            raise ValueError(f"correction {saved.get('correction')!r} is not one of {', '.join(CORRECTIONS)}")
+        tests = saved.get("tests")
+        if not isinstance(tests, list) or not tests:
+            raise ValueError("tests is not a non-empty list")
+        out = []
+        for i, t in enumerate(tests):
+            if not isinstance(t, dict):
+                raise ValueError(f"tests[{i}] is not a mapping")
+            margin = t.get("margin", 0.0)
+            ok = (isinstance(t.get("name"), str) and isinstance(t.get("metric"), str)
+                  and t.get("a_is") in CLAIMS and isinstance(t.get("paired", False), bool)
+                  and not isinstance(margin, bool) and isinstance(margin, (int, float))
+                  and math.isfinite(margin) and margin >= 0
+                  and all(isinstance(t.get(s), dict) and t.get(s) for s in ("a", "b")))
+            if not ok:
+                raise ValueError(f"tests[{i}] lacks a name, metric, a, b, a_is (one of {', '.join(CLAIMS)}) or a "
+                                 f"margin >= 0")
+            out.append({"name": t["name"], "metric": t["metric"], "a": dict(t["a"]), "b": dict(t["b"]),
+                        "a_is": t["a_is"], "margin": float(margin), "paired": t.get("paired", False)})
+        return {"alpha": float(alpha), "correction": saved["correction"], "tests": out}, None
+    except ValueError as e:
+        return None, f"the saved space's hypotheses cannot be tested ({e})"
+
+
+def side_rows(ok: pd.DataFrame, side: dict) -> pd.DataFrame:
+    """The ok runs of the configuration a side names: every ``config.<key>`` equal to its value."""
+    mask = pd.Series(True, index=ok.index)
+    for key, value in side.items():
+        col = ok.get(f"config.{key}")
+        if col is None:
+            return ok.iloc[:0]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            num = pd.to_numeric(col, errors="coerce")
+            mask &= num == float(value)
+        else:
+            mask &= col.astype(object) == value
+    return ok[mask]
+
+
+def claim_text(h: dict) -> str:
+    """``a lower than b``, ``a not lower than b by more than 0.02``: the claim in words."""
+    words = h["a_is"].replace("_", " ")
+    if h["a_is"].startswith("not_"):
+        return f"a {words} than b by more than {h['margin']:g}"
+    return f"a {words} than b" + (f" by more than {h['margin']:g}" if h["margin"] else "")
+
+
+def side_text(side: dict) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in side.items())
+
+
+def _seeds(rows: pd.DataFrame) -> pd.Series:
+    return pd.to_numeric(rows.get("config.seed", pd.Series(np.nan, index=rows.index)), errors="coerce")
+
+
+def one_test(h: dict, a_rows: pd.DataFrame, b_rows: pd.DataFrame) -> dict:
+    """One hypothesis on its two sides' runs: the numbers of a row of ``evaluate`` before the adjustment."""
+    from scipy import stats
+    m = h["metric"]
+    out: dict[str, Any] = {"n_a": 0, "n_b": 0, "mean_a": np.nan, "std_a": np.nan, "mean_b": np.nan,
+                           "std_b": np.nan, "diff": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p": np.nan}
+    if m not in a_rows or m not in b_rows:
+        return out
+    a = a_rows.assign(_seed=_seeds(a_rows), _v=pd.to_numeric(a_rows[m], errors="coerce"))
+    b = b_rows.assign(_seed=_seeds(b_rows), _v=pd.to_numeric(b_rows[m], errors="coerce"))
+    a, b = a[np.isfinite(a["_v"])], b[np.isfinite(b["_v"])]
+    if h["paired"]:   # the seeds both sides ran, once each (a seed run twice is not a pair)
+        a, b = (x.drop_duplicates("_seed", keep=False).dropna(subset=["_seed"]) for x in (a, b))
+        both = a.merge(b, on="_seed", suffixes=("_a", "_b"))
+        x, y = both["_v_a"].to_numpy(float), both["_v_b"].to_numpy(float)
+    else:
+        x, y = a["_v"].to_numpy(float), b["_v"].to_numpy(float)
+    out.update(n_a=len(x), n_b=len(y))
+    if len(x):
+        out.update(mean_a=float(x.mean()), std_a=float(x.std(ddof=1)) if len(x) > 1 else np.nan)
+    if len(y):
+        out.update(mean_b=float(y.mean()), std_b=float(y.std(ddof=1)) if len(y) > 1 else np.nan)
+    if len(x) < MIN_RUNS or len(y) < MIN_RUNS:
+        return out
+    sign, alternative = _TEST[h["a_is"]]
+    shift = sign * h["margin"]
+    if h["paired"]:
+        res = stats.ttest_rel(x + shift, y, alternative=alternative)
+        ci = stats.ttest_rel(x, y).confidence_interval(LEVEL)
+        diff = float((x - y).mean())
+    else:
+        res = stats.ttest_ind(x + shift, y, equal_var=False, alternative=alternative)
+        ci = stats.ttest_ind(x, y, equal_var=False).confidence_interval(LEVEL)
+        diff = float(x.mean() - y.mean())
+    out.update(diff=diff, ci_low=float(ci.low), ci_high=float(ci.high), p=float(res.pvalue))
+    return out
+
+
+def adjust(p: np.ndarray, correction: str) -> np.ndarray:
+    """The family's adjusted p-values; every member counts (an untested one enters with p = 1)."""
+    p = np.where(np.isfinite(p), p, 1.0)
+    if correction == "bonferroni":
+        return np.minimum(1.0, p * len(p))
+    return holm(p)
+
+
+def evaluate(trials: pd.DataFrame, hypotheses: dict) -> pd.DataFrame:
+    """One row per hypothesis (``COLUMNS``), tested on the ``ok`` runs of ``trials`` (every role: a
+    configuration's search and confirmation runs, the λ = 0 baseline's)."""
+    ok = trials[trials["status"] == "ok"] if "status" in trials else trials
+    rows = []
+    for h in hypotheses["tests"]:
+        a_rows, b_rows = side_rows(ok, h["a"]), side_rows(ok, h["b"])
+        row = {"name": h["name"], "metric": h["metric"], "claim": claim_text(h), "a": side_text(h["a"]),
+               "b": side_text(h["b"]), "paired": h["paired"], **one_test(h, a_rows, b_rows)}
+        # one configuration a side: two (a resumed search that changed a key the side does not name) would
+        # pool runs that are not replicates of each other
+        for side, r in (("a", a_rows), ("b", b_rows)):
+            if "config_id" in r and r["config_id"].nunique() > 1:
+                row["p"] = np.nan
+                row["verdict"] = f"{side} matches {r['config_id'].nunique()} configurations"
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("p_adjusted", "verdict")] + ["verdict"])
+    table["verdict"] = table["verdict"].astype(object)
+    p_adj = adjust(table["p"].to_numpy(float), hypotheses["correction"])
+    table.insert(len(table.columns) - 1, "p_adjusted", p_adj)
+    alpha = hypotheses["alpha"]
+    for i, row in table.iterrows():
+        if isinstance(row["verdict"], str) and row["verdict"]:
+            continue
+        n = min(row["n_a"], row["n_b"])
+        if n < MIN_RUNS:
+            kind = "seeds both sides ran" if row["paired"] else "runs on one side"
+            table.at[i, "verdict"] = f"not tested: {n} {kind} (needs {MIN_RUNS})"
+        elif not np.isfinite(row["p"]):
+            table.at[i, "verdict"] = "not tested: the runs do not vary"
+        else:
+            table.at[i, "verdict"] = "holds" if row["p_adjusted"] <= alpha else "not shown"
+    return table[list(COLUMNS)]
+
+
+def summary_text(table: pd.DataFrame, hypotheses: dict) -> str:
+    """The sentence the report's summary opens with: each hypothesis's verdict, and the family's test."""
+    held = table[table["verdict"] == "holds"]["name"].tolist()
+    m = len(table)
+    family = f"{hypotheses['correction'].capitalize()} over {m} at α {hypotheses['alpha']:g}"
+    each = "; ".join(f"{r['name']} {r['verdict']}" for _, r in table.iterrows())
+    return (f"The space wrote down {m} hypothes{'es' if m != 1 else 'is'} before the run ({family}): {each}. "
+            f"{len(held)} of {m} hold{'s' if len(held) == 1 and m == 1 else ''}.")

@@ -1,0 +1,224 @@
+"""Hypotheses written into a space before its run: the parser's checks, the tests on the trials
+(``analysis/hypotheses.py``) against Welch's and the paired t computed by hand, the family's correction, the
+report's section, and ``--resume`` refusing a changed family."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import t as student
+
+from cem_bench.analysis.hypotheses import evaluate, read_hypotheses
+from cem_bench.analysis.report import build_report
+from cem_bench.errors import SpaceError
+from cem_bench.spaces.parse import parse_space
+
+SPACE = {
+    "name": "hyp",
+    "objectives": [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}],
+    "sampler": {"name": "grid"},
+    "replicates": 4,
+    "fixed": {"data.dataset": "digits"},
+    "params": {"cem.surrogate": {"choice": ["gmm", "attention_centroid"]},
+               "cem.lambd": {"choice": [32], "when": {"cem.surrogate": ["gmm"]}}},
+    "hypotheses": {"correction": "holm", "tests": [
+        {"name": "H1", "metric": "test_acc", "a": {"cem.surrogate": "attention_centroid", "cem.lambd": 16},
+         "b": {"cem.surrogate": "gmm"}, "a_is": "not_lower", "margin": 0.02},
+        {"name": "H2", "metric": "attack_ssim", "a": {"cem.surrogate": "attention_centroid"},
+         "b": {"cem.lambd": 0}, "a_is": "lower"}]},
+}
+
+
+def _space(**change) -> dict:
+    doc = json.loads(json.dumps(SPACE))
+    doc["hypotheses"]["tests"][0].update(change)
+    return doc
+
+
+def _errors(doc) -> str:
+    with pytest.raises(SpaceError) as e:
+        parse_space(doc)
+    return str(e.value)
+
+
+def test_a_space_s_hypotheses_are_parsed_with_each_side_naming_one_cell():
+    spec = parse_space(json.loads(json.dumps(SPACE)))
+    saved = spec.to_dict()["hypotheses"]
+    assert saved["alpha"] == 0.05 and saved["correction"] == "holm"
+    h1, h2 = saved["tests"]
+    assert h1["a"] == {"cem.surrogate": "attention_centroid", "cem.lambd": 16.0} and h1["margin"] == 0.02
+    assert h2["b"] == {"cem.lambd": 0.0} and h2["paired"] is False
+    assert read_hypotheses(saved) == (saved, None)
+    assert parse_space({k: v for k, v in SPACE.items() if k != "hypotheses"}).to_dict()["hypotheses"] is None
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"margn": 0.02}, "hypotheses.tests[0].margn: unknown field (did you mean margin?)"),
+    ({"metric": "attack_sim"}, "unknown metric 'attack_sim' (did you mean attack_ssim?)"),
+    ({"a_is": "smaller"}, "hypotheses.tests[0].a_is: 'smaller'; allowed: lower, higher, not_lower, not_higher"),
+    ({"margin": 0}, "not_lower needs a margin > 0"),
+    ({"margin": -1}, "hypotheses.tests[0].margin: -1 must be a number >= 0"),
+    ({"paired": "yes"}, "hypotheses.tests[0].paired: 'yes' must be true or false"),
+    ({"a": {"seed": 3}}, "hypotheses.tests[0].a.seed: a side is a configuration over all its seeds"),
+    ({"a": {"cem.lamd": 3}}, "hypotheses.tests[0].a.cem.lamd: unknown config key 'cem.lamd' (did you mean cem.lambd?)"),
+    ({"a": {"cem.surrogate": "slot_cross"}}, "hypotheses.tests[0].a: {cem.surrogate: 'slot_cross'} matches no cell"),
+    ({"a": {"data.dataset": "digits"}}, "matches 3 cells"),
+    ({"a": {"cem.surrogate": "gmm", "cem.lambd": 32}}, "hypotheses.tests[0]: a and b name the same configuration"),
+    ({"a": {"cem.surrogate": "gmm", "cem.lambd": 0}}, "matches no cell"),   # λ = 0 runs hold no surrogate
+    ({"name": "H2"}, "'H2' is used twice"),
+])
+def test_a_bad_hypothesis_is_refused_naming_its_field_and_what_is_allowed(change, words):
+    assert words in _errors(_space(**change))
+
+
+def test_hypotheses_need_a_grid_and_three_runs_a_side_and_every_problem_is_listed_at_once():
+    doc = _space(metric="attack_sim")
+    doc.update(sampler={"name": "tpe"}, num_samples=4, replicates=2)
+    doc["params"]["cem.lambd"] = {"choice": [16, 32]}
+    text = _errors(doc)
+    assert "hypotheses: need sampler grid" in text
+    assert "hypotheses: need at least 3 runs a side: give replicates: 3 or more" in text
+    assert "unknown metric 'attack_sim'" in text
+    assert "alpha" in _errors({**SPACE, "hypotheses": {**SPACE["hypotheses"], "alpha": 1.5}})
+
+
+# ------------------------------------------------------------------------------------------------ the tests
+def _trials(a_values, b_values, a_seeds=None, b_seeds=None) -> pd.DataFrame:
+    rows = []
+    for side, values, seeds in (("attention_centroid", a_values, a_seeds), ("gmm", b_values, b_seeds)):
+        for k, v in enumerate(values):
+            rows.append({"trial_id": f"{side}{k}", "status": "ok", "config_id": side, "config.cem.surrogate": side,
+                         "config.cem.lambd": 16.0 if side != "gmm" else 32.0,
+                         "config.seed": (seeds or range(100))[k], "test_acc": v, "attack_ssim": v})
+    rows.append({"trial_id": "bad", "status": "error", "config_id": "gmm", "config.cem.surrogate": "gmm",
+                 "config.cem.lambd": 32.0, "config.seed": 99, "test_acc": -5.0, "attack_ssim": -5.0})
+    return pd.DataFrame(rows)
+
+
+def _family(*tests, correction="holm", alpha=0.05) -> dict:
+    return {"alpha": alpha, "correction": correction, "tests": [
+        {"name": f"H{i + 1}", "metric": "test_acc", "a": {"cem.surrogate": "attention_centroid"},
+         "b": {"cem.surrogate": "gmm", "cem.lambd": 32}, "margin": 0.0, "paired": False, **t}
+        for i, t in enumerate(tests)]}
+
+
+def _welch_by_hand(x, y, shift):
+    """One-sided p that mean(x) - mean(y) + shift > 0, from the Welch statistic and its degrees of freedom."""
+    vx, vy = np.var(x, ddof=1) / len(x), np.var(y, ddof=1) / len(y)
+    dof = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
+    return student.sf((np.mean(x) - np.mean(y) + shift) / np.sqrt(vx + vy), dof), dof
+
+
+def test_each_claim_is_the_one_sided_welch_test_of_the_shifted_difference():
+    rng = np.random.default_rng(3)
+    a, b = 0.90 + 0.03 * rng.standard_normal(12), 0.905 + 0.03 * rng.standard_normal(9)
+    table = evaluate(_trials(a, b), _family({"a_is": "not_lower", "margin": 0.02}, {"a_is": "lower"},
+                                            {"a_is": "higher", "margin": 0.01}, {"a_is": "not_higher", "margin": 0.02},
+                                            correction="bonferroni"))
+    p_nl, dof = _welch_by_hand(a, b, 0.02)            # d > -0.02
+    p_lo = 1 - _welch_by_hand(a, b, 0.0)[0]           # d < 0
+    p_hi = _welch_by_hand(a, b, -0.01)[0]             # d > 0.01
+    p_nh = 1 - _welch_by_hand(a, b, -0.02)[0]         # d < 0.02
+    np.testing.assert_allclose(table["p"], [p_nl, p_lo, p_hi, p_nh], rtol=1e-9)
+    np.testing.assert_allclose(table["p_adjusted"], np.minimum(1, 4 * table["p"]), rtol=1e-12)
+    assert (table["n_a"] == 12).all() and (table["n_b"] == 9).all()   # the errored run is no run
+    half = student.ppf(0.975, dof) * np.sqrt(np.var(a, ddof=1) / 12 + np.var(b, ddof=1) / 9)
+    d = a.mean() - b.mean()
+    np.testing.assert_allclose(table[["diff", "ci_low", "ci_high"]].iloc[0], [d, d - half, d + half], rtol=1e-9)
+    assert table["verdict"].tolist() == ["holds" if q <= 0.05 else "not shown" for q in table["p_adjusted"]]
+
+
+def test_an_equivalence_the_runs_resolve_holds_and_one_they_do_not_is_not_shown():
+    rng = np.random.default_rng(0)
+    b = 0.90 + 0.01 * rng.standard_normal(40)
+    close, far = b.mean() - 0.002 + 0.01 * rng.standard_normal(40), b.mean() - 0.03 + 0.01 * rng.standard_normal(40)
+    claim = {"a_is": "not_lower", "margin": 0.02}
+    assert evaluate(_trials(close, b), _family(claim))["verdict"].tolist() == ["holds"]
+    assert evaluate(_trials(far, b), _family(claim))["verdict"].tolist() == ["not shown"]
+
+
+def test_paired_pairs_the_seeds_both_sides_ran_once():
+    rng = np.random.default_rng(1)
+    seed_effect = rng.standard_normal(12)                      # what a seed does to both sides alike
+    a_seeds, b_seeds = list(range(10)), list(range(2, 12))     # seeds 2..9 are shared
+    a = 0.904 + 0.05 * seed_effect[a_seeds] + 0.002 * rng.standard_normal(10)
+    b = 0.9 + 0.05 * seed_effect[b_seeds] + 0.002 * rng.standard_normal(10)
+    paired = evaluate(_trials(a, b, a_seeds, b_seeds), _family({"a_is": "higher", "paired": True}))
+    x, y = a[2:10], b[0:8]
+    d = x - y
+    p = student.sf(d.mean() / (d.std(ddof=1) / np.sqrt(len(d))), len(d) - 1)
+    assert paired["n_a"].iloc[0] == 8 and paired["n_b"].iloc[0] == 8
+    np.testing.assert_allclose(paired["p"].iloc[0], p, rtol=1e-9)
+    welch = evaluate(_trials(a, b, a_seeds, b_seeds), _family({"a_is": "higher"}))
+    assert paired["verdict"].iloc[0] == "holds" and welch["verdict"].iloc[0] == "not shown"   # the seeds' spread
+
+
+def test_a_hypothesis_without_enough_runs_still_counts_in_the_family():
+    rng = np.random.default_rng(2)
+    b = 0.9 + 0.01 * rng.standard_normal(8)
+    family = _family({"a_is": "lower"}, {"a_is": "lower", "b": {"cem.surrogate": "gmm", "cem.lambd": 64}})
+    table = evaluate(_trials(b - 0.02, b), family)
+    assert table["verdict"].iloc[1] == "not tested: 0 runs on one side (needs 3)"
+    assert np.isnan(table["p"].iloc[1]) and table["p_adjusted"].iloc[1] == 1.0
+    # Holm over 2 with the untested member at p = 1: the tested one's p is doubled, not kept
+    np.testing.assert_allclose(table["p_adjusted"].iloc[0], min(1.0, 2 * table["p"].iloc[0]))
+
+
+@pytest.mark.parametrize("saved, words", [
+    ([1], "not a mapping"),
+    ({"alpha": 0.05, "correction": "none", "tests": []}, "correction 'none'"),
+    ({"alpha": 0.05, "correction": "holm", "tests": [{"name": "H1"}]}, "tests[0] lacks"),
+])
+def test_a_damaged_saved_family_is_named_not_tested(saved, words):
+    hyp, problem = read_hypotheses(saved)
+    assert hyp is None and words in problem
+
+
+# ------------------------------------------------------------------------------------------------ the report
+def _folder(root: Path, hypotheses) -> Path:
+    rng = np.random.default_rng(4)
+    rows = []
+    for surrogate, lambd, acc, ssim in (("none", 0.0, 0.95, 0.76), ("gmm", 32.0, 0.92, 0.66),
+                                        ("attention_centroid", 16.0, 0.915, 0.59)):
+        for seed in range(6):
+            rows.append({"experiment": "hyp", "trial_id": f"t{len(rows)}", "status": "ok",
+                         "role": "baseline" if lambd == 0 else "search", "config.seed": seed,
+                         "config.cem.surrogate": surrogate, "config.cem.lambd": lambd,
+                         "config.defense.noise_std": 0.05, "test_acc": acc + 0.01 * rng.standard_normal(),
+                         "attack_ssim": ssim + 0.01 * rng.standard_normal(), "wall_s": 1.0})
+    root.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(root / "trials.parquet")
+    spec = parse_space(json.loads(json.dumps(SPACE))).to_dict()
+    spec["hypotheses"] = hypotheses(spec["hypotheses"])
+    (root / "search_space.json").write_text(json.dumps(spec))
+    return root
+
+
+def test_the_report_leads_with_the_space_s_hypotheses(tmp_path):
+    index = build_report(_folder(tmp_path / "r", lambda h: h))
+    html = index.read_text()
+    assert 'id="hypotheses"' in html
+    assert "The space wrote down 2 hypotheses before the run (Holm over 2 at α 0.05)" in html
+    tested = pd.read_csv(index.parent / "hypotheses.csv")
+    assert tested["name"].tolist() == ["H1", "H2"] and (tested["n_a"] == 6).all()
+    # H1: 0.915 vs 0.92 within 0.02 at spread 0.01 over 6 runs; H2: SSIM 0.59 vs the baseline's 0.76
+    assert tested["verdict"].tolist() == ["holds", "holds"]
+
+
+def test_a_report_of_a_damaged_family_says_so_and_tests_nothing(tmp_path):
+    index = build_report(_folder(tmp_path / "r", lambda h: {**h, "correction": "none"}))
+    html = index.read_text()
+    assert 'id="hypotheses"' not in html and "cannot be tested (correction &#39;none&#39;" in html
+    assert not (index.parent / "hypotheses.csv").exists()
+
+
+def test_resume_refuses_a_changed_family():
+    from cem_bench.search.run import space_changes
+    saved = json.loads(json.dumps(parse_space(json.loads(json.dumps(SPACE))).to_dict()))
+    assert space_changes(parse_space(json.loads(json.dumps(SPACE))), saved) == ([], [])
+    refused, _ = space_changes(parse_space(_space(margin=0.05)), saved)
+    assert refused == ["hypotheses"]
