@@ -222,3 +222,15 @@ def test_resume_refuses_a_changed_family():
     assert space_changes(parse_space(json.loads(json.dumps(SPACE))), saved) == ([], [])
     refused, _ = space_changes(parse_space(_space(margin=0.05)), saved)
     assert refused == ["hypotheses"]
+
+
+def test_the_summary_lists_a_few_verdicts_and_counts_many():
+    from cem_bench.analysis.hypotheses import summary_text
+    rng = np.random.default_rng(5)
+    b = 0.9 + 0.01 * rng.standard_normal(8)
+    few = _family({"a_is": "lower"}, {"a_is": "higher"})
+    text = summary_text(evaluate(_trials(b - 0.05, b), few), few)
+    assert text == "The space wrote down 2 hypotheses before the run (Holm over 2 at α 0.05). H1: holds; H2: not shown."
+    many = _family(*[{"a_is": "lower"}] * 3, *[{"a_is": "higher"}] * 3, correction="bonferroni")
+    text = summary_text(evaluate(_trials(b - 0.05, b), many), many)
+    assert text.endswith("(Bonferroni over 6 at α 0.05). 3 of 6 hold: H1, H2, H3 (the table below has each).")

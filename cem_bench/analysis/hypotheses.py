@@ -19,6 +19,7 @@ from ..schema import HYPOTHESIS_CLAIMS as CLAIMS
 from ..schema import HYPOTHESIS_CORRECTIONS as CORRECTIONS
 from .noise import MIN_RUNS, holm
 
+LISTED = 4    # the summary names each verdict up to this many hypotheses, else counts them
 LEVEL = 0.95   # the interval shown beside each test: two-sided, of the difference a - b
 COLUMNS = ("name", "metric", "claim", "a", "b", "paired", "n_a", "n_b", "mean_a", "std_a", "mean_b", "std_b",
            "diff", "ci_low", "ci_high", "p", "p_adjusted", "verdict")
@@ -176,10 +177,13 @@ def evaluate(trials: pd.DataFrame, hypotheses: dict) -> pd.DataFrame:
 
 
 def summary_text(table: pd.DataFrame, hypotheses: dict) -> str:
-    """The sentence the report's summary opens with: each hypothesis's verdict, and the family's test."""
-    held = table[table["verdict"] == "holds"]["name"].tolist()
+    """What the report's summary opens with: the family and its test, then each verdict (with more than
+    ``LISTED`` hypotheses, those that hold), in short sentences like the rest of the summary."""
     m = len(table)
     family = f"{hypotheses['correction'].capitalize()} over {m} at α {hypotheses['alpha']:g}"
-    each = "; ".join(f"{r['name']} {r['verdict']}" for _, r in table.iterrows())
-    return (f"The space wrote down {m} hypothes{'es' if m != 1 else 'is'} before the run ({family}): {each}. "
-            f"{len(held)} of {m} hold{'s' if len(held) == 1 and m == 1 else ''}.")
+    first = f"The space wrote down {m} hypothes{'es' if m != 1 else 'is'} before the run ({family})."
+    if m <= LISTED:
+        return first + " " + "; ".join(f"{r['name']}: {r['verdict']}" for _, r in table.iterrows()) + "."
+    held = table[table["verdict"] == "holds"]["name"].tolist()
+    which = f": {', '.join(held[:LISTED])}{', …' if len(held) > LISTED else ''}" if held else ""
+    return first + f" {len(held)} of {m} hold{which} (the table below has each)."
