@@ -234,3 +234,10 @@ def test_the_summary_lists_a_few_verdicts_and_counts_many():
     many = _family(*[{"a_is": "lower"}] * 3, *[{"a_is": "higher"}] * 3, correction="bonferroni")
     text = summary_text(evaluate(_trials(b - 0.05, b), many), many)
     assert text.endswith("(Bonferroni over 6 at α 0.05). 3 of 6 hold: H1, H2, H3 (the table below has each).")
+
+
+def test_the_search_s_first_line_names_the_family():
+    from cem_bench.search import run
+    line = run.banner(parse_space(json.loads(json.dumps(SPACE))), None)
+    assert line.endswith("objectives test_acc (max), attack_ssim (min), hypotheses H1, H2 (holm at 0.05; the report "
+                         "tests them)")

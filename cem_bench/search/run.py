@@ -554,8 +554,10 @@ def banner(spec, conc: Concurrency | None) -> str:
     ``conc`` None: a resumed experiment, whose restored searcher keeps the limit it started with."""
     at_once = (f"{conc.at_once} at a time ({conc.why})" if conc is not None
                else "as many at a time as the experiment started with (--resume keeps its limit)")
+    tests = (f", hypotheses {', '.join(h.name for h in spec.hypotheses)} ({spec.hypotheses_correction} at "
+             f"{spec.hypotheses_alpha:g}; the report tests them)" if spec.hypotheses else "")
     return (f"cem-bench search: {spec.name}: {plan(spec)}, {at_once}, "
-            f"objectives {', '.join(f'{o.metric} ({o.mode})' for o in spec.objectives)}")
+            f"objectives {', '.join(f'{o.metric} ({o.mode})' for o in spec.objectives)}{tests}")
 
 
 def search_command(args) -> dict:
