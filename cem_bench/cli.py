@@ -235,7 +235,9 @@ def cmd_search(args) -> int:
     else:
         from .analysis.report import build_report
         try:
-            print(f"report: {build_report(exp)}")
+            index = build_report(exp)
+            print(f"report: {index}")
+            print_hypotheses(index)
         except KeyboardInterrupt:   # Ctrl-C or SIGTERM while drawing: the tables are written, the page is not
             print(f"cem-bench: stopped before the report was written; the tables are complete: build it with "
                   f"`cem-bench report {exp}`", file=sys.stderr, flush=True)
@@ -272,7 +274,24 @@ def cmd_report(args) -> int:
         check_out_folder(args.out, "the report", "Nothing was written")
     path = build_report(args.results_dir, args.out)
     print(f"report: {path}")
+    print_hypotheses(path)
     return 0
+
+
+def print_hypotheses(index) -> None:
+    """One line per hypothesis the space wrote down (the report's ``hypotheses.csv``, just written beside
+    ``index``): its claim, the difference, the adjusted p and the verdict, so the terminal gives the answer the
+    run was made for."""
+    import math
+    from pathlib import Path
+    tested = Path(index).parent / "hypotheses.csv"
+    if not tested.is_file():
+        return
+    import pandas as pd
+    for _, r in pd.read_csv(tested).iterrows():
+        diff = "" if not math.isfinite(r["diff"]) else f"; a - b = {r['diff']:.4g} ({r['ci_low']:.4g} to {r['ci_high']:.4g})"
+        adj = "" if not math.isfinite(r["p_adjusted"]) else f", adjusted p {r['p_adjusted']:.2g}"
+        print(f"hypothesis {r['name']}: {r['metric']}, {r['claim']}{diff}{adj}: {r['verdict']}")
 
 
 def cmd_table(args) -> int:

@@ -198,8 +198,13 @@ def _folder(root: Path, hypotheses) -> Path:
     return root
 
 
-def test_the_report_leads_with_the_space_s_hypotheses(tmp_path):
-    index = build_report(_folder(tmp_path / "r", lambda h: h))
+def test_the_report_leads_with_the_space_s_hypotheses(tmp_path, capsys):
+    from cem_bench.cli import main
+    assert main(["report", str(_folder(tmp_path / "r", lambda h: h))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("hypothesis H1: test_acc, a not lower than b by more than 0.02; a - b = ")
+    assert lines[1].endswith(": holds") and lines[2].startswith("hypothesis H2: attack_ssim, a lower than b; ")
+    index = tmp_path / "r" / "report" / "index.html"
     html = index.read_text()
     assert 'id="hypotheses"' in html
     assert "The space wrote down 2 hypotheses before the run (Holm over 2 at α 0.05)" in html
