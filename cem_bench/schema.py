@@ -107,6 +107,7 @@ DEFAULT_UTILITY_TOLERANCE = 0.02
 # trials (analysis/hypotheses.py) read the same words.
 HYPOTHESIS_CLAIMS = ("lower", "higher", "not_lower", "not_higher")
 HYPOTHESIS_CORRECTIONS = ("holm", "bonferroni")
+MAX_HYPOTHESES = 100   # in one family: the parser refuses more, the report reads a saved file no further
 
 # Config keys that say how a trial runs, not what it measures (run on another card, compiled or graphed, its
 # data read from another folder, probed at other epochs). A baseline that differs from its configurations only

@@ -84,6 +84,8 @@ def test_hypotheses_need_a_grid_and_three_runs_a_side_and_every_problem_is_liste
     assert "hypotheses: need at least 3 runs a side: give replicates: 3 or more" in text
     assert "unknown metric 'attack_sim'" in text
     assert "alpha" in _errors({**SPACE, "hypotheses": {**SPACE["hypotheses"], "alpha": 1.5}})
+    many = {**SPACE, "hypotheses": {"tests": SPACE["hypotheses"]["tests"] * 51}}
+    assert "hypotheses.tests: 102 hypotheses; at most 100 in one family" in _errors(many)
 
 
 # ------------------------------------------------------------------------------------------------ the tests
@@ -163,6 +165,8 @@ def test_a_hypothesis_without_enough_runs_still_counts_in_the_family():
     family = _family({"a_is": "lower"}, {"a_is": "lower", "b": {"cem.surrogate": "gmm", "cem.lambd": 64}})
     table = evaluate(_trials(b - 0.02, b), family)
     assert table["verdict"].iloc[1] == "not tested: 0 runs on one side (needs 3)"
+    family["tests"][1]["metric"] = "attack_ssim__rmle"
+    assert evaluate(_trials(b - 0.02, b), family)["verdict"].iloc[1] == "not tested: the trials record no attack_ssim__rmle"
     assert np.isnan(table["p"].iloc[1]) and table["p_adjusted"].iloc[1] == 1.0
     # Holm over 2 with the untested member at p = 1: the tested one's p is doubled, not kept
     np.testing.assert_allclose(table["p_adjusted"].iloc[0], min(1.0, 2 * table["p"].iloc[0]))
@@ -172,6 +176,10 @@ def test_a_hypothesis_without_enough_runs_still_counts_in_the_family():
     ([1], "not a mapping"),
     ({"alpha": 0.05, "correction": "none", "tests": []}, "correction 'none'"),
     ({"alpha": 0.05, "correction": "holm", "tests": [{"name": "H1"}]}, "tests[0] lacks"),
+    ({"alpha": 0.05, "correction": "holm", "tests": [{"name": "H1", "metric": "test_acc", "a_is": "lower",
+                                                      "a": {"cem.lambd": [1, 2]}, "b": {"cem.lambd": 0}}]},
+     "config keys with one value each"),
+    ({"alpha": 0.05, "correction": "holm", "tests": [{}] * 101}, "tests is not a list of 1 to 100"),
 ])
 def test_a_damaged_saved_family_is_named_not_tested(saved, words):
     hyp, problem = read_hypotheses(saved)

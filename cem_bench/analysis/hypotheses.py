@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..schema import HYPOTHESIS_CLAIMS as CLAIMS
 from ..schema import HYPOTHESIS_CORRECTIONS as CORRECTIONS
+from ..schema import MAX_HYPOTHESES as MAX_TESTS
 from .noise import MIN_RUNS, holm
 
 LISTED = 4    # the summary names each verdict up to this many hypotheses, else counts them
@@ -42,8 +43,8 @@ def read_hypotheses(saved: Any) -> tuple[dict | None, str | None]:
         if saved.get("correction") not in CORRECTIONS:
             raise ValueError(f"correction {saved.get('correction')!r} is not one of {', '.join(CORRECTIONS)}")
         tests = saved.get("tests")
-        if not isinstance(tests, list) or not tests:
-            raise ValueError("tests is not a non-empty list")
+        if not isinstance(tests, list) or not tests or len(tests) > MAX_TESTS:
+            raise ValueError(f"tests is not a list of 1 to {MAX_TESTS}")
         out = []
         for i, t in enumerate(tests):
             if not isinstance(t, dict):
@@ -53,15 +54,20 @@ def read_hypotheses(saved: Any) -> tuple[dict | None, str | None]:
                   and t.get("a_is") in CLAIMS and isinstance(t.get("paired", False), bool)
                   and not isinstance(margin, bool) and isinstance(margin, (int, float))
                   and math.isfinite(margin) and margin >= 0
-                  and all(isinstance(t.get(s), dict) and t.get(s) for s in ("a", "b")))
+                  and all(isinstance(t.get(s), dict) and t.get(s) and all(
+                      isinstance(k, str) and _scalar(v) for k, v in t[s].items()) for s in ("a", "b")))
             if not ok:
-                raise ValueError(f"tests[{i}] lacks a name, metric, a, b, a_is (one of {', '.join(CLAIMS)}) or a "
-                                 f"margin >= 0")
+                raise ValueError(f"tests[{i}] lacks a name, metric, a and b (config keys with one value each), "
+                                 f"a_is (one of {', '.join(CLAIMS)}) or a margin >= 0")
             out.append({"name": t["name"], "metric": t["metric"], "a": dict(t["a"]), "b": dict(t["b"]),
                         "a_is": t["a_is"], "margin": float(margin), "paired": t.get("paired", False)})
         return {"alpha": float(alpha), "correction": saved["correction"], "tests": out}, None
     except ValueError as e:
         return None, f"the saved space's hypotheses cannot be tested ({e})"
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (str, bool)) or (isinstance(v, (int, float)) and math.isfinite(v))
 
 
 def side_rows(ok: pd.DataFrame, side: dict) -> pd.DataFrame:
@@ -150,6 +156,8 @@ def evaluate(trials: pd.DataFrame, hypotheses: dict) -> pd.DataFrame:
         a_rows, b_rows = side_rows(ok, h["a"]), side_rows(ok, h["b"])
         row = {"name": h["name"], "metric": h["metric"], "claim": claim_text(h), "a": side_text(h["a"]),
                "b": side_text(h["b"]), "paired": h["paired"], **one_test(h, a_rows, b_rows)}
+        if h["metric"] not in ok:
+            row["verdict"] = f"not tested: the trials record no {h['metric']}"
         # one configuration a side: two (a resumed search that changed a key the side does not name) would
         # pool runs that are not replicates of each other
         for side, r in (("a", a_rows), ("b", b_rows)):

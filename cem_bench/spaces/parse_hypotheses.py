@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from ..analysis.noise import MIN_RUNS
+from ..schema import MAX_HYPOTHESES as MAX_TESTS
 from .parse_params import as_number, fmt_value
 from .spec import (
     CLAIMS,
@@ -62,6 +63,10 @@ class HypothesisStages:
         if not isinstance(tests, list) or not tests:
             self.err("hypotheses.tests", f"expected a non-empty list of {{name, metric, a, b, a_is, margin}}, "
                      f"got {fmt_value(tests)}")
+            return (), alpha, correction
+        if len(tests) > MAX_TESTS:
+            self.err("hypotheses.tests", f"{len(tests)} hypotheses; at most {MAX_TESTS} in one family (a family "
+                     f"that large tests each at alpha / {len(tests)}: split the question into runs of their own)")
             return (), alpha, correction
         if not grid:
             self.err("hypotheses", "need sampler grid: each side must be a configuration fixed before the run "
