@@ -237,7 +237,7 @@ def cmd_search(args) -> int:
         try:
             index = build_report(exp)
             print(f"report: {index}")
-            print_hypotheses(index)
+            print_hypotheses(index, exp)
         except KeyboardInterrupt:   # Ctrl-C or SIGTERM while drawing: the tables are written, the page is not
             print(f"cem-bench: stopped before the report was written; the tables are complete: build it with "
                   f"`cem-bench report {exp}`", file=sys.stderr, flush=True)
@@ -274,20 +274,29 @@ def cmd_report(args) -> int:
         check_out_folder(args.out, "the report", "Nothing was written")
     path = build_report(args.results_dir, args.out)
     print(f"report: {path}")
-    print_hypotheses(path)
+    from .storage import is_uri
+    print_hypotheses(path, os.path.join(args.out, "source") if is_uri(args.results_dir) else args.results_dir)
     return 0
 
 
-def print_hypotheses(index) -> None:
+def print_hypotheses(index, results_dir) -> None:
     """One line per hypothesis the space wrote down (the report's ``hypotheses.csv``, just written beside
     ``index``): its claim, the difference, the adjusted p and the verdict, so the terminal gives the answer the
-    run was made for."""
-    import math
+    run was made for; or why the saved family cannot be tested."""
     from pathlib import Path
+
+    import pandas as pd
+
+    from .analysis.report.load import read_space_hypotheses
+    try:
+        _, problem = read_space_hypotheses(Path(results_dir))
+    except Exception as e:  # noqa: BLE001 - the page was built; a damaged search_space.json is named there
+        problem = f"the saved space could not be read ({type(e).__name__})"
+    if problem:
+        print(f"hypotheses: {problem}")
     tested = Path(index).parent / "hypotheses.csv"
     if not tested.is_file():
         return
-    import pandas as pd
     for _, r in pd.read_csv(tested).iterrows():
         diff = "" if not math.isfinite(r["diff"]) else f"; a - b = {r['diff']:.4g} ({r['ci_low']:.4g} to {r['ci_high']:.4g})"
         adj = "" if not math.isfinite(r["p_adjusted"]) else f", adjusted p {r['p_adjusted']:.2g}"

@@ -13,7 +13,6 @@ import pytest
 from scipy.stats import t as student
 
 from cem_bench.analysis.hypotheses import evaluate, read_hypotheses
-from cem_bench.analysis.report import build_report
 from cem_bench.errors import SpaceError
 from cem_bench.spaces.parse import parse_space
 
@@ -70,6 +69,9 @@ def test_a_space_s_hypotheses_are_parsed_with_each_side_naming_one_cell():
     ({"a": {"cem.surrogate": "gmm", "cem.lambd": 32}}, "hypotheses.tests[0]: a and b name the same configuration"),
     ({"a": {"cem.surrogate": "gmm", "cem.lambd": 0}}, "matches no cell"),   # λ = 0 runs hold no surrogate
     ({"name": "H2"}, "'H2' is used twice"),
+    ({"a": {"cem.surrogate": "attention_centroid", "cem.warmup_epochs": None}}, "not an empty one"),
+    # a key whose default each surrogate resolves: named only where the space fixes or searches it
+    ({"a": {"cem.surrogate": "attention_centroid", "cem.warmup_epochs": 1}}, "default each surrogate sets, only where"),
 ])
 def test_a_bad_hypothesis_is_refused_naming_its_field_and_what_is_allowed(change, words):
     assert words in _errors(_space(**change))
@@ -172,6 +174,32 @@ def test_a_hypothesis_without_enough_runs_still_counts_in_the_family():
     np.testing.assert_allclose(table["p_adjusted"].iloc[0], min(1.0, 2 * table["p"].iloc[0]))
 
 
+def test_each_seed_is_one_run_and_only_the_planned_runs_count():
+    """A λ = 0 cell per surrogate (one configuration, each seed run twice), a confirmation's runs and an ok run
+    without the metric: the λ = 0 side has one value per seed, the confirmation is left out, the gap is said."""
+    rng = np.random.default_rng(6)
+    rows = []
+    for seed in range(5):
+        base = 0.76 + 0.01 * rng.standard_normal()
+        for _twin in ("gmm", "attention_centroid"):    # two grid cells that are the same λ = 0 configuration
+            rows.append({"status": "ok", "role": "search", "config_id": "zero", "config.cem.surrogate": "none",
+                         "config.cem.lambd": 0.0, "config.seed": seed, "attack_ssim": base})
+        rows.append({"status": "ok", "role": "search", "config_id": "gmm", "config.cem.surrogate": "gmm",
+                     "config.cem.lambd": 16.0, "config.seed": seed,
+                     "attack_ssim": np.nan if seed == 4 else base - 0.05 + 0.002 * rng.standard_normal()})
+    for seed in (5, 6, 7):   # the confirmation re-ran gmm: not part of the plan
+        rows.append({"status": "ok", "role": "confirm", "config_id": "gmm", "config.cem.surrogate": "gmm",
+                     "config.cem.lambd": 16.0, "config.seed": seed, "attack_ssim": 5.0})
+    family = {"alpha": 0.05, "correction": "holm", "tests": [
+        {"name": "H1", "metric": "attack_ssim", "a": {"cem.surrogate": "gmm"}, "b": {"cem.lambd": 0},
+         "a_is": "lower", "margin": 0.0, "paired": paired} for paired in (False, True)]}
+    family["tests"][1]["name"] = "H2"
+    table = evaluate(pd.DataFrame(rows), family)
+    assert table["n_a"].tolist() == [4, 4] and table["n_b"].tolist() == [5, 4]
+    assert table["mean_a"].iloc[0] < 0.8 and (table["left_out"] == 1).all()
+    assert table["verdict"].tolist() == ["holds (1 ok run without attack_ssim left out)"] * 2
+
+
 @pytest.mark.parametrize("saved, words", [
     ([1], "not a mapping"),
     ({"alpha": 0.05, "correction": "none", "tests": []}, "correction 'none'"),
@@ -222,11 +250,20 @@ def test_the_report_leads_with_the_space_s_hypotheses(tmp_path, capsys):
     assert tested["verdict"].tolist() == ["holds", "holds"]
 
 
-def test_a_report_of_a_damaged_family_says_so_and_tests_nothing(tmp_path):
-    index = build_report(_folder(tmp_path / "r", lambda h: {**h, "correction": "none"}))
-    html = index.read_text()
+def test_a_report_of_a_damaged_family_says_so_and_tests_nothing(tmp_path, capsys):
+    from cem_bench.cli import main
+    folder = _folder(tmp_path / "r", lambda h: h)
+    assert main(["report", str(folder)]) == 0 and "hypothesis H1" in capsys.readouterr().out
+    spec = json.loads((folder / "search_space.json").read_text())
+    spec["hypotheses"]["correction"] = "none"     # edited by hand after the first report
+    (folder / "search_space.json").write_text(json.dumps(spec))
+    assert main(["report", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "hypotheses: the saved space's hypotheses cannot be tested (correction 'none'" in out
+    assert "hypothesis H1" not in out               # the first report's verdicts are not printed again
+    html = (folder / "report" / "index.html").read_text()
     assert 'id="hypotheses"' not in html and "cannot be tested (correction &#39;none&#39;" in html
-    assert not (index.parent / "hypotheses.csv").exists()
+    assert pd.read_csv(folder / "report" / "hypotheses.csv").empty
 
 
 def test_resume_refuses_a_changed_family():

@@ -4,7 +4,9 @@
 a problem named, never a crash); ``evaluate`` tests each on the ok runs of its two configurations: Welch's t
 (or the paired t over the seeds both sides ran, ``paired: true``) of ``a - b`` shifted by the margin, one-sided
 in the claimed direction, the family's p-values adjusted together (Holm or Bonferroni) and judged at its alpha.
-A hypothesis without ``MIN_RUNS`` runs a side stays in the family with p = 1: it was planned, so it counts.
+A hypothesis without ``MIN_RUNS`` runs a side stays in the family with p = 1: it was planned, so it counts. The
+interval shown beside each test is the two-sided 95 % interval of the difference, not adjusted; the verdict is
+the adjusted one-sided p's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .noise import MIN_RUNS, holm
 
 LISTED = 4    # the summary names each verdict up to this many hypotheses, else counts them
 LEVEL = 0.95   # the interval shown beside each test: two-sided, of the difference a - b
-COLUMNS = ("name", "metric", "claim", "a", "b", "paired", "n_a", "n_b", "mean_a", "std_a", "mean_b", "std_b",
+COLUMNS = ("name", "metric", "claim", "a", "b", "paired", "n_a", "n_b", "left_out", "mean_a", "std_a", "mean_b", "std_b",
            "diff", "ci_low", "ci_high", "p", "p_adjusted", "verdict")
 # the claim's one-sided test of d = a - b: H1 is d < -margin, d > margin, d > -margin or d < margin. Shifting a
 # by `sign * margin` and testing the shifted difference against 0 in `alternative` is that test.
@@ -101,20 +103,31 @@ def _seeds(rows: pd.DataFrame) -> pd.Series:
     return pd.to_numeric(rows.get("config.seed", pd.Series(np.nan, index=rows.index)), errors="coerce")
 
 
+def per_seed(rows: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, int]:
+    """(one row per run with ``_seed`` and ``_v``, runs left out): a side's values, one per seed. A seed run
+    more than once within one configuration (the λ = 0 cell of each surrogate in a grid that does not condition
+    the surrogate on λ, or a baseline beside a λ = 0 cell: the same configuration, the same seed) is one run,
+    its mean; counting it twice would count one measurement as two. Runs without a seed stay as they are; ok
+    runs without a value (an attack the utility gate skipped at chance accuracy) are counted as left out."""
+    v = pd.to_numeric(rows[metric], errors="coerce") if metric in rows else pd.Series(np.nan, index=rows.index)
+    frame = pd.DataFrame({"_seed": _seeds(rows), "_v": v})
+    left_out = int((~np.isfinite(frame["_v"])).sum())
+    frame = frame[np.isfinite(frame["_v"])]
+    seeded = frame.dropna(subset=["_seed"]).groupby("_seed", as_index=False)["_v"].mean()
+    return pd.concat([seeded, frame[frame["_seed"].isna()]], ignore_index=True), left_out
+
+
 def one_test(h: dict, a_rows: pd.DataFrame, b_rows: pd.DataFrame) -> dict:
     """One hypothesis on its two sides' runs: the numbers of a row of ``evaluate`` before the adjustment."""
     from scipy import stats
     m = h["metric"]
-    out: dict[str, Any] = {"n_a": 0, "n_b": 0, "mean_a": np.nan, "std_a": np.nan, "mean_b": np.nan,
-                           "std_b": np.nan, "diff": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p": np.nan}
-    if m not in a_rows or m not in b_rows:
-        return out
-    a = a_rows.assign(_seed=_seeds(a_rows), _v=pd.to_numeric(a_rows[m], errors="coerce"))
-    b = b_rows.assign(_seed=_seeds(b_rows), _v=pd.to_numeric(b_rows[m], errors="coerce"))
-    a, b = a[np.isfinite(a["_v"])], b[np.isfinite(b["_v"])]
-    if h["paired"]:   # the seeds both sides ran, once each (a seed run twice is not a pair)
-        a, b = (x.drop_duplicates("_seed", keep=False).dropna(subset=["_seed"]) for x in (a, b))
-        both = a.merge(b, on="_seed", suffixes=("_a", "_b"))
+    out: dict[str, Any] = {"n_a": 0, "n_b": 0, "left_out": 0, "mean_a": np.nan, "std_a": np.nan,
+                           "mean_b": np.nan, "std_b": np.nan, "diff": np.nan, "ci_low": np.nan, "ci_high": np.nan,
+                           "p": np.nan}
+    (a, gone_a), (b, gone_b) = per_seed(a_rows, m), per_seed(b_rows, m)
+    out["left_out"] = gone_a + gone_b
+    if h["paired"]:   # the seeds both sides ran
+        both = a.dropna(subset=["_seed"]).merge(b.dropna(subset=["_seed"]), on="_seed", suffixes=("_a", "_b"))
         x, y = both["_v_a"].to_numpy(float), both["_v_b"].to_numpy(float)
     else:
         x, y = a["_v"].to_numpy(float), b["_v"].to_numpy(float)
@@ -147,10 +160,16 @@ def adjust(p: np.ndarray, correction: str) -> np.ndarray:
     return holm(p)
 
 
+PLANNED_ROLES = ("search", "baseline")
+
+
 def evaluate(trials: pd.DataFrame, hypotheses: dict) -> pd.DataFrame:
-    """One row per hypothesis (``COLUMNS``), tested on the ``ok`` runs of ``trials`` (every role: a
-    configuration's search and confirmation runs, the λ = 0 baseline's)."""
+    """One row per hypothesis (``COLUMNS``), tested on the ``ok`` runs of ``trials`` that the plan fixed before
+    the run: the grid's and the λ = 0 baseline's. The confirmation's runs are left out: which configurations get
+    them depends on the results, so counting them would let the results choose a side's number of runs."""
     ok = trials[trials["status"] == "ok"] if "status" in trials else trials
+    if "role" in ok:
+        ok = ok[ok["role"].isin(PLANNED_ROLES) | ok["role"].isna()]
     rows = []
     for h in hypotheses["tests"]:
         a_rows, b_rows = side_rows(ok, h["a"]), side_rows(ok, h["b"])
@@ -181,6 +200,9 @@ def evaluate(trials: pd.DataFrame, hypotheses: dict) -> pd.DataFrame:
             table.at[i, "verdict"] = "not tested: the runs do not vary"
         else:
             table.at[i, "verdict"] = "holds" if row["p_adjusted"] <= alpha else "not shown"
+        if row["left_out"]:
+            table.at[i, "verdict"] += (f" ({row['left_out']} ok run{'s' * (row['left_out'] != 1)} without "
+                                       f"{row['metric']} left out)")
     return table[list(COLUMNS)]
 
 
@@ -192,6 +214,6 @@ def summary_text(table: pd.DataFrame, hypotheses: dict) -> str:
     first = f"The space wrote down {m} hypothes{'es' if m != 1 else 'is'} before the run ({family})."
     if m <= LISTED:
         return first + " " + "; ".join(f"{r['name']}: {r['verdict']}" for _, r in table.iterrows()) + "."
-    held = table[table["verdict"] == "holds"]["name"].tolist()
+    held = table[table["verdict"].str.startswith("holds")]["name"].tolist()
     which = f": {', '.join(held[:LISTED])}{', …' if len(held) > LISTED else ''}" if held else ""
     return first + f" {len(held)} of {m} hold{which} (the table below has each)."

@@ -1,6 +1,6 @@
 """The ``hypotheses:`` stage of the search-space validator (``parse._Parser`` mixes it in).
 
-A space may write down, before its run, the comparisons it was run to decide (docs/search-spaces.md §7,
+A space may write down, before its run, the comparisons it was run to decide (docs/search-spaces.md §8a,
 docs/protocol.md §9 "Hypotheses"): each names two cells of the grid (``a`` and ``b``, by their config keys),
 a metric, what ``a`` is claimed to be against ``b`` and a margin. The report tests exactly these, as one family
 with the stated correction, so a finding the space planned is not one picked from many after the run.
@@ -148,7 +148,10 @@ class HypothesisStages:
                 self.err(f"{where}.{key}", f"{fmt_value(v)}: one value, as a cell holds it")
                 continue
             ok, cv = self.coerce(f"{where}.{key}", key, v)
-            if ok:
+            if ok and cv is None:
+                self.err(f"{where}.{key}", "a side names the value its runs hold, not an empty one (the runs record "
+                         "the value each surrogate resolves; fix or search the key to name it)")
+            elif ok:
                 out[key] = cv
         return out
 
@@ -174,22 +177,26 @@ class HypothesisStages:
                 shown = "; ".join(_cell_text(c, fixed) for c in unique[:12]) + ("; ..." if len(unique) > 12 else "")
                 what = "no cell" if not matches else f"{len(matches)} cells"
                 self.err(where, f"{_side_text(getattr(h, side))} matches {what}; it must name exactly one "
-                         f"configuration of the run (its cells: {shown})")
+                         f"configuration of the run (its cells: {shown}). A key the space neither fixes nor "
+                         f"searches counts at its default in `cem-bench keys`; a surrogate's own key, or one whose "
+                         f"default each surrogate sets, only where the space fixes or searches it")
             if len(found) == 2 and found["a"] == found["b"]:
                 self.err(f"hypotheses.tests[{i}]", "a and b name the same configuration")
 
     def side_matches(self, side: dict, cell: dict) -> bool:
         """Every key of the side holds its value in the cell: set by the cell (the grid, ``fixed``), or a core
-        key's default; a plug-in's key the cell does not set has its surrogate's own default, which the side
-        must then name through the cell (``fixed`` or a searched value)."""
+        key's plain default. A plug-in's key the cell does not set has its surrogate's own default, and a core key
+        whose default is empty (``cem.warmup_epochs``, ``cem.grad_mode``, ...) the value each surrogate resolves:
+        neither is known here without building the trial, so the side can name them only through the cell
+        (``fixed`` or a searched value)."""
         for key, value in side.items():
             if key in cell:
                 have = cell[key]
             elif key.startswith("cem.") and cell.get("cem.lambd") == 0:
                 return False            # the λ = 0 runs hold no CEM key but λ
-            elif not self.specs[key].owners:
+            elif not self.specs[key].owners and self.specs[key].default is not None:
                 have = self.specs[key].default
-            else:
+            else:   # a surrogate's own key, or one whose default each surrogate sets (empty in the key table)
                 return False
             if not _same(have, value):
                 return False

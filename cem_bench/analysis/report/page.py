@@ -13,6 +13,7 @@ import jinja2
 import matplotlib
 import pandas as pd
 
+from cem_bench.analysis.hypotheses import COLUMNS as HYPOTHESIS_COLUMNS
 from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
 from cem_bench.analysis.hypotheses import summary_text as hypotheses_summary
 from cem_bench.errors import ResultsError
@@ -267,11 +268,12 @@ def _draw(res: Results, out_dir: Path) -> None:
     skipped = res.skipped
     summary = summary_sentence(res)
     hypotheses = None
+    tested = pd.DataFrame(columns=list(HYPOTHESIS_COLUMNS))   # written even when empty: replaces an earlier one
     if res.hypotheses:   # what the space planned leads the page; the summary's picks after the run follow
         tested = evaluate_hypotheses(res.trials, res.hypotheses)
-        tested.to_csv(out_dir / "hypotheses.csv", index=False)
         summary = hypotheses_summary(tested, res.hypotheses) + " " + summary
         hypotheses = hypotheses_html(tested)
+    tested.to_csv(out_dir / "hypotheses.csv", index=False)
 
     page = _ENV.get_template("index.html.j2").render(
         experiment=res.experiment,

@@ -70,15 +70,17 @@ def hypotheses_html(table: pd.DataFrame) -> str:
         return f"{format_value(r['mean_' + s], r['metric'])} ± {format_value(r['std_' + s], r['metric'])} " \
                f"({int(r['n_' + s])} run{'s' * (r['n_' + s] != 1)})"
 
+    def diff(r):
+        m = r["metric"]
+        return f"{format_value(r['diff'], m)} ({format_value(r['ci_low'], m)} to {format_value(r['ci_high'], m)})"
+
+    rows = [r for _, r in table.iterrows()]
     shown = pd.DataFrame({
         "hypothesis": table["name"],
-        "claim": [f"{r['metric']}: {r['claim']}" + (" (paired by seed)" if r["paired"] else "")
-                  for _, r in table.iterrows()],
+        "claim": [f"{r['metric']}: {r['claim']}" + (" (paired by seed)" if r["paired"] else "") for r in rows],
         "a": table["a"], "b": table["b"],
-        "a: mean ± std": [side(r, "a") for _, r in table.iterrows()],
-        "b: mean ± std": [side(r, "b") for _, r in table.iterrows()],
-        "a − b (95 % interval)": [f"{format_value(r['diff'], r['metric'])} ({format_value(r['ci_low'], r['metric'])} "
-                                  f"to {format_value(r['ci_high'], r['metric'])})" for _, r in table.iterrows()],
+        "a: mean ± std": [side(r, "a") for r in rows], "b: mean ± std": [side(r, "b") for r in rows],
+        "a − b (95 % interval, two-sided, not adjusted)": [diff(r) for r in rows],
         "p (one-sided)": table["p"], "adjusted p": table["p_adjusted"], "verdict": table["verdict"]})
     return html_table(shown, list(shown.columns), classes=["hypotheses"])
 
