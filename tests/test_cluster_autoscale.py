@@ -61,8 +61,9 @@ FAKE_HEAD_TYPE = "ray.head.default"   # the fake provider tags its head with thi
 # What the spaces' comments and docs/cluster.md claim about a g5.xlarge worker of cluster.yaml (4 vCPU, 1 GPU):
 # {cpu: 1, gpu: 0.25}: "4 trials per GPU" (gmm.yaml, slot_cross.yaml, ...; docs/cluster.md: "32 fills the 8
 # workers at 4 trials each"); {cpu: 2, gpu: 0.5}: "2 trials per GPU ... holds 2 by its CPUs as by its GPU"
-# (cifar10_paper.yaml); {cpu: 1, gpu: 0}: CPU only, 4 by the worker's 4 CPUs (docs/cluster.md).
-CLAIMED_PER_WORKER = {(1.0, 0.25): 4, (2.0, 0.5): 2, (1.0, 0.0): 4}
+# (cifar10_paper.yaml); {cpu: 1, gpu: 0}: CPU only, 4 by the worker's 4 CPUs (docs/cluster.md); {cpu: 2, gpu: 0}
+# (threads_digits.yaml, 2 torch threads a trial): 2 by its CPUs.
+CLAIMED_PER_WORKER = {(1.0, 0.25): 4, (2.0, 0.5): 2, (1.0, 0.0): 4, (2.0, 0.0): 2}
 
 # the tiny trial of test_search at its smallest: these tests are about where trials run, not what they compute
 FIXED = {"data.train_size": 128, "data.test_size": 64, "train.epochs": 2, "attack.rmle_iterations": 5}
