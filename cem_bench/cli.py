@@ -233,8 +233,8 @@ def cmd_search(args) -> int:
     if is_uri(exp):
         print(f"report: `cem-bench report {exp} --out results/{done['name']}/report` (reads the storage)")
     else:
-        from .analysis.report import build_report
-        try:
+        try:   # the import too: a report that cannot even load (code upgraded under a long search) loses nothing
+            from .analysis.report import build_report
             index = build_report(exp)
             print(f"report: {index}")
             print_hypotheses(index, exp)
