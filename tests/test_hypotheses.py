@@ -292,17 +292,3 @@ def test_the_search_s_first_line_names_the_family():
     assert line.endswith("objectives test_acc (max), attack_ssim (min), hypotheses H1, H2 (holm at 0.05; the report "
                          "tests them)")
 
-
-def test_a_search_whose_report_cannot_even_import_says_how_to_build_it(tmp_path, monkeypatch, capsys):
-    """Code upgraded under a long search: the tables are written, the report module no longer imports; the
-    driver says how to build the report instead of ending in a traceback."""
-    import sys
-    from types import SimpleNamespace
-
-    from cem_bench import cli, search
-    done = {"experiment": str(tmp_path), "name": "x", "stats": {}, "ok": 2, "error": 0, "seconds": 1.0}
-    monkeypatch.setattr(search, "search_command", lambda args: done)
-    monkeypatch.setitem(sys.modules, "cem_bench.analysis.report", None)   # `import` raises ImportError
-    assert cli.cmd_search(SimpleNamespace(storage=str(tmp_path))) == 0
-    err = capsys.readouterr().err
-    assert "the report could not be built (ModuleNotFoundError: " in err and f"`cem-bench report {tmp_path}`" in err
