@@ -13,6 +13,7 @@ import pytest
 from scipy.stats import t as student
 
 from cem_bench.analysis.hypotheses import evaluate, read_hypotheses
+from cem_bench.analysis.report import build_report
 from cem_bench.errors import SpaceError
 from cem_bench.spaces.parse import parse_space
 
@@ -248,6 +249,16 @@ def test_the_report_leads_with_the_space_s_hypotheses(tmp_path, capsys):
     assert tested["name"].tolist() == ["H1", "H2"] and (tested["n_a"] == 6).all()
     # H1: 0.915 vs 0.92 within 0.02 at spread 0.01 over 6 runs; H2: SSIM 0.59 vs the baseline's 0.76
     assert tested["verdict"].tolist() == ["holds", "holds"]
+
+
+
+def test_without_a_baseline_the_summary_does_not_deny_what_a_hypothesis_found(tmp_path):
+    folder = _folder(tmp_path / "r", lambda h: {**h, "tests": h["tests"][:1]})
+    trials = pd.read_parquet(folder / "trials.parquet")
+    trials[trials["config.cem.lambd"] > 0].to_parquet(folder / "trials.parquet")    # no λ = 0 runs
+    html = build_report(folder).read_text()
+    assert "H1: holds. No λ=0 baseline ran, so there is no noise floor and no reference accuracy: beyond the " \
+           "space&#39;s hypotheses, this report claims no difference between configurations." in html
 
 
 def test_a_report_of_a_damaged_family_says_so_and_tests_nothing(tmp_path, capsys):

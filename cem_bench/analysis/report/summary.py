@@ -200,13 +200,15 @@ def summary_sentence(res: Results) -> str:
     um, pm = u["metric"], p["metric"]
     c = res.configs
     base_rows = c[(c["role"] == "baseline") & c["_ok"]] if c is not None else pd.DataFrame()
+    # the space's hypotheses (tested before this text, analysis/hypotheses.py) are claims of their own
+    beyond = "beyond the space's hypotheses, " if res.hypotheses else ""
     if base_rows.empty:
-        return (f"No λ=0 baseline ran, so there is no noise floor and no reference accuracy. This report claims "
-                f"no difference between configurations.{tail}")
+        return (f"No λ=0 baseline ran, so there is no noise floor and no reference accuracy: {beyond}this report "
+                f"claims no difference between configurations.{tail}")
     base = base_rows.sort_values("runs_ok", ascending=False, kind="stable").iloc[0]
     if not res.has_floor:
         return (f"The λ=0 baseline ran once ({_base_text(base, pm, um)}). With one seed there is no noise floor, "
-                f"so this report claims no difference. The plots show single runs.{tail}")
+                f"so {beyond}this report claims no difference. The plots show single runs.{tail}")
     scope = "confirmed configurations" if res.confirmed else "configurations"
     cl = claim(res)
     tol = utility_tolerance(res)
