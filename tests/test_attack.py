@@ -56,7 +56,7 @@ def test_decoder_for_128_channel_features():
 
 
 def test_paper_decoder_parameter_count():
-    # res_normN8C64 on 8x8x8 features, 32x32 images: 711,539 parameters (cem_reference.md §5a)
+    # res_normN8C64 on 8x8x8 features, 32x32 images: 711,539 parameters (docs/reference.md §7)
     assert models.count_params(InversionDecoder(8, 8, 32, blocks=8, channels=64)) == 711_539
 
 

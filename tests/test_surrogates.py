@@ -1,4 +1,4 @@
-"""Generic checks run on every registered surrogate (SURROGATES.md, "Common contract"), plus the shared layers.
+"""Generic checks run on every registered surrogate (docs/surrogates.md, "Common contract"), plus the shared layers.
 
 Each test is parametrised over ``surrogates.names()``, so a newly registered surrogate gets them without
 new test code. Everything is tiny (hidden_dim 16, batch 24) to stay fast on a shared CPU.
