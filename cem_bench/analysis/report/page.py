@@ -15,7 +15,6 @@ import pandas as pd
 
 from cem_bench.analysis.hypotheses import COLUMNS as HYPOTHESIS_COLUMNS
 from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
-from cem_bench.analysis.hypotheses import summary_text as hypotheses_summary
 from cem_bench.errors import ResultsError
 from cem_bench.parsing import loads_json
 from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
@@ -266,14 +265,13 @@ def _draw(res: Results, out_dir: Path) -> None:
         front_heading = f"Trials on the front ({len(front)})"
         front_table, front_note = html_table(front, table_cols, table_heads), None
     skipped = res.skipped
-    summary = summary_sentence(res)
     hypotheses = None
     tested = pd.DataFrame(columns=list(HYPOTHESIS_COLUMNS))   # written even when empty: replaces an earlier one
     if res.hypotheses:   # what the space planned leads the page; the summary's picks after the run follow
         tested = evaluate_hypotheses(res.trials, res.hypotheses)
-        summary = hypotheses_summary(tested, res.hypotheses) + " " + summary
         hypotheses = hypotheses_html(tested)
     tested.to_csv(out_dir / "hypotheses.csv", index=False)
+    summary = summary_sentence(res, tested)
 
     page = _ENV.get_template("index.html.j2").render(
         experiment=res.experiment,

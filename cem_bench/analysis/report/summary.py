@@ -13,6 +13,7 @@ import pandas as pd
 
 from cem_bench.analysis import noise
 from cem_bench.analysis.aggregate import CONFIG_ID
+from cem_bench.analysis.hypotheses import summary_text as hypotheses_summary
 from cem_bench.schema import DEFAULT_UTILITY_TOLERANCE
 
 from .facts import config_searched_columns, status_counts
@@ -187,10 +188,25 @@ def _verdict_words(verdict: str) -> str:
 MAX_SENTENCE_WORDS = 32   # tests/test_report.py holds every sentence of the summary to this
 
 
-def summary_sentence(res: Results) -> str:
+def summary_sentence(res: Results, tested: pd.DataFrame | None = None) -> str:
     """A few short plain sentences on what the search found, claiming only what its replicates support after
     the correction for the comparisons made (unescaped text; docs/protocol.md section 9). Numbers are rounded
-    to the precision their spread allows (``round_to``)."""
+    to the precision their spread allows (``round_to``). ``tested``: the space's hypotheses as
+    ``hypotheses.evaluate`` tested them; their verdicts lead, and what follows is said to be the report's own
+    comparisons, so that a "no difference" there cannot read as denying a hypothesis that holds."""
+    if tested is None or tested.empty or not res.hypotheses:
+        return _findings(res, "")
+    return (f"{hypotheses_summary(tested, res.hypotheses)} {HYPOTHESES_BRIDGE} "
+            f"{_findings(res, 'beyond the space' + chr(39) + 's hypotheses, ')}")
+
+
+# between the hypotheses' verdicts and the rest: a different test on other comparisons, chosen after the run
+HYPOTHESES_BRIDGE = ("What follows is the report's own comparison of every configuration with the λ=0 baseline, "
+                     "picked after the run.")
+
+
+def _findings(res: Results, beyond: str) -> str:
+    """The summary without the hypotheses; ``beyond`` qualifies its "claims no difference" sentences."""
     ok = res.ok
     counts = f"{plural(len(res.trials), 'trial')} {status_counts(res.trials)}"
     tail = f" {counts[0].upper() + counts[1:]}."
@@ -200,8 +216,6 @@ def summary_sentence(res: Results) -> str:
     um, pm = u["metric"], p["metric"]
     c = res.configs
     base_rows = c[(c["role"] == "baseline") & c["_ok"]] if c is not None else pd.DataFrame()
-    # the space's hypotheses (tested before this text, analysis/hypotheses.py) are claims of their own
-    beyond = "beyond the space's hypotheses, " if res.hypotheses else ""
     if base_rows.empty:
         return (f"No λ=0 baseline ran, so there is no noise floor and no reference accuracy: {beyond}this report "
                 f"claims no difference between configurations.{tail}")
