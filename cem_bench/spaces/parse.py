@@ -216,6 +216,16 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
         from ..attacks import names
         return attack_of(metric) in names()
 
+    def metric_ok(self, where: str, metric) -> bool:
+        """A metric the trials record (an objective's, a hypothesis's); else the error, with the closest name."""
+        if metric in METRICS or self.one_attacks_metric(metric):
+            return True
+        close = difflib.get_close_matches(str(metric), METRICS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        self.err(where, f"unknown metric {metric!r}{hint}; known: {', '.join(METRICS)}, or one attack's own: "
+                 f"<attack metric>__<attack> (attack_ssim__decoder)")
+        return False
+
     def objectives(self, value) -> list[Objective]:
         if not isinstance(value, list):
             self.err("objectives", f"expected a list of {{metric, mode, ref}}, got {value!r}")
@@ -233,11 +243,7 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
                     self.err(f"{where}.{k}", "unknown field; known: metric, mode, ref")
             metric, mode, ref = o.get("metric"), o.get("mode"), o.get("ref")
             ok = True
-            if metric not in METRICS and not self.one_attacks_metric(metric):
-                close = difflib.get_close_matches(str(metric), METRICS, n=1)
-                hint = f" (did you mean {close[0]}?)" if close else ""
-                self.err(f"{where}.metric", f"unknown metric {metric!r}{hint}; known: {', '.join(METRICS)}, or one "
-                         f"attack's own: <attack metric>__<attack> (attack_ssim__decoder)")
+            if not self.metric_ok(f"{where}.metric", metric):
                 ok = False
             elif metric in seen:
                 self.err(f"{where}.metric", f"{metric!r} is listed twice")

@@ -24,15 +24,13 @@ from .spec import (
     DEFAULT_HYPOTHESES,
     HYPOTHESES_FIELDS,
     HYPOTHESIS_FIELDS,
-    METRICS,
     SAFE_NAME,
     Hypothesis,
 )
 
 
 class HypothesisStages:
-    """Mixed into ``parse._Parser``: uses its ``err``, ``key_ok``, ``coerce``, ``specs`` and
-    ``one_attacks_metric``."""
+    """Mixed into ``parse._Parser``: uses its ``err``, ``key_ok``, ``coerce``, ``specs`` and ``metric_ok``."""
 
     def hypotheses_form(self, value, grid: bool, seeds: tuple) -> tuple[tuple[Hypothesis, ...], float, str]:
         """``hypotheses: {alpha, correction, tests: [...]}`` field by field: (tests, alpha, correction)."""
@@ -106,11 +104,8 @@ class HypothesisStages:
             self.err(f"{where}.name", f"{fmt_value(name)} must be a short name of letters, digits, '.', '_', '-' "
                      f"(H1)")
         metric = t.get("metric")
-        if "metric" in t and metric not in METRICS and not self.one_attacks_metric(metric):
-            close = difflib.get_close_matches(str(metric), METRICS, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            self.err(f"{where}.metric", f"unknown metric {fmt_value(metric)}{hint}; known: {', '.join(METRICS)}, "
-                     f"or one attack's own (attack_ssim__decoder)")
+        if "metric" in t:
+            self.metric_ok(f"{where}.metric", metric)
         a_is = t.get("a_is")
         if "a_is" in t and a_is not in CLAIMS:
             self.err(f"{where}.a_is", f"{fmt_value(a_is)}; allowed: {', '.join(CLAIMS)} (what a's metric is "
