@@ -27,12 +27,10 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check cem_bench tests scripts
 
-# The autoscaling tests run in a pytest process of their own: their in-process Ray driver connects with
-# RAY_AUTH_MODE=disabled, which Ray keeps for the process, and a later in-process ray.init() of a new local
-# cluster (tests/test_search.py) then fails its GCS's token check (the clean-clone CI runs of 2026-11-27)
+# Every test, as two pytest processes side by side (scripts/test_tiers.py says why): the Ray tier, then the
+# autoscaling tests in a process of their own; beside them, every other test.
 test: lint
-	$(BIN)/python -m pytest -q --durations=15 --ignore=tests/test_cluster_autoscale.py
-	$(BIN)/python -m pytest -q tests/test_cluster_autoscale.py
+	$(BIN)/python scripts/test_tiers.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not ray"

@@ -60,3 +60,15 @@ def alarm_after(seconds: int, what: str):
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(autouse=True)
+def _ray_only_in_its_tier(request):
+    """`make test` runs the `ray` tier beside the other tests (scripts/test_tiers.py): a test outside it that
+    leaves an in-process Ray running would start a second cluster beside the tier's. Mark such a test `ray`."""
+    yield
+    import sys
+    ray = sys.modules.get("ray")
+    if ray is not None and request.node.get_closest_marker("ray") is None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(f"{request.node.nodeid} started Ray but is not marked ray (scripts/test_tiers.py)")
