@@ -142,24 +142,24 @@ def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list
         feats, labels = trainer.encode(splits.train), splits.train.labels
         client, server = trainer.client, trainer.server
         g_check = g_match = math.nan
-        for name in names:
+        modules = [_surrogate_module(cfgs[name], splits, dev, feats, labels) for name in names]
+        fused = {name: cfgs[name].cem.grad_mode == "fused" for name in names}
+        cs = [1.0 if fused[name] else inject_scale(lr) for name in names]
+        # all on the same batches, noise and dropout masks, as strength.match measures (per_batch_many)
+        with strength.untouched(client, server, *modules):
+            matches = strength.per_batch_many(client, server, modules, match_batches, sigma, cs, noise_seed=seed)
+        with strength.untouched(client, server, *modules):
+            checks = strength.per_batch_many(client, server, modules, check, sigma, cs, noise_seed=seed)
+        for name, c, own_match, own_check in zip(names, cs, matches, checks):
             cfg = cfgs[name]
-            module = _surrogate_module(cfg, splits, dev, feats, labels)
-            fused = cfg.cem.grad_mode == "fused"
-            c = 1.0 if fused else inject_scale(lr)
             scale = float(cfg.cem.loss_scale)
-            # each from the same start (dropout masks, the surrogate's stream), as strength.match measures
-            with strength.untouched(client, server, module):
-                own_match = strength.per_batch(client, server, module, match_batches, sigma, c, 1.0, seed)
-            with strength.untouched(client, server, module):
-                own_check = strength.per_batch(client, server, module, check, sigma, c, 1.0, seed)
             o_check, o_match = strength.mean(own_check), strength.mean(own_match)
             if name == REFERENCE:
                 g_check, g_match = o_check, o_match
             matched_scale = g_match / o_match if o_match > 0 else math.inf
             first_scale.setdefault(name, matched_scale)
             # a match made at the first warm-up, applied here: a fused term has followed s(η) since
-            c_now = inject_scale(lr) / inject_scale(first_lr) if fused else c
+            c_now = inject_scale(lr) / inject_scale(first_lr) if fused[name] else c
             values = [v * scale for v in own_check]
             out.append(Strength(name, strength.mean(values), scale, cfg.cem.grad_mode, strength.spread(values),
                                 (strength.mean(values),), epoch, (matched_scale * o_check / g_check,),

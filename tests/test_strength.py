@@ -120,9 +120,12 @@ def test_a_later_match_keeps_its_scale_where_gmm_pulls_no_more(monkeypatch):
     tr.train_epoch(1)
     tr.train_epoch(2)
     first = tr.matcher.scale
-    real = strength.per_batch
-    monkeypatch.setattr(strength, "per_batch", lambda client, server, module, *a, **k:
-                        [0.0] * len(a[0]) if module.cfg.surrogate == "gmm" else real(client, server, module, *a, **k))
+    real = strength.per_batch_many
+
+    def gmm_pulls_nothing(client, server, modules, *a, **k):
+        return [[0.0] * len(v) if m.cfg.surrogate == "gmm" else v
+                for m, v in zip(modules, real(client, server, modules, *a, **k))]
+    monkeypatch.setattr(strength, "per_batch_many", gmm_pulls_nothing)
     tr.train_epoch(3)
     assert tr.matcher.scale == first and tr.matcher.record["cem_strength_matches"] == 2
     assert tr.matcher.record["cem_strength_gmm"] == 0.0
@@ -130,3 +133,32 @@ def test_a_later_match_keeps_its_scale_where_gmm_pulls_no_more(monkeypatch):
     fresh.train_epoch(1)
     with pytest.raises(strength.NoStrength, match="set cem.strength=fixed and a cem.loss_scale"):
         fresh.train_epoch(2)
+
+
+def test_one_pass_for_all_surrogates_gives_each_one_s_own_values():
+    """calibrate measures every surrogate in one pass (``per_batch_many``: the client's forward and ∂CE/∂z once a
+    batch): the values are those of one ``per_batch`` call a surrogate from the same start, to the last bit,
+    with the server's dropout drawing masks and the attention surrogates drawing from their own streams."""
+    from conftest import build_tiny
+
+    from cem_bench.core import strength
+    from cem_bench.core.trial import build_config
+    from cem_bench.surrogates import names as surrogate_names
+    cfg, splits, trainer = build_tiny(**{"model.width": 0.0625})
+    trainer.train_epoch(1)
+    assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in trainer.server.modules())
+    feats = trainer.encode(splits.train)
+    names = surrogate_names()
+    modules = [calibrate._surrogate_module(build_config({**TINY, "model.width": 0.0625, "cem.surrogate": n,
+                                                         "cem.lambd": 1.0, "cem.strength": "fixed"}),
+                                           splits, torch.device("cpu"), feats, splits.train.labels) for n in names]
+    batches = strength.fixed_batches(cfg, splits, 3)
+    cs = [0.5 + i for i in range(len(names))]
+    client, server = trainer.client, trainer.server
+    one_by_one = []
+    for module, c in zip(modules, cs):
+        with strength.untouched(client, server, *modules):
+            one_by_one.append(strength.per_batch(client, server, module, batches, 0.1, c, 1.0, 7))
+    with strength.untouched(client, server, *modules):
+        together = strength.per_batch_many(client, server, modules, batches, 0.1, cs, noise_seed=7)
+    assert together == one_by_one and all(v > 0 for vs in together for v in vs), (names, together, one_by_one)

@@ -98,19 +98,34 @@ def per_batch(client, server, surrogate, batches, noise_std: float, c: float = 1
               noise_seed: int = 0) -> list[float]:
     """The strength on each batch: c · scale · ‖∂L/∂z‖ / ‖∂CE/∂z‖, in train mode as a step runs (call it
     inside ``untouched``). The CE sees the defense noise, drawn from a generator of its own."""
-    for m in (client, server, surrogate):
+    return per_batch_many(client, server, [surrogate], batches, noise_std, [c], [scale], noise_seed)[0]
+
+
+def per_batch_many(client, server, modules, batches, noise_std: float, cs, scales=None,
+                   noise_seed: int = 0) -> list[list[float]]:
+    """``per_batch`` of each of ``modules`` (``cs``, ``scales``: each one's c and scale), the values that
+    separate calls from the same start give (each in an ``untouched`` of its own), with the client's forward and
+    the cross-entropy's gradient computed once a batch instead of once a module: calibrate measures five
+    surrogates on up to 68 batches a state, and those were most of its time. The same because the client and
+    the server draw only from the global stream (dropout), which no surrogate touches (each draws from its own,
+    ``Surrogate.rng``), and train-mode BatchNorm normalises by the batch's own statistics: z, the noise and ∂CE/∂z
+    do not depend on which surrogate is measured. Call it inside ``untouched(client, server, *modules)``."""
+    scales = [1.0] * len(modules) if scales is None else scales
+    for m in (client, server, *modules):
         m.train()
-    values = []
+    values: list[list[float]] = [[] for _ in modules]
     for i, (x, y) in enumerate(batches):
         z = client(x).float()
         gen = torch.Generator(device=z.device).manual_seed(noise_seed + i)
         noisy = z + noise_std * torch.randn(z.shape, generator=gen, device=z.device) if noise_std else z
         ce = F.cross_entropy(server(noisy).float(), y)
-        loss = surrogate(z, y).loss
-        g_ce, = torch.autograd.grad(ce, z, retain_graph=True)
-        g_l, = torch.autograd.grad(loss, z, allow_unused=True)
-        g = 0.0 if g_l is None else float(g_l.norm())
-        values.append(c * scale * g / max(float(g_ce.norm()), 1e-30))
+        g_ce, = torch.autograd.grad(ce, z)
+        ce_norm = max(float(g_ce.norm()), 1e-30)
+        z = z.detach().requires_grad_()
+        for out, module, c, scale in zip(values, modules, cs, scales):
+            g_l, = torch.autograd.grad(module(z, y).loss, z, allow_unused=True)
+            g = 0.0 if g_l is None else float(g_l.norm())
+            out.append(c * scale * g / ce_norm)
     return values
 
 
@@ -141,11 +156,10 @@ def match(cfg: TrialConfig, splits: data_mod.Splits, client, server, surrogate, 
     ``cem.strength_batches`` fixed batches; a record of the measurement (``cem_strength_*``) for the trial's result."""
     batches = batches if batches is not None else fixed_batches(cfg, splits, cfg.cem.strength_batches)
     sigma = cfg.defense.noise_std
-    # each from the same start (dropout masks, the surrogate's stream): the two see the same batches alike
+    # the two on the same batches, noise and dropout masks (per_batch_many)
     with untouched(client, server, surrogate, reference):
-        ref = per_batch(client, server, reference, batches, sigma, c_ref, 1.0, cfg.seed)
-    with untouched(client, server, surrogate, reference):
-        own = per_batch(client, server, surrogate, batches, sigma, c_own, 1.0, cfg.seed)
+        ref, own = per_batch_many(client, server, [reference, surrogate], batches, sigma, [c_ref, c_own],
+                                  noise_seed=cfg.seed)
     g, o = mean(ref), mean(own)
     if not (g > 0 and o > 0 and math.isfinite(g) and math.isfinite(o)):
         raise NoStrength(g, o, f"cem.strength=matched: the strengths measured are not positive (gmm {g:.3g}, "
