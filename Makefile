@@ -1,5 +1,6 @@
 # make demo: create .venv, install, run the demo on scikit-learn's handwritten digits, read from its wheel (CPU).
-# make test: create .venv if needed, lint (ruff), run every test (the README's and CI's command).
+# make test: create .venv if needed, lint (ruff), run every test (the README's and CI's command), as two pytest
+#   processes side by side (scripts/test_tiers.py).
 # make test-fast: the inner loop: every test but the slow and Ray tiers (about 4 min on a 2-core machine:
 #   229 s wall, measured 2026-11-27 with nothing else running; docs/architecture.md 5.5).
 PYTHON ?= python3
