@@ -25,11 +25,12 @@ AUTOSCALE = "tests/test_cluster_autoscale.py"
 # other tier took 27 min 8 s and the Ray tier (autoscaling file included) 20 min 31 s, this test 288 s of the
 # former at nice 19 (2026-11-28, docs/architecture.md 5.5).
 AFTER_RAY = ("tests/test_cli.py::test_the_calibrated_defaults_hold_at_the_reference_state",)
+RAY_SIDE = (("ray tier", ["-m", "ray", "--ignore", AUTOSCALE]), ("autoscale", [AUTOSCALE]),
+            ("after the ray tier", list(AFTER_RAY)))
 
 
 def _ray_tier(python: str, log, rcs: dict) -> None:
-    for name, argv in (("ray tier", ["-m", "ray", "--ignore", AUTOSCALE]), ("autoscale", [AUTOSCALE]),
-                       ("after the ray tier", list(AFTER_RAY))):
+    for name, argv in RAY_SIDE:
         log.write(f"==== {name}: pytest {' '.join(argv)}\n")
         log.flush()
         rcs[name] = subprocess.call([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
@@ -49,6 +50,8 @@ def main(argv: list[str]) -> int:
         ray.join()
         log.seek(0)
         sys.stdout.write(log.read())
+    for name, _ in RAY_SIDE:   # a process that never started (the thread died) is a failure, not a pass
+        rcs.setdefault(name, 1)
     bad = {k: v for k, v in rcs.items() if v}
     print(f"make test: {', '.join(f'{k} exit {v}' for k, v in rcs.items())}"
           + ("" if not bad else f"; failed: {', '.join(bad)}"))
