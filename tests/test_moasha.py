@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from cem_bench.frontier import pareto_ranks
 from cem_bench.search import driver
@@ -313,3 +315,105 @@ def test_a_killed_drivers_trial_that_the_restored_experiment_lacks_is_forgotten(
     listed = pickle.loads(at_start)
     _restore_trials(listed, [("kept", 1, None), ("ghost", 1, None), ("gone", 1, None)])
     assert _feed(listed, new) == [MOASHA.STOP]
+
+
+# -- progress: a search always has a trial that runs to the end ------------------------------------------
+
+def test_a_rung_whose_other_trials_were_all_stopped_lets_the_next_trial_continue(tmp_path, state_file):
+    """The case a killed driver can leave: the trial that continued at a rung ("lead") was started after the
+    last experiment snapshot, so the resumed scheduler forgets it, while the stop it caused ("kept") stays
+    final. Judged by position alone, every later trial worse than "kept" would be stopped at rung 1 and the
+    search would end with no trial run to the end, nothing to confirm. A trial is stopped only when some other
+    trial recorded at its rung has not been stopped, so the next one continues, and the rule is ASHA's again."""
+    state_file(tmp_path / "state.jsonl")
+    first = MOASHA(ranker(eta=2, max_epochs=4), state_key="exp")      # rungs 1, 2
+    at_start = pickle.dumps(first)
+    assert _feed(first, [("lead", 1, v(0.9, 0.1)), ("kept", 1, v(0.5, 0.5))]) == [MOASHA.CONTINUE, MOASHA.STOP]
+    resumed = pickle.loads(at_start)
+    _restore_trials(resumed, [("kept", 1, None)])
+    assert _feed(resumed, [("next", 1, v(0.4, 0.6))]) == [MOASHA.CONTINUE]
+    assert resumed.stopped == {"kept": 1}
+    # the same on the rule alone, with its reason; and a later, worse trial is judged by position again
+    r = ranker(eta=2, max_epochs=4)
+    r.on_result("lead", 1, v(0.9, 0.1))
+    assert r.on_result("kept", 1, v(0.5, 0.5)).action == "stop"
+    r.forget({"lead"})
+    d = r.on_result("next", 1, v(0.4, 0.6))
+    assert (d.action, d.position, d.keep) == ("continue", 1, 1)
+    assert d.reason == ("rank 1 of 2 fronts at epoch 1: outside the top 1 of 2, but continues: every other trial "
+                        "recorded at epoch 1 was stopped")
+    d = r.on_result("worse", 1, v(0.3, 0.7))
+    assert (d.action, d.position, d.keep) == ("stop", 2, 2)
+    # the stops survive the state file: a third driver restored from it knows "kept" was stopped
+    third = pickle.loads(at_start)
+    _restore_trials(third, [("kept", 1, None), ("next", 1, None)])
+    assert _feed(third, [("late", 1, v(0.3, 0.7))]) == [MOASHA.STOP]   # "next" is still going
+    # a state file written before the ranker kept its stops: the scheduler's decisions say which were stopped
+    saved = json.loads((tmp_path / "state.jsonl").read_text())
+    assert saved["ranker"].pop("stopped") == {"kept": 1, "late": 1}
+    (tmp_path / "old.jsonl").write_text(json.dumps(saved) + "\n")
+    state_file(tmp_path / "old.jsonl")
+    old = pickle.loads(at_start)
+    _restore_trials(old, [("kept", 1, None), ("next", 1, None), ("late", 1, None)])
+    assert old.ranker.state_dict()["stopped"] == {"kept": 1, "late": 1}    # loaded on the first trial added
+
+
+def _search(seed: int, n: int, workers: int, max_epochs: int, eta: float, kills: int):
+    """A simulated search on the rule alone: ``n`` samples on ``workers`` workers, each result one epoch of a
+    running trial picked at random, every epoch reported. ``kills`` times the driver is killed: a random subset
+    of the trials started since the last kill never reached a snapshot, so they are forgotten (records and
+    stops) and their samples run again under new ids. Returns the ranker, the finished trials, every decision
+    and the ghosts."""
+    rng = random.Random(seed)
+    r = RungRanker(max_epochs, 1, eta, OBJ)
+    queue = list(range(n))
+    kill_at = set(rng.sample(range(1, 4 * n * max_epochs), kills)) if kills else set()
+    running: dict[str, int] = {}
+    since_kill: list[str] = []
+    finished, ghosts, decisions = set(), set(), []
+    ids = 0
+    step = 0
+    while queue or running:
+        while queue and len(running) < workers:
+            queue.pop(0)
+            tid = f"t{ids}"
+            ids += 1
+            running[tid] = 0
+            since_kill.append(tid)
+        step += 1
+        if step in kill_at and since_kill:
+            gone = set(rng.sample(since_kill, rng.randint(1, len(since_kill))))
+            r.forget(gone)
+            ghosts |= gone
+            finished -= gone
+            decisions = [d for d in decisions if d.trial_id not in gone]
+            for tid in gone:
+                running.pop(tid, None)
+                queue.append(0)               # the sample runs again under a new id
+            since_kill = []
+            continue
+        tid = rng.choice(sorted(running))
+        running[tid] += 1
+        d = r.on_result(tid, running[tid], v(round(rng.random(), 1), round(rng.random(), 1)))
+        if d.rung is not None:
+            decisions.append(d)
+        if d.action == "stop" or running[tid] >= max_epochs:
+            if d.action != "stop":
+                finished.add(tid)
+            del running[tid]
+    return r, finished, decisions, ghosts
+
+
+@settings(max_examples=300, deadline=None)
+@example(seed=28, n=2, workers=2, max_epochs=4, eta=2, kills=1)     # all stopped, judged by position alone
+@example(seed=66, n=2, workers=3, max_epochs=8, eta=2, kills=2)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12), workers=st.integers(1, 4),
+       max_epochs=st.integers(2, 9), eta=st.sampled_from([1.5, 2, 3, 4]), kills=st.integers(0, 3))
+def test_a_search_always_runs_some_trial_to_the_end(seed, n, workers, max_epochs, eta, kills):
+    """Whatever the values, the order of results and the kills, some trial that the experiment still has
+    runs to the end (with no kill this is ASHA's own guarantee: the first trial at a rung continues)."""
+    _, finished, decisions, ghosts = _search(seed, n, workers, max_epochs, eta, kills)
+    assert finished and not finished & ghosts
+    if not kills:
+        # every epoch reported, nothing forgotten: the rule is ASHA's by position alone
+        assert all((d.action == "continue") == (d.position < d.keep) for d in decisions)

@@ -120,11 +120,13 @@ def test_baseline_first_then_the_search_then_the_best_confirmed_then_finished():
     assert [t for t, _, _ in q.told] == ["s0", "s2", "s1"]
 
 
-def test_no_finished_search_run_confirms_nothing():
+def test_no_finished_search_run_confirms_nothing_and_says_so(capsys):
     q = FakeSampler([{"cem.lambd": 8.0}], seeds=(0,), search_runs=1, confirm_top=2, confirm_seeds=(5,))
     q.next_run("s0")
     q.run_finished("s0", None, error=True)
     assert q.next_run("x") == FINISHED
+    assert "nothing to confirm: none of the search's 1 runs" in capsys.readouterr().err
+    assert q.next_run("y") == FINISHED and capsys.readouterr().err == ""     # said once
 
 
 # ------------------------------------------------------------------------------------------ duplicates

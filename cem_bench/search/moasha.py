@@ -126,6 +126,9 @@ class MOASHA(FIFOScheduler):
                 stops = [dict(d) for d in saved.get("decisions", [])]
                 self.ranker.load_state_dict(saved["ranker"])   # assigns only once every record has parsed
                 self._stops = stops
+                if "stopped" not in saved["ranker"]:           # written before the ranker kept its stops
+                    for d in stops:
+                        self.ranker.mark_stopped(d["trial_id"], d["rung"])
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             # damaged, or valid JSON of another shape ({}, null): the scheduler keeps its own state, and says so
             print(f"cem-bench: the scheduler's saved state {path} is damaged ({type(e).__name__}: {e}); the "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -139,6 +140,11 @@ class RunQueue:
             if self._confirm_queue:
                 logger.info("cem-bench: confirming %d configurations with seeds %s", len(self._confirm_queue)
                             // max(1, len(self._confirm_seeds)), list(self._confirm_seeds))
+            elif self._confirm_top and self._confirm_seeds:
+                # said, not only logged: the space asked for a confirmation, and its claims stay exploratory
+                print(f"cem-bench: nothing to confirm: none of the search's {runs} runs with λ ≠ 0 finished with "
+                      "every objective finite (each was stopped by the scheduler, failed or gave NaN); the report's "
+                      "claims stay exploratory", file=sys.stderr, flush=True)
         if self._confirm_queue:
             self._role[trial_id] = "confirm"
             return self._confirm_queue.pop(0)

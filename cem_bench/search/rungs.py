@@ -36,10 +36,20 @@ trials are ordered by
    before points in a crowded stretch of it;
 3. then the order in which the trials were recorded at the rung (earlier first).
 
-The trial continues if and only if its position in that order is below ``keep``. Consequences (tested):
+The trial continues if its position in that order is below ``keep``, or if every other trial recorded at the
+rung has been stopped (at this rung or a later one). The second clause keeps ASHA's guarantee that some trial
+runs to the end. ASHA gets it from the first trial at each rung, which always continues and, when every epoch is
+reported, is recorded at every rung below. A resumed driver forgets a killed driver's trials that its
+experiment never listed (``MOASHA._forget_unknown``) while the stops they caused stay final; if a forgotten
+trial was the one that continued at a rung, position alone could stop every later trial there (0.5 % of
+simulated searches with kills did, ``tests/test_moasha.py``). When every epoch is reported and nothing is
+forgotten the clause never applies: some trial recorded at each rung is never stopped (the first at the highest
+rung reached, recorded at every rung below it). Consequences (tested):
 
 * a trial that no recorded trial dominates is never stopped unless more than ``keep`` trials of the rung are
   non-dominated; then the tie-break (2, 3) decides;
+* some trial that no one forgot runs to the end (barring errors), whatever the values, the order of the
+  results and the drivers killed;
 * a trial that dominates every recorded one is alone in front 0, position 0, and always continues, whatever
   the order in which the others arrived. Ranks are computed by non-dominated sorting, never read off a sorted
   order (issue 26: Syne Tune's MOASHA priority appears to read the position of a trial in its sorted list as its rank, so a
@@ -128,6 +138,7 @@ class RungRanker:
         self.rungs = rung_epochs(self.max_epochs, self.grace_epochs, self.reduction_factor)
         # rung epoch -> {trial_id: (arrival, values as given, NaN for missing)}; dicts keep arrival order
         self._records: dict[int, dict[str, tuple[int, list[float]]]] = {r: {} for r in self.rungs}
+        self._stopped: dict[str, int] = {}    # trial id -> the rung at which it was stopped
         self._counter = 0
 
     # -- decisions -------------------------------------------------------------------------------------
@@ -166,13 +177,20 @@ class RungRanker:
         front = np.flatnonzero(ranks == rank)
         within = self._front_order(pts, front)
         position = better + within.index(me)
-        cont = position < keep
+        inside = position < keep
+        # the module docstring: with every other trial of the rung stopped, stopping this one too could leave
+        # the search with no trial run to the end
+        last_hope = not inside and all(t in self._stopped for t in ids if t != trial_id)
         where = f"rank {rank} of {n_fronts} fronts at epoch {rung}"
-        side = "inside" if cont else "outside"
-        reason = f"{where}: {side} the top {keep} of {n}"
+        reason = f"{where}: {'inside' if inside else 'outside'} the top {keep} of {n}"
         if better < keep < better + len(front):
             reason += (f" (front {rank} has {len(front)} trials across the cut: place {within.index(me)} in it "
                        "by hypervolume contribution, then arrival)")
+        if last_hope:
+            reason += f", but continues: every other trial recorded at epoch {rung} was stopped"
+        cont = inside or last_hope
+        if not cont:
+            self._stopped[trial_id] = rung
         return Decision("continue" if cont else "stop", trial_id, epoch, rung, rank, position, keep, n, reason)
 
     def _worst_filled(self, pts: np.ndarray) -> np.ndarray:
@@ -216,8 +234,8 @@ class RungRanker:
     # -- state -----------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable: the settings, every rung's recorded vectors per trial id (NaN as None) and the
-        arrival counter."""
+        """JSON-serialisable: the settings, every rung's recorded vectors per trial id (NaN as None), the
+        stopped trials (trial id -> rung) and the arrival counter."""
         return {
             "version": _STATE_VERSION,
             "max_epochs": self.max_epochs,
@@ -229,11 +247,13 @@ class RungRanker:
                          for t, (a, vec) in rec.items()}
                 for r, rec in self._records.items()
             },
+            "stopped": dict(self._stopped),
             "counter": self._counter,
         }
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
-        """Replace the records with those of ``d``; ValueError when ``d`` was made with other settings."""
+        """Replace the records and stops with those of ``d``; ValueError when ``d`` was made with other settings.
+        A state written before the stops were kept has no ``stopped``: then none is known (``mark_stopped``)."""
         if d.get("version") != _STATE_VERSION:
             raise ValueError(f"rung state version {d.get('version')!r}; expected {_STATE_VERSION}")
         mine = self.state_dict()
@@ -249,13 +269,22 @@ class RungRanker:
                 raise ValueError(f"rung state has a rung at epoch {r}; the rungs are {self.rungs}")
             items = sorted(rec.items(), key=lambda kv: kv[1]["arrival"])
             records[int(r)] = {t: (int(v["arrival"]), [_float(x) for x in v["values"]]) for t, v in items}
+        stopped = {str(t): int(r) for t, r in (d.get("stopped") or {}).items()}
         self._records = records
+        self._stopped = stopped
         self._counter = int(d["counter"])
+
+    def mark_stopped(self, trial_id: str, rung: int) -> None:
+        """Know that ``trial_id`` was stopped at ``rung`` (a state file written before the ranker kept its stops:
+        the scheduler's own decisions say which)."""
+        self._stopped[str(trial_id)] = int(rung)
 
     def forget(self, trial_ids) -> int:
         """Drop every record of ``trial_ids`` (trials that no longer exist: a killed driver's trials that its
         experiment snapshot did not list); returns how many records went. Later decisions rank without them."""
         gone = set(trial_ids)
+        for t in gone & self._stopped.keys():
+            del self._stopped[t]
         n = 0
         for recs in self._records.values():
             for t in [t for t in recs if t in gone]:
