@@ -89,8 +89,8 @@ def fit_margins(fig: Figure) -> None:
     width, height = fig.bbox.width, fig.bbox.height
     sp = fig.subplotpars
     for _ in range(3):   # a wider margin narrows the panels, which may move their labels again
-        boxes = [ax.get_tightbbox(renderer) for ax in axes]
-        boxes = [b for b in boxes if b is not None]
+        by_axes = [ax.get_tightbbox(renderer) for ax in axes]   # measured once a pass: the costly part
+        boxes = [b for b in by_axes if b is not None]
         if not boxes:
             return
         x0, y0 = min(b.x0 for b in boxes), min(b.y0 for b in boxes)
@@ -101,8 +101,7 @@ def fit_margins(fig: Figure) -> None:
         top = sp.top - max(0.0, y1 - (height - MARGIN_PX - _suptitle_px(fig, renderer))) / height
         wspace = sp.wspace
         if len(axes) > 1:    # a panel's y label must not run into its left neighbour
-            for a, b in zip(axes, axes[1:]):
-                ba, bb = a.get_tightbbox(renderer), b.get_tightbbox(renderer)
+            for ba, bb in zip(by_axes, by_axes[1:]):
                 gap = bb.x0 - ba.x1 if ba is not None and bb is not None else 1.0
                 if gap < MARGIN_PX:
                     panel = (sp.right - sp.left) * width / (len(axes) + (len(axes) - 1) * sp.wspace)
