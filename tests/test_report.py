@@ -1155,10 +1155,21 @@ def test_plurals_agree_everywhere_on_the_page(outcomes, tmp_path):
     """"1 configurations": a count of one takes the singular on the page and in the figures' titles."""
     import re
 
+    from cem_bench.analysis.report.facts import run_facts
     from cem_bench.analysis.report.frontier_plot import frontier_figure
     bad = re.compile(r"\b1 (configurations|trials|runs|seeds|ok trials|confirmation runs|search runs)\b")
     text = build_report(outcomes["real"], tmp_path / "out").read_text()
     assert "The confirmed front (1 configuration)" in text
+    # the run facts count the same front as the heading (they counted the front of every configuration's means,
+    # which, on this simulated confirmed search, is 5 configurations against the confirmed front's 2)
+    assert dict(run_facts(load_results(outcomes["real"]), 0.0))["configurations on the confirmed front"] == "1"
+    from cem_bench.analysis.report.claims import simulated_trials
+    from cem_bench.analysis.report.load import results_of
+    res = results_of(simulated_trials(np.random.default_rng(3), 12, confirm=3), THREE_OBJECTIVES[:2])
+    facts = dict(run_facts(res, 0.0))
+    assert facts["configurations on the confirmed front"] == str(len(res.front_configs)) == "2"
+    assert facts["configurations on the front of all the means (search runs included)"] == "5"
+    assert "configurations on the front (means)" not in facts
     assert not bad.search(text), bad.search(text)
     root = write_results(tmp_path / "one", n=1, baseline=0, errors=0, epochs=False, recon=False)
     text = build_report(root).read_text()

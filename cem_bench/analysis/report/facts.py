@@ -59,8 +59,15 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
         c = res.configs
         facts += [
             ("configurations", f"{len(c)} ({_range(c['runs'])} runs each, {int(c['runs_ok'].sum())} ok runs)"),
-            ("configurations on the front (means)", str(int((c["pareto_rank"] == 0).sum()))),
         ]
+        if res.confirmed:
+            # the heading's front (final_front: the confirmed configurations and the baseline, on the means of
+            # the confirmation runs); the front of every configuration's means is a different, larger set
+            facts += [("configurations on the confirmed front", str(len(res.front_configs))),
+                      ("configurations on the front of all the means (search runs included)",
+                       str(int((c["pareto_rank"] == 0).sum())))]
+        else:
+            facts.append(("configurations on the front (means)", str(int((c["pareto_rank"] == 0).sum()))))
     if res.configs is not None:
         facts.append(("configurations table", configs_source_text(res)))
         facts.append(("noise floor (λ=0 baseline, std over its seeds)", noise_floor_text(res)))
