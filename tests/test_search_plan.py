@@ -168,6 +168,7 @@ def test_banner_on_one_gpu(fake_machine, capsys):
     ("--gpus-per-trial", "1.5", "--gpus-per-trial 1.5: give a fraction of one GPU (0 < F <= 1"),
     ("--gpus-per-trial", "-0.25", "--gpus-per-trial -0.25: give a fraction"),
     ("--gpus-per-trial", "nan", "--gpus-per-trial nan: give a fraction"),
+    ("--gpus-per-trial", "2", "a trial trains on one GPU, so more than 1 would leave cards reserved and idle"),
     ("--max-concurrent", "0", "--max-concurrent 0: give how many trials may run at once, an integer >= 1"),
     ("--cpus-per-trial", "0", "--cpus-per-trial 0: give the CPUs each trial reserves, a number > 0"),
     ("--name", "", "name: '' is not a safe folder name"),      # it fell back to the space's name
@@ -180,11 +181,11 @@ def test_bad_values_are_refused_before_ray(fake_machine, capsys, tmp_path, flag,
     assert "spec" not in fake_machine and not (tmp_path / "res").exists()
 
 
-def test_whole_gpus_and_cpu_only_trials_are_accepted(fake_machine, capsys):
+def test_a_whole_gpu_and_cpu_only_trials_are_accepted(fake_machine, capsys):
     demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
     with pytest.raises(Started):
-        run.search_command(search_args(demo, "--gpus-per-trial", "2"))
-    assert "1 at a time (1 GPU / 1 per trial)" in first_line(capsys)   # the one GPU is all a trial gets
+        run.search_command(search_args(demo, "--gpus-per-trial", "1"))
+    assert "1 at a time (1 GPU / 1 per trial)" in first_line(capsys)
     with pytest.raises(Started):
         run.search_command(search_args(demo, "--gpus-per-trial", "0"))
     assert "2 at a time (max_concurrent in the space)" in first_line(capsys)

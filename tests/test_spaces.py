@@ -153,6 +153,17 @@ def test_paper_space_matches_the_paper():
     assert by["cem.surrogate"].when == {"cem.lambd": (8.0, 16.0)} and spec.fixed["train.amp"] == "off"
 
 
+@pytest.mark.parametrize("gpu,says", [
+    (2, "resources.gpu: 2: a trial trains on one GPU, so the other 1 would be reserved and idle; give 1, or a "
+        "fraction"),
+    (1.5, "resources.gpu: 1.5: a trial trains on one GPU, so the other 1 would be reserved and idle"),
+])
+def test_more_than_one_gpu_a_trial_is_refused_since_a_trial_uses_one(gpu, says):
+    assert any(e.startswith(says) for e in errors_of(minimal(resources={"cpu": 1, "gpu": gpu}))), gpu
+    for ok in (0, 0.25, 1):
+        assert parse_space(minimal(resources={"cpu": 1, "gpu": ok})).resources["gpu"] == ok
+
+
 # ----------------------------------------------------------------------------------- all errors at once
 def test_many_mistakes_reported_together():
     doc = {

@@ -486,9 +486,11 @@ def check_args(args) -> None:
         raise SearchError(f"--max-concurrent {n}: give how many trials may run at once, an integer >= 1 (left out: "
                           f"as many as this machine's GPUs and CPUs hold, up to the space's max_concurrent)")
     g = getattr(args, "gpus_per_trial", None)
-    if g is not None and not (math.isfinite(g) and (g == 0 or 1 / RAY_UNITS <= g <= 1 or (g > 1 and g.is_integer()))):
+    if g is not None and not (math.isfinite(g) and (g == 0 or 1 / RAY_UNITS <= g <= 1)):
+        # above 1: a trial trains on one device, so Ray would reserve the other cards idle
         raise SearchError(f"--gpus-per-trial {g:g}: give a fraction of one GPU (0 < F <= 1; 0.125 runs 8 trials on "
-                          f"each GPU), a whole number of GPUs (2, 3, ...), or 0 for trials without a GPU")
+                          f"each GPU; a trial trains on one GPU, so more than 1 would leave cards reserved and idle), "
+                          f"or 0 for trials without a GPU")
     c = getattr(args, "cpus_per_trial", None)
     if c is not None and not (math.isfinite(c) and c >= 1 / RAY_UNITS):
         raise SearchError(f"--cpus-per-trial {c:g}: give the CPUs each trial reserves, a number > 0 (fractions such "

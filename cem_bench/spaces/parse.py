@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
@@ -288,8 +289,11 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
                 self.err("resources.cpu", f"{fmt_value(v)} must be > 0 (CPUs per trial; fractions are allowed)")
             elif k == "gpu" and n < 0:
                 self.err("resources.gpu", f"{fmt_value(v)} must be >= 0 (GPUs per trial; 0.25 = four trials a GPU)")
-            elif k == "gpu" and n > 1 and not float(n).is_integer():
-                self.err("resources.gpu", f"{fmt_value(v)}: Ray accepts a fraction of one GPU or a whole number")
+            elif k == "gpu" and n > 1:
+                # a trial trains on one device (no data parallelism): Ray would reserve the other cards idle
+                self.err("resources.gpu", f"{fmt_value(v)}: a trial trains on one GPU, so the other "
+                         f"{fmt_value(math.ceil(n) - 1)} would be reserved and idle; give 1, or a fraction of one GPU "
+                         "to pack trials onto it (0.25 = four trials a GPU)")
             else:
                 out[k] = float(n)
         return out
