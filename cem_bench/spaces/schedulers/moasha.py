@@ -1,7 +1,8 @@
 """``moasha``: multi-objective asynchronous successive halving (docs/search.md). A search trial is judged at
 the rungs ``grace_epochs * reduction_factor ** k`` (whole epochs below ``train.epochs``) and continues only if
-it is among the best ⌈n/η⌉ of the n trials recorded there (Pareto rank, then hypervolume contribution). The
-rule is ``search/rungs.py`` (``RungRanker``), the Ray Tune scheduler ``search/moasha.py`` (``MOASHA``)."""
+it is among the best ⌈n/η⌉ of the n trials recorded there (Pareto rank, then hypervolume contribution), or
+every other trial recorded there was stopped (so that some trial runs to the end after a resumed driver forgot
+the one that continued). The rule is ``search/rungs.py`` (``RungRanker``), the Ray Tune scheduler ``search/moasha.py`` (``MOASHA``)."""
 
 from __future__ import annotations
 
