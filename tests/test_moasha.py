@@ -341,7 +341,7 @@ def test_a_rung_whose_other_trials_were_all_stopped_lets_the_next_trial_continue
     d = r.on_result("next", 1, v(0.4, 0.6))
     assert (d.action, d.position, d.keep) == ("continue", 1, 1)
     assert d.reason == ("rank 1 of 2 fronts at epoch 1: outside the top 1 of 2, but continues: every other trial "
-                        "recorded at epoch 1 was stopped")
+                        "recorded at epoch 1 was stopped or failed")
     d = r.on_result("worse", 1, v(0.3, 0.7))
     assert (d.action, d.position, d.keep) == ("stop", 2, 2)
     # the stops survive the state file: a third driver restored from it knows "kept" was stopped
@@ -358,16 +358,47 @@ def test_a_rung_whose_other_trials_were_all_stopped_lets_the_next_trial_continue
     assert old.ranker.state_dict()["stopped"] == {"kept": 1, "late": 1}    # loaded on the first trial added
 
 
-def _search(seed: int, n: int, workers: int, max_epochs: int, eta: float, kills: int):
+def test_a_trial_that_failed_after_continuing_does_not_hold_the_rung_for_ever(tmp_path, state_file):
+    """A trial that continued at a rung and then failed (the trainable's status "error", or a Ray error with no
+    retry left) keeps its record and place, but will never finish: when every other trial at the rung is
+    stopped or failed, the next one continues. A retried trial (Ray adds it again) or one that reports again
+    is running, and counts again. The marks survive the state file."""
+    state_file(tmp_path / "state.jsonl")
+    m = MOASHA(ranker(eta=2, max_epochs=4), state_key="exp")
+    at_start = pickle.dumps(m)
+    assert _feed(m, [("lead", 1, v(0.9, 0.1)), ("kept", 1, v(0.5, 0.5))]) == [MOASHA.CONTINUE, MOASHA.STOP]
+    assert _feed(m, [("x", 1, v(0.4, 0.6))]) == [MOASHA.STOP]           # "lead" is running: by position
+    m.on_trial_complete(None, FakeTrial("lead"), {"epoch": 3, "status": "error"})
+    assert _feed(m, [("y", 1, v(0.3, 0.7))]) == [MOASHA.CONTINUE]       # "lead" failed, the rest stopped
+    assert m.ranker.state_dict()["failed"] == ["lead"]
+    resumed = pickle.loads(at_start)                                    # read back from the state file
+    _restore_trials(resumed, [("lead", 1, None), ("kept", 1, None), ("x", 1, None), ("y", 1, None)])
+    assert resumed.ranker.state_dict()["failed"] == ["lead"]
+    # a Ray error, then the retry: Ray calls on_trial_error, then adds the trial again as PENDING
+    m.on_trial_error(None, FakeTrial("y"))
+    assert m.ranker.state_dict()["failed"] == ["lead", "y"]
+    retried = FakeTrial("y")
+    retried.status = "PENDING"
+    m.on_trial_add(None, retried)
+    assert m.ranker.state_dict()["failed"] == ["lead"]
+    # one that reports again is running
+    m.on_trial_error(None, FakeTrial("y"))
+    assert _feed(m, [("y", 2, v(0.3, 0.7))]) == [MOASHA.CONTINUE] and m.ranker.state_dict()["failed"] == ["lead"]
+
+
+def _search(seed: int, n: int, workers: int, max_epochs: int, eta: float, kills: int, failures: int = 0):
     """A simulated search on the rule alone: ``n`` samples on ``workers`` workers, each result one epoch of a
     running trial picked at random, every epoch reported. ``kills`` times the driver is killed: a random subset
     of the trials started since the last kill never reached a snapshot, so they are forgotten (records and
-    stops) and their samples run again under new ids. Returns the ranker, the finished trials, every decision
-    and the ghosts."""
+    stops) and their samples run again under new ids. ``failures`` times a running trial fails (it is not run
+    again). Returns the ranker, the finished trials, every decision, the ghosts and whether a trial started
+    after the last kill or failure."""
     rng = random.Random(seed)
     r = RungRanker(max_epochs, 1, eta, OBJ)
     queue = list(range(n))
     kill_at = set(rng.sample(range(1, 4 * n * max_epochs), kills)) if kills else set()
+    fail_at = set(rng.sample(range(1, 4 * n * max_epochs), failures)) - kill_at if failures else set()
+    started_since_event = False
     running: dict[str, int] = {}
     since_kill: list[str] = []
     finished, ghosts, decisions = set(), set(), []
@@ -380,7 +411,14 @@ def _search(seed: int, n: int, workers: int, max_epochs: int, eta: float, kills:
             ids += 1
             running[tid] = 0
             since_kill.append(tid)
+            started_since_event = True
         step += 1
+        if step in fail_at and running:
+            tid = rng.choice(sorted(running))
+            r.mark_failed(tid)
+            del running[tid]
+            started_since_event = False
+            continue
         if step in kill_at and since_kill:
             gone = set(rng.sample(since_kill, rng.randint(1, len(since_kill))))
             r.forget(gone)
@@ -391,6 +429,7 @@ def _search(seed: int, n: int, workers: int, max_epochs: int, eta: float, kills:
                 running.pop(tid, None)
                 queue.append(0)               # the sample runs again under a new id
             since_kill = []
+            started_since_event = False
             continue
         tid = rng.choice(sorted(running))
         running[tid] += 1
@@ -401,19 +440,24 @@ def _search(seed: int, n: int, workers: int, max_epochs: int, eta: float, kills:
             if d.action != "stop":
                 finished.add(tid)
             del running[tid]
-    return r, finished, decisions, ghosts
+    return r, finished, decisions, ghosts, started_since_event
 
 
 @settings(max_examples=300, deadline=None)
-@example(seed=28, n=2, workers=2, max_epochs=4, eta=2, kills=1)     # all stopped, judged by position alone
-@example(seed=66, n=2, workers=3, max_epochs=8, eta=2, kills=2)
+@example(seed=28, n=2, workers=2, max_epochs=4, eta=2, kills=1, failures=0)   # all stopped, by position alone
+@example(seed=66, n=2, workers=3, max_epochs=8, eta=2, kills=2, failures=0)
+@example(seed=203, n=2, workers=1, max_epochs=9, eta=2, kills=0, failures=2)  # the leader failed: the same
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12), workers=st.integers(1, 4),
-       max_epochs=st.integers(2, 9), eta=st.sampled_from([1.5, 2, 3, 4]), kills=st.integers(0, 3))
-def test_a_search_always_runs_some_trial_to_the_end(seed, n, workers, max_epochs, eta, kills):
-    """Whatever the values, the order of results and the kills, some trial that the experiment still has
-    runs to the end (with no kill this is ASHA's own guarantee: the first trial at a rung continues)."""
-    _, finished, decisions, ghosts = _search(seed, n, workers, max_epochs, eta, kills)
-    assert finished and not finished & ghosts
-    if not kills:
+       max_epochs=st.integers(2, 9), eta=st.sampled_from([1.5, 2, 3, 4]), kills=st.integers(0, 3),
+       failures=st.integers(0, 2))
+def test_a_search_always_runs_some_trial_to_the_end(seed, n, workers, max_epochs, eta, kills, failures):
+    """Whatever the values, the order of results, the kills and the failures, some trial that the experiment
+    still has runs to the end, if a trial started after the last kill or failure (with neither, this is ASHA's
+    own guarantee: the first trial at a rung continues)."""
+    _, finished, decisions, ghosts, started = _search(seed, n, workers, max_epochs, eta, kills, failures)
+    assert not finished & ghosts
+    if started:
+        assert finished
+    if not kills and not failures:
         # every epoch reported, nothing forgotten: the rule is ASHA's by position alone
         assert all((d.action == "continue") == (d.position < d.keep) for d in decisions)

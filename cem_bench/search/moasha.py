@@ -146,6 +146,14 @@ class MOASHA(FIFOScheduler):
         self._ensure_loaded()
         self._live.add(trial.trial_id)
         self._known.add(trial.trial_id)
+        if getattr(trial, "status", None) in ("PENDING", "RUNNING"):
+            self._mark_failed(trial, False)   # Ray requeues a trial it retries (or resumes an errored one) by adding it
+
+    def _mark_failed(self, trial, failed: bool) -> None:
+        """Tell the ranker a trial failed (or runs again): a failed trial may hold the only place a rung keeps,
+        and the rule's second clause (rungs.py) lets the next trial there go on."""
+        if self.ranker.mark_failed(trial.trial_id, failed):
+            self._write_state()
 
     def _forget_unknown(self) -> None:
         """Once per driver session, at its first result: forget the records and stops of trials this session
@@ -167,6 +175,7 @@ class MOASHA(FIFOScheduler):
         self._forget_unknown()
         if config.get("role") in self.exempt_roles or self.time_attr not in result:
             return TrialScheduler.CONTINUE
+        self._mark_failed(trial, False)       # a result: it is running
         if any(d["trial_id"] == trial.trial_id for d in self._stops):
             # a stop is final: a trial that reports again (its worker restarted it from a checkpoint after the
             # driver was killed between the decision and the stop) is stopped again
@@ -182,12 +191,19 @@ class MOASHA(FIFOScheduler):
 
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
         self._live.discard(trial.trial_id)
+        if isinstance(result, dict) and result.get("status") == "error":
+            # the trainable ends a trial that a retry cannot mend (a diverged loss, a bad config) as a result
+            # with status "error" (trainable.py), not as a Ray error
+            self._ensure_loaded()
+            self._mark_failed(trial, True)
 
     def on_trial_remove(self, tune_controller, trial) -> None:
         self._live.discard(trial.trial_id)
 
     def on_trial_error(self, tune_controller, trial) -> None:
         self._live.discard(trial.trial_id)
+        self._ensure_loaded()
+        self._mark_failed(trial, True)        # Ray calls on_trial_add again if it retries the trial
 
     # -- inspection ------------------------------------------------------------------------------------
 

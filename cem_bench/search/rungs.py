@@ -37,19 +37,21 @@ trials are ordered by
 3. then the order in which the trials were recorded at the rung (earlier first).
 
 The trial continues if its position in that order is below ``keep``, or if every other trial recorded at the
-rung has been stopped (at this rung or a later one). The second clause keeps ASHA's guarantee that some trial
-runs to the end. ASHA gets it from the first trial at each rung, which always continues and, when every epoch is
-reported, is recorded at every rung below. A resumed driver forgets a killed driver's trials that its
-experiment never listed (``MOASHA._forget_unknown``) while the stops they caused stay final; if a forgotten
+rung has been stopped (at this rung or a later one) or has failed. The second clause keeps ASHA's guarantee that
+some trial runs to the end. ASHA gets it from the first trial at each rung, which always continues and, when
+every epoch is reported, is recorded at every rung below; a trial that continued and then failed (an error, a
+diverged loss) keeps its place but will never finish. A resumed driver forgets a killed driver's trials that
+its experiment never listed (``MOASHA._forget_unknown``) while the stops they caused stay final; if a forgotten
 trial was the one that continued at a rung, position alone could stop every later trial there (0.5 % of
 simulated searches with kills did, ``tests/test_moasha.py``). When every epoch is reported and nothing is
-forgotten the clause never applies: some trial recorded at each rung is never stopped (the first at the highest
-rung reached, recorded at every rung below it). Consequences (tested):
+forgotten or failed the clause never applies: some trial recorded at each rung is never stopped (the first at
+the highest rung reached, recorded at every rung below it). A failed trial keeps its record and its place in
+the order; the clause only asks whether some other trial there may still finish. Consequences (tested):
 
 * a trial that no recorded trial dominates is never stopped unless more than ``keep`` trials of the rung are
   non-dominated; then the tie-break (2, 3) decides;
-* some trial that no one forgot runs to the end (barring errors), whatever the values, the order of the
-  results and the drivers killed;
+* some trial runs to the end, whatever the values, the order of the results, the drivers killed and the trials
+  failed, as long as a trial started after the last kill or failure does not fail itself;
 * a trial that dominates every recorded one is alone in front 0, position 0, and always continues, whatever
   the order in which the others arrived. Ranks are computed by non-dominated sorting, never read off a sorted
   order (issue 26: Syne Tune's MOASHA priority appears to read the position of a trial in its sorted list as its rank, so a
@@ -139,6 +141,7 @@ class RungRanker:
         # rung epoch -> {trial_id: (arrival, values as given, NaN for missing)}; dicts keep arrival order
         self._records: dict[int, dict[str, tuple[int, list[float]]]] = {r: {} for r in self.rungs}
         self._stopped: dict[str, int] = {}    # trial id -> the rung at which it was stopped
+        self._failed: set[str] = set()        # trials that ended in an error (they keep their records)
         self._counter = 0
 
     # -- decisions -------------------------------------------------------------------------------------
@@ -180,14 +183,14 @@ class RungRanker:
         inside = position < keep
         # the module docstring: with every other trial of the rung stopped, stopping this one too could leave
         # the search with no trial run to the end
-        last_hope = not inside and all(t in self._stopped for t in ids if t != trial_id)
+        last_hope = not inside and all(t in self._stopped or t in self._failed for t in ids if t != trial_id)
         where = f"rank {rank} of {n_fronts} fronts at epoch {rung}"
         reason = f"{where}: {'inside' if inside else 'outside'} the top {keep} of {n}"
         if better < keep < better + len(front):
             reason += (f" (front {rank} has {len(front)} trials across the cut: place {within.index(me)} in it "
                        "by hypervolume contribution, then arrival)")
         if last_hope:
-            reason += f", but continues: every other trial recorded at epoch {rung} was stopped"
+            reason += f", but continues: every other trial recorded at epoch {rung} was stopped or failed"
         cont = inside or last_hope
         if not cont:
             self._stopped[trial_id] = rung
@@ -235,7 +238,7 @@ class RungRanker:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable: the settings, every rung's recorded vectors per trial id (NaN as None), the
-        stopped trials (trial id -> rung) and the arrival counter."""
+        stopped trials (trial id -> rung), the failed ones and the arrival counter."""
         return {
             "version": _STATE_VERSION,
             "max_epochs": self.max_epochs,
@@ -248,6 +251,7 @@ class RungRanker:
                 for r, rec in self._records.items()
             },
             "stopped": dict(self._stopped),
+            "failed": sorted(self._failed),
             "counter": self._counter,
         }
 
@@ -270,8 +274,9 @@ class RungRanker:
             items = sorted(rec.items(), key=lambda kv: kv[1]["arrival"])
             records[int(r)] = {t: (int(v["arrival"]), [_float(x) for x in v["values"]]) for t, v in items}
         stopped = {str(t): int(r) for t, r in (d.get("stopped") or {}).items()}
+        failed = {str(t) for t in d.get("failed") or []}
         self._records = records
-        self._stopped = stopped
+        self._stopped, self._failed = stopped, failed
         self._counter = int(d["counter"])
 
     def mark_stopped(self, trial_id: str, rung: int) -> None:
@@ -279,12 +284,22 @@ class RungRanker:
         the scheduler's own decisions say which)."""
         self._stopped[str(trial_id)] = int(rung)
 
+    def mark_failed(self, trial_id: str, failed: bool = True) -> bool:
+        """Know that ``trial_id`` ended in an error (``failed=False``: it is running again, a retry); returns
+        whether that changed anything. Its records stay: only the second clause of the rule reads this."""
+        t = str(trial_id)
+        if failed == (t in self._failed):
+            return False
+        (self._failed.add if failed else self._failed.discard)(t)
+        return True
+
     def forget(self, trial_ids) -> int:
         """Drop every record of ``trial_ids`` (trials that no longer exist: a killed driver's trials that its
         experiment snapshot did not list); returns how many records went. Later decisions rank without them."""
         gone = set(trial_ids)
         for t in gone & self._stopped.keys():
             del self._stopped[t]
+        self._failed -= gone
         n = 0
         for recs in self._records.values():
             for t in [t for t in recs if t in gone]:

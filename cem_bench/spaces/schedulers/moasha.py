@@ -1,8 +1,9 @@
 """``moasha``: multi-objective asynchronous successive halving (docs/search.md). A search trial is judged at
 the rungs ``grace_epochs * reduction_factor ** k`` (whole epochs below ``train.epochs``) and continues only if
 it is among the best ⌈n/η⌉ of the n trials recorded there (Pareto rank, then hypervolume contribution), or
-every other trial recorded there was stopped (so that some trial runs to the end after a resumed driver forgot
-the one that continued). The rule is ``search/rungs.py`` (``RungRanker``), the Ray Tune scheduler ``search/moasha.py`` (``MOASHA``)."""
+every other trial recorded there was stopped or failed (so that some trial runs to the end when the one that
+continued failed, or was forgotten by a resumed driver). The rule is ``search/rungs.py`` (``RungRanker``), the
+Ray Tune scheduler ``search/moasha.py`` (``MOASHA``)."""
 
 from __future__ import annotations
 
