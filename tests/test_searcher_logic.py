@@ -125,7 +125,7 @@ def test_no_finished_search_run_confirms_nothing_and_says_so(capsys):
     q.next_run("s0")
     q.run_finished("s0", None, error=True)
     assert q.next_run("x") == FINISHED
-    assert "nothing to confirm: none of the search's 1 runs" in capsys.readouterr().err
+    assert "nothing to confirm: of the search's 1 runs, none with λ ≠ 0 finished" in capsys.readouterr().err
     assert q.next_run("y") == FINISHED and capsys.readouterr().err == ""     # said once
 
 

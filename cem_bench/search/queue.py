@@ -142,7 +142,7 @@ class RunQueue:
                             // max(1, len(self._confirm_seeds)), list(self._confirm_seeds))
             elif self._confirm_top and self._confirm_seeds:
                 # said, not only logged: the space asked for a confirmation, and its claims stay exploratory
-                print(f"cem-bench: nothing to confirm: none of the search's {runs} runs with λ ≠ 0 finished with "
+                print(f"cem-bench: nothing to confirm: of the search's {runs} runs, none with λ ≠ 0 finished with "
                       "every objective finite (each was stopped by the scheduler, failed or gave NaN); the report's "
                       "claims stay exploratory", file=sys.stderr, flush=True)
         if self._confirm_queue:
