@@ -1283,3 +1283,27 @@ def test_the_noise_floor_counts_the_runs_each_spread_is_over():
                 "attack_ssim": np.nan if skip else rng.normal(0.7, 0.01)}
     text = noise_floor_text(_lambda_pair(ACC_SSIM, run))
     assert "(4 seeds)" in text.split("attack_ssim")[0] and text.endswith("(3 seeds)"), text
+
+
+def test_a_planned_confirmation_that_never_ran_is_said_in_the_run_facts(tmp_path):
+    """A space that asked for a confirmation, whose search left nothing to confirm (every configuration stopped
+    or errored; the driver says "nothing to confirm"), must not read as a search that asked for none: the run
+    facts say what was planned and that none ran. A confirmation that ran, or none planned, adds no such row."""
+    import html
+
+    from cem_bench.analysis.report.facts import run_facts
+    root = noisy_search(tmp_path / "unconfirmed", effect=0.1, confirm=False)
+    space = json.loads((root / "search_space.json").read_text())
+    (root / "search_space.json").write_text(json.dumps({**space, "confirm": {"top": 2, "replicates": 3,
+                                                                               "seeds": [3, 4, 5]}}))
+    res = load_results(root)
+    assert res.confirm_plan == {"top": 2, "replicates": 3} and not res.confirmed
+    said = dict(run_facts(res, 0.0))["confirmation (planned in the space)"]
+    assert said.startswith("the best 2 with 3 new seeds each; none ran: no search configuration with λ ≠ 0 "
+                           "finished ok")
+    assert "confirmation (planned in the space)" in html.unescape(build_report(root, tmp_path / "out").read_text())
+    confirmed = noisy_search(tmp_path / "confirmed", effect=0.1, confirm=True)
+    space = json.loads((confirmed / "search_space.json").read_text())
+    (confirmed / "search_space.json").write_text(json.dumps({**space, "confirm": {"top": 3, "replicates": 3}}))
+    for folder in (confirmed, noisy_search(tmp_path / "unplanned", effect=0.1, confirm=False)):
+        assert "confirmation (planned in the space)" not in dict(run_facts(load_results(folder), 0.0))

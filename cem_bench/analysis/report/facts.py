@@ -68,6 +68,15 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
                        str(int((c["pareto_rank"] == 0).sum())))]
         else:
             facts.append(("configurations on the front (means)", str(int((c["pareto_rank"] == 0).sum()))))
+    plan = res.confirm_plan
+    if plan and not res.confirmed:
+        # the driver said so too ("nothing to confirm"); the page must not read as if none was asked for
+        n = t["role"].eq("confirm").sum() if "role" in t else 0
+        facts.append(("confirmation (planned in the space)", (
+            f"the best {plan['top']} with {plan['replicates']} new seeds each; " + (
+                f"{n} confirmation run{'s' * (n != 1)} finished, none ok" if n else
+                "none ran: no search configuration with λ ≠ 0 finished ok (stopped early, errored or NaN), or the "
+                "search ended before its last run"))))
     if res.configs is not None:
         facts.append(("configurations table", configs_source_text(res)))
         facts.append(("noise floor (λ=0 baseline, std over its seeds)", noise_floor_text(res)))

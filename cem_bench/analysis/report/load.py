@@ -113,6 +113,9 @@ class Results:
     # or none usable, and then ``hypotheses_problem`` says why
     hypotheses: dict | None = None
     hypotheses_problem: str | None = None
+    # the confirmation the space planned (search_space.json ``confirm``: top, replicates); None: none planned,
+    # or no space saved. The run facts say when it was planned and none ran (nothing finished to confirm)
+    confirm_plan: dict | None = None
 
     @property
     def replicated(self) -> bool:
@@ -344,7 +347,22 @@ def load_results(results_dir: str | Path) -> Results:
     res = results_of(_read_trials(results_dir), objectives, results_dir=results_dir, name=name,
                      epochs=_read_epochs(results_dir), utility_tolerance=read_utility_tolerance(results_dir))
     res.hypotheses, res.hypotheses_problem = read_space_hypotheses(results_dir)
+    res.confirm_plan = read_confirm_plan(results_dir)
     return res
+
+
+def read_confirm_plan(results_dir: Path) -> dict | None:
+    """The space's planned confirmation from ``search_space.json`` (``{"top": K, "replicates": R}``); None when
+    it planned none (``confirm: false``), or there is no readable space, or the entry is not of that shape."""
+    from cem_bench.integrity import read_json_file
+    spec = read_json_file(results_dir, SPACE_FILE, "the search space the search saved (JSON)")
+    conf = spec.get("confirm") if isinstance(spec, dict) else None
+    if not isinstance(conf, dict):
+        return None
+    top, reps = conf.get("top"), conf.get("replicates")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (top, reps)):
+        return None
+    return {"top": top, "replicates": reps}
 
 
 def read_space_hypotheses(results_dir: Path) -> tuple[dict | None, str | None]:
