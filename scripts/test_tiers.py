@@ -21,9 +21,8 @@ import tempfile
 import threading
 
 AUTOSCALE = "tests/test_cluster_autoscale.py"
-# The longest test outside the Ray tier, run in the Ray tier's process after it, at normal priority: with it, the
-# other tier took 27 min 8 s and the Ray tier (autoscaling file included) 20 min 31 s, this test 288 s of the
-# former at nice 19 (2026-11-28, docs/architecture.md 5.5).
+# The longest test outside the Ray tier: at nice 19 it set the other tier's length, so it runs in the Ray tier's
+# process after it, at normal priority (the times: docs/architecture.md 5.5).
 AFTER_RAY = ("tests/test_cli.py::test_the_calibrated_defaults_hold_at_the_reference_state",)
 RAY_SIDE = (("ray tier", ["-m", "ray", "--ignore", AUTOSCALE]), ("autoscale", [AUTOSCALE]),
             ("after the ray tier", list(AFTER_RAY)))

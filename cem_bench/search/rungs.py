@@ -42,11 +42,12 @@ some trial runs to the end. ASHA gets it from the first trial at each rung, whic
 every epoch is reported, is recorded at every rung below; a trial that continued and then failed (an error, a
 diverged loss) keeps its place but will never finish. A resumed driver forgets a killed driver's trials that
 its experiment never listed (``MOASHA._forget_unknown``) while the stops they caused stay final; if a forgotten
-trial was the one that continued at a rung, position alone could stop every later trial there (0.5 % of
-simulated searches with kills did, ``tests/test_moasha.py``). When every epoch is reported and nothing is
-forgotten or failed the clause never applies: some trial recorded at each rung is never stopped (the first at
-the highest rung reached, recorded at every rung below it). A failed trial keeps its record and its place in
-the order; the clause only asks whether some other trial there may still finish. Consequences (tested):
+trial was the one that continued at a rung, position alone could stop every later trial there
+(docs/search.md §3 measures how often, on searches simulated in ``tests/test_moasha.py``). When every epoch is
+reported and nothing is forgotten or failed the clause never applies: some trial recorded at each rung is
+never stopped (the first at the highest rung reached, recorded at every rung below it). A failed trial keeps
+its record and its place in the order; the clause only asks whether some other trial there may still finish.
+Consequences (tested):
 
 * a trial that no recorded trial dominates is never stopped unless more than ``keep`` trials of the rung are
   non-dominated; then the tie-break (2, 3) decides;

@@ -344,19 +344,25 @@ def load_results(results_dir: str | Path) -> Results:
     ``trials.parquet`` nor a Ray experiment of ``cem-bench search``."""
     results_dir = check_results_dir(results_dir)
     objectives, name = load_objectives(results_dir)
+    space = _read_space(results_dir)   # once: each read is verified against the folder's manifest
     res = results_of(_read_trials(results_dir), objectives, results_dir=results_dir, name=name,
-                     epochs=_read_epochs(results_dir), utility_tolerance=read_utility_tolerance(results_dir))
-    res.hypotheses, res.hypotheses_problem = read_space_hypotheses(results_dir)
-    res.confirm_plan = read_confirm_plan(results_dir)
+                     epochs=_read_epochs(results_dir), utility_tolerance=_utility_tolerance(space))
+    res.hypotheses, res.hypotheses_problem = _space_hypotheses(space)
+    res.confirm_plan = _confirm_plan(space)
     return res
 
 
-def read_confirm_plan(results_dir: Path) -> dict | None:
-    """The space's planned confirmation from ``search_space.json`` (``{"top": K, "replicates": R}``); None when
-    it planned none (``confirm: false``), or there is no readable space, or the entry is not of that shape."""
+def _read_space(results_dir: Path) -> dict | None:
+    """``search_space.json`` parsed (verified, ``integrity``); None when there is none or it is not an object."""
     from cem_bench.integrity import read_json_file
     spec = read_json_file(results_dir, SPACE_FILE, "the search space the search saved (JSON)")
-    conf = spec.get("confirm") if isinstance(spec, dict) else None
+    return spec if isinstance(spec, dict) else None
+
+
+def _confirm_plan(spec: dict | None) -> dict | None:
+    """The space's planned confirmation (``{"top": K, "replicates": R}``); None when it planned none
+    (``confirm: false``), or there is no space, or the entry is not of that shape."""
+    conf = spec.get("confirm") if spec else None
     if not isinstance(conf, dict):
         return None
     top, reps = conf.get("top"), conf.get("replicates")
@@ -368,18 +374,18 @@ def read_confirm_plan(results_dir: Path) -> dict | None:
 def read_space_hypotheses(results_dir: Path) -> tuple[dict | None, str | None]:
     """The space's ``hypotheses`` from ``search_space.json`` (``hypotheses.read_hypotheses``): (None, None)
     when it states none or there is no space."""
+    return _space_hypotheses(_read_space(results_dir))
+
+
+def _space_hypotheses(spec: dict | None) -> tuple[dict | None, str | None]:
     from cem_bench.analysis.hypotheses import read_hypotheses
-    from cem_bench.integrity import read_json_file
-    spec = read_json_file(results_dir, SPACE_FILE, "the search space the search saved (JSON)")
-    return read_hypotheses(spec.get("hypotheses") if isinstance(spec, dict) else None)
+    return read_hypotheses(spec.get("hypotheses") if spec else None)
 
 
-def read_utility_tolerance(results_dir: Path) -> float | None:
-    """The space's ``utility_tolerance`` from ``search_space.json``; None when it states none (a space saved
-    before the key, or no space) or states something that is not a number >= 0."""
-    from cem_bench.integrity import read_json_file
-    spec = read_json_file(results_dir, SPACE_FILE, "the search space the search saved (JSON)")
-    value = spec.get("utility_tolerance") if isinstance(spec, dict) else None
+def _utility_tolerance(spec: dict | None) -> float | None:
+    """The space's ``utility_tolerance``; None when it states none (a space saved before the key, or no space)
+    or states something that is not a number >= 0."""
+    value = spec.get("utility_tolerance") if spec else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
         return None
     return float(value)

@@ -89,7 +89,7 @@ def fit_margins(fig: Figure) -> None:
     width, height = fig.bbox.width, fig.bbox.height
     sp = fig.subplotpars
     for _ in range(3):   # a wider margin narrows the panels, which may move their labels again
-        by_axes = [ax.get_tightbbox(renderer) for ax in axes]   # measured once a pass: the costly part
+        by_axes = [ax.get_tightbbox(renderer) for ax in axes]   # one measurement serves margins and gaps
         boxes = [b for b in by_axes if b is not None]
         if not boxes:
             return
