@@ -346,8 +346,8 @@ def make_parser() -> argparse.ArgumentParser:
                    "space's max_concurrent; without --address lowered to what this machine's GPUs and CPUs hold; "
                    "the first line printed says how many and why)")
     s.add_argument("--gpus-per-trial", type=float, help="override resources.gpu: a fraction of one GPU (0.125 = 8 "
-                   "trials a GPU), whole GPUs, or 0; without --address it also fills this machine's "
-                   "GPUs (GPUs / F at once, unless --max-concurrent)")
+                   "trials a GPU), 1 (a whole GPU: a trial trains on one) or 0; without --address it also fills "
+                   "this machine's GPUs (GPUs / F at once, unless --max-concurrent)")
     s.add_argument("--cpus-per-trial", type=float, help="override resources.cpu (fractions allowed); the CPUs can "
                    "hold fewer trials than the GPUs")
     s.add_argument("--resume", action="store_true", help="continue an interrupted search (Tuner.restore). Ray "
