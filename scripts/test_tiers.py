@@ -1,15 +1,16 @@
-"""`make test`: every test, as two pytest runs side by side.
+"""`make test`: every test, as two pytest processes side by side.
 
-One runs the Ray tier (``-m ray``), then ``tests/test_cluster_autoscale.py`` in a process of its own (its driver
-connects with ``RAY_AUTH_MODE=disabled``, which Ray keeps for the process: a later in-process local cluster then
-fails its GCS's token check), then the tests of ``AFTER_RAY``. The other runs every other test, at the lowest CPU
-priority (``nice 19``), in ``REST_WORKERS`` pytest-xdist workers that take whole files (``--dist loadfile``: a
-file's tests run in order in one process, as some expect): the Ray tier spends much of its time waiting
-(processes starting, checkpoints, signals, a killed driver) and the other tests fill those waits, while the Ray
-tier's trials run about as they do alone, so its tests of timing-dependent paths (a driver killed once the
-scheduler has decided, a signal after the first result) see the timings they were written for. One worker left
-a core idle through those waits; two fill them. Ray never runs twice at once: the tests outside the tier start
-no Ray (tests/conftest.py fails one that leaves Ray running). docs/architecture.md 5.5
+One process runs the Ray tier (``-m ray``), then ``tests/test_cluster_autoscale.py`` in a process of its own
+(its driver connects with ``RAY_AUTH_MODE=disabled``, which Ray keeps for the process: a later in-process local
+cluster then fails its GCS's token check), then the tests of ``AFTER_RAY``. The other runs every other test, at
+the lowest CPU priority (``nice 19``): the Ray tier spends much of its time waiting (processes starting,
+checkpoints, signals, a killed driver) and the other tests fill those waits, while the Ray tier's trials run
+about as they do alone, so its tests of timing-dependent paths (a driver killed once the scheduler has decided,
+a signal after the first result) see the timings they were written for. Ray never runs twice at once: the tests
+outside the tier start no Ray (tests/conftest.py fails one that leaves Ray running). The other tests run with
+``OMP_WAIT_POLICY=PASSIVE``: a test that trains at 2 torch threads (``test_same_seed_same_history``) shares the
+cores with the Ray tier at a lower priority, and OpenMP's default spin-wait at each parallel region's barrier
+then burns the time the starved thread needs (docs/architecture.md 5.5 has the times). docs/architecture.md 5.5
 has the times measured.
 
 The Ray tier's output is shown when it ends, not interleaved with the other's; the exit status is the first
@@ -17,6 +18,7 @@ non-zero one of the four processes (0 when all pass). Ctrl-C reaches all of them
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,8 +28,6 @@ AUTOSCALE = "tests/test_cluster_autoscale.py"
 # The longest test outside the Ray tier: at nice 19 it set the other tier's length, so it runs in the Ray tier's
 # process after it, at normal priority (the times: docs/architecture.md 5.5).
 AFTER_RAY = ("tests/test_cli.py::test_the_calibrated_defaults_hold_at_the_reference_state",)
-# Two: the cores of the machine CI runs on (docs/architecture.md 5.5 has the times with one and with two).
-REST_WORKERS = 2
 RAY_SIDE = (("ray tier", ["-m", "ray", "--ignore", AUTOSCALE]), ("autoscale", [AUTOSCALE]),
             ("after the ray tier", list(AFTER_RAY)))
 
@@ -46,9 +46,9 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
         ray = threading.Thread(target=_ray_tier, args=(python, log, rcs), daemon=True)
         ray.start()
-        rest = subprocess.Popen(["nice", "-n", "19", python, "-m", "pytest", "-q", "-n", str(REST_WORKERS),
-                                 "--dist", "loadfile", "--durations=15", "-m", "not ray",
-                                 "--ignore", AUTOSCALE, *(f"--deselect={t}" for t in AFTER_RAY), *argv])
+        rest = subprocess.Popen(["nice", "-n", "19", python, "-m", "pytest", "-q", "--durations=15", "-m", "not ray",
+                                 "--ignore", AUTOSCALE, *(f"--deselect={t}" for t in AFTER_RAY), *argv],
+                                env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
         # Ctrl-C reaches every process of the terminal's group, the pytest processes included: wait for them
         rcs["the rest"] = rest.wait()
         ray.join()
