@@ -10,8 +10,7 @@ a signal after the first result) see the timings they were written for. Ray neve
 outside the tier start no Ray (tests/conftest.py fails one that leaves Ray running). The other tests run with
 ``OMP_WAIT_POLICY=PASSIVE``: a test that trains at 2 torch threads (``test_same_seed_same_history``) shares the
 cores with the Ray tier at a lower priority, and OpenMP's default spin-wait at each parallel region's barrier
-then burns the time the starved thread needs (docs/architecture.md 5.5 has the times). docs/architecture.md 5.5
-has the times measured.
+then burns the time the starved thread needs. docs/architecture.md 5.5 has the times measured.
 
 The Ray tier's output is shown when it ends, not interleaved with the other's; the exit status is the first
 non-zero one of the four processes (0 when all pass). Ctrl-C reaches all of them."""
