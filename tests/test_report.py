@@ -1307,3 +1307,22 @@ def test_a_planned_confirmation_that_never_ran_is_said_in_the_run_facts(tmp_path
     (confirmed / "search_space.json").write_text(json.dumps({**space, "confirm": {"top": 3, "replicates": 3}}))
     for folder in (confirmed, noisy_search(tmp_path / "unplanned", effect=0.1, confirm=False)):
         assert "confirmation (planned in the space)" not in dict(run_facts(load_results(folder), 0.0))
+
+
+def test_a_planned_confirmation_whose_runs_all_failed_is_said_not_a_crash(tmp_path):
+    """The planned confirmation ran, but none of its runs is ok (all errored): the run facts count them (the
+    count was a numpy integer, and the plural's string repetition raised TypeError, so the report crashed)."""
+    from cem_bench.analysis.report.facts import run_facts
+    root = noisy_search(tmp_path / "failed", effect=0.1, confirm=True)
+    t = pd.read_parquet(root / "trials.parquet")
+    failed = t["role"] == "confirm"
+    t.loc[failed, "status"] = "error"
+    t.loc[failed, ["test_acc", "attack_ssim"]] = np.nan
+    t.to_parquet(root / "trials.parquet")
+    space = json.loads((root / "search_space.json").read_text())
+    (root / "search_space.json").write_text(json.dumps({**space, "confirm": {"top": 3, "replicates": 3}}))
+    res = load_results(root)
+    assert not res.confirmed
+    said = dict(run_facts(res, 0.0))["confirmation (planned in the space)"]
+    assert said == "the best 3 with 3 new seeds each; 9 confirmation runs finished, none ok", said
+    assert build_report(root, tmp_path / "out").exists()

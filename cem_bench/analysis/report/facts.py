@@ -71,7 +71,7 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
     plan = res.confirm_plan
     if plan and not res.confirmed:
         # the driver said so too ("nothing to confirm"); the page must not read as if none was asked for
-        n = t["role"].eq("confirm").sum() if "role" in t else 0
+        n = int(t["role"].eq("confirm").sum()) if "role" in t else 0   # a numpy int cannot repeat a str
         facts.append(("confirmation (planned in the space)", (
             f"the best {plan['top']} with {plan['replicates']} new seeds each; " + (
                 f"{n} confirmation run{'s' * (n != 1)} finished, none ok" if n else
