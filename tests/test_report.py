@@ -14,6 +14,7 @@ from matplotlib.image import imsave
 
 from cem_bench import surrogates
 from cem_bench.analysis.report import build_report, load_results, plot_param_effects, summary_sentence, surrogate_keys
+from cem_bench.analysis.report.facts import run_facts
 from cem_bench.cli import main
 from cem_bench.errors import ResultsError
 
@@ -1155,7 +1156,6 @@ def test_plurals_agree_everywhere_on_the_page(outcomes, tmp_path):
     """"1 configurations": a count of one takes the singular on the page and in the figures' titles."""
     import re
 
-    from cem_bench.analysis.report.facts import run_facts
     from cem_bench.analysis.report.frontier_plot import frontier_figure
     bad = re.compile(r"\b1 (configurations|trials|runs|seeds|ok trials|confirmation runs|search runs)\b")
     text = build_report(outcomes["real"], tmp_path / "out").read_text()
@@ -1291,7 +1291,6 @@ def test_a_planned_confirmation_that_never_ran_is_said_in_the_run_facts(tmp_path
     facts say what was planned and that none ran. A confirmation that ran, or none planned, adds no such row."""
     import html
 
-    from cem_bench.analysis.report.facts import run_facts
     root = noisy_search(tmp_path / "unconfirmed", effect=0.1, confirm=False)
     space = json.loads((root / "search_space.json").read_text())
     (root / "search_space.json").write_text(json.dumps({**space, "confirm": {"top": 2, "replicates": 3,
@@ -1312,7 +1311,6 @@ def test_a_planned_confirmation_that_never_ran_is_said_in_the_run_facts(tmp_path
 def test_a_planned_confirmation_whose_runs_all_failed_is_said_not_a_crash(tmp_path):
     """The planned confirmation ran, but none of its runs is ok (all errored): the run facts count them (the
     count was a numpy integer, and the plural's string repetition raised TypeError, so the report crashed)."""
-    from cem_bench.analysis.report.facts import run_facts
     root = noisy_search(tmp_path / "failed", effect=0.1, confirm=True)
     t = pd.read_parquet(root / "trials.parquet")
     failed = t["role"] == "confirm"
