@@ -124,17 +124,16 @@ def test_a_true_trade_off_is_named_one():
 
 @pytest.mark.slow
 def test_the_rates_of_docs_protocol_section_9():
-    """The rates of docs/protocol.md §9 re-measured on 100 simulated searches per design (the table itself is
-    `python -m cem_bench.analysis.report.claims --tables 400`: 400 a design took 284 s of CI, most of a slow tier)."""
+    """The one design of docs/protocol.md §9 that the tests above do not draw, re-measured on 100 simulated
+    searches: twelve null configurations whose best three are confirmed on new seeds (the best of many, then
+    confirmed). The table itself is `python -m cem_bench.analysis.report.claims --tables 400`. The designs the
+    tests above draw (null 12 and 100, the confirmed drop, the confirmed trade-off) are not drawn again here: the
+    same bounds on more searches cost minutes of CI (docs/architecture.md 5.5)."""
     n = 100
-    for design in ("null 12", "null 100", "null 12, top 3 confirmed"):
-        r = rates(design, n, seed=2)
-        assert r["false claim"] <= most_false(n), r
-        assert r["inconsistent"] == 0, r
-    r = rates("SSIM -5 spreads, 11 null, top 3 confirmed", n, seed=2)
-    assert r["true claim"] >= 0.8 * n and r["inconsistent"] == 0, r
-    r = rates("trade-off, 11 null, top 3 confirmed", n, seed=2)
-    assert r["named trade-off"] >= 0.9 * n and r["inconsistent"] == 0, r
+    r = rates("null 12, top 3 confirmed", n, seed=2)
+    assert r["false claim"] <= most_false(n), r
+    assert r["inconsistent"] == 0, r
+    assert r["marks"] <= most_false(r["compared"]), r
 
 
 # ---------------------------------------------------------------- the sentences

@@ -295,3 +295,36 @@ def test_the_snr_gate_is_closed_by_a_mean_shift_unless_its_statistics_are_detach
             assert shift.abs().max() <= 1e-4 * spread.max(), (shift, spread)
     with torch.no_grad():   # the forward is the same: only the gradient differs
         assert torch.allclose(designed(x, y).loss, fixed(x, y).loss)
+
+
+def test_loading_a_space_imports_no_dynamo_and_a_compile_marks_every_draw():
+    """The random draws a compiled surrogate runs eagerly (``layers.eager``) are marked with
+    ``torch.compiler.disable`` when a surrogate is compiled, not at import: that imported Dynamo into every
+    `cem-bench search` driver, which only reads the surrogates' keys. In a fresh interpreter: loading a space
+    imports no Dynamo; compiling serial_enhanced (a method of its own and ``SlotAttention.draw_noise``) marks
+    every ``eager`` function its forward reaches and the module's own draws, once however often."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = """
+import sys
+from cem_bench.spaces.parse import load_space
+load_space(sys.argv[1])
+assert "torch._dynamo" not in sys.modules, "loading a space imported Dynamo"
+from cem_bench.surrogates import layers
+from cem_bench.surrogates.serial_enhanced import SerialEnhanced
+from conftest import make_surrogate
+s = make_surrogate("serial_enhanced", (8, 8, 8), 4)
+assert layers.draw.eager_in_compile is True
+layers.disable_marked(s)
+first = SerialEnhanced.draws
+layers.disable_marked(s)
+assert SerialEnhanced.draws is first, "marked twice"
+for f in (SerialEnhanced.draws, layers.SlotAttention.draw_noise, layers.draw, layers.dropout_keep):
+    assert f.eager_in_compile == "disabled" and f._torchdynamo_disable, f
+"""
+    tests = Path(__file__).resolve().parent
+    space = tests.parent / "search_spaces" / "demo.yaml"
+    done = subprocess.run([sys.executable, "-c", code, str(space)], cwd=tests, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

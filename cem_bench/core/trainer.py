@@ -126,7 +126,7 @@ class Trainer:
         self.step_flops: int | None = None   # FLOPs of one step's client and server (CUDA records' tflops)
         self.surrogate_compile_failed: str | None = None   # train.compile_surrogate=auto fell back: why
         if surrogate is not None and compile_surrogate:
-            self._surrogate_fwd = torch.compile(surrogate, dynamic=False, options=SURROGATE_COMPILE_OPTIONS)
+            self._surrogate_fwd = surrogate.compiled(SURROGATE_COMPILE_OPTIONS)
         self.epoch = 0
         self.history: list[dict] = []
         self.selection = BestEpoch(cfg.train.select_best_last, cfg.train.epochs)   # train.select_best_last

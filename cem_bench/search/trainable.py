@@ -117,13 +117,12 @@ def reset_compiled() -> None:
     (``reuse_actors``) compiles a new surrogate every trial, and Dynamo's guards on the code it already compiled
     (one per module attribute such as ``noise_std``) count as recompiles of the same functions: past
     ``torch._dynamo.config.recompile_limit`` (8) Dynamo runs them eagerly without a word, so a worker's later
-    trials ran uncompiled and their timings were not comparable with its first ones. Cheap when nothing was
-    compiled; a torch without Dynamo has nothing to forget."""
-    try:
-        import torch._dynamo
-        torch._dynamo.reset()
-    except (ImportError, AttributeError):
-        pass
+    trials ran uncompiled and their timings were not comparable with its first ones. A process that has not
+    imported Dynamo has compiled nothing: it is not imported here for nothing (docs/performance.md)."""
+    import sys
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None and hasattr(dynamo, "reset"):
+        dynamo.reset()
 
 
 def cpu_without_gpu_share(flat: dict, gpu_frac: float) -> dict:

@@ -24,6 +24,7 @@ import torch.nn as nn
 from ..config import ConfigError, TrialConfig
 from ..keys import key
 from ..registry import Registry
+from .layers import disable_marked
 
 # Fallbacks of the keys every surrogate has whose default is "the surrogate's own" (None in config.py); a
 # surrogate overrides them in its ``defaults``.
@@ -107,6 +108,12 @@ class Surrogate(nn.Module):
         if self._stream is None or not _same_device(self._stream.device, device):
             self._stream = torch.Generator(device=device).manual_seed(self.seed + RNG_OFFSET)
         return self._stream
+
+    def compiled(self, options: dict):
+        """``torch.compile`` of the training forward (``train.compile_surrogate``; static shapes: the step's batch
+        is fixed), its random draws run eagerly (``layers.eager``, marked here: ``layers.disable_marked``)."""
+        disable_marked(self)
+        return torch.compile(self, dynamic=False, options=options)
 
     def probe_compiled(self, compiled, batch: int, device: torch.device, mode: str):
         """``(forward, why_not)``: run the compiled training forward and backward on a batch of zeros shaped as

@@ -29,6 +29,29 @@ SNR_EPS = 1e-6   # epsilon of the SNR gate sigma^2 / (mu^2 + eps)
 Rng = torch.Generator | Callable[[torch.device], torch.Generator] | None
 
 
+def eager(fn: Callable) -> Callable:
+    """Mark ``fn`` (a function or a method) as one a ``torch.compile``d surrogate (``train.compile_surrogate``)
+    runs eagerly: a random draw, which Dynamo cannot trace from a ``torch.Generator``. ``disable_marked`` puts
+    ``torch.compiler.disable`` on it when a surrogate is first compiled, not this decorator: that imports Dynamo,
+    which a process that never compiles (every CPU trial, every command) would otherwise pay at import."""
+    fn.eager_in_compile = True
+    return fn
+
+
+def disable_marked(surrogate: nn.Module) -> None:
+    """``torch.compiler.disable`` on every ``eager`` function of this module and of the classes of ``surrogate``
+    and its submodules (and their bases), in place: a call looks the function up on its class or in this
+    module, so every instance and every caller gets the disabled one. Idempotent."""
+    import sys
+    owners = {c for m in surrogate.modules() for c in type(m).__mro__} | {sys.modules[__name__]}
+    for owner in owners:
+        for name, fn in list(vars(owner).items()):
+            if getattr(fn, "eager_in_compile", None) is True:
+                disabled = torch.compiler.disable(fn)
+                disabled.eager_in_compile = "disabled"
+                setattr(owner, name, disabled)
+
+
 @dataclass(frozen=True)
 class GateKeys:
     """The keys of ``VarianceGates`` and the class gate (gated_attention and slot_cross, design note 003)."""
@@ -85,7 +108,7 @@ class SlotAttention(nn.Module):
         self.competition = (nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1))
                             if competition else None)
 
-    @torch.compiler.disable
+    @eager
     def draw_noise(self, n: int, generator: Rng) -> Tensor | None:
         """The noise of ``n`` sets' initial slots, (n, K, dim) ~ N(0, 1) from ``generator``, in train mode; None
         in eval mode (the slots start at their mean). The same numbers ``forward`` would draw itself. A
@@ -226,7 +249,7 @@ def build_gates(surrogate, dim: int) -> VarianceGates:
                          c.softplus_beta, c.margin, c.snr_gate_grad)
 
 
-@torch.compiler.disable
+@eager
 def dropout_keep(shape, p: float, training: bool, generator: Rng, device, dtype=torch.float32) -> Tensor | None:
     """The keep mask (``shape``, bool) of an inverted dropout with rate ``p``, drawn from ``generator``
     (``F.dropout`` can only use the global RNG); None when nothing is dropped (eval mode, ``p`` = 0). Apply
@@ -242,7 +265,7 @@ def dropout(x: Tensor, keep: Tensor | None, p: float) -> Tensor:
     return x if keep is None else x * keep / (1 - p)
 
 
-@torch.compiler.disable
+@eager
 def draw(fn: Callable, shape, generator: Rng, device, dtype) -> Tensor:
     """``fn(shape, generator=...)`` (``torch.randn``, ``torch.rand``), kept out of a ``torch.compile`` graph
     (``train.compile_surrogate``): Dynamo cannot trace a ``torch.Generator``, so the draw runs eagerly, from

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..keys import key
 from .base import SlotKeys, Surrogate, SurrogateOut, group_by_class, intra_class_mse, register, rows, soft_cell_stats
-from .layers import SlotAttention, dropout, dropout_keep
+from .layers import SlotAttention, dropout, dropout_keep, eager
 
 VAR_FLOOR = 1e-4        # design note 001: sigma^2 = Var + 1e-4, hinge at log(1e-4)
 LOG_EPS = 1e-8          # design note 001: log(sigma^2 + 1e-8)
@@ -133,7 +133,7 @@ class SerialEnhanced(Surrogate):
         p, h = self.cfg.dropout, self.h
         return tuple(dropout_keep(shape, p, self.training, self.rng, device) for shape in ((b, 4 * h), (b, h)))
 
-    @torch.compiler.disable
+    @eager
     def draws(self, b: int, device) -> tuple:
         """Every random number of a training forward, in the order the stages use them: the class slots'
         initial noise (G, K, h), then the FFN's two dropout masks. Drawn first thing in ``forward``, so that a
