@@ -33,15 +33,16 @@ def eager(fn: Callable) -> Callable:
     """Mark ``fn`` (a function or a method) as one a ``torch.compile``d surrogate (``train.compile_surrogate``)
     runs eagerly: a random draw, which Dynamo cannot trace from a ``torch.Generator``. ``disable_marked`` puts
     ``torch.compiler.disable`` on it when a surrogate is first compiled, not this decorator: that imports Dynamo,
-    which a process that never compiles (every CPU trial, every command) would otherwise pay at import."""
+    which a process that only reads the surrogates (a search driver, for their keys) would otherwise pay."""
     fn.eager_in_compile = True
     return fn
 
 
 def disable_marked(surrogate: nn.Module) -> None:
     """``torch.compiler.disable`` on every ``eager`` function of this module and of the classes of ``surrogate``
-    and its submodules (and their bases), in place: a call looks the function up on its class or in this
-    module, so every instance and every caller gets the disabled one. Idempotent."""
+    and its submodules (and their bases), in place: a call through the class or this module gets the disabled
+    one. A name imported from here keeps the unmarked function (serial_enhanced calls ``dropout_keep`` only inside
+    its own ``eager`` ``draws``). Idempotent."""
     import sys
     owners = {c for m in surrogate.modules() for c in type(m).__mro__} | {sys.modules[__name__]}
     for owner in owners:
