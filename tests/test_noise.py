@@ -59,3 +59,18 @@ def test_pure_noise_is_rarely_claimed_and_a_clear_effect_always():
     assert np.isin(null, [noise.BETTER, noise.WORSE]).mean() < 0.06
     clear = noise.compare_many(x + 10, y, "max")["verdict"]
     assert (clear == noise.BETTER).all()
+
+
+def test_the_t_functions_are_scipy_stats_own():
+    """``t_quantile`` and ``t_sf`` (scipy.special, so that a report need not import scipy.stats) equal
+    scipy.stats' t, and the non-central t the summary's seed count uses equals ``nct.sf``: the same numbers, the
+    same NaN where the degrees of freedom are none (0, negative, NaN)."""
+    dof = np.array([np.nan, -1.0, 0.0, 0.5, 1.0, 2.3, 5.0, 30.0, 1e6, np.inf])
+    for q in (0.025, 0.5, 0.975, 1 - noise.ALPHA / 2):
+        np.testing.assert_allclose(noise.t_quantile(q, dof), stats.t.ppf(q, dof), rtol=1e-13, atol=0)
+    x = np.array([0.0, 0.1, 1.96, 5.0, 40.0, np.inf, np.nan])
+    for d in (1.0, 2.3, 7.0, 1e6, np.nan, np.inf):
+        np.testing.assert_allclose(noise.t_sf(x, d), stats.t.sf(x, d), rtol=1e-13, atol=0)
+    from scipy.special import nctdtr
+    for d, nc, t in [(3, 1.5, 2.5), (10.7, 3.1, 2.2), (2.1, 0.2, 4.3), (50, 6, 2)]:
+        assert 1 - nctdtr(d, nc, t) == pytest.approx(stats.nct.sf(t, d, nc), rel=1e-12)

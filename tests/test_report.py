@@ -1324,3 +1324,27 @@ def test_a_planned_confirmation_whose_runs_all_failed_is_said_not_a_crash(tmp_pa
     said = dict(run_facts(res, 0.0))["confirmation (planned in the space)"]
     assert said == "the best 3 with 3 new seeds each; 9 confirmation runs finished, none ok", said
     assert build_report(root, tmp_path / "out").exists()
+
+
+def test_a_report_and_a_table_import_no_scipy_stats(tmp_path):
+    """scipy.stats parses every distribution's docstring when imported (1.5 s, about a fifth of a small
+    search's report): the report's t and non-central t functions come from scipy.special (``noise.t_quantile``,
+    ``t_sf``; their values: tests/test_noise.py). In a fresh interpreter the report of a search whose
+    configurations ran once (the seeds a confirmation would need) and the table of a confirmed one (Welch's
+    intervals and p-values) leave scipy.stats unimported."""
+    import subprocess
+    code = """
+import sys
+from pathlib import Path
+from test_report import noisy_search
+from cem_bench.cli import main
+once = noisy_search(Path(sys.argv[1]) / "once", effect=0.1, confirm=False)
+confirmed = noisy_search(Path(sys.argv[1]) / "confirmed", effect=0.1)
+assert main(["report", str(once)]) == 0 and main(["table", str(confirmed)]) == 0
+assert "new seeds would resolve" in (once / "report" / "index.html").read_text()
+assert "scipy.stats" not in sys.modules, "the report imported scipy.stats"
+"""
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=tests, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -279,13 +279,12 @@ def build_configs(trials: pd.DataFrame, objectives: Sequence[dict]) -> pd.DataFr
     grouped = values.groupby(used[CONFIG_ID].to_numpy())
     mean, std, n = (grouped.mean().reindex(order), grouped.std(ddof=1).reindex(order),
                     grouped.count().reindex(order).fillna(0).astype(int))
-    from scipy.stats import t as student
     stats = {}
     for m in metrics:
         nm = n[m].to_numpy()
         sd = np.where(nm > 1, std[m].to_numpy(), np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
-            half = np.where(nm > 1, student.ppf(0.975, nm - 1) * sd / np.sqrt(nm), np.nan)
+            half = np.where(nm > 1, noise.t_quantile(0.975, nm - 1) * sd / np.sqrt(nm), np.nan)
         stats.update({f"{m}_mean": mean[m].to_numpy(), f"{m}_std": sd, f"{m}_ci95": half, f"{m}_n": nm})
     configs = pd.concat([configs, pd.DataFrame(stats)], axis=1)
     for w in winners:

@@ -70,9 +70,24 @@ def _clean(values) -> np.ndarray:
     return v[np.isfinite(v)]
 
 
+def t_quantile(q, dof):
+    """Student's t quantile, ``scipy.stats.t.ppf(q, dof)``, computed by the function behind it
+    (``scipy.special.stdtrit``, equal to the last bit; NaN where dof <= 0 or NaN): importing ``scipy.stats``
+    parses every distribution's docstring, 1.5 s, which each ``cem-bench report`` and search paid for three
+    t-functions (docs/performance.md)."""
+    from scipy.special import stdtrit
+    return stdtrit(dof, q)
+
+
+def t_sf(x, dof):
+    """Student's t survival function, ``scipy.stats.t.sf(x, dof)``, as ``scipy.special.stdtr(dof, -x)`` (the
+    distribution is symmetric; see ``t_quantile`` for why not scipy.stats)."""
+    from scipy.special import stdtr
+    return stdtr(dof, -np.asarray(x, dtype=float))
+
+
 def _t(df: int) -> float:
-    from scipy.stats import t
-    return float(t.ppf(0.5 + LEVEL / 2, df))
+    return float(t_quantile(0.5 + LEVEL / 2, df))
 
 
 
@@ -107,7 +122,6 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
         diff = sign * (mx - my)
         lo = np.full(k, np.nan)
         hi = np.full(k, np.nan)
-        from scipy.stats import t as student
         # fewer than MIN_RUNS runs: no interval, no p, no verdict. One run has no spread of its own (the
         # baseline's is no stand-in: a defended configuration's runs vary 2-10x more), and Welch's test on two
         # rests on one degree of freedom of it (§9)
@@ -118,7 +132,7 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
         # where that is wider. No spread on either side (every run equal) is no noise to measure against
         both = (nx >= MIN_RUNS) & (ny >= MIN_RUNS) & (se2 > 0)
         dof = se2 ** 2 / ((vx / nx) ** 2 / (nx - 1) + (vy / ny) ** 2 / (ny - 1))
-        w_half = student.ppf(0.5 + LEVEL / 2, dof) * np.sqrt(se2)
+        w_half = t_quantile(0.5 + LEVEL / 2, dof) * np.sqrt(se2)
         lo[both], hi[both] = (diff - w_half)[both], (diff + w_half)[both]
         p[both] = _two_sided(diff[both], np.sqrt(se2[both]), dof[both])
         rows = np.flatnonzero(both)
@@ -142,8 +156,7 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
 
 def _two_sided(diff: np.ndarray, scale: np.ndarray, dof: np.ndarray) -> np.ndarray:
     """2 P(T_dof > |diff| / scale), for a positive scale (``compare_many`` gives no p without spread)."""
-    from scipy.stats import t as student
-    return np.clip(2 * student.sf(np.abs(diff) / scale, dof), 0.0, 1.0)
+    return np.clip(2 * t_sf(np.abs(diff) / scale, dof), 0.0, 1.0)
 
 
 def holm(p) -> np.ndarray:

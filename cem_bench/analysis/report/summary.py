@@ -111,8 +111,7 @@ def seeds_needed(row: pd.Series, base: pd.Series, metric: str, alpha: float = no
     """Confirmation seeds that would resolve a difference of ``row``'s size on ``metric`` (Welch's test at
     ``alpha`` against the baseline's runs as they are) with probability ``POWER``, on the row's spread (the
     baseline's where it has none); None beyond ``MOST_SEEDS`` (the baseline's own spread is then the limit)."""
-    from scipy.stats import nct
-    from scipy.stats import t as student
+    from scipy.special import nctdtr  # the non-central t's CDF, what scipy.stats.nct.sf calls (noise.t_quantile)
     d = abs(float(row.get(f"{metric}_delta", np.nan)))
     s_b, n_b = float(base.get(f"{metric}_std", np.nan)), int(base.get(f"{metric}_n", 0) or 0)
     s_c = float(row.get(f"{metric}_std", np.nan))
@@ -124,7 +123,7 @@ def seeds_needed(row: pd.Series, base: pd.Series, metric: str, alpha: float = no
         if a + b <= 0:
             return n
         dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (n_b - 1))
-        if nct.sf(student.ppf(1 - alpha / 2, dof), dof, d / np.sqrt(a + b)) >= POWER:
+        if 1 - nctdtr(dof, d / np.sqrt(a + b), noise.t_quantile(1 - alpha / 2, dof)) >= POWER:
             return n
     return None
 
@@ -292,7 +291,6 @@ def equivalence_seeds(row: pd.Series, base: pd.Series, metric: str, tol: float, 
     """Runs of ``row``'s configuration at which the expected half-width of Welch's interval of the difference
     fits inside ``tol`` less the drop seen (against the baseline's runs as they are, on the row's spread or the
     baseline's); None beyond ``MOST_SEEDS`` or where the drop seen already reaches the tolerance."""
-    from scipy.stats import t as student
     d = float(row.get(f"{metric}_delta", np.nan)) * (1 if mode == "max" else -1)
     s_b, n_b = float(base.get(f"{metric}_std", np.nan)), int(base.get(f"{metric}_n", 0) or 0)
     s_c = float(row.get(f"{metric}_std", np.nan))
@@ -303,7 +301,7 @@ def equivalence_seeds(row: pd.Series, base: pd.Series, metric: str, tol: float, 
     for n in range(2, MOST_SEEDS + 1):
         a, b = s_c ** 2 / n, s_b ** 2 / n_b
         dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (n_b - 1)) if a + b > 0 else n + n_b - 2
-        if student.ppf(0.5 + noise.LEVEL / 2, dof) * np.sqrt(a + b) <= margin:
+        if noise.t_quantile(0.5 + noise.LEVEL / 2, dof) * np.sqrt(a + b) <= margin:
             return n
     return None
 
