@@ -318,53 +318,65 @@ def make_recorded_checkpoints_stale(exp: Path) -> list[str]:
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signalled_search_is_interrupted_not_failed_and_resumes(tmp_path, sig):
-    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM: the trials in flight are recorded as
-    interrupted, not as errors; the exit code is 130 / 143; the last line is the exact --resume command, and
-    running it finishes every trial; the report says the search was interrupted. After SIGTERM the trials'
-    recorded checkpoints are also made stale, as a driver killed between a trial's checkpoints and its next
-    snapshot leaves them (Ray deleted the recorded one and kept two newer): the resume still finishes every
-    trial, from the newer checkpoint, instead of Ray failing them."""
+def test_a_signalled_search_is_interrupted_not_failed_and_resumes(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group), then SIGTERM to the resumed search: each time the trials
+    in flight are recorded as interrupted, not as errors; the exit code is 130 / 143; the last line is the exact
+    --resume command; the report says the search was interrupted. After SIGTERM the trials' recorded
+    checkpoints are also made stale, as a driver killed between a trial's checkpoints and its next snapshot
+    leaves them (Ray deleted the recorded one and kept two newer). Running the printed command then finishes
+    every trial once, from the newer checkpoint, instead of Ray failing them. (One search for both signals: a
+    resumed search must be as interruptible as a new one, and the chain saves a search start and a whole
+    search's epochs in the Ray tier.)"""
     space = write_space(tmp_path, "sig", num_samples=2, max_concurrent=2, fixed={"train.epochs": 40})
     storage = tmp_path / "res"
     exp = storage / "sig"
     env = subprocess_env()
-    proc = subprocess.Popen(cli_cmd(space, "--storage", str(storage)), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        # wait until a trial has reported an epoch (a checkpoint exists to continue from)
-        while not any(p.stat().st_size for p in exp.glob("*/result.json")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
-            time.sleep(0.3)
-        if sig == signal.SIGINT:
-            os.killpg(proc.pid, sig)    # what Ctrl-C in a terminal does
-        else:
-            proc.send_signal(sig)       # what `kill PID`, a job scheduler or systemd does
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], out[-4000:]
-    lines = [ln for ln in out.splitlines() if ln.strip()]
-    assert lines[-2].startswith(f"interrupted by {sig.name}") and lines[-1].strip().endswith("--resume"), out[-2000:]
-    resume = lines[-1].strip()
-    assert "error(s)" in out and "0 error(s)" in out, out[-3000:]
-    trials = pd.read_parquet(exp / "trials.parquet")
-    assert set(trials["status"]) <= {"ok", "interrupted"} and (trials["status"] == "interrupted").any()
-    assert (exp / schema.INTERRUPTED_FILE).is_file()
-    page = (exp / "report" / "index.html").read_text()
-    assert f"interrupted by {sig.name}" in page and "--resume" in page
-    stale = make_recorded_checkpoints_stale(exp) if sig == signal.SIGTERM else []
-    # the printed command continues it: every trial once, all ok
+
+    def logged() -> int:       # what the trials have reported so far (Ray appends an epoch's line to result.json)
+        return sum(p.stat().st_size for p in exp.glob("*/result.json"))
+
+    def interrupted(argv: list[str], sig: signal.Signals, after: int) -> str:
+        """Run a search, send ``sig`` once its trials have reported more than ``after`` bytes (an epoch, so a
+        checkpoint exists to continue from), check what it says and leaves; return its --resume command."""
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while logged() <= after:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+                time.sleep(0.3)
+            if sig == signal.SIGINT:
+                os.killpg(proc.pid, sig)    # what Ctrl-C in a terminal does
+            else:
+                proc.send_signal(sig)       # what `kill PID`, a job scheduler or systemd does
+            out, _ = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], out[-4000:]
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        assert lines[-2].startswith(f"interrupted by {sig.name}") and lines[-1].strip().endswith("--resume"), \
+            out[-2000:]
+        assert "error(s)" in out and "0 error(s)" in out, out[-3000:]
+        assert "its new trials are made in" not in out     # not moved: the generator's storage is kept
+        trials = pd.read_parquet(exp / "trials.parquet")
+        assert set(trials["status"]) <= {"ok", "interrupted"} and (trials["status"] == "interrupted").any()
+        assert (exp / schema.INTERRUPTED_FILE).is_file()
+        page = (exp / "report" / "index.html").read_text()
+        assert f"interrupted by {sig.name}" in page and "--resume" in page
+        return lines[-1].strip()
+
     import shlex
+    resume = interrupted(cli_cmd(space, "--storage", str(storage)), signal.SIGINT, 0)
     argv = shlex.split(resume)
     assert argv[:2] == ["cem-bench", "search"]
-    done = subprocess.run([sys.executable, "-m", "cem_bench.cli", *argv[1:]], env=env, capture_output=True,
-                          text=True, timeout=600)
+    command = [sys.executable, "-m", "cem_bench.cli", *argv[1:]]
+    # the printed command resumes it; SIGTERM once a resumed trial has reported a new epoch
+    assert interrupted(command, signal.SIGTERM, logged()) == resume
+    stale = make_recorded_checkpoints_stale(exp)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "its new trials are made in" not in done.stdout      # not moved: the generator's storage is kept
+    assert "its new trials are made in" not in done.stdout
     for tid in stale:
         assert f"--resume: trial {tid}: its recorded checkpoint" in done.stdout, done.stdout[-3000:]
     trials = pd.read_parquet(exp / "trials.parquet")
