@@ -17,7 +17,7 @@ TINY = {
     "attack.batch_size": 64, "attack.rmle_iterations": 10, "train.device": "cpu",   # both attacks, rmle short
     "attack.min_accuracy_margin": -1,   # the tiny trials sit at chance: attack them anyway (the gate has its own tests)
     # a match (cem.strength=matched, the attention surrogates' default) averages this many batches: the default
-    # 64 is 16 of these 4-batch epochs and was 4.3 s of an attention_centroid trial's 5.1 s fit
+    # 64 is 16 of these 4-batch epochs and was most of a matched tiny trial's training (docs/architecture.md 5.5)
     "cem.strength_batches": 4,
 }
 

@@ -139,7 +139,7 @@ def test_calibrate_measures_every_surrogate_against_gmm(tmp_path, capsys):
     reference (ratio 1, matching λ 16), a finite positive strength for each, and the YAML of loss scales."""
     import yaml
     out_json, out_yaml = tmp_path / "cal.json", tmp_path / "cal.yaml"
-    # a match on 4 batches (cem.strength_batches; 64 by default): 21.5 s -> 12 s
+    # a match on 4 batches (cem.strength_batches; 64 by default, whose passes were most of this test)
     rc = main(["calibrate", "--set", "model.width=0.0625", "--set", "data.train_size=256", "--set",
                    "train.batch_size=64", "--set", "train.device=cpu", "--set", "cem.strength_batches=4", "--warmup",
                    "1", "--batches", "2", "--json", str(out_json), "--yaml", str(out_yaml)])
