@@ -88,6 +88,7 @@ def test_a_matched_fused_term_follows_the_schedule_as_the_injected_ones_do():
 def test_the_trial_result_records_the_scale_and_where_it_came_from():
     res = run_trial({**SMALL, "cem.surrogate": "gated_attention", "cem.warmup_epochs": 1})
     assert res["cem_strength"] == "matched" and res["cem_strength_batches"] == SMALL["cem.strength_batches"]
+    assert TrialConfig.from_flat({}).cem.strength_batches == 64    # the default (TINY lowers it for speed)
     assert res["cem_loss_scale"] > 0 and 0 <= res["cem_strength_spread"] < 1
     gmm = run_trial({**SMALL, "cem.surrogate": "gmm"})
     assert (gmm["cem_strength"], gmm["cem_loss_scale"]) == ("fixed", 1.0)

@@ -72,9 +72,9 @@ def _clean(values) -> np.ndarray:
 
 def t_quantile(q, dof):
     """Student's t quantile, ``scipy.stats.t.ppf(q, dof)``, computed by the function behind it
-    (``scipy.special.stdtrit``: the same values, tests/test_noise.py; NaN where dof <= 0 or NaN): importing ``scipy.stats``
-    parses every distribution's docstring, 1.5 s, which each ``cem-bench report`` and search paid for three
-    t-functions (docs/performance.md)."""
+    (``scipy.special.stdtrit``: the same values, tests/test_noise.py; NaN where dof <= 0 or NaN). Importing
+    ``scipy.stats`` parses every distribution's docstring, 1.5 s, which each ``cem-bench report`` and search paid
+    for three t-functions (docs/performance.md)."""
     from scipy.special import stdtrit
     return stdtrit(dof, q)
 
