@@ -49,8 +49,9 @@ def test_gpus_per_trial_fills_the_gpus():
     assert concurrency(4, {"cpu": 1, "gpu": 0.3}, cli_gpu=True, gpus=1, cpus=16).limit == 3
     # fewer than the space's max_concurrent fit: what fits, not trials that would only wait
     assert concurrency(8, {"cpu": 1, "gpu": 0.5}, cli_gpu=True, gpus=1, cpus=16).limit == 2
-    # more than the machine has is lowered to all of it (trial_resources): one trial at a time
-    assert concurrency(4, {"cpu": 1, "gpu": 2}, cli_gpu=True, gpus=1, cpus=16).limit == 1
+    # a whole GPU a trial (the most a space or --gpus-per-trial can ask): one trial per GPU
+    assert concurrency(4, {"cpu": 1, "gpu": 1}, cli_gpu=True, gpus=1, cpus=16).limit == 1
+    assert concurrency(4, {"cpu": 1, "gpu": 1}, cli_gpu=True, gpus=2, cpus=16).limit == 2
 
 
 def test_cpus_can_limit_the_packing_and_the_banner_says_how_to_fill_the_gpu():
