@@ -8,13 +8,24 @@ import subprocess
 from datetime import datetime, timezone
 
 
-def git_sha() -> str:
+def _read_git_sha() -> str:
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
                               timeout=5).stdout.strip() or "unknown"
     except Exception:
         return "unknown"
+
+
+# Read when the process imports the project, not when a result is written: a trial runs the code its process
+# imported, and a commit made while it trains (a search of hours beside a working tree) would otherwise label
+# its result with code it never ran.
+_GIT_SHA = _read_git_sha()
+
+
+def git_sha() -> str:
+    """The commit (12 characters) of the tree this process imported the project from, or ``unknown``."""
+    return _GIT_SHA
 
 
 def device_name(device) -> str:

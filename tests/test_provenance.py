@@ -52,6 +52,19 @@ def test_git_sha_without_a_repository_is_unknown(tmp_path, monkeypatch):
 
 
 def test_git_sha_without_git_is_unknown(repo, monkeypatch):
-    mod = load_copy(repo)
     monkeypatch.setenv("PATH", "")
-    assert mod.git_sha() == "unknown"
+    assert load_copy(repo).git_sha() == "unknown"
+
+
+def test_git_sha_is_the_commit_the_process_imported_not_a_later_one(repo):
+    """A commit made while a trial trains does not relabel it: the sha is the one of the code imported (it was
+    read when the result was written, so a 90-minute search recorded commits made during its trials)."""
+    def head():
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    mod = load_copy(repo)
+    before = head()
+    (repo / "f.txt").write_text("y\n")
+    subprocess.run([*GIT, "commit", "-q", "-am", "two"], cwd=repo, check=True)
+    assert head() != before
+    assert mod.git_sha() == before
