@@ -57,8 +57,8 @@ def test_git_sha_without_git_is_unknown(repo, monkeypatch):
 
 
 def test_git_sha_is_the_commit_the_process_imported_not_a_later_one(repo):
-    """A commit made while a trial trains does not relabel it: the sha is the one of the code imported (it was
-    read when the result was written, so a 90-minute search recorded commits made during its trials)."""
+    """A commit made while a trial trains does not relabel it: the sha is that of the code the process imported,
+    not the tree's HEAD when the result is written."""
     def head():
         return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
