@@ -141,12 +141,12 @@ def cmd_attack(args) -> int:
     if bad:
         raise ConfigError(f"cem-bench attack only changes attack.* keys (and {', '.join(ATTACK_ALSO)}); got "
                           f"{', '.join(bad)}")
-    # weights only (no pickled code), verified against the run's checksums: ResultsError before any work
-    config, state = checkpoint.load_run(args.run_dir)
+    # weights only (no pickled code; a train run's verified against its checksums): ResultsError before any work
+    config, state, source = checkpoint.load_attackable(args.run_dir)
     try:
         build_config(config)
     except ConfigError as e:
-        raise ResultsError(f"{os.path.join(args.run_dir, 'checkpoint.pt')}: its config is not valid for this "
+        raise ResultsError(f"{source}: its config is not valid for this "
                            f"cem-bench ({' '.join(str(e).split())})") from e
     cfg = build_config({**config, **overrides})
     device = resolve_device(cfg.train.device)
@@ -154,12 +154,12 @@ def cmd_attack(args) -> int:
     try:
         trainer.client.load_state_dict(state["client"])
     except (RuntimeError, KeyError, TypeError) as e:
-        raise ResultsError(f"{os.path.join(args.run_dir, 'checkpoint.pt')}: its encoder does not fit the model "
+        raise ResultsError(f"{source}: its encoder does not fit the model "
                            f"its config builds ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
     import torch
     broken = [k for k, v in state["client"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if broken:   # every feature would be NaN: the attack would measure nothing and report all-null metrics
-        raise ResultsError(f"{os.path.join(args.run_dir, 'checkpoint.pt')}: its encoder holds NaN or infinite "
+        raise ResultsError(f"{source}: its encoder holds NaN or infinite "
                            f"weights ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): the run "
                            f"diverged, and there is nothing to attack. Train it again (a lower train.lr, or "
                            f"train.amp off)")
@@ -330,9 +330,10 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="output folder (default results/runs/<time>)")
     t.set_defaults(func=cmd_train)
 
-    a = sub.add_parser("attack", help="re-attack a saved run (any attacks: --set attack.names=[rmle])",
-                       epilog=EPILOG)
-    a.add_argument("run_dir", help="the --out folder of `cem-bench train`")
+    a = sub.add_parser("attack", help="re-attack a saved run or a search's trial (any attacks: --set "
+                       "attack.names=[rmle])", epilog=EPILOG)
+    a.add_argument("run_dir", help="the --out folder of `cem-bench train`, or a search trial's folder (its encoder "
+                   "from its latest checkpoint, which is the one it attacked)")
     a.add_argument("--set", action="append", default=[], metavar="attack.KEY=VALUE")
     a.set_defaults(func=cmd_attack)
 

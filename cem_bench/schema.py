@@ -37,6 +37,7 @@ REPORT_DIR = "report"
 GALLERY_FILE = "recon.png"
 CHECKPOINT_FILE = "checkpoint.pt"            # a saved run's encoder, server and config (`cem-bench train --out`)
 METRICS_FILE = "metrics.json"                # a saved run's result
+STATE_FILE = "state.pt"                      # a search trial's trainer state, in each Ray checkpoint_NNNNNN/
 
 # ------------------------------------------------------------------------------------------ columns
 # reported by every trial at every epoch (attack metrics NaN until the attack ran); the searchable objectives

@@ -95,6 +95,55 @@ def test_missing_run_dir_is_a_clear_error(tmp_path, capsys):
     assert "checkpoint.pt" in capsys.readouterr().err
 
 
+def _trial_folder(path, flat):
+    """A search trial's folder as the trainable and Ray leave it (checkpoint_NNNNNN/state.pt after each epoch,
+    the latest two kept, and trial_result.json), from one run_trial; returns that run's result."""
+    from cem_bench.core import checkpoint
+    from cem_bench.schema import RESULT_FILE, STATE_FILE
+    states = []
+    result = run_trial(flat, lambda rec, final, state_fn=None: None if final else states.append(state_fn()))
+    for i, state in list(enumerate(states))[-2:]:
+        (path / f"checkpoint_{i:06d}").mkdir(parents=True)
+        checkpoint.save_state(str(path / f"checkpoint_{i:06d}" / STATE_FILE), state)
+    (path / RESULT_FILE).write_text(json.dumps({**result, "status": "ok", "error": None}, default=str))
+    return result
+
+
+def test_a_search_trial_is_re_attacked_from_its_latest_checkpoint(tmp_path, capsys):
+    """`cem-bench attack TRIAL_DIR`: the encoder the trial attacked, so its own attack config gives its own
+    numbers; and every folder that does not hold that encoder is refused by name, with nothing written."""
+    trial = tmp_path / "cem_trial_1"
+    result = _trial_folder(trial, TINY)
+    assert main(["attack", str(trial)]) == 0
+    again = json.loads((trial / next(d for d in os.listdir(trial) if d.startswith("attack-")) / "attack.json").read_text())
+    for k in ("attack_ssim__decoder", "attack_ssim__rmle", "attack_mse"):
+        assert again[k] == pytest.approx(result[k], rel=1e-6, abs=1e-7), k
+    record = json.loads((trial / "trial_result.json").read_text())
+
+    def refused(change, *expected):
+        bad = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
+        import shutil
+        shutil.copytree(trial, bad, ignore=shutil.ignore_patterns("attack-*"))
+        change(bad)
+        capsys.readouterr()
+        assert main(["attack", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert all(e in err for e in expected), err
+        assert not [d for d in os.listdir(bad) if d.startswith("attack-")]
+
+    def rewrite(**fields):
+        return lambda d: (d / "trial_result.json").write_text(json.dumps({**record, **fields}))
+
+    import shutil
+    refused(rewrite(status="error", error="ValueError: x"), "ended 'error'", "no trained encoder")
+    refused(rewrite(selected_epoch=1), "encoder of epoch 1 (train.select_best_last)", "cem-bench train --out")
+    refused(lambda d: shutil.rmtree(d / "checkpoint_000001"), "is the state of epoch 1", "attacked at epoch 2")
+    refused(lambda d: [shutil.rmtree(c) for c in d.glob("checkpoint_*")], "holds no checkpoint_NNNNNN/ folder")
+    refused(lambda d: (d / "checkpoint_000001" / "state.pt").write_bytes(b"junk"), "state.pt is not a readable")
+    refused(lambda d: (d / "trial_result.json").write_text("{"), "trial_result.json is not valid JSON")
+    refused(rewrite(info={}), "has no resolved config")
+
+
 def test_attack_refusal_names_every_key_it_takes(tmp_path, capsys):
     """The refusal said attack.* and train.device, leaving out train.eval_batch_size, which it takes."""
     assert main(["attack", str(tmp_path), "--set", "cem.lambd=8"]) == 2

@@ -8,14 +8,15 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import alarm_after
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cem_bench.cli import main
 from cem_bench.core import checkpoint
-from cem_bench.errors import SpaceError
+from cem_bench.errors import ResultsError, SpaceError
 from cem_bench.parsing import MAX_DEPTH, MAX_DIGITS, ParseError, load_yaml, loads_json
 from cem_bench.spaces import parse_space
 
@@ -214,3 +215,21 @@ def test_a_storage_pyarrow_cannot_open_is_one_line_naming_what_is_valid(argv, ca
     rc, out = run_cli([a.format(tmp=tmp_path) for a in argv], capsys)
     assert rc == 2 and "not a storage cem-bench can use" in out and "s3://BUCKET/PREFIX" in out, out[-2000:]
     assert "Traceback" not in out and not (tmp_path / "o").exists()
+
+
+_STATE = checkpoint.to_bytes({"seed": 0}, {"epoch": 1, "history": [], "client": {"w": torch.arange(6.0)}})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(st.binary(max_size=64), st.integers(0, len(_STATE) - 1).map(lambda n: _STATE[:n]),
+                 st.tuples(st.integers(0, len(_STATE) - 1), st.integers(0, 255))
+                 .map(lambda t: _STATE[:t[0]] + bytes([t[1]]) + _STATE[t[0] + 1:]),
+                 st.tuples(st.sampled_from(b"jhqrgpJK"), st.binary(max_size=6)).map(lambda t: bytes([t[0]]) + t[1])))
+@example(b"junk")   # a legacy (non-zip) pickle opening with LONG_BINGET, its 4-byte index cut short
+def test_any_bytes_as_a_checkpoint_are_read_or_refused_never_a_crash(data):
+    """A trial's state.pt cut short or damaged (a copy interrupted, a full disk): a ResultsError naming the file,
+    which resume and `cem-bench attack` report, never another exception (b"junk" once raised struct.error)."""
+    try:
+        checkpoint.parse(data, "x/state.pt")
+    except ResultsError as e:
+        assert "x/state.pt" in str(e)

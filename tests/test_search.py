@@ -180,6 +180,19 @@ def test_cli_local_search_end_to_end(tmp_path, monkeypatch, capsys):
     assert sorted(epochs.groupby("trial_id")["epoch"].apply(list).tolist()) == [[1, 2], [1, 2]]
     for d in trials["trial_dir"]:
         assert (exp / d / "recon.png").is_file() and (exp / d / schema.RESULT_FILE).is_file()
+    # a trial's folder is re-attacked from its latest checkpoint: its own attack config, at its 1 torch thread,
+    # gives its own numbers, so that checkpoint holds the encoder the trial attacked
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cli.main(["attack", str(exp / trials["trial_dir"].iloc[0])]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    again = json.loads(next((exp / trials["trial_dir"].iloc[0]).glob("attack-*/attack.json")).read_text())
+    for k in ("attack_ssim__decoder", "attack_ssim__rmle", "attack_psnr"):
+        assert again[k] == pytest.approx(trials[k].iloc[0], rel=1e-6), k
+    capsys.readouterr()
     spec = json.loads((exp / "search_space.json").read_text())
     assert spec["name"] == "e2e" and [o["metric"] for o in spec["objectives"]] == ["test_acc", "attack_ssim"]
     import optuna

@@ -1,5 +1,5 @@
 """Checkpoints: a saved run's ``checkpoint.pt`` and a search trial's ``state.pt``, written and read without
-pickled code.
+pickled code; and the encoder of either, for ``cem-bench attack`` (:func:`load_attackable`).
 
 Both hold only tensors and plain values (dicts, lists, strings, numbers, booleans, None): the config as
 flat keys, the trainer's ``state_dict`` (module and optimizer states, random-generator states as byte
@@ -13,15 +13,22 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
+import struct
 from typing import Any
 
 import torch
 
 from ..errors import ResultsError
 from ..integrity import read_recorded, write_recorded
-from ..schema import CHECKPOINT_FILE
+from ..parsing import loads_json
+from ..schema import CHECKPOINT_FILE, RESULT_FILE, STATE_FILE
 from ..storage import Dir, read_regular
 
+# Ray names a trial's checkpoint folders by the report's index: checkpoint_000031 after the 32nd epoch
+CHECKPOINT_DIR = re.compile(r"checkpoint_(\d{6})")
+WHERE = ("RUN_DIR must be the --out folder of `cem-bench train` (it holds checkpoint.pt) or a search trial's "
+         "folder (it holds trial_result.json and checkpoint_NNNNNN/state.pt)")
 KIND = "cem-bench-checkpoint"
 VERSION = 2        # 1: written before checkpoints carried a version
 WHAT = "a cem-bench checkpoint (PyTorch, tensors and plain values only)"
@@ -48,8 +55,9 @@ def parse(data: bytes, path: str) -> dict[str, Any]:
                                f"someone else") from e
         raise ResultsError(f"{path} is not a readable checkpoint (UnpicklingError: {_short(e)}): it should be "
                            f"{WHAT}; it is truncated, damaged or of another format") from e
+    # struct.error: the weights-only unpickler reading a length from bytes that end too soon ("junk")
     except (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            UnicodeDecodeError, OverflowError, MemoryError) as e:
+            UnicodeDecodeError, OverflowError, MemoryError, struct.error) as e:
         raise ResultsError(f"{path} is not a readable checkpoint ({type(e).__name__}: {_short(e)}): it should "
                            f"be {WHAT}; it is truncated, damaged or of another format") from e
     if not isinstance(obj, dict):
@@ -78,11 +86,11 @@ def load_run(run_dir: str) -> tuple[dict, dict]:
     (before anything is written) when it is missing, damaged, refused or not a finished run's."""
     folder = Dir(run_dir)
     if folder.kind() != "dir":
-        raise ResultsError(f"{run_dir} is not a folder: RUN_DIR must be the --out folder of `cem-bench train`")
+        raise ResultsError(f"{run_dir} is not a folder: {WHERE}")
     path = folder.url(CHECKPOINT_FILE)
     data = read_recorded(folder, CHECKPOINT_FILE, WHAT)
     if data is None:
-        raise ResultsError(f"{path} does not exist: RUN_DIR must be the --out folder of `cem-bench train`")
+        raise ResultsError(f"{path} does not exist: {WHERE}")
     obj = parse(data, path)
     config, state = obj.get("config"), obj.get("trainer")
     if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
@@ -102,9 +110,76 @@ def save_state(path: str, state: dict) -> None:
 def load_state(path: str) -> dict:
     """The trainer state of :func:`save_state` (or of a version-1 ``state.pt``: the state itself)."""
     data = read_regular(path)   # a pipe or a device in a checkpoint folder: refused, never blocked on
-    obj = parse(data, path)
+    return _state_of(parse(data, path), path)
+
+
+def _state_of(obj: dict, path: str) -> dict:
     state = obj["trainer"] if obj.get("format") == KIND else obj
     if not isinstance(state, dict) or "epoch" not in state or "client" not in state:
         raise ResultsError(f"{path} is not a trial's trainer state (no epoch and client)")
     return state
 
+
+
+def load_trial(trial_dir: str) -> tuple[dict, dict]:
+    """``(config, trainer_state)`` of a finished search trial: the resolved config of its ``trial_result.json``
+    and the state of its latest Ray checkpoint, which is the encoder the trial attacked. ResultsError (before
+    anything is written) when the trial did not finish, or when that checkpoint is not of the attacked encoder:
+    a run with ``train.select_best_last`` attacked an earlier epoch's, and a trial whose last checkpoint is of an
+    earlier epoch than its result (a folder copied in part) would be attacked as another run."""
+    folder = Dir(trial_dir)
+    if folder.kind() != "dir":
+        raise ResultsError(f"{trial_dir} is not a folder: {WHERE}")
+    path = folder.url(RESULT_FILE)
+    try:
+        record = loads_json(folder.read_bytes_or_raise(RESULT_FILE))
+    except OSError as e:
+        raise ResultsError(f"{path} cannot be read ({type(e).__name__}: {_short(e)}): {WHERE}") from e
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ResultsError(f"{path} is not valid JSON ({type(e).__name__}: {_short(e)}): it should be the "
+                           f"trial's final record; it is truncated, damaged or of another format") from e
+    info = record.get("info") if isinstance(record, dict) else None
+    config = info.get("config") if isinstance(info, dict) else None
+    if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+        raise ResultsError(f"{path} has no resolved config (info.config, a dict of flat keys): it is not a "
+                           f"cem-bench trial's final record")
+    status = record.get("status", "ok")
+    if status != "ok":
+        raise ResultsError(f"{path}: the trial ended {status!r}, not 'ok' ({record.get('error') or 'no error'}): "
+                           f"it has no trained encoder to attack")
+    epoch, selected = record.get("epoch"), record.get("selected_epoch", record.get("epoch"))
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
+        raise ResultsError(f"{path} records no final epoch (epoch: {epoch!r}): it is not a finished trial's record")
+    if selected != epoch:
+        raise ResultsError(f"{path}: the trial attacked the encoder of epoch {selected} (train.select_best_last), "
+                           f"and a search keeps only the latest checkpoints, of epoch {epoch} and the one before: "
+                           f"re-attack it from a `cem-bench train --out` run of the same config instead")
+    kept = sorted((int(m.group(1)), name) for name in folder.subdirs() if (m := CHECKPOINT_DIR.fullmatch(name)))
+    if not kept:
+        raise ResultsError(f"{folder.url()} holds no checkpoint_NNNNNN/ folder: the trial's trained encoder is "
+                           f"not there (was the folder copied without them?)")
+    name = kept[-1][1]
+    state_path = folder.url(name, STATE_FILE)
+    try:
+        data = folder.read_bytes_or_raise(name, STATE_FILE)
+    except OSError as e:
+        raise ResultsError(f"{state_path} cannot be read ({type(e).__name__}: {_short(e)}): the latest "
+                           f"checkpoint holds no trainer state") from e
+    state = _state_of(parse(data, state_path), state_path)
+    if state["epoch"] != epoch:
+        raise ResultsError(f"{state_path} is the state of epoch {state['epoch']}, and the trial finished and was "
+                           f"attacked at epoch {epoch}: it is not the encoder the trial attacked")
+    client = state["client"]
+    if not isinstance(client, dict) or not all(isinstance(v, torch.Tensor) for v in client.values()):
+        raise ResultsError(f"{state_path} holds no client encoder (trainer.client): it is not a trial's state")
+    return config, state
+
+
+def load_attackable(run_dir: str) -> tuple[dict, dict, str]:
+    """``(config, trainer_state, where)`` of a ``cem-bench train --out`` folder (:func:`load_run`) or of a
+    search trial's folder (:func:`load_trial`), whichever ``run_dir`` is; ``where`` names the file(s) they came
+    from, for the errors that follow."""
+    folder = Dir(run_dir)
+    if folder.kind() == "dir" and not folder.exists(CHECKPOINT_FILE) and folder.exists(RESULT_FILE):
+        return (*load_trial(run_dir), f"{folder.url(RESULT_FILE)} and its latest checkpoint")
+    return (*load_run(run_dir), folder.url(CHECKPOINT_FILE))

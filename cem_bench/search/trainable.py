@@ -15,10 +15,9 @@ from collections.abc import Callable
 from ..errors import TRIAL_FATAL, ResultsError, StorageFull
 from ..provenance import git_sha
 from ..provenance import now_iso as _now_iso
-from ..schema import GALLERY_FILE, OBJECTIVE_METRICS, RESULT_FILE
+from ..schema import GALLERY_FILE, OBJECTIVE_METRICS, RESULT_FILE, STATE_FILE
 from ..storage import copy_file, join, write_json
 
-STATE_FILE = "state.pt"       # the trainer state inside each Ray checkpoint
 TRAINABLE_NAME = "cem_trial"  # Tuner.restore needs the same trainable name
 
 

@@ -1,0 +1,87 @@
+"""scripts/reattack.py: a search's trials re-attacked, joined and tested. The attacks themselves are
+`cem-bench attack`'s (tests/test_cli.py); here the folders are written as that command writes them, and what
+the script does with them is checked: which trials it skips, the worst case over old and new attacks, and its
+tests against scipy's paired t with the project's Holm."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from cem_bench.analysis.noise import holm
+
+
+@pytest.fixture(scope="module")
+def reattack():
+    spec = importlib.util.spec_from_file_location("reattack_under_test", "scripts/reattack.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def experiment(tmp_path):
+    """6 ok trials (λ 0 and 64, seeds 1-3) and one error row; each ok trial re-attacked once at 16 decoder epochs
+    and once at 2, the 16-epoch decoder stronger than rmle at λ 64 only."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for lam in (0.0, 64.0):
+        for seed in (1, 2, 3):
+            d = f"cem_trial_{int(lam)}_{seed}"
+            dec, rml = 0.40 - lam / 2000 + rng.normal(0, 0.005), 0.42 - lam / 4000 + rng.normal(0, 0.005)
+            rows.append({"trial_dir": d, "status": "ok", "config.cem.lambd": lam, "config.seed": seed,
+                         "test_acc": 0.8 + rng.normal(0, 0.01), "attack_ssim__decoder": dec,
+                         "attack_ssim__rmle": rml, "attack_ssim": max(dec, rml)})
+            for i, epochs in enumerate((16, 2)):
+                out = tmp_path / d / f"attack-20261201-00000{i}"
+                out.mkdir(parents=True)
+                strong = dec + (0.04 if epochs == 16 else -0.1)
+                out.joinpath("attack.json").write_text(json.dumps(
+                    {"attack_ssim__decoder": strong, "attack_ssim": strong,
+                     "config": {"attack.names": ["decoder"], "attack.epochs": epochs, "seed": seed}}))
+    rows.append({"trial_dir": "cem_trial_err", "status": "error", "config.cem.lambd": 0.0, "config.seed": 9})
+    pd.DataFrame(rows).to_parquet(tmp_path / "trials.parquet")
+    return pd.DataFrame(rows[:-1])
+
+
+def test_the_worst_case_takes_the_new_attack_and_the_tests_are_paired_t_with_holm(reattack, tmp_path, capsys):
+    trials = experiment(tmp_path)
+    sets = ["attack.names=[decoder]", "attack.epochs=16"]
+    assert reattack.main([str(tmp_path), *(a for s in sets for a in ("--set", s)), "--summarise",
+                          "--paired", "R1 worst_attack_ssim lower config.cem.lambd=64 config.cem.lambd=0",
+                          "--within", "R2 re_attack_ssim__decoder higher attack_ssim__rmle config.cem.lambd=64",
+                          "--out", str(tmp_path / "joined.parquet")]) == 0
+    out = capsys.readouterr().out
+    df = pd.read_parquet(tmp_path / "joined.parquet")
+    assert len(df) == 6 and "cem_trial_err" not in set(df["trial_dir"])          # ok trials only
+    assert (df["re_attack_ssim__decoder"] == df["attack_ssim__decoder"] + 0.04).all()   # the 16-epoch folder
+    assert np.allclose(df["worst_attack_ssim"],
+                       df[["attack_ssim__decoder", "attack_ssim__rmle", "re_attack_ssim__decoder"]].max(axis=1))
+    worst = trials.assign(w=np.maximum(trials["attack_ssim"], trials["attack_ssim__decoder"] + 0.04))
+    a, b = (worst[worst["config.cem.lambd"] == lam].set_index("config.seed")["w"] for lam in (64.0, 0.0))
+    p1 = stats.ttest_rel(a, b, alternative="less").pvalue
+    hi = trials[trials["config.cem.lambd"] == 64.0]
+    p2 = stats.ttest_rel(hi["attack_ssim__decoder"] + 0.04, hi["attack_ssim__rmle"], alternative="greater").pvalue
+    adjusted = holm([p1, p2])
+    assert f"R1: worst_attack_ssim: config.cem.lambd=64 lower than config.cem.lambd=0: {(a - b).mean():+.3f}" in out
+    assert f"p {p1:.2g}, Holm over 2 {adjusted[0]:.2g}" in out and f"p {p2:.2g}, Holm over 2 {adjusted[1]:.2g}" in out
+
+
+def test_trials_re_attacked_with_these_settings_are_skipped(reattack, tmp_path, capsys, monkeypatch):
+    experiment(tmp_path)
+    (tmp_path / "cem_trial_64_3" / "attack-20261201-000000" / "attack.json").unlink()   # its 16-epoch run lost
+    ran = []
+    monkeypatch.setattr(reattack.subprocess, "run",
+                        lambda cmd, **kw: ran.append(cmd) or type("R", (), {"returncode": 0, "stderr": ""})())
+    assert reattack.main([str(tmp_path), "--set", "attack.names=[decoder]", "--set", "attack.epochs=16"]) == 0
+    assert [cmd[4] for cmd in ran] == [str(tmp_path / "cem_trial_64_3")]
+    assert cmd_sets(ran[0]) == ["attack.names=[decoder]", "attack.epochs=16"]
+    assert "6 ok trials, 5 already re-attacked with these settings, 1 to go" in capsys.readouterr().out
+
+
+def cmd_sets(cmd):
+    return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
