@@ -141,6 +141,13 @@ def cmd_attack(args) -> int:
     if bad:
         raise ConfigError(f"cem-bench attack only changes attack.* keys (and {', '.join(ATTACK_ALSO)}); got "
                           f"{', '.join(bad)}")
+    from .storage import is_uri
+    if is_uri(args.run_dir) and not str(args.run_dir).startswith("file://"):
+        # the attack folder is written beside the run with os.makedirs, which would make a local folder named
+        # after the URI ("s3:/bucket/...") instead of writing to the bucket
+        raise ResultsError(f"{args.run_dir}: cem-bench attack reads and writes a local folder; copy the run or "
+                           f"trial folder down first (for example `aws s3 sync {args.run_dir} ./run`) and attack "
+                           f"that copy")
     # weights only (no pickled code; a train run's verified against its checksums): ResultsError before any work
     config, state, source = checkpoint.load_attackable(args.run_dir)
     try:

@@ -95,6 +95,15 @@ def test_missing_run_dir_is_a_clear_error(tmp_path, capsys):
     assert "checkpoint.pt" in capsys.readouterr().err
 
 
+def test_a_remote_run_dir_is_refused_before_anything_is_read_or_made(tmp_path, capsys, monkeypatch):
+    """The attack folder is made with os.makedirs beside RUN_DIR: a readable s3:// RUN_DIR would have put the
+    gallery in a local ./s3:/bucket/... folder and attack.json in the bucket. Refused first, by name."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["attack", "s3://bucket/exp/cem_trial_1"]) == 2
+    assert "reads and writes a local folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def _trial_folder(path, flat):
     """A search trial's folder as the trainable and Ray leave it (checkpoint_NNNNNN/state.pt after each epoch,
     the latest two kept, and trial_result.json), from one run_trial; returns that run's result."""
