@@ -9,10 +9,18 @@ from datetime import datetime, timezone
 
 
 def _read_git_sha() -> str:
+    """HEAD's commit, with ``-dirty`` (git describe's mark) when the package's own files differ from it: a
+    tracked one changed or deleted, or an untracked one added (a new estimator not yet committed runs too).
+    Only the package: a changed doc, space or test does not change what a trial runs."""
     try:
         here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
-                              timeout=5).stdout.strip() or "unknown"
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        if not sha:
+            return "unknown"
+        status = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=here, capture_output=True,
+                                text=True, timeout=5)
+        return sha + ("-dirty" if status.returncode == 0 and status.stdout.strip() else "")
     except Exception:
         return "unknown"
 
@@ -24,7 +32,8 @@ _GIT_SHA = _read_git_sha()
 
 
 def git_sha() -> str:
-    """The commit (12 characters) of the tree this process imported the project from, or ``unknown``."""
+    """The commit (12 characters) of the tree this process imported the project from, ``-dirty`` after it when
+    the package's files were not that commit's, or ``unknown``."""
     return _GIT_SHA
 
 

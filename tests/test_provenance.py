@@ -15,9 +15,10 @@ GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign
 
 
 def load_copy(tree: Path):
-    """cem_bench/provenance.py copied into ``tree``/cem_bench and imported from there."""
-    (tree / "cem_bench").mkdir(parents=True)
-    shutil.copy(ROOT / "cem_bench" / "provenance.py", tree / "cem_bench" / "provenance.py")
+    """cem_bench/provenance.py imported from ``tree``/cem_bench (copied there first unless it is)."""
+    if not (tree / "cem_bench" / "provenance.py").exists():
+        (tree / "cem_bench").mkdir(parents=True)
+        shutil.copy(ROOT / "cem_bench" / "provenance.py", tree / "cem_bench" / "provenance.py")
     spec = importlib.util.spec_from_file_location(f"provenance_copy_{tree.name}", tree / "cem_bench" / "provenance.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -32,14 +33,16 @@ def repo(tmp_path):
     src.mkdir()
     subprocess.run([*GIT, "init", "-q"], cwd=src, check=True)
     (src / "f.txt").write_text("x\n")
-    subprocess.run([*GIT, "add", "f.txt"], cwd=src, check=True)
+    (src / "cem_bench").mkdir()
+    shutil.copy(ROOT / "cem_bench" / "provenance.py", src / "cem_bench" / "provenance.py")
+    subprocess.run([*GIT, "add", "f.txt", "cem_bench"], cwd=src, check=True)
     subprocess.run([*GIT, "commit", "-q", "-m", "one"], cwd=src, check=True)
     return src
 
 
 def test_git_sha_of_a_copied_repository(repo, tmp_path):
     node = tmp_path / "node"
-    shutil.copytree(repo / ".git", node / ".git")   # what `ray up` uploads with the tree
+    shutil.copytree(repo, node)   # what `ray up` uploads: the tree and its .git
     sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert len(sha) == 12
@@ -68,3 +71,18 @@ def test_git_sha_is_the_commit_the_process_imported_not_a_later_one(repo):
     subprocess.run([*GIT, "commit", "-q", "-am", "two"], cwd=repo, check=True)
     assert head() != before
     assert mod.git_sha() == before
+
+
+def test_git_sha_says_dirty_when_the_package_is_not_the_commit_s(repo):
+    """A trial run from uncommitted code is not labelled as the commit: a changed or an added file of the package
+    marks it -dirty; a changed file outside the package (a doc, a space) does not."""
+    sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    (repo / "f.txt").write_text("a doc changed\n")
+    assert load_copy(repo).git_sha() == sha
+    (repo / "cem_bench" / "new_estimator.py").write_text("x = 1\n")
+    assert load_copy(repo).git_sha() == sha + "-dirty"
+    (repo / "cem_bench" / "new_estimator.py").unlink()
+    with open(repo / "cem_bench" / "provenance.py", "a") as fh:
+        fh.write("# changed\n")
+    assert load_copy(repo).git_sha() == sha + "-dirty"
