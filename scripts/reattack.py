@@ -18,8 +18,10 @@ trial's and the new) and of the worst case, with which attack set it; then each 
 CLAIM A B`` is the paired t over the seeds both configurations ran (A and B: KEY=VALUE of trials.parquet's
 columns), ``--within NAME COLUMN CLAIM OTHER SIDE`` the paired t of two columns over the runs of one
 configuration; CLAIM is lower or higher, one-sided; the family of every test given is adjusted together (Holm,
-the project's own). ``--out FILE.parquet`` writes the joined rows (nothing is written into the experiment
-folder but the trials' own attack-<time>/ folders, which `cem-bench attack` writes).
+the project's own). ``--where KEY=VALUE`` keeps the trials of that configuration only (repeatable: any of
+them), for the re-attack and the summary alike. ``--out FILE.parquet`` writes the joined rows (nothing is
+written into the experiment folder but the trials' own attack-<time>/ folders, which `cem-bench attack`
+writes).
 """
 
 from __future__ import annotations
@@ -159,10 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--by", default="config.cem.lambd")
     p.add_argument("--paired", action="append", default=[])
     p.add_argument("--within", action="append", default=[])
+    p.add_argument("--where", action="append", default=[],
+                   help="KEY=VALUE[,KEY=VALUE]: only the trials of this configuration (repeatable: any of them)")
     p.add_argument("--out", type=Path, help="with --summarise: write the joined rows to this Parquet file")
     args = p.parse_args(argv)
     trials = pd.read_parquet(args.experiment / "trials.parquet")
-    trials = trials[trials["status"] == "ok"].reset_index(drop=True)
+    trials = trials[trials["status"] == "ok"]
+    if args.where:   # only the trials of these configurations (any of them)
+        trials = pd.concat([side(trials, w) for w in args.where]).drop_duplicates("trial_dir")
+    trials = trials.reset_index(drop=True)
     if not args.summarise:
         run(args.experiment, trials, args.set, args.jobs, args.threads)
         return 0

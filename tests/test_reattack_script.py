@@ -81,6 +81,10 @@ def test_trials_re_attacked_with_these_settings_are_skipped(reattack, tmp_path, 
     assert [cmd[4] for cmd in ran] == [str(tmp_path / "cem_trial_64_3")]
     assert cmd_sets(ran[0]) == ["attack.names=[decoder]", "attack.epochs=16"]
     assert "6 ok trials, 5 already re-attacked with these settings, 1 to go" in capsys.readouterr().out
+    ran.clear()   # --where: only that configuration's trials, here none of them left to re-attack
+    assert reattack.main([str(tmp_path), "--set", "attack.names=[decoder]", "--set", "attack.epochs=16",
+                          "--where", "config.cem.lambd=0"]) == 0
+    assert ran == [] and "3 ok trials, 3 already re-attacked" in capsys.readouterr().out
 
 
 def cmd_sets(cmd):
