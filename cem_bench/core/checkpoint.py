@@ -120,7 +120,6 @@ def _state_of(obj: dict, path: str) -> dict:
     return state
 
 
-
 def load_trial(trial_dir: str) -> tuple[dict, dict]:
     """``(config, trainer_state)`` of a finished search trial: the resolved config of its ``trial_result.json``
     and the state of its latest Ray checkpoint, which is the encoder the trial attacked. ResultsError (before
