@@ -6,6 +6,7 @@ of the project above ``frontier``/``storage``/``errors``. The columns are descri
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,6 +39,8 @@ GALLERY_FILE = "recon.png"
 CHECKPOINT_FILE = "checkpoint.pt"            # a saved run's encoder, server and config (`cem-bench train --out`)
 METRICS_FILE = "metrics.json"                # a saved run's result
 STATE_FILE = "state.pt"                      # a search trial's trainer state, in each Ray checkpoint_NNNNNN/
+# Ray names a trial's checkpoint folders by the report's index: checkpoint_000031 after the 32nd epoch
+CHECKPOINT_DIR = re.compile(r"checkpoint_(\d{6})")
 
 # ------------------------------------------------------------------------------------------ columns
 # reported by every trial at every epoch (attack metrics NaN until the attack ran); the searchable objectives

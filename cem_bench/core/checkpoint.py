@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import re
 import struct
 from typing import Any
 
@@ -22,11 +21,9 @@ import torch
 from ..errors import ResultsError
 from ..integrity import read_recorded, write_recorded
 from ..parsing import loads_json
-from ..schema import CHECKPOINT_FILE, RESULT_FILE, STATE_FILE
+from ..schema import CHECKPOINT_DIR, CHECKPOINT_FILE, RESULT_FILE, STATE_FILE
 from ..storage import Dir, read_regular
 
-# Ray names a trial's checkpoint folders by the report's index: checkpoint_000031 after the 32nd epoch
-CHECKPOINT_DIR = re.compile(r"checkpoint_(\d{6})")
 WHERE = ("RUN_DIR must be the --out folder of `cem-bench train` (it holds checkpoint.pt) or a search trial's "
          "folder (it holds trial_result.json and checkpoint_NNNNNN/state.pt)")
 KIND = "cem-bench-checkpoint"

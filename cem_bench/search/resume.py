@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from ..errors import SearchError
 from ..parsing import loads_json
 from ..provenance import now_iso as _now_iso
-from ..schema import RESUME_STATE_FILE
+from ..schema import CHECKPOINT_DIR, RESUME_STATE_FILE
 from ..storage import filesystem, join, write_bytes
 
 SUPERSEDED_DIR = "superseded_state"
@@ -134,8 +134,6 @@ def repair_experiment_state(exp_path: str, trust_pickle: bool = False) -> list[s
                           f"the search again under a new --name")
     return done
 
-
-CHECKPOINT_DIR = re.compile(r"checkpoint_(\d{6})")
 
 
 def recorded_checkpoints(trial_run_metadata: dict) -> list[str]:
