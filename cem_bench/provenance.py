@@ -11,12 +11,20 @@ from datetime import datetime, timezone
 def _read_git_sha() -> str:
     """HEAD's commit, with ``-dirty`` (git describe's mark) when the package's own files differ from it: a
     tracked one changed or deleted, or an untracked one added (a new estimator not yet committed runs too).
-    Only the package: a changed doc, space or test does not change what a trial runs."""
+    Only the package: a changed doc, space or test does not change what a trial runs. ``unknown`` without git,
+    outside a repository, or in a repository that does not track the package (another project's, holding an
+    installed copy)."""
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
                              timeout=5).stdout.strip()
         if not sha:
+            return "unknown"
+        # The repository must hold this file: a package installed into a .venv inside some other repository
+        # (ignored or untracked there) would otherwise be labelled with that repository's HEAD.
+        tracked = subprocess.run(["git", "ls-files", "--", os.path.basename(__file__)], cwd=here,
+                                 capture_output=True, text=True, timeout=5)
+        if tracked.returncode != 0 or not tracked.stdout.strip():
             return "unknown"
         status = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=here, capture_output=True,
                                 text=True, timeout=5)

@@ -86,3 +86,22 @@ def test_git_sha_says_dirty_when_the_package_is_not_the_commit_s(repo):
     with open(repo / "cem_bench" / "provenance.py", "a") as fh:
         fh.write("# changed\n")
     assert load_copy(repo).git_sha() == sha + "-dirty"
+
+
+@pytest.mark.parametrize("how", ["ignored", "untracked"])
+def test_git_sha_of_a_package_inside_another_repository_is_unknown(tmp_path, how):
+    """An installed copy in a .venv inside a user's own repository is not labelled with that repository's HEAD:
+    the repository does not track the package, so the commit says nothing about the code that ran."""
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    user = tmp_path / "user"
+    user.mkdir()
+    subprocess.run([*GIT, "init", "-q"], cwd=user, check=True)
+    (user / "notes.txt").write_text("the user's project\n")
+    if how == "ignored":
+        (user / ".gitignore").write_text(".venv/\n")
+    subprocess.run([*GIT, "add", "."], cwd=user, check=True)
+    subprocess.run([*GIT, "commit", "-q", "-m", "user"], cwd=user, check=True)
+    site = user / ".venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    assert load_copy(site).git_sha() == "unknown"
