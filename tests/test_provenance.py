@@ -25,19 +25,26 @@ def load_copy(tree: Path):
     return mod
 
 
-@pytest.fixture
-def repo(tmp_path):
+def committed_repo(path: Path, files: dict[str, str], package: bool) -> Path:
+    """A git repository at ``path`` with ``files`` (and a copy of cem_bench/provenance.py when ``package``),
+    all committed."""
     if shutil.which("git") is None:
         pytest.skip("no git")
-    src = tmp_path / "src"
-    src.mkdir()
-    subprocess.run([*GIT, "init", "-q"], cwd=src, check=True)
-    (src / "f.txt").write_text("x\n")
-    (src / "cem_bench").mkdir()
-    shutil.copy(ROOT / "cem_bench" / "provenance.py", src / "cem_bench" / "provenance.py")
-    subprocess.run([*GIT, "add", "f.txt", "cem_bench"], cwd=src, check=True)
-    subprocess.run([*GIT, "commit", "-q", "-m", "one"], cwd=src, check=True)
-    return src
+    path.mkdir(parents=True)
+    subprocess.run([*GIT, "init", "-q"], cwd=path, check=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    if package:
+        (path / "cem_bench").mkdir()
+        shutil.copy(ROOT / "cem_bench" / "provenance.py", path / "cem_bench" / "provenance.py")
+    subprocess.run([*GIT, "add", "."], cwd=path, check=True)
+    subprocess.run([*GIT, "commit", "-q", "-m", "one"], cwd=path, check=True)
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path):
+    return committed_repo(tmp_path / "src", {"f.txt": "x\n"}, package=True)
 
 
 def test_git_sha_of_a_copied_repository(repo, tmp_path):
@@ -92,16 +99,8 @@ def test_git_sha_says_dirty_when_the_package_is_not_the_commit_s(repo):
 def test_git_sha_of_a_package_inside_another_repository_is_unknown(tmp_path, how):
     """An installed copy in a .venv inside a user's own repository is not labelled with that repository's HEAD:
     the repository does not track the package, so the commit says nothing about the code that ran."""
-    if shutil.which("git") is None:
-        pytest.skip("no git")
-    user = tmp_path / "user"
-    user.mkdir()
-    subprocess.run([*GIT, "init", "-q"], cwd=user, check=True)
-    (user / "notes.txt").write_text("the user's project\n")
-    if how == "ignored":
-        (user / ".gitignore").write_text(".venv/\n")
-    subprocess.run([*GIT, "add", "."], cwd=user, check=True)
-    subprocess.run([*GIT, "commit", "-q", "-m", "user"], cwd=user, check=True)
+    files = {"notes.txt": "the user's project\n", **({".gitignore": ".venv/\n"} if how == "ignored" else {})}
+    user = committed_repo(tmp_path / "user", files, package=False)
     site = user / ".venv" / "lib" / "site-packages"
     site.mkdir(parents=True)
     assert load_copy(site).git_sha() == "unknown"
