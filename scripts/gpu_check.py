@@ -238,7 +238,8 @@ def decoder(run: Run) -> None:
     for mode in ("on", "off"):
         cfg = build_config({"data.dataset": "synthetic", "data.train_size": 256, "data.test_size": 2560,
                             "model.width": 1.0, "attack.names": ["decoder"], "attack.epochs": 4,
-                            "attack.blocks": 8, "attack.channels": 64, "train.device": run.device,
+                            "attack.blocks": 8, "attack.channels": 64, "attack.batch_size": 256,
+                            "train.device": run.device,
                             "train.cuda_graph": mode if run.cuda else "off", "defense.noise_std": 0.05})
         splits, tr = build(cfg, torch.device(run.device))
         t = time.perf_counter()
@@ -596,7 +597,8 @@ def paper_keys(run: Run) -> dict:
         keys = dict(yaml.safe_load(f)["fixed"])
     keys.update({"data.dataset": "synthetic", "data.train_size": 50000 if run.cuda else 256,
                  "data.test_size": 10000 if run.cuda else 64, "cem.surrogate": "gmm", "cem.lambd": 16,
-                 "defense.noise_std": 0.05, "train.device": run.device, "attack.min_accuracy_margin": -1})
+                 "defense.noise_std": 0.05, "train.device": run.device, "attack.min_accuracy_margin": -1,
+                 "attack.batch_size": 256})   # CIFAR's decoder batch, set: synthetic stands in for CIFAR here
     if not run.cuda:
         keys.update({"model.width": 0.125, "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8,
                      "attack.rmle_iterations": 3})

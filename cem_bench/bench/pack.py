@@ -65,7 +65,8 @@ def worker_flat(images: int, amp: str = "off") -> dict:
             "cem.lambd": 16.0, "cem.warmup_epochs": 0, "train.device": "cuda", "seed": 0,
             # the attacks as the paper grid runs them (cifar10_paper.yaml: its decoder on the training images),
             # for ``Workers.attack``; a scaled-down decoder run, measured as a ratio (``attack_packing``)
-            "data.attack_split": "training", "attack.epochs": 20, "attack.blocks": 8, "attack.channels": 64}
+            "data.attack_split": "training", "attack.epochs": 20, "attack.blocks": 8, "attack.channels": 64,
+            "attack.batch_size": 256}   # CIFAR's, set: the synthetic set's own default need not stay CIFAR's
 
 
 class Workers:
