@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from datetime import datetime, timezone
 
 from ..errors import SearchError
@@ -152,8 +151,8 @@ def recorded_checkpoints(trial_run_metadata: dict) -> list[str]:
         raw = bytes.fromhex(blob["value"])
     except ValueError:
         return []
-    found = {int(m.group(1)) for m in re.finditer(rb"checkpoint_(\d{6})", raw)}
-    return [f"checkpoint_{i:06d}" for i in sorted(found)]
+    # latin-1 maps each byte to one character, so the shared pattern matches the path strings in place
+    return sorted({m.group(0) for m in CHECKPOINT_DIR.finditer(raw.decode("latin-1"))})   # six digits: by number
 
 
 def restore_removed_checkpoints(exp_path: str) -> list[str]:
