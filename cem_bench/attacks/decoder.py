@@ -124,16 +124,15 @@ def encode(encoder: nn.Module, split, splits, batch_size: int, device: torch.dev
 
 @dataclass(frozen=True)
 class DecoderKeys:
-    epochs: Optional[int] = key(None, "attack decoder epochs (empty = 50 as the paper on CIFAR, 10 on synthetic, "
-                                "96 on digits, 48 on photos: docs/attacks.md section 3)", lo=0)
-    blocks: Optional[int] = key(None, "residual blocks of the decoder (empty = 8 as the paper's res_normN8C64 "
-                                "on CIFAR, 2 on synthetic, digits and photos)", lo=0, hi=64)
-    channels: Optional[int] = key(None, "channels of the decoder (empty = 64 as the paper on CIFAR, 32 on "
-                                  "synthetic, digits and photos)", lo=1, hi=1024)
+    epochs: Optional[int] = key(None, "attack decoder epochs (empty = the data set's; on digits and photos where "
+                                "the decoder stops improving, docs/attacks.md section 3)", lo=0)
+    blocks: Optional[int] = key(None, "residual blocks of the decoder (empty = the data set's: the paper's "
+                                "res_normN8C64 on CIFAR)", lo=0, hi=64)
+    channels: Optional[int] = key(None, "channels of the decoder (empty = the data set's: the paper's on "
+                                  "CIFAR)", lo=1, hi=1024)
     lr: float = key(1e-3, "Adam learning rate (cosine to 1e-5)", lo=0.0, lo_open=True)
     weight_decay: float = key(1e-4, "Adam weight decay", lo=0.0)
-    batch_size: Optional[int] = key(None, "attack batch size (empty = 256 on CIFAR and synthetic, 32 on digits and "
-                                    "photos)", lo=1)
+    batch_size: Optional[int] = key(None, "attack batch size (empty = the data set's)", lo=1)
 
 
 # The paper's decoder attack (50 epochs, res_normN8C64) on CIFAR; a CPU-sized one on the synthetic demo data
