@@ -140,12 +140,13 @@ class DecoderKeys:
 DATASET_DEFAULTS = {
     "cifar10": {"epochs": 50, "blocks": 8, "channels": 64, "batch_size": 256},
     "cifar100": {"epochs": 50, "blocks": 8, "channels": 64, "batch_size": 256},
-    "synthetic": {"epochs": 10, "blocks": 2, "channels": 32, "batch_size": 256},
-    # The real sets that ship in the wheels get the synthetic data's CPU-sized decoder, trained to where it stops
+    # The sets without a GPU-sized decoder get a CPU-sized one (2 blocks x 32 channels) trained to where it stops
     # improving at lambda = 0 (docs/attacks.md section 3, 2026-12-02): their attackers have 324 (digits) and
-    # 2,304 (photos) images, so batch 256 gave 2 and 9 Adam steps an epoch, and 10 such epochs drew a flat image
-    # on digits (SSIM 0.18 where 96 epochs at batch 32 give 0.96) and scored 0.35 on photos, below rmle's 0.42
-    # and 48 epochs at batch 32's 0.43-0.47.
+    # 2,304 (synthetic, photos) images, so batch 256 gave 2 and 9 Adam steps an epoch, and 10 such epochs drew a
+    # flat image on digits (SSIM 0.18 where 96 epochs at batch 32 give 0.96), scored 0.35 on photos (below rmle's
+    # 0.42 and 48 epochs at batch 32's 0.43-0.47) and 0.71-0.73 on the shapes (0.84 at 48, 0.86 at 96), taking
+    # longer on the CPU than 10 epochs at batch 32.
+    "synthetic": {"epochs": 48, "blocks": 2, "channels": 32, "batch_size": 32},
     "digits": {"epochs": 96, "blocks": 2, "channels": 32, "batch_size": 32},
     "photos": {"epochs": 48, "blocks": 2, "channels": 32, "batch_size": 32},
 }
