@@ -774,6 +774,12 @@ FIGURES = (
            (r"four " + R + r"×\s+and", r"four packed gmm trials under MPS trained " + R + r"×")),
     Figure("what packing without MPS loses against one trial alone, % (H100)", PERF,
            (R + r" % fewer", r"packing loses " + R + r" %")),
+    # the findings against a converged decoder (README "What it has found so far"; docs/estimators.md "Real images")
+    Figure("attention_centroid λ 16 beyond gmm λ 48 against the 96-epoch decoder on digits, 24 seeds (M1)",
+           "docs/estimators.md",
+           (r"M1 holds\s+: (?P<v>[\d.]+) SSIM", r"\| (?P<v>[\d.]+) more private \([\d.–]+\); the accuracy match")),
+    Figure("gmm λ 64's drop against the 48-epoch decoder on photos", "docs/estimators.md",
+           (r"\| gmm λ 64 \| 1 \|(?:[^|]*\|){4}\s*(?P<v>[−-][\d.]+) \(", r"yes, gmm (?P<v>[−-][\d.]+) and attention_centroid")),
     # the demo's result at seed 0 (docs/protocol.md section 10)
     Figure("the demo's SSIM difference, gmm λ = 16 against λ = 0 (seed 0)", "docs/protocol.md",
            (r"\(Δ (?P<v>[−-][\d.]+), 95 % interval",
