@@ -140,7 +140,7 @@ class DecoderKeys:
 DATASET_DEFAULTS = {
     "cifar10": {"epochs": 50, "blocks": 8, "channels": 64, "batch_size": 256},
     "cifar100": {"epochs": 50, "blocks": 8, "channels": 64, "batch_size": 256},
-    # The sets without a GPU-sized decoder get a CPU-sized one (2 blocks x 32 channels) trained to where it stops
+    # The small sets get a CPU-sized decoder (2 blocks x 32 channels) trained to where it stops
     # improving at lambda = 0 (docs/attacks.md section 3, 2026-12-02): their attackers have 324 (digits) and
     # 2,304 (synthetic, photos) images, so batch 256 gave 2 and 9 Adam steps an epoch, and 10 such epochs drew a
     # flat image on digits (SSIM 0.18 where 96 epochs at batch 32 give 0.96), scored 0.35 on photos (below rmle's
