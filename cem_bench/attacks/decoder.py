@@ -124,7 +124,7 @@ def encode(encoder: nn.Module, split, splits, batch_size: int, device: torch.dev
 
 @dataclass(frozen=True)
 class DecoderKeys:
-    epochs: Optional[int] = key(None, "attack decoder epochs (empty = the data set's; on digits and photos where "
+    epochs: Optional[int] = key(None, "attack decoder epochs (empty = the data set's; on the small sets where "
                                 "the decoder stops improving, docs/attacks.md section 3)", lo=0)
     blocks: Optional[int] = key(None, "residual blocks of the decoder (empty = the data set's: the paper's "
                                 "res_normN8C64 on CIFAR)", lo=0, hi=64)
@@ -135,13 +135,12 @@ class DecoderKeys:
     batch_size: Optional[int] = key(None, "attack batch size (empty = the data set's)", lo=1)
 
 
-# The paper's decoder attack (50 epochs, res_normN8C64) on CIFAR; a CPU-sized one on the synthetic demo data
-# so that `cem-bench train` on it takes a minute or two, not twenty. Set the keys to override either.
+# The paper's decoder attack (50 epochs, res_normN8C64, batch 256) on CIFAR; set the keys to override any.
 DATASET_DEFAULTS = {
     "cifar10": {"epochs": 50, "blocks": 8, "channels": 64, "batch_size": 256},
     "cifar100": {"epochs": 50, "blocks": 8, "channels": 64, "batch_size": 256},
-    # The small sets get a CPU-sized decoder (2 blocks x 32 channels) trained to where it stops
-    # improving at lambda = 0 (docs/attacks.md section 3, 2026-12-02): their attackers have 324 (digits) and
+    # The small sets get a CPU-sized decoder (2 blocks x 32 channels, a few minutes on one core), trained to where
+    # it stops improving at lambda = 0 (docs/attacks.md section 3, 2026-12-02): their attackers have 324 (digits) and
     # 2,304 (synthetic, photos) images, so batch 256 gave 2 and 9 Adam steps an epoch, and 10 such epochs drew a
     # flat image on digits (SSIM 0.18 where 96 epochs at batch 32 give 0.96), scored 0.35 on photos (below rmle's
     # 0.42 and 48 epochs at batch 32's 0.43-0.47) and 0.71-0.73 on the shapes (0.84 at 48, 0.86 at 96), taking
