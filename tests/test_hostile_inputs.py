@@ -226,6 +226,7 @@ _STATE = checkpoint.to_bytes({"seed": 0}, {"epoch": 1, "history": [], "client": 
                  .map(lambda t: _STATE[:t[0]] + bytes([t[1]]) + _STATE[t[0] + 1:]),
                  st.tuples(st.sampled_from(b"jhqrgpJK"), st.binary(max_size=6)).map(lambda t: bytes([t[0]]) + t[1])))
 @example(b"junk")   # a legacy (non-zip) pickle opening with LONG_BINGET, its 4-byte index cut short
+@example(_STATE[:328] + bytes([81]) + _STATE[329:])   # a storage id made an int: torch raised AssertionError
 def test_any_bytes_as_a_checkpoint_are_read_or_refused_never_a_crash(data):
     """A trial's state.pt cut short or damaged (a copy interrupted, a full disk): a ResultsError naming the file,
     which resume and `cem-bench attack` report, never another exception (b"junk" once raised struct.error)."""

@@ -52,9 +52,10 @@ def parse(data: bytes, path: str) -> dict[str, Any]:
                                f"someone else") from e
         raise ResultsError(f"{path} is not a readable checkpoint (UnpicklingError: {_short(e)}): it should be "
                            f"{WHAT}; it is truncated, damaged or of another format") from e
-    # struct.error: the weights-only unpickler reading a length from bytes that end too soon ("junk")
+    # struct.error: the weights-only unpickler reading a length from bytes that end too soon ("junk");
+    # AssertionError: torch's persistent_load checking a damaged storage id ("saved_id must be a tuple")
     except (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            UnicodeDecodeError, OverflowError, MemoryError, struct.error) as e:
+            UnicodeDecodeError, OverflowError, MemoryError, struct.error, AssertionError) as e:
         raise ResultsError(f"{path} is not a readable checkpoint ({type(e).__name__}: {_short(e)}): it should "
                            f"be {WHAT}; it is truncated, damaged or of another format") from e
     if not isinstance(obj, dict):
