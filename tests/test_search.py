@@ -478,7 +478,8 @@ def test_search_on_two_node_cluster(tmp_path, ray_cluster):
 
 def kill_driver_when(tmp_path: Path, space: str, storage: Path, address: str, timeout: float, ready) -> None:
     """Start a search driver on the cluster at ``address`` and SIGKILL it as soon as ``ready()`` holds (within
-    ``timeout`` seconds, while the driver still runs); its output goes to ``driver1.log``."""
+    ``timeout`` seconds, while the driver still runs), then wait until its trials are gone too; its output goes
+    to ``driver1.log``."""
     log = open(tmp_path / "driver1.log", "wb")
     driver = subprocess.Popen(cli_cmd(space, "--storage", str(storage), "--address", address),
                               env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -490,11 +491,46 @@ def kill_driver_when(tmp_path: Path, space: str, storage: Path, address: str, ti
             time.sleep(0.25)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
+        wait_until_killed_job_is_gone(address, storage)
     finally:
         if driver.poll() is None:
             os.kill(driver.pid, signal.SIGKILL)
             driver.wait(timeout=30)
         log.close()
+
+
+def _cpus_in_use(address: str) -> float | None:
+    """The CPUs the cluster's autoscaler reports in use (``ray status``), or None when it could not say."""
+    try:
+        out = subprocess.run([RAY_BIN, "status", f"--address={address}"], env=subprocess_env(), capture_output=True,
+                             text=True, timeout=30).stdout
+    except subprocess.TimeoutExpired:
+        return None
+    for line in out.split("Usage:", 1)[-1].splitlines():
+        if line.strip().endswith(" CPU") and "/" in line:
+            return float(line.split("/", 1)[0])
+    return None
+
+
+def wait_until_killed_job_is_gone(address: str, folder: Path, timeout: float = 90) -> None:
+    """Wait until the cluster holds no CPU and nothing under ``folder`` has changed for 3 s.
+
+    A SIGKILLed driver's trial actors are killed by Ray once it notices the driver is gone, not at once: on a
+    busy machine one of them wrote its result after the test had moved the experiment (CI at 1958629), which
+    recreated the old folder. Moving only after they are gone keeps the test about the resume."""
+    def snapshot():
+        return sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file())
+
+    deadline = time.time() + timeout
+    before, stable_since = snapshot(), time.time()
+    while True:
+        now = snapshot()
+        if now != before:
+            before, stable_since = now, time.time()
+        if time.time() - stable_since >= 3 and _cpus_in_use(address) == 0.0:
+            return
+        assert time.time() < deadline, f"the killed driver's trials still run after {timeout} s"
+        time.sleep(0.5)
 
 
 @pytest.mark.ray
