@@ -519,13 +519,16 @@ def wait_until_killed_job_is_gone(address: str, folder: Path, timeout: float = 9
     busy machine one of them wrote its result after the test had moved the experiment (CI at 1958629), which
     recreated the old folder. Moving only after they are gone keeps the test about the resume."""
     def snapshot():
-        return sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file())
+        try:
+            return sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file())
+        except FileNotFoundError:  # a file went away while we looked (a rename): that is a change too
+            return None
 
     deadline = time.time() + timeout
     before, stable_since = snapshot(), time.time()
     while True:
         now = snapshot()
-        if now != before:
+        if now is None or now != before:
             before, stable_since = now, time.time()
         if time.time() - stable_since >= 3 and _cpus_in_use(address) == 0.0:
             return
