@@ -404,12 +404,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _alive_nodes(address: str, env: dict) -> int:
+def _ray_status(address: str, env: dict) -> str:
+    """``ray status``'s report of the cluster at ``address`` ("" when it did not answer within 30 s)."""
     try:
-        out = subprocess.run([RAY_BIN, "status", f"--address={address}"], env=env, capture_output=True, text=True,
-                             timeout=30).stdout
+        return subprocess.run([RAY_BIN, "status", f"--address={address}"], env=env, capture_output=True, text=True,
+                              timeout=30).stdout
     except subprocess.TimeoutExpired:
-        return 0
+        return ""
+
+
+def _alive_nodes(address: str, env: dict) -> int:
+    out = _ray_status(address, env)
     active = out.split("Active:", 1)[-1].split("Pending:", 1)[0] if "Active:" in out else ""
     return sum(1 for line in active.splitlines() if "node_" in line)
 
@@ -501,11 +506,7 @@ def kill_driver_when(tmp_path: Path, space: str, storage: Path, address: str, ti
 
 def _cpus_in_use(address: str) -> float | None:
     """The CPUs the cluster's autoscaler reports in use (``ray status``), or None when it could not say."""
-    try:
-        out = subprocess.run([RAY_BIN, "status", f"--address={address}"], env=subprocess_env(), capture_output=True,
-                             text=True, timeout=30).stdout
-    except subprocess.TimeoutExpired:
-        return None
+    out = _ray_status(address, subprocess_env())
     for line in out.split("Usage:", 1)[-1].splitlines():
         if line.strip().endswith(" CPU") and "/" in line:
             return float(line.split("/", 1)[0])
