@@ -202,3 +202,41 @@ def test_the_tf32_option_rows_ask_the_trainer_for_tf32(monkeypatch, tmp_path):
                         option_settings=("tf32 matmuls", "default", "tf32 matmuls, high_priority_stream"))
     gpu_check.options(run)
     assert [f.get("train.tf32") for f in flats] == ["on", None, "on"]
+
+
+def test_the_options_stage_stops_between_surrogates_when_the_budget_runs_out(monkeypatch, tmp_path):
+    """A surrogate's compile can take minutes (a CPU dry run beside other work overran a 400 s budget by 10 min in
+    its first setting): the stage looks at the budget before each trainer it builds, records the ones it skipped,
+    and builds none once under a minute is left."""
+    import dataclasses
+    import importlib.util
+    import json
+    import time
+
+    from cem_bench.bench import harness
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", "scripts/gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, gpu_check)
+    spec.loader.exec_module(gpu_check)
+    built = []
+
+    def no_trainer(flat, device, splits):
+        built.append(flat)
+        raise RuntimeError("not built here")
+
+    monkeypatch.setattr(harness, "step_trainer", no_trainer)
+    lefts = iter([600.0] + [30.0] * 20)   # the setting's check passes, every later check finds 30 s left
+
+    @dataclasses.dataclass(frozen=True)
+    class Running(gpu_check.Run):
+        def left(self) -> float:
+            return next(lefts)
+
+    run = Running(out=str(tmp_path), budget_s=600, t0=time.perf_counter(), device="cpu",
+                  option_settings=("default", "tf32 matmuls"))
+    gpu_check.options(run)
+    assert built == []
+    out = json.loads((tmp_path / "options.json").read_text())
+    assert out["default"] == {name: "skipped: budget"
+                              for name in ("lambda=0", "slot_cross", "attention_centroid", "serial_enhanced")}
+    assert out["tf32 matmuls"] == "skipped: budget"
