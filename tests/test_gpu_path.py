@@ -179,25 +179,37 @@ def test_each_trial_of_a_reused_worker_compiles_afresh(monkeypatch, tmp_path):
 
 
 # ------------------------------------------------------------------------------ scripts/gpu_check.py
-def test_the_tf32_option_rows_ask_the_trainer_for_tf32(monkeypatch, tmp_path):
-    """The options stage's "tf32 matmuls" settings put train.tf32: on in the trainers' config: the trainer sets
-    the process's TF32 flags from that key on CUDA, so the global flag the stage used to set was put back to
-    fp32 products before any step was timed."""
+def load_gpu_check(monkeypatch):
+    """scripts/gpu_check.py as a module (it is a script, not part of the package)."""
     import importlib.util
-    import time
-
-    from cem_bench.bench import harness
     spec = importlib.util.spec_from_file_location("gpu_check_under_test", "scripts/gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, gpu_check)   # its dataclasses look their module up there
     spec.loader.exec_module(gpu_check)
-    flats = []
+    return gpu_check
+
+
+def options_without_trainers(monkeypatch):
+    """gpu_check, and the list of configurations its options stage asks to build: none is built (each
+    request raises, which the stage records as the setting's error and goes on)."""
+    from cem_bench.bench import harness
+    asked = []
 
     def no_trainer(flat, device, splits):
-        flats.append(flat)
+        asked.append(flat)
         raise RuntimeError("not built here")
 
     monkeypatch.setattr(harness, "step_trainer", no_trainer)
+    return load_gpu_check(monkeypatch), asked
+
+
+def test_the_tf32_option_rows_ask_the_trainer_for_tf32(monkeypatch, tmp_path):
+    """The options stage's "tf32 matmuls" settings put train.tf32: on in the trainers' config: the trainer sets
+    the process's TF32 flags from that key on CUDA, so the global flag the stage used to set was put back to
+    fp32 products before any step was timed."""
+    import time
+
+    gpu_check, flats = options_without_trainers(monkeypatch)
     run = gpu_check.Run(out=str(tmp_path), budget_s=600, t0=time.perf_counter(), device="cpu",
                         option_settings=("tf32 matmuls", "default", "tf32 matmuls, high_priority_stream"))
     gpu_check.options(run)
@@ -209,22 +221,10 @@ def test_the_options_stage_stops_between_surrogates_when_the_budget_runs_out(mon
     its first setting): the stage looks at the budget before each trainer it builds, records the ones it skipped,
     and builds none once under a minute is left."""
     import dataclasses
-    import importlib.util
     import json
     import time
 
-    from cem_bench.bench import harness
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", "scripts/gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, gpu_check)
-    spec.loader.exec_module(gpu_check)
-    built = []
-
-    def no_trainer(flat, device, splits):
-        built.append(flat)
-        raise RuntimeError("not built here")
-
-    monkeypatch.setattr(harness, "step_trainer", no_trainer)
+    gpu_check, built = options_without_trainers(monkeypatch)
     lefts = iter([600.0] + [30.0] * 20)   # the setting's check passes, every later check finds 30 s left
 
     @dataclasses.dataclass(frozen=True)
