@@ -268,10 +268,10 @@ def test_the_calibrated_defaults_hold_at_the_reference_state():
     """The surrogates' default cem.loss_scale gives gmm's strength per unit λ within a factor of 1.5 at the
     reference states they were calibrated on (width 0.25, σ 0.1, 10-epoch schedule, the λ = 0 encoder after 3
     epochs, seeds 0-2, the median of the per-seed ratios): a change to a surrogate that re-scales λ fails here.
-    The median, not calibrate's geometric mean: on an AVX2 CPU (no AVX-512) seed 2's encoder, trained in another
-    order of arithmetic, sits where gmm's hinge has cut gmm's own strength, and the inject pair's ratio there was
-    5.4 against 0.9-1.1 on seeds 0 and 1 (geometric means 1.70 and 1.75; on the AVX-512 box 1.24 and 1.29):
-    one seed's state, not a re-scaled surrogate (docs/estimators.md "One λ scale")."""
+    The median, not calibrate's geometric mean: on an AVX2 CPU (no AVX-512) seed 2's encoder, trained there by
+    other CPU kernels (presumably), sits where gmm's hinge has cut gmm's own strength, and the inject pair's ratio
+    there was 5.4 against 0.9-1.1 on seeds 0 and 1 (geometric means 1.70 and 1.75; on the box of the docs' table
+    1.24 and 1.29): one seed's state, not a re-scaled surrogate (docs/estimators.md "One λ scale")."""
     import statistics
 
     from cem_bench import calibrate
