@@ -542,11 +542,12 @@ def options(run: Run) -> None:
                         for i in range(steps):
                             timed.step(*batches[i % 4])
                     return fn
-                for r in range(8 if runs else 0):   # lambda = 0 is built first: any run built includes it
+                for r in range(8):
                     for timed in runs.values():
                         t = harness.timed(one(timed), dev) / steps
                         if r >= 2:
                             timed.times.append(t)
+                # lambda = 0 is built first: any run built includes it (none when the budget ran out first)
                 base = statistics.median(runs["lambda=0"].times) if runs else None
                 for name, timed in runs.items():
                     med = statistics.median(timed.times)
