@@ -21,6 +21,7 @@ trial and is what this command's held-out match checks.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +73,16 @@ def geo(values) -> float:
     if any(v == 0 for v in values):
         return 0.0
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def median(values) -> float:
+    """The median (NaN when none is given or one is not finite). Beside the geometric mean because one seed's
+    state can move that by a factor: gmm's hinge can cut gmm's own strength at one seed's λ = 0 encoder, and
+    the inject surrogates' ratio there was 5.4 where the other seeds gave 0.9-1.1 (docs/estimators.md)."""
+    values = list(values)
+    if not values or not all(math.isfinite(v) for v in values):
+        return math.nan
+    return statistics.median(values)
 
 
 def _surrogate_module(cfg, splits, device, features, labels):
@@ -175,21 +186,25 @@ def table(rows: list[Strength]) -> list[dict]:
     ``loss_scale`` (the surrogate's default unless set), with ``matching_lambda`` (the λ that matches gmm's λ =
     16 at that scale) and ``matching_loss_scale``; ``grad_mode``, ``batch_spread``; ``matched_ratio`` and
     ``matched_loss_scale`` (the scale a matched trial measures at this state) and ``drift_ratio`` (the ratio
-    here of the scale matched at the first warm-up); per-seed values beside (geometric means over seeds)."""
+    here of the scale matched at the first warm-up); per-seed values beside (geometric means over seeds), with
+    ``fixed_ratio_median`` and ``matched_ratio_median``, the medians of the per-seed ratios, which one seed's
+    state moves less than the geometric mean."""
     refs = {r.warmup: r for r in rows if r.surrogate == REFERENCE}
     out = []
     for r in rows:
         ref = refs[r.warmup]
         fixed = r.ratio(ref)
         matched = geo(r.matched)
+        fixed_per_seed = [s / g for s, g in zip(r.per_seed, ref.per_seed)]
         out.append({"surrogate": r.surrogate, "warmup": r.warmup, "strength_mode": r.mode,
                     "ratio_to_gmm": matched if r.mode == "matched" else fixed,
                     "fixed_ratio_to_gmm": fixed, "strength": r.strength,
-                    "fixed_ratio_per_seed": [s / g for s, g in zip(r.per_seed, ref.per_seed)],
+                    "fixed_ratio_per_seed": fixed_per_seed, "fixed_ratio_median": median(fixed_per_seed),
                     "matching_lambda": r.matching_lambda(ref) if r.strength > 0 else math.inf,
                     "matching_loss_scale": r.matching_loss_scale(ref) if r.strength > 0 else math.inf,
                     "loss_scale": r.loss_scale, "grad_mode": r.grad_mode, "batch_spread": r.spread,
                     "matched_ratio": matched, "matched_ratio_per_seed": list(r.matched),
+                    "matched_ratio_median": median(r.matched),
                     "matched_loss_scale": geo(r.matched_scale), "drift_ratio": geo(r.drift),
                     "drift_per_seed": list(r.drift)})
     return out
@@ -198,15 +213,18 @@ def table(rows: list[Strength]) -> list[dict]:
 def format_table(records: list[dict]) -> str:
     head = (f"{'surrogate':20s} {'warm-up':>7s} {'λ means':>8s} {'÷ gmm':>6s}  |  {'grad_mode':9s} "
             f"{'loss_scale':>10s} {'strength/λ':>11s} {'÷ gmm':>6s} {'λ ≙ gmm 16':>11s} {'spread':>7s}  |  "
-            f"{'matched ÷ gmm':>13s} {'scale':>8s} {'drift':>6s}  ÷ gmm per seed (fixed | matched)")
+            f"{'matched ÷ gmm':>13s} {'scale':>8s} {'drift':>6s}  ÷ gmm per seed (fixed | matched), "
+            f"with their medians from 2 seeds")
     lines = [head]
     for r in records:
+        fixed, matched = r["fixed_ratio_per_seed"], r["matched_ratio_per_seed"]
+        medians = (f"  median {r['fixed_ratio_median']:.3g} | {r['matched_ratio_median']:.3g}"
+                   if len(fixed) > 1 else "")
         lines.append(f"{r['surrogate']:20s} {r['warmup']:7d} {r['strength_mode']:>8s} {r['ratio_to_gmm']:6.3g}  |  "
                      f"{r['grad_mode']:9s} {r['loss_scale']:10.4g} {r['strength']:11.4g} "
                      f"{r['fixed_ratio_to_gmm']:6.3g} {r['matching_lambda']:11.4g} {r['batch_spread']:6.1%}  |  "
                      f"{r['matched_ratio']:13.3g} {r['matched_loss_scale']:8.3g} {r['drift_ratio']:6.3g}  "
-                     f"{' '.join(f'{v:.3g}' for v in r['fixed_ratio_per_seed'])} | "
-                     f"{' '.join(f'{v:.3g}' for v in r['matched_ratio_per_seed'])}")
+                     f"{' '.join(f'{v:.3g}' for v in fixed)} | {' '.join(f'{v:.3g}' for v in matched)}{medians}")
     return "\n".join(lines)
 
 
