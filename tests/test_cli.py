@@ -306,7 +306,8 @@ def test_calibrate_prints_the_median_of_the_seeds_beside_their_geometric_mean():
     assert text.splitlines()[2].endswith("median 1 | 1.01"), text
     one = calibrate.table([row("gmm", [1.0], [1.0]), row("slot_cross", [2.0], [1.0])])
     assert "median" not in calibrate.format_table(one).splitlines()[2]      # one seed: nothing to take it over
-    assert math.isnan(calibrate.median([])) and math.isnan(calibrate.median([1.0, math.inf]))
+    assert math.isnan(calibrate.median([])) and math.isnan(calibrate.median([1.0, math.nan, 1.0]))
+    assert calibrate.median([1.0, math.inf, 0.9]) == 1.0     # an infinite ratio at one seed: one outlier
 
 
 @pytest.mark.parametrize("argv, says", [
