@@ -596,19 +596,10 @@ def trial(run: Run) -> None:
 
 
 def paper_keys(run: Run) -> dict:
-    """The fixed keys of search_spaces/cifar10_paper.yaml on synthetic data of CIFAR-10's size (tiny on the
-    CPU), gmm lambda = 16, sigma 0.05: the paper trial of issue 27."""
-    import yaml
-    with open(os.path.join("search_spaces", "cifar10_paper.yaml")) as f:
-        keys = dict(yaml.safe_load(f)["fixed"])
-    keys.update({"data.dataset": "synthetic", "data.train_size": 50000 if run.cuda else 256,
-                 "data.test_size": 10000 if run.cuda else 64, "cem.surrogate": "gmm", "cem.lambd": 16,
-                 "defense.noise_std": 0.05, "train.device": run.device, "attack.min_accuracy_margin": -1,
-                 "attack.batch_size": 256})   # CIFAR's decoder batch, set: synthetic stands in for CIFAR here
-    if not run.cuda:
-        keys.update({"model.width": 0.125, "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8,
-                     "attack.rmle_iterations": 3})
-    return keys
+    """The paper trial of issue 27 (``cem_bench.bench.paper.paper_keys``): cifar10_paper.yaml's fixed keys on
+    synthetic data of CIFAR-10's size (tiny on the CPU), gmm lambda = 16, sigma 0.05."""
+    from cem_bench.bench.paper import paper_keys as keys
+    return keys(run.cuda, run.device)
 
 
 def paper_slice(run: Run, variant: PaperVariant, timeout: float) -> dict:
@@ -617,16 +608,15 @@ def paper_slice(run: Run, variant: PaperVariant, timeout: float) -> dict:
     epochs at the median of its epochs after the first two (capture, cuDNN's autotuning and CEM's start)."""
     import re
     import statistics
+
+    from cem_bench.bench.paper import epoch_seconds, train_args
     keys = {**paper_keys(run), **variant.keys, "train.epochs": variant.epochs if run.cuda else 3}
     out_dir = run.path("paper_" + re.sub(r"[^a-z0-9]+", "_", variant.name).strip("_"))
-    args = ["train", "--out", out_dir]
-    for k, v in keys.items():
-        args += ["--set", f"{k}={json.dumps(v) if isinstance(v, (list, bool)) else v}"]
     t = time.perf_counter()
-    rc = run.cli(args, timeout=timeout, log=os.path.basename(out_dir) + ".txt")
+    rc = run.cli(train_args(keys, out_dir), timeout=timeout, log=os.path.basename(out_dir) + ".txt")
     wall = time.perf_counter() - t
     with open(run.path(os.path.basename(out_dir) + ".txt")) as f:
-        epoch_s = [float(m) for m in re.findall(r"epoch_s=([0-9.]+)", f.read())]
+        epoch_s = epoch_seconds(f.read())
     res = {"rc": rc, "epochs": keys["train.epochs"], "process_wall_s": wall, "epoch_s": epoch_s}
     metrics_path = os.path.join(out_dir, "metrics.json")
     if os.path.exists(metrics_path):

@@ -33,7 +33,10 @@ from cem_bench.bench.harness import sizes_for  # noqa: E402
 # The paper trial's attacks alone on an H100 in the grid's precision (issue 40's measurement, the same day's
 # card type): the decoder 47.8 s, rmle 18.7 s; the attack packing measured here scales them.
 PAPER_ATTACKS_ALONE_S = 47.8 + 18.7
-PHASES = ("fp32", "fp32-mps", "bf16", "bf16-mps", "attacks")
+PHASES = ("fp32", "fp32-mps", "bf16", "bf16-mps", "trials", "attacks")
+# estimated seconds on an H100 of one paper-trial slice of 10 epochs with both attacks at full size, alone and
+# 2 at once (from the lone paper trial's parts: epochs of 1.0 s, decoder 47.8 s, rmle 18.7 s, start-up)
+TRIALS_EST_S = {1: 110, 2: 170}
 
 
 def main() -> int:
@@ -41,7 +44,13 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=500.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/cem_gpu_pack"))
     ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=list(PHASES),
-                    help="which precisions and MPS settings (default: all, in this order)")
+                    help="which precisions and MPS settings (default: all, in this order); trials: whole paper "
+                         "trials (cem-bench train, a slice of --trials-epochs with both attacks) alone, then 2 at "
+                         "once under MPS (and without, with --trials-no-mps)")
+    ap.add_argument("--trials-epochs", type=int, default=None, help="epochs of each trial slice (default 10; 3 "
+                    "on the CPU)")
+    ap.add_argument("--trials-no-mps", action="store_true", help="the trials phase also runs 2 at once without "
+                    "MPS, budget allowing")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.monotonic()
@@ -114,6 +123,8 @@ def main() -> int:
                 summary[phase] = {"rows": rows, "attack": attack, "ceiling": top}
             except Exception:  # noqa: BLE001
                 emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
+    if "trials" in args.phases:             # the grid's own packing as whole trials: 1 alone, then 2 at once
+        trials_phase(args, cuda, left, emit, summary)
     if "attacks" in args.phases:            # the attacks of the grid's packing alone: 2 fp32 workers
         for use_mps in (False, True):
             phase = f"attacks{' MPS' if use_mps else ''}"
@@ -130,9 +141,64 @@ def main() -> int:
     return 0
 
 
+def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
+    """One paper-trial slice alone (no MPS), then 2 at once under MPS (then without, with --trials-no-mps), each
+    ``cem-bench train`` in a process of its own; each result row as it ends, the whole trials in the summary."""
+    import tempfile
+
+    from cem_bench import mps
+    from cem_bench.bench import paper
+    epochs = args.trials_epochs or (10 if cuda else 3)
+    keys = {**paper.paper_keys(cuda), "train.epochs": epochs}
+    est = TRIALS_EST_S if cuda else {1: 0, 2: 0}
+    results = {"alone": None, "packed": []}
+    plan = [("alone", 1, None), ("2 at once, MPS", 2, True)] + \
+        ([("2 at once, no MPS", 2, False)] if args.trials_no_mps else [])
+    for label, k, use_mps in plan:
+        if left() < est[k] or (k > 1 and results["alone"] is None):
+            emit("skipped", phase=f"trials {label}", left=left())
+            continue
+        if use_mps is not True and mps.running():   # these processes would be MPS clients: not what is asked
+            emit("error", phase=f"trials {label}", message=f"an MPS control daemon is running ({mps.pipe_dir()})")
+            continue
+        try:
+            with (mps.Session("auto", 0.5, cuda, log=lambda m: emit("mps", message=m)) if use_mps
+                  else _nothing()) as session:
+                state = session.state if session is not None else "off"
+                with tempfile.TemporaryDirectory(prefix="cem-bench-trials-") as tmp:
+                    r = paper.measure(k, keys, tmp, timeout=max(30.0, left() - 5), epochs_done=epochs,
+                                      threads=2 if cuda else 1)
+                    if use_mps and state != "off":
+                        r["mps_servers"] = mps.servers()
+            if use_mps and state not in ("started", "already running"):
+                label = f"{label} (MPS {state})"     # a pair that ran without MPS says so in its every line
+            r.update({"label": label, "mps": state, "epochs": epochs})
+            emit("trials", **{**r, "runs": [{**x, "log": x["log"][-400:]} for x in r["runs"]]})
+            if k == 1:
+                results["alone"] = r
+            else:
+                results["packed"].append(r)
+        except Exception:  # noqa: BLE001
+            emit("error", phase=f"trials {label}", traceback=traceback.format_exc()[-2000:])
+    if results["alone"] is not None:
+        summary["trials"] = {"trials": results}
+
+
+def _nothing():
+    import contextlib
+    return contextlib.nullcontext()
+
+
 def write_summary(out, env, summary) -> None:
     lines = [f"# Packing on {env['device']} (torch {env['torch']}, commit {env['commit'][:10]})", ""]
     for phase, s in summary.items():
+        if "trials" in s:
+            from cem_bench.bench import paper
+            t = s["trials"]
+            lines += [f"## whole paper trials (slices of {t['alone'].get('epochs')} epochs with both attacks, "
+                      f"extrapolated to {paper.PAPER_EPOCHS}; gmm; evaluation and start-up included)",
+                      *paper.summary_lines(t["alone"], t["packed"]), ""]
+            continue
         top = s["ceiling"]
         if top is None:
             a = s["attack"]

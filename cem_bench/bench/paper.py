@@ -1,0 +1,159 @@
+"""The paper trial (``search_spaces/cifar10_paper.yaml``) as ``cem-bench train`` runs it, alone and k at once on
+one card: what the grid really costs in GPU-hours at its own packing (``resources: {cpu: 2, gpu: 0.5}``).
+
+The training windows of ``pack.py`` measure only steps and refits, and its attack workers a scaled-down decoder;
+a whole trial also starts a process, builds its data and model, captures its graphs, evaluates every epoch and
+runs both attacks at full size. Here each trial is the real command on synthetic data of CIFAR-10's size, a
+slice of ``epochs`` epochs with both attacks at full size, and the whole 240-epoch trial is extrapolated: the
+slice's wall time plus the missing epochs at the median of its epochs after the first two (capture, cuDNN's
+autotuning, CEM's start). For k trials started together the k slices' span (first start to last end) plus the
+missing epochs at the k trials' median epoch (they train together) is the GPU time of k whole trials.
+
+What this leaves out (docs/performance.md "The paper grid"): the grid's trials do not start together, so one
+trial's attacks may overlap the other's training rather than the other's attacks; the attention surrogates'
+steps cost 1.3-1.5x the lambda = 0 step where this slice runs gmm; Ray's own start-up of a trial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PAPER_EPOCHS = 240          # the paper trial's epochs (run_exp.sh)
+PAPER_GRID_TRIALS = 165     # cifar10_paper.yaml: 55 cells x 3 seeds
+STEADY_FROM = 2             # epochs after the first two: capture, autotuning and CEM's start are behind
+
+
+def paper_keys(cuda: bool, device: str | None = None, root: str | None = None) -> dict:
+    """The fixed keys of ``search_spaces/cifar10_paper.yaml`` on synthetic data of CIFAR-10's size (tiny on the
+    CPU), gmm lambda = 16, sigma 0.05, the attacks always run (the utility gate off): the paper trial."""
+    import yaml
+    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "search_spaces", "cifar10_paper.yaml")) as f:
+        keys = dict(yaml.safe_load(f)["fixed"])
+    keys.update({"data.dataset": "synthetic", "data.train_size": 50000 if cuda else 256,
+                 "data.test_size": 10000 if cuda else 64, "cem.surrogate": "gmm", "cem.lambd": 16,
+                 "defense.noise_std": 0.05, "train.device": device or ("cuda" if cuda else "cpu"),
+                 "attack.min_accuracy_margin": -1,
+                 "attack.batch_size": 256})   # CIFAR's decoder batch, set: synthetic stands in for CIFAR here
+    if not cuda:
+        keys.update({"model.width": 0.125, "attack.epochs": 1, "attack.blocks": 1, "attack.channels": 8,
+                     "attack.rmle_iterations": 3})
+    return keys
+
+
+def train_args(keys: dict, out_dir: str) -> list[str]:
+    """``cem-bench train`` arguments for ``keys`` (lists and booleans as JSON, as ``--set`` reads them)."""
+    args = ["train", "--out", out_dir]
+    for k, v in keys.items():
+        args += ["--set", f"{k}={json.dumps(v) if isinstance(v, (list, bool)) else v}"]
+    return args
+
+
+def epoch_seconds(log_text: str) -> list[float]:
+    """Each epoch's ``epoch_s`` as ``cem-bench train`` prints it."""
+    return [float(m) for m in re.findall(r"epoch_s=([0-9.]+)", log_text)]
+
+
+def steady_epoch_s(epoch_lists: list[list[float]]) -> float | None:
+    """The median epoch of one or more trials after their first ``STEADY_FROM`` (all of them if that is all)."""
+    steady = [e for lst in epoch_lists for e in (lst[STEADY_FROM:] or lst)]
+    return statistics.median(steady) if steady else None
+
+
+def whole_trials_s(span_s: float, epochs_done: int, epoch_s: float, epochs: int = PAPER_EPOCHS) -> float:
+    """GPU-seconds of k whole trials that ran ``epochs_done`` epochs together in ``span_s`` (their slices with the
+    attacks, first start to last end) and train the rest together at ``epoch_s`` an epoch each."""
+    return span_s + max(0, epochs - epochs_done) * epoch_s
+
+
+def run_together(keys: list[dict], out_root: str, timeout: float, threads: int = 2) -> list[dict]:
+    """``cem-bench train`` once per entry of ``keys``, all started at once, each in a process of its own with
+    ``threads`` CPU threads (as Ray runs a trial of ``resources: {cpu: 2}``: OMP_NUM_THREADS 2); per process:
+    ``rc`` (124: killed at ``timeout``), ``start``/``end`` on the monotonic clock, ``epoch_s``, its metrics
+    (``train_s``, ``attack_s``, ...), ``log`` (the output's tail). The trial folders (checkpoints, images) are
+    removed after reading."""
+    import shutil
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
+    procs = []
+    for i, k in enumerate(keys):
+        out_dir = os.path.join(out_root, f"trial{i}")
+        log = tempfile.TemporaryFile()
+        procs.append((subprocess.Popen([sys.executable, "-m", "cem_bench.cli", *train_args(k, out_dir)],
+                                       env=env, stdout=log, stderr=subprocess.STDOUT), log, out_dir,
+                      time.monotonic()))
+    deadline = time.monotonic() + timeout
+    ends: dict[int, float] = {}
+    while len(ends) < len(procs):         # each end read as it happens (polled), not when its turn to be waited came
+        for i, (p, *_rest) in enumerate(procs):
+            if i not in ends and p.poll() is not None:
+                ends[i] = time.monotonic()
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    out = []
+    for i, (p, log, out_dir, t0) in enumerate(procs):
+        if i in ends:
+            rc, end = p.returncode, ends[i]
+        else:                              # past the timeout: killed, no end
+            p.kill()
+            p.wait()
+            rc, end = 124, None
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+        log.close()
+        res = {"rc": rc, "start": t0, "end": end, "epoch_s": epoch_seconds(text), "log": text[-3000:]}
+        metrics = os.path.join(out_dir, "metrics.json")
+        if os.path.exists(metrics):
+            with open(metrics) as f:
+                m = json.load(f)
+            res.update({k: m.get(k) for k in ("test_acc", "attack_ssim", "attack_ssim__decoder",
+                                              "attack_ssim__rmle", "train_s", "attack_s", "attack_s__decoder",
+                                              "attack_s__rmle", "wall_s", "epochs_done")})
+        shutil.rmtree(out_dir, ignore_errors=True)
+        out.append(res)
+    return out
+
+
+def measure(k: int, keys: dict, out_root: str, timeout: float, epochs_done: int, threads: int = 2) -> dict:
+    """k copies of the trial ``keys`` at once (seeds apart); the span, each process, the median steady epoch and
+    the GPU-seconds of one whole trial at this packing (``trial_gpu_s`` = whole_trials_s / k)."""
+    runs = run_together([{**keys, "seed": keys.get("seed", 0) + i} for i in range(k)], out_root, timeout, threads)
+    ok = all(r["rc"] == 0 and r["end"] is not None for r in runs)
+    res = {"k": k, "ok": ok, "runs": runs}
+    if ok:
+        span = max(r["end"] for r in runs) - min(r["start"] for r in runs)
+        e = steady_epoch_s([r["epoch_s"] for r in runs])
+        res.update({"span_s": span, "steady_epoch_s": e,
+                    "trial_gpu_s": whole_trials_s(span, epochs_done, e) / k})
+    return res
+
+
+def summary_lines(alone: dict, packed: list[dict]) -> list[str]:
+    """Markdown lines: one trial alone and each packing, as whole-trial minutes, trials per GPU-hour and the
+    grid's GPU-hours, each packing beside the lone trial."""
+    lines = []
+    for r in [alone, *packed]:
+        label = r.get("label", f"k={r['k']}")
+        if not r.get("ok"):
+            lines.append(f"- {label}: failed ({[x['rc'] for x in r['runs']]}): {r['runs'][0]['log'][-300:]!r}")
+            continue
+        per = r["trial_gpu_s"]
+        walls = ", ".join(f"{x['end'] - x['start']:.1f}" for x in r["runs"])
+        att = ", ".join(f"{x.get('attack_s') or 0:.1f}" for x in r["runs"])
+        line = (f"- {label}: slice span {r['span_s']:.1f} s (each process {walls} s; attacks {att} s), steady "
+                f"epoch {r['steady_epoch_s']:.2f} s: a whole trial {per / 60:.2f} GPU-min, "
+                f"{3600 / per:.1f} trials per GPU-hour, {PAPER_GRID_TRIALS} trials {PAPER_GRID_TRIALS * per / 3600:.1f} "
+                f"GPU-hours")
+        if r is not alone and alone.get("ok"):
+            line += f"; {alone['trial_gpu_s'] / per:.2f}x one at a time"
+        lines.append(line)
+    return lines
