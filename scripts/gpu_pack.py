@@ -9,6 +9,10 @@ and starts only when its estimated time is left in the budget; the order is the 
 packed, the attacks packed), then bf16. ``summary.md`` at the end: every figure and the grid's whole trials
 per GPU-hour at its own packing (``cifar10_paper.yaml``: 2 to a GPU, 2 CPUs each). ``--phases attacks``: only
 the attacks of 2 packed trials (alone and together, warmed up), without and under MPS (about 2 min on an H100).
+``--phases trials`` (not in the default list, about 7 min on an H100 with ``--trials-no-mps``): whole paper
+trials, ``cem-bench train`` on a 10-epoch slice with both attacks at full size, alone and then 2 at once under
+MPS (``cem_bench/bench/paper.py``); the summary gives a whole trial's GPU-minutes at each packing and the grid's
+GPU-hours.
 Without CUDA it runs every phase on the CPU at tiny sizes: a dry run of the script, not a figure.
 """
 
@@ -43,8 +47,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=500.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/cem_gpu_pack"))
-    ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=list(PHASES),
-                    help="which precisions and MPS settings (default: all, in this order); trials: whole paper "
+    ap.add_argument("--phases", nargs="+", default=[p for p in PHASES if p != "trials"], choices=list(PHASES),
+                    help="which precisions and MPS settings (default: all but trials, in this order); trials: whole "
+                         "paper "
                          "trials (cem-bench train, a slice of --trials-epochs with both attacks) alone, then 2 at "
                          "once under MPS (and without, with --trials-no-mps)")
     ap.add_argument("--trials-epochs", type=int, default=None, help="epochs of each trial slice (default 10; 3 "

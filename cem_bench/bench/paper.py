@@ -142,7 +142,7 @@ def summary_lines(alone: dict, packed: list[dict]) -> list[str]:
     grid's GPU-hours, each packing beside the lone trial."""
     lines = []
     for r in [alone, *packed]:
-        label = r.get("label", f"k={r['k']}")
+        label = r.get("label") or f"k={r.get('k')}"
         if not r.get("ok"):
             lines.append(f"- {label}: failed ({[x['rc'] for x in r['runs']]}): {r['runs'][0]['log'][-300:]!r}")
             continue
