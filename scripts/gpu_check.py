@@ -182,6 +182,14 @@ def env(run: Run) -> None:
     run.write("env.json", info)
 
 
+def equivalence_configs(names: list[str]) -> list[EquivalenceConfig]:
+    """The equivalence stage's configurations in the order it runs them: lambda = 0 plain and with noise and
+    dropout, then every surrogate under each variant, most telling variant first."""
+    return [EquivalenceConfig("lambda=0", EquivalenceVariant()),
+            EquivalenceConfig("lambda=0", EquivalenceVariant(noise_dropout=True)),
+            *(EquivalenceConfig(name, v) for v in EQUIVALENCE_VARIANTS for name in names)]
+
+
 def equivalence(run: Run) -> None:
     """Graphed vs eager, as whole-run trails (``compare_with_eager``) and step by step (``compare_step_by_step``),
     for lambda = 0 and every surrogate under every combination of noise/dropout, own stream and compile, and
@@ -195,9 +203,7 @@ def equivalence(run: Run) -> None:
     # surrogate (train.compile_surrogate) reuses the bench's compiled kernels from the on-disk cache
     tiny = {"model.width": 0.125, "model.bottleneck_channels": 8, "data.train_size": 512, "data.test_size": 100,
             "train.batch_size": 128, "train.amp": "off", "attack.names": ["decoder"]}
-    todo = [EquivalenceConfig("lambda=0", EquivalenceVariant()),
-            EquivalenceConfig("lambda=0", EquivalenceVariant(noise_dropout=True))]
-    todo += [EquivalenceConfig(name, v) for v in EQUIVALENCE_VARIANTS for name in surrogates.names()]
+    todo = equivalence_configs(surrogates.names())
     if run.equivalence_configs:
         todo = [c for c in todo if c.key in run.equivalence_configs]
     cap = min(run.equivalence_cap_s, run.left() - 60)
@@ -800,6 +806,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="also: options (settings of the surrogate's own stream), overlap (how much of the "
                          "surrogate's GPU work runs beside the server's), paper (slices of the paper trial)")
     a = ap.parse_args(argv)
+    from cem_bench import surrogates
+    known = {c.key for c in equivalence_configs(surrogates.names())}
+    wrong = [c for c in (a.equivalence_configs or []) if c not in known]
+    if wrong:          # a misspelt one would be dropped without a word, and its check never run
+        ap.error(f"unknown --equivalence-configs {wrong}: choose from {sorted(known)}")
     by_name = {v.name: v for v in PAPER_VARIANTS}
     unknown = [v for v in (a.paper_variants or []) if v not in by_name]
     if unknown:

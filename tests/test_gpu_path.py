@@ -240,3 +240,44 @@ def test_the_options_stage_stops_between_surrogates_when_the_budget_runs_out(mon
     assert out["default"] == {name: "skipped: budget"
                               for name in ("lambda=0", "slot_cross", "attention_centroid", "serial_enhanced")}
     assert out["tf32 matmuls"] == "skipped: budget"
+
+
+def test_an_unknown_equivalence_configuration_is_refused_before_any_stage(monkeypatch, tmp_path, capsys):
+    """--equivalence-configs filters the stage's list by name: a misspelt name used to be dropped without a word
+    (its check never ran). Now it stops the script with the names that exist, and every name the prepared device
+    run (scripts/gpu_grid_cost.sh) asks for is one of them."""
+    import shlex
+
+    from cem_bench import surrogates
+    gpu_check = load_gpu_check(monkeypatch)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--stages", "env", "--equivalence-configs", "gmm", "gmm (bogus)"])
+    assert e.value.code == 2 and "unknown --equivalence-configs ['gmm (bogus)']" in capsys.readouterr().err
+    assert not (tmp_path / "env.json").exists()                          # refused before the first stage
+    known = {c.key for c in gpu_check.equivalence_configs(surrogates.names())}
+    script = open("scripts/gpu_grid_cost.sh").read().replace("\\\n", " ")
+    line = next(ln for ln in script.splitlines() if "--equivalence-configs" in ln and not ln.lstrip().startswith("#"))
+    words = shlex.split(line.split("--equivalence-configs", 1)[1])
+    asked = words[:words.index(">")] if ">" in words else words
+    assert asked and set(asked) <= known, set(asked) - known
+
+
+@pytest.mark.slow
+def test_the_prepared_device_run_dry_runs_on_the_cpu(tmp_path):
+    """scripts/gpu_grid_cost.sh on the CPU: the trials phase and the equivalence stage run, and what a device call
+    brings back (at most 8 files) is there: the archive and both summaries."""
+    import os
+    import subprocess
+    import tarfile
+
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": os.getcwd(),
+           "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    p = subprocess.run(["bash", "scripts/gpu_grid_cost.sh", "150"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["check_summary.md", "pack_summary.md", "run.tgz"]
+    with tarfile.open(tmp_path / "run.tgz") as t:
+        names = set(t.getnames())
+    assert {"./pack/pack.jsonl", "./pack/summary.md", "./check/equivalence.json", "./check/env.json"} <= names
+    assert "- 2 at once, no MPS: slice span" in (tmp_path / "pack_summary.md").read_text()
