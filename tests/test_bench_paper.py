@@ -81,7 +81,12 @@ def test_a_trial_that_failed_or_ran_out_of_time_gives_no_figure(monkeypatch):
     r["label"] = "2 at once"
     alone = {"label": "alone", "ok": False, "runs": [{"rc": 1, "log": "Traceback ..."}]}
     lines = paper.summary_lines(alone, [r])
-    assert lines[0].startswith("- alone: failed ([1])") and lines[1].startswith("- 2 at once: failed ([0, 124])")
+    assert lines[0].startswith("- alone: failed (return codes [1]): 'Traceback ...'")
+    assert lines[1].startswith("- 2 at once: failed (return codes [0, 124]): 'killed'")   # the failed one's log
+    # a run that printed no epoch (its output not as epoch_seconds reads it) gives no figure either
+    monkeypatch.setattr(paper, "run_together", lambda keys, out_root, timeout, threads: [
+        {"rc": 0, "start": 0.0, "end": 10.0, "epoch_s": [], "log": "no epochs"}])
+    assert paper.measure(1, paper.paper_keys(cuda=False), "/nowhere", 1, epochs_done=3)["ok"] is False
 
 
 @pytest.mark.slow
@@ -97,6 +102,10 @@ def test_two_real_trials_run_together_and_are_timed_from_their_own_ends(tmp_path
     assert list(tmp_path.iterdir()) == []                               # checkpoints and images are not kept
     killed = paper.run_together([keys], str(tmp_path), timeout=0.2, threads=1)[0]
     assert killed["rc"] == 124 and killed["end"] is None
+    # one that fails (a bad key: exit 2 before any work) stops the other at once instead of letting it run on
+    bad = paper.run_together([{**keys, "train.epochs": 10000}, {**keys, "cem.lambd": -1}], str(tmp_path),
+                             timeout=240, threads=1)
+    assert [r["rc"] for r in bad] == [125, 2] and bad[0]["end"] is None    # 125, not the timeout's 124
 
 
 @pytest.mark.slow

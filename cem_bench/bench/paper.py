@@ -76,9 +76,9 @@ def whole_trials_s(span_s: float, epochs_done: int, epoch_s: float, epochs: int 
 def run_together(keys: list[dict], out_root: str, timeout: float, threads: int = 2) -> list[dict]:
     """``cem-bench train`` once per entry of ``keys``, all started at once, each in a process of its own with
     ``threads`` CPU threads (as Ray runs a trial of ``resources: {cpu: 2}``: OMP_NUM_THREADS 2); per process:
-    ``rc`` (124: killed at ``timeout``), ``start``/``end`` on the monotonic clock, ``epoch_s``, its metrics
-    (``train_s``, ``attack_s``, ...), ``log`` (the output's tail). The trial folders (checkpoints, images) are
-    removed after reading."""
+    ``rc`` (124: killed at ``timeout``; 125: killed when another failed), ``start``/``end`` on the monotonic
+    clock, ``epoch_s``, its metrics (``train_s``, ``attack_s``, ...), ``log`` (the output's tail). The trial
+    folders (checkpoints, images) are removed after reading."""
     import shutil
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
@@ -92,10 +92,13 @@ def run_together(keys: list[dict], out_root: str, timeout: float, threads: int =
                       time.monotonic()))
     deadline = time.monotonic() + timeout
     ends: dict[int, float] = {}
-    while len(ends) < len(procs):         # each end read as it happens (polled), not when its turn to be waited came
+    failed = False
+    while len(ends) < len(procs) and not failed:   # each end read as it happens (polled), not in turn
         for i, (p, *_rest) in enumerate(procs):
             if i not in ends and p.poll() is not None:
                 ends[i] = time.monotonic()
+                # one that failed spoils the packing: the rest stop now rather than spend a lent card's minutes
+                failed = failed or p.returncode != 0
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -103,10 +106,10 @@ def run_together(keys: list[dict], out_root: str, timeout: float, threads: int =
     for i, (p, log, out_dir, t0) in enumerate(procs):
         if i in ends:
             rc, end = p.returncode, ends[i]
-        else:                              # past the timeout: killed, no end
+        else:                              # past the timeout (124), or stopped after another failed (125): no end
             p.kill()
             p.wait()
-            rc, end = 124, None
+            rc, end = 125 if failed else 124, None
         log.seek(0)
         text = log.read().decode(errors="replace")
         log.close()
@@ -127,7 +130,8 @@ def measure(k: int, keys: dict, out_root: str, timeout: float, epochs_done: int,
     """k copies of the trial ``keys`` at once (seeds apart); the span, each process, the median steady epoch and
     the GPU-seconds of one whole trial at this packing (``trial_gpu_s`` = whole_trials_s / k)."""
     runs = run_together([{**keys, "seed": keys.get("seed", 0) + i} for i in range(k)], out_root, timeout, threads)
-    ok = all(r["rc"] == 0 and r["end"] is not None for r in runs)
+    # a run that printed no epoch has nothing to extrapolate from (its output not what epoch_seconds reads)
+    ok = all(r["rc"] == 0 and r["end"] is not None and r["epoch_s"] for r in runs)
     res = {"k": k, "ok": ok, "runs": runs}
     if ok:
         span = max(r["end"] for r in runs) - min(r["start"] for r in runs)
@@ -144,7 +148,8 @@ def summary_lines(alone: dict, packed: list[dict]) -> list[str]:
     for r in [alone, *packed]:
         label = r.get("label") or f"k={r.get('k')}"
         if not r.get("ok"):
-            lines.append(f"- {label}: failed ({[x['rc'] for x in r['runs']]}): {r['runs'][0]['log'][-300:]!r}")
+            bad = next((x for x in r["runs"] if x["rc"] not in (0, 125) or not x.get("epoch_s")), r["runs"][0])
+            lines.append(f"- {label}: failed (return codes {[x['rc'] for x in r['runs']]}): {bad['log'][-300:]!r}")
             continue
         per = r["trial_gpu_s"]
         walls = ", ".join(f"{x['end'] - x['start']:.1f}" for x in r["runs"])
