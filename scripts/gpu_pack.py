@@ -19,6 +19,7 @@ Without CUDA it runs every phase on the CPU at tiny sizes: a dry run of the scri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -49,9 +50,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/cem_gpu_pack"))
     ap.add_argument("--phases", nargs="+", default=[p for p in PHASES if p != "trials"], choices=list(PHASES),
                     help="which precisions and MPS settings (default: all but trials, in this order); trials: whole "
-                         "paper "
-                         "trials (cem-bench train, a slice of --trials-epochs with both attacks) alone, then 2 at "
-                         "once under MPS (and without, with --trials-no-mps)")
+                         "paper trials (cem-bench train, a slice of --trials-epochs with both attacks) alone, then 2 "
+                         "at once under MPS (and without, with --trials-no-mps)")
     ap.add_argument("--trials-epochs", type=int, default=None, help="epochs of each trial slice (default 10; 3 "
                     "on the CPU)")
     ap.add_argument("--trials-no-mps", action="store_true", help="the trials phase also runs 2 at once without "
@@ -168,13 +168,13 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
             continue
         try:
             with (mps.Session("auto", 0.5, cuda, log=lambda m: emit("mps", message=m)) if use_mps
-                  else _nothing()) as session:
+                  else contextlib.nullcontext()) as session:
                 state = session.state if session is not None else "off"
                 with tempfile.TemporaryDirectory(prefix="cem-bench-trials-") as tmp:
                     r = paper.measure(k, keys, tmp, timeout=max(30.0, left() - 5), epochs_done=epochs,
                                       threads=2 if cuda else 1)
-                    if use_mps and state != "off":
-                        r["mps_servers"] = mps.servers()
+                    if use_mps and state != "off":   # read after the pair ended: a server it left, if any
+                        r["mps_servers_after"] = mps.servers()
             if use_mps and state not in ("started", "already running"):
                 label = f"{label} (MPS {state})"     # a pair that ran without MPS says so in its every line
             r.update({"label": label, "mps": state, "epochs": epochs})
@@ -187,11 +187,6 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
             emit("error", phase=f"trials {label}", traceback=traceback.format_exc()[-2000:])
     if results["alone"] is not None:
         summary["trials"] = {"trials": results}
-
-
-def _nothing():
-    import contextlib
-    return contextlib.nullcontext()
 
 
 def write_summary(out, env, summary) -> None:
