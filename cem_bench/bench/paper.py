@@ -25,7 +25,9 @@ import sys
 import tempfile
 import time
 
-PAPER_EPOCHS = 240          # the paper trial's epochs (run_exp.sh)
+from .pack import PAPER_EPOCHS  # the paper trial's 240 epochs (run_exp.sh): one constant for both
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository
 PAPER_GRID_TRIALS = 165     # cifar10_paper.yaml: 55 cells x 3 seeds
 STEADY_FROM = 2             # epochs after the first two: capture, autotuning and CEM's start are behind
 
@@ -34,8 +36,7 @@ def paper_keys(cuda: bool, device: str | None = None, root: str | None = None) -
     """The fixed keys of ``search_spaces/cifar10_paper.yaml`` on synthetic data of CIFAR-10's size (tiny on the
     CPU), gmm lambda = 16, sigma 0.05, the attacks always run (the utility gate off): the paper trial."""
     import yaml
-    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(root, "search_spaces", "cifar10_paper.yaml")) as f:
+    with open(os.path.join(root or ROOT, "search_spaces", "cifar10_paper.yaml")) as f:
         keys = dict(yaml.safe_load(f)["fixed"])
     keys.update({"data.dataset": "synthetic", "data.train_size": 50000 if cuda else 256,
                  "data.test_size": 10000 if cuda else 64, "cem.surrogate": "gmm", "cem.lambd": 16,
@@ -80,8 +81,7 @@ def run_together(keys: list[dict], out_root: str, timeout: float, threads: int =
     clock, ``epoch_s``, its metrics (``train_s``, ``attack_s``, ...), ``log`` (the output's tail). The trial
     folders (checkpoints, images) are removed after reading."""
     import shutil
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
     procs = []
     for i, k in enumerate(keys):
