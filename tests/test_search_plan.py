@@ -223,6 +223,24 @@ def test_resume_with_a_changed_budget_is_refused_after_the_experiments_own_count
     assert "9 configurations" not in line
 
 
+@pytest.mark.parametrize("override, words", [
+    ({"max_failures": 5}, "max_failures (2 -> 5: the restored experiment keeps its own)"),
+    ({"utility_tolerance": 0.05}, "utility_tolerance (null -> 0.05: the restored experiment keeps its own)"),
+])
+def test_resume_refuses_a_failure_budget_or_tolerance_it_could_not_use(fake_machine, tmp_path, override, words):
+    """Ray's restore keeps the experiment's FailureConfig and the report reads the saved tolerance: a changed one
+    was accepted with a note and then not used. Now refused before Ray starts, naming both values."""
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    _saved_experiment(tmp_path, demo)
+    (key, value), = override.items()
+    edited = tmp_path / "demo.yaml"    # the space file edited after the start: the name (the folder) is kept
+    edited.write_text(open(demo).read() + f"\n{key}: {value}\n")
+    with pytest.raises(SearchError) as e:
+        run.search_command(search_args(str(edited), "--resume"))
+    msg = str(e.value)
+    assert words in msg and "Nothing was changed" in msg, msg
+
+
 def test_resume_refuses_a_space_that_changes_what_the_trials_compute(fake_machine, capsys, tmp_path, monkeypatch):
     """A --set or an edit of a fixed key on --resume reached the remaining epochs of trials halfway through and
     re-attacked finished ones (the audit of 2026-11-28): refused before Ray starts, naming the key and both

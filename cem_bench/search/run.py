@@ -376,7 +376,12 @@ def saved_plan(spec, path: str):
 # restored experiment's searcher proposes what its first driver planned while every trial's config is built from
 # the space given now (trainable.make_trainable): a changed ``fixed`` would reach the remaining epochs of trials
 # already halfway through.
-RESUME_MAY_CHANGE = ("resources", "max_failures", "utility_tolerance")
+RESUME_MAY_CHANGE = ("resources",)
+# Refused although they compute nothing, because a resumed search could not honour them: Tuner.restore keeps the
+# experiment's RunConfig (its FailureConfig's max_failures), and the report reads the tolerance from the saved
+# space. Accepting them with a note left a user believing a changed failure budget or tolerance was in force;
+# a tolerance chosen after results were seen would also be a forking path (docs/protocol.md section 9).
+RESUME_KEPT = ("max_failures", "utility_tolerance")
 # Never news: the name is the folder's, the file's path may move, and a new search saves the concurrency it
 # computed for its machine, not the space's number (a restored experiment keeps its own)
 RESUME_UNCOMPARED = ("name", "path", "max_concurrent")
@@ -399,6 +404,9 @@ def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
             continue
         if key in RESUME_MAY_CHANGE:
             allowed.append(key)
+        elif key in RESUME_KEPT:
+            refused.append(f"{key} ({json.dumps(saved[key])} -> {json.dumps(value)}: the restored experiment keeps "
+                           f"its own)")
         elif key == "fixed" and isinstance(saved[key], dict) and isinstance(value, dict):
             missing = object()
             for k in sorted(set(value) | set(saved[key])):
@@ -435,11 +443,13 @@ def check_space_unchanged(spec, exp_path: str) -> None:
             f"would finish under the new values): resume with the space and --set options it was started with "
             f"(its {SPACE_FILE} shows them), or start a new experiment with --name NEW_NAME. What may change "
             f"on --resume: {', '.join(RESUME_MAY_CHANGE)} and how trials "
-            f"run (fixed keys such as data.root and train.device). Nothing was changed")
+            f"run (fixed keys such as data.root and train.device); {' and '.join(RESUME_KEPT)} stay the "
+            f"experiment's own (Ray's restore keeps its failure budget, the report its tolerance). Nothing was "
+            f"changed")
     if allowed:
         print(f"note: the space differs from the experiment's {SPACE_FILE} in {', '.join(allowed)}; the trials "
               f"from now on run with the new fixed keys and resources (the restored experiment keeps its own "
-              f"concurrency, failure budget and the report's utility_tolerance)", flush=True)
+              f"concurrency)", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- CLI
