@@ -11,8 +11,9 @@ per GPU-hour at its own packing (``cifar10_paper.yaml``: 2 to a GPU, 2 CPUs each
 the attacks of 2 packed trials (alone and together, warmed up), without and under MPS (about 2 min on an H100).
 ``--phases trials`` (not in the default list, about 7 min on an H100 with ``--trials-no-mps``): whole paper
 trials, ``cem-bench train`` on a 10-epoch slice with both attacks at full size, alone and then 2 at once under
-MPS (``cem_bench/bench/paper.py``); the summary gives a whole trial's GPU-minutes at each packing and the grid's
-GPU-hours.
+MPS (``cem_bench/bench/paper.py``); ``--trials-surrogates gmm attention_centroid`` adds an attention surrogate's
+pair under MPS. The summary gives a whole trial's GPU-minutes at each packing and the grid's GPU-hours, bracketed
+by its surrogates when more than one was measured.
 Without CUDA it runs every phase on the CPU at tiny sizes: a dry run of the script, not a figure.
 """
 
@@ -31,7 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cem_bench.bench import pack  # noqa: E402
+from cem_bench.bench import pack, paper  # noqa: E402
 from cem_bench.bench.ceiling import ceiling  # noqa: E402
 from cem_bench.bench.harness import sizes_for  # noqa: E402
 
@@ -55,7 +56,12 @@ def main() -> int:
     ap.add_argument("--trials-epochs", type=int, default=None, help="epochs of each trial slice (default 10; 3 "
                     "on the CPU)")
     ap.add_argument("--trials-no-mps", action="store_true", help="the trials phase also runs 2 at once without "
-                    "MPS, budget allowing")
+                    "MPS, budget allowing, after every surrogate's pair")
+    ap.add_argument("--trials-surrogates", nargs="+", default=["gmm"], metavar="SURROGATE",
+                    choices=[w for w in paper.grid_trials() if w != "lambda=0"],   # the grid's own
+                    help="the trials phase's surrogates: the first alone and 2 at once (with and without MPS), "
+                         "each other one 2 at once under MPS, budget allowing; the summary brackets the grid's "
+                         "GPU-hours with them (default: gmm)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.monotonic()
@@ -147,19 +153,23 @@ def main() -> int:
 
 
 def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
-    """One paper-trial slice alone (no MPS), then 2 at once under MPS (then without, with --trials-no-mps), each
-    ``cem-bench train`` in a process of its own; each result row as it ends, the whole trials in the summary."""
+    """One paper-trial slice alone (no MPS), then 2 at once under MPS, then each other surrogate's pair under MPS
+    (then the first's without, with --trials-no-mps), each ``cem-bench train`` in a process of its own; each
+    result row as it ends, the whole trials in the summary."""
     import tempfile
 
     from cem_bench import mps
-    from cem_bench.bench import paper
     epochs = args.trials_epochs or (10 if cuda else 3)
-    keys = {**paper.paper_keys(cuda), "train.epochs": epochs}
+    first, *others = args.trials_surrogates
     est = TRIALS_EST_S if cuda else {1: 0, 2: 0}
     results = {"alone": None, "packed": []}
-    plan = [("alone", 1, None), ("2 at once, MPS", 2, True)] + \
-        ([("2 at once, no MPS", 2, False)] if args.trials_no_mps else [])
-    for label, k, use_mps in plan:
+    # the grid's own packing first (MPS), then each other surrogate's pair: what the grid's cost needs before
+    # the no-MPS comparison, which the budget may skip
+    plan = [("alone", 1, None, first), ("2 at once, MPS", 2, True, first)] + \
+        [(f"2 at once, MPS, {s}", 2, True, s) for s in others] + \
+        ([("2 at once, no MPS", 2, False, first)] if args.trials_no_mps else [])
+    for label, k, use_mps, surrogate in plan:
+        keys = {**paper.paper_keys(cuda, surrogate=surrogate), "train.epochs": epochs}
         if left() < est[k] or (k > 1 and results["alone"] is None):
             emit("skipped", phase=f"trials {label}", left=left())
             continue
@@ -177,7 +187,7 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
                         r["mps_servers_after"] = mps.servers()
             if use_mps and state not in ("started", "already running"):
                 label = f"{label} (MPS {state})"     # a pair that ran without MPS says so in its every line
-            r.update({"label": label, "mps": state, "epochs": epochs})
+            r.update({"label": label, "mps": state, "epochs": epochs, "surrogate": surrogate})
             emit("trials", **{**r, "runs": [{**x, "log": x["log"][-400:]} for x in r["runs"]]})
             if k == 1:
                 results["alone"] = r
@@ -193,11 +203,13 @@ def write_summary(out, env, summary) -> None:
     lines = [f"# Packing on {env['device']} (torch {env['torch']}, commit {env['commit'][:10]})", ""]
     for phase, s in summary.items():
         if "trials" in s:
-            from cem_bench.bench import paper
             t = s["trials"]
+            mps_pairs = [r for r in t["packed"] if r.get("mps") in ("started", "already running")]
             lines += [f"## whole paper trials (slices of {t['alone'].get('epochs')} epochs with both attacks, "
-                      f"extrapolated to {paper.PAPER_EPOCHS}; gmm; evaluation and start-up included)",
-                      *paper.summary_lines(t["alone"], t["packed"]), ""]
+                      f"extrapolated to {paper.PAPER_EPOCHS}; {t['alone'].get('surrogate')} unless named; "
+                      f"evaluation and start-up included)",
+                      *paper.summary_lines(t["alone"], t["packed"]),
+                      *paper.grid_lines(mps_pairs, paper.grid_trials()), ""]
             continue
         top = s["ceiling"]
         if top is None:

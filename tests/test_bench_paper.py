@@ -70,6 +70,11 @@ def test_measure_divides_the_span_of_k_trials_and_their_missing_epochs_by_k(monk
     assert "165 trials 15.1 GPU-hours" in lines[0]
     assert lines[1].startswith("- 2 at once, MPS:") and f"{330 / ((150 + 230 * 1.6) / 2):.2f}x one at a time" \
         in lines[1]
+    # another surrogate's pair is not set beside gmm's lone trial (its trial costs more for another reason)
+    other = {**pair, "label": "2 at once, MPS, attention_centroid", "surrogate": "attention_centroid"}
+    alone["surrogate"] = pair["surrogate"] = "gmm"
+    lines = paper.summary_lines(alone, [pair, other])
+    assert "one at a time" in lines[1] and "one at a time" not in lines[2]
 
 
 def test_a_trial_that_failed_or_ran_out_of_time_gives_no_figure(monkeypatch):
@@ -87,6 +92,35 @@ def test_a_trial_that_failed_or_ran_out_of_time_gives_no_figure(monkeypatch):
     monkeypatch.setattr(paper, "run_together", lambda keys, out_root, timeout, threads: [
         {"rc": 0, "start": 0.0, "end": 10.0, "epoch_s": [], "log": "no epochs"}])
     assert paper.measure(1, paper.paper_keys(cuda=False), "/nowhere", 1, epochs_done=3)["ok"] is False
+
+
+def test_the_grid_s_trials_are_counted_from_its_own_space():
+    """cifar10_paper.yaml: 5 sigmas x (lambda = 0, then gmm and the four attention surrogates at 2 lambdas) x 3
+    seeds. The count is read from the space, so an edit of its grid changes the bracket with it."""
+    counts = paper.grid_trials()
+    assert counts == {"lambda=0": 15, "gmm": 30, "gated_attention": 30, "slot_cross": 30, "attention_centroid": 30,
+                      "serial_enhanced": 30}
+    assert sum(counts.values()) == paper.PAPER_GRID_TRIALS
+    assert paper.paper_keys(cuda=True, surrogate="attention_centroid")["cem.surrogate"] == "attention_centroid"
+
+
+def test_the_grid_is_bracketed_by_gmm_s_trial_and_the_attention_surrogates_own():
+    """gmm's packed trial 300 GPU-s, attention_centroid's 400: every trial at gmm's is 165 x 300 s; with each
+    surrogate's own, lambda = 0 and gmm at 300 and the 120 attention trials at 400 (the three not measured at
+    attention_centroid's, said). A failed pair or no attention pair gives no bracket."""
+    counts = paper.grid_trials()
+    packed = [{"ok": True, "surrogate": "gmm", "trial_gpu_s": 300.0},
+              {"ok": False, "surrogate": "attention_centroid"},
+              {"ok": True, "surrogate": "attention_centroid", "trial_gpu_s": 400.0}]
+    line, = paper.grid_lines(packed, counts)
+    assert f"{165 * 300 / 3600:.1f} GPU-hours with every trial at gmm's cost" in line
+    assert f"{(45 * 300 + 120 * 400) / 3600:.1f} with each surrogate's own" in line
+    assert "(gated_attention, serial_enhanced, slot_cross at attention_centroid's, the dearest measured)" in line
+    assert paper.grid_lines(packed[:2], counts) == []                       # no attention trial measured
+    assert paper.grid_lines(packed[1:], counts) == []                       # no gmm trial
+    every = packed[:1] + [{"ok": True, "surrogate": s, "trial_gpu_s": 400.0}
+                          for s in counts if s not in ("lambda=0", "gmm")]
+    assert paper.grid_lines(every, counts)[0].endswith("with each surrogate's own")   # nothing stood in for
 
 
 @pytest.mark.slow

@@ -280,4 +280,6 @@ def test_the_prepared_device_run_dry_runs_on_the_cpu(tmp_path):
     with tarfile.open(tmp_path / "run.tgz") as t:
         names = set(t.getnames())
     assert {"./pack/pack.jsonl", "./pack/summary.md", "./check/equivalence.json", "./check/env.json"} <= names
-    assert "- 2 at once, no MPS: slice span" in (tmp_path / "pack_summary.md").read_text()
+    summary = (tmp_path / "pack_summary.md").read_text()
+    assert "- 2 at once, no MPS: slice span" in summary
+    assert "- 2 at once, MPS, attention_centroid (MPS off): slice span" in summary   # the grid's other trials

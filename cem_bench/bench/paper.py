@@ -9,9 +9,12 @@ slice's wall time plus the missing epochs at the median of its epochs after the 
 autotuning, CEM's start). For k trials started together the k slices' span (first start to last end) plus the
 missing epochs at the k trials' median epoch (they train together) is the GPU time of k whole trials.
 
+The grid trains gmm in 30 of its 165 trials and the four attention surrogates in 120, whose steps cost up to
+1.5x gmm's: a pair of another surrogate (``surrogate=``) measures one of them packed, and ``grid_lines`` brackets
+the grid between every trial at gmm's cost and every attention trial at that surrogate's.
+
 What this leaves out (docs/performance.md "The paper grid"): the grid's trials do not start together, so one
-trial's attacks may overlap the other's training rather than the other's attacks; the attention surrogates'
-steps cost 1.3-1.5x the lambda = 0 step where this slice runs gmm; Ray's own start-up of a trial.
+trial's attacks may overlap the other's training rather than the other's attacks; Ray's own start-up of a trial.
 """
 
 from __future__ import annotations
@@ -32,14 +35,19 @@ PAPER_GRID_TRIALS = 165     # cifar10_paper.yaml: 55 cells x 3 seeds
 STEADY_FROM = 2             # epochs after the first two: capture, autotuning and CEM's start are behind
 
 
-def paper_keys(cuda: bool, device: str | None = None, root: str | None = None) -> dict:
+def paper_space_path(root: str | None = None) -> str:
+    return os.path.join(root or ROOT, "search_spaces", "cifar10_paper.yaml")
+
+
+def paper_keys(cuda: bool, device: str | None = None, root: str | None = None, surrogate: str = "gmm") -> dict:
     """The fixed keys of ``search_spaces/cifar10_paper.yaml`` on synthetic data of CIFAR-10's size (tiny on the
-    CPU), gmm lambda = 16, sigma 0.05, the attacks always run (the utility gate off): the paper trial."""
+    CPU), ``surrogate`` at lambda = 16, sigma 0.05, the attacks always run (the utility gate off): the paper
+    trial."""
     import yaml
-    with open(os.path.join(root or ROOT, "search_spaces", "cifar10_paper.yaml")) as f:
+    with open(paper_space_path(root)) as f:
         keys = dict(yaml.safe_load(f)["fixed"])
     keys.update({"data.dataset": "synthetic", "data.train_size": 50000 if cuda else 256,
-                 "data.test_size": 10000 if cuda else 64, "cem.surrogate": "gmm", "cem.lambd": 16,
+                 "data.test_size": 10000 if cuda else 64, "cem.surrogate": surrogate, "cem.lambd": 16,
                  "defense.noise_std": 0.05, "train.device": device or ("cuda" if cuda else "cpu"),
                  "attack.min_accuracy_margin": -1,
                  "attack.batch_size": 256})   # CIFAR's decoder batch, set: synthetic stands in for CIFAR here
@@ -141,9 +149,47 @@ def measure(k: int, keys: dict, out_root: str, timeout: float, epochs_done: int,
     return res
 
 
+def grid_trials(root: str | None = None) -> dict[str, int]:
+    """The paper grid's trials by what they train, read from ``cifar10_paper.yaml`` itself: ``lambda=0`` (no
+    surrogate) or the surrogate's name, each cell times its seeds."""
+    from ..spaces import load_space
+    from ..spaces.sampling import grid_cells
+    spec = load_space(paper_space_path(root))
+    counts: dict[str, int] = {}
+    for cell in grid_cells(spec.params):
+        lambd = cell.get("cem.lambd", spec.fixed.get("cem.lambd"))
+        what = "lambda=0" if not lambd else cell.get("cem.surrogate", spec.fixed.get("cem.surrogate"))
+        counts[what] = counts.get(what, 0) + len(spec.seeds)
+    return counts
+
+
+def grid_lines(packed: list[dict], counts: dict[str, int]) -> list[str]:
+    """The grid's GPU-hours at its own packing from whole trials measured packed per surrogate (each result's
+    ``surrogate``, the first ok one of each): every trial at gmm's cost, and every trial at its own surrogate's
+    where that was measured, at an attention surrogate's where not (the measured one with the dearest trial;
+    lambda = 0 at gmm's, whose step is 3-5 % dearer). Nothing when gmm or no attention surrogate was measured."""
+    per = {}
+    for r in packed:
+        if r.get("ok") and r.get("surrogate") not in per:
+            per[r.get("surrogate")] = r["trial_gpu_s"]
+    attention = {s: v for s, v in per.items() if s not in ("gmm", None)}
+    if "gmm" not in per or not attention:
+        return []
+    total = sum(counts.values())
+    dearest = max(attention, key=attention.get)
+    low = total * per["gmm"] / 3600
+    cost = {w: per.get(w, per["gmm"] if w in ("lambda=0", "gmm") else attention[dearest]) for w in counts}
+    high = sum(n * cost[w] for w, n in counts.items()) / 3600
+    unmeasured = sorted(w for w in counts if w not in per and w not in ("lambda=0", "gmm"))
+    by = ", ".join(f"{w} {n}" for w, n in counts.items())
+    return [f"- the grid packed as measured ({total} trials: {by}): {low:.1f} GPU-hours with every trial at gmm's "
+            f"cost; {high:.1f} with each surrogate's own" +
+            (f" ({', '.join(unmeasured)} at {dearest}'s, the dearest measured)" if unmeasured else "")]
+
+
 def summary_lines(alone: dict, packed: list[dict]) -> list[str]:
     """Markdown lines: one trial alone and each packing, as whole-trial minutes, trials per GPU-hour and the
-    grid's GPU-hours, each packing beside the lone trial."""
+    grid's GPU-hours, each packing of the lone trial's surrogate beside it."""
     lines = []
     for r in [alone, *packed]:
         label = r.get("label") or f"k={r.get('k')}"
@@ -158,7 +204,8 @@ def summary_lines(alone: dict, packed: list[dict]) -> list[str]:
                 f"epoch {r['steady_epoch_s']:.2f} s: a whole trial {per / 60:.2f} GPU-min, "
                 f"{3600 / per:.1f} trials per GPU-hour, {PAPER_GRID_TRIALS} trials {PAPER_GRID_TRIALS * per / 3600:.1f} "
                 f"GPU-hours")
-        if r is not alone and alone.get("ok"):
+        # beside the lone trial of its own surrogate only: another's trial costs more for another reason
+        if r is not alone and alone.get("ok") and r.get("surrogate") == alone.get("surrogate"):
             line += f"; {alone['trial_gpu_s'] / per:.2f}x one at a time"
         lines.append(line)
     return lines
