@@ -126,6 +126,17 @@ def check_out_file(flag: str, path: str | None, nothing: str) -> None:
     check_writable_under(flag, path, nothing)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (argparse's own message names the option and the value)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return n
+
+
 ATTACK_ALSO = ("train.device", "train.eval_batch_size")   # the keys `attack --set` takes besides attack.*
 
 
@@ -170,6 +181,14 @@ def cmd_attack(args) -> int:
                            f"weights ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): the run "
                            f"diverged, and there is nothing to attack. Train it again (a lower train.lr, or "
                            f"train.amp off)")
+    # the run's own torch threads unless told: on the CPU the thread count changes the order of float sums, so
+    # a re-attack at another count gives other (close) SSIMs than the trial recorded
+    own = checkpoint.recorded_threads(args.run_dir)
+    threads = args.threads or own
+    if threads:
+        torch.set_num_threads(threads)
+    why = "--threads" if args.threads else "the run's own" if own else "torch's default: the run records none"
+    print(f"cem-bench attack: {torch.get_num_threads()} torch thread(s) ({why})", flush=True)
     res = attacks.run_all(cfg, trainer.client, splits, cfg.defense.noise_std, device)
     out = stamp = os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S"))
     k = 1
@@ -178,7 +197,7 @@ def cmd_attack(args) -> int:
         out = f"{stamp}-{k}"
     os.makedirs(out)
     res.save_gallery(os.path.join(out, "recon.png"))
-    metrics = {**res.metrics(), "attack_s": res.seconds}
+    metrics = {**res.metrics(), "attack_s": res.seconds, "torch_threads": torch.get_num_threads()}
     write_json(os.path.join(out, "attack.json"), {**metrics, "config": cfg.to_flat(), "history": res.history()})
     print(json.dumps(metrics, indent=2))
     print(f"attack results: {out} (recon.png: the originals, then a row per attack: {', '.join(cfg.attack.names)})")
@@ -342,6 +361,8 @@ def make_parser() -> argparse.ArgumentParser:
     a.add_argument("run_dir", help="the --out folder of `cem-bench train`, or a search trial's folder (its encoder "
                    "from its latest checkpoint, which is the one it attacked)")
     a.add_argument("--set", action="append", default=[], metavar="attack.KEY=VALUE")
+    a.add_argument("--threads", type=_positive_int, metavar="N", help="torch threads (default: the run's own, "
+                   "as its result records them, so that a re-attack on the CPU repeats the trial's arithmetic)")
     a.set_defaults(func=cmd_attack)
 
     s = sub.add_parser("search", help="Ray Tune + Optuna multi-objective search")

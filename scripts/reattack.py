@@ -2,7 +2,8 @@
 
 A search's privacy number is the worst case over the attacks each trial ran. Whether a defense holds against a
 stronger attack is a question of the same trained encoders: this script runs `cem-bench attack TRIAL_DIR --set
-...` on every ok trial of an experiment folder (JOBS at a time, each at THREADS torch threads; a trial that
+...` on every ok trial of an experiment folder (JOBS at a time, each at the trial's own torch threads unless
+--threads says; a trial that
 already has an attack folder of exactly these settings is skipped, so the script can be stopped and run again),
 then joins each new attack.json to the trial's row of trials.parquet as ``re_<column>`` and takes the worst case
 over the trial's attacks and the new ones (``worst_attack_ssim``: the highest SSIM).
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -68,18 +68,21 @@ def done_attack(trial: Path, want: dict) -> Path | None:
     return found[-1] if found else None
 
 
-def run(exp: Path, trials: pd.DataFrame, sets: list[str], jobs: int, threads: int) -> None:
+def run(exp: Path, trials: pd.DataFrame, sets: list[str], jobs: int, threads: int | None) -> None:
     want = overrides(sets)
     todo = [exp / d for d in trials["trial_dir"] if done_attack(exp / d, want) is None]
+    own = "the trial's own"
     print(f"{len(trials)} ok trials, {len(trials) - len(todo)} already re-attacked with these settings, "
-          f"{len(todo)} to go ({jobs} at a time, {threads} torch thread(s) each)", flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+          f"{len(todo)} to go ({jobs} at a time, {threads or own} torch thread(s) "
+          f"each)", flush=True)
 
     def one(trial: Path) -> None:
-        cmd = [sys.executable, "-m", "cem_bench.cli", "attack", str(trial)]
+        # cem-bench attack sets the trial's own torch threads (what it recorded) unless --threads is given
+        cmd = [sys.executable, "-m", "cem_bench.cli", "attack", str(trial)] + \
+            (["--threads", str(threads)] if threads else [])
         for s in sets:
             cmd += ["--set", s]
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if r.returncode != 0:
             print(f"FAILED {trial.name}: {r.stderr.strip()[-600:]}", flush=True)
         else:
@@ -156,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("experiment", type=Path)
     p.add_argument("--set", action="append", default=[], required=True, help="the attack's attack.* keys")
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None, help="torch threads of each re-attack (default: the "
+                   "trial's own, as its result records them)")
     p.add_argument("--summarise", action="store_true")
     p.add_argument("--by", default="config.cem.lambd")
     p.add_argument("--paired", action="append", default=[])

@@ -153,6 +153,40 @@ def test_a_search_trial_is_re_attacked_from_its_latest_checkpoint(tmp_path, caps
     refused(rewrite(info={}), "has no resolved config")
 
 
+def test_a_re_attack_runs_at_the_trial_s_own_torch_threads_unless_told(tmp_path, capsys):
+    """On the CPU the thread count changes the order of float sums: a trial trained and attacked at 1 thread
+    and re-attacked at torch's default gave other (close) SSIMs. `cem-bench attack` now sets the threads the
+    trial recorded, says so and records them; --threads wins; a record without them leaves torch's default."""
+    import torch
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        trial = tmp_path / "cem_trial_1"
+        result = _trial_folder(trial, TINY)
+        assert result["torch_threads"] == 1
+        torch.set_num_threads(2)                  # a user's shell: more threads than the trial had
+        capsys.readouterr()
+        assert main(["attack", str(trial)]) == 0
+        assert "cem-bench attack: 1 torch thread(s) (the run's own)" in capsys.readouterr().out
+        runs = sorted(d for d in os.listdir(trial) if d.startswith("attack-"))
+        again = json.loads((trial / runs[-1] / "attack.json").read_text())
+        assert again["torch_threads"] == 1
+        assert again["attack_ssim"] == pytest.approx(result["attack_ssim"], rel=1e-6, abs=1e-7)
+        assert main(["attack", str(trial), "--threads", "2"]) == 0
+        assert "2 torch thread(s) (--threads)" in capsys.readouterr().out
+        record = json.loads((trial / "trial_result.json").read_text())
+        (trial / "trial_result.json").write_text(json.dumps({k: v for k, v in record.items()
+                                                             if k != "torch_threads"}))   # an older record
+        torch.set_num_threads(2)
+        assert main(["attack", str(trial)]) == 0
+        assert "2 torch thread(s) (torch's default: the run records none)" in capsys.readouterr().out
+        with pytest.raises(SystemExit) as e:
+            main(["attack", str(trial), "--threads", "0"])
+        assert e.value.code == 2 and "'0' is not a whole number >= 1" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_attack_refusal_names_every_key_it_takes(tmp_path, capsys):
     """The refusal said attack.* and train.device, leaving out train.eval_batch_size, which it takes."""
     assert main(["attack", str(tmp_path), "--set", "cem.lambd=8"]) == 2

@@ -172,6 +172,23 @@ def load_trial(trial_dir: str) -> tuple[dict, dict]:
     return config, state
 
 
+def recorded_threads(run_dir: str) -> int | None:
+    """The torch threads a run or trial trained and attacked with (``torch_threads`` of its ``trial_result.json``
+    or ``metrics.json``), so that a re-attack on the CPU repeats its arithmetic; None when no file records a
+    whole number >= 1 (an older cem-bench's, or one that cannot be read: the attack then runs at torch's
+    default, which ``cem-bench attack`` says)."""
+    from ..schema import METRICS_FILE
+    folder = Dir(run_dir)
+    for name in (RESULT_FILE, METRICS_FILE):
+        try:
+            n = loads_json(folder.read_bytes_or_raise(name)).get("torch_threads")
+        except Exception:  # noqa: BLE001 - missing, unreadable or not a JSON object: the next, then None
+            continue
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            return n
+    return None
+
+
 def load_attackable(run_dir: str) -> tuple[dict, dict, str]:
     """``(config, trainer_state, where)`` of a ``cem-bench train --out`` folder (:func:`load_run`) or of a
     search trial's folder (:func:`load_trial`), whichever ``run_dir`` is; ``where`` names the file(s) they came
