@@ -13,7 +13,7 @@
 #   OUT=/some/folder PYTHONPATH=. bash scripts/gpu_grid_cost.sh [TOTAL_SECONDS]     # default 570
 #
 # Everything lands in $OUT/run.tgz (a device call returns at most 8 files), and the two summaries beside it.
-# Without CUDA it is a dry run of both scripts at tiny sizes (20 s on 2 CPUs; the equivalence stage needs CUDA).
+# Without CUDA it is a dry run of both scripts at tiny sizes (47 s on 2 CPUs; the equivalence stage needs CUDA).
 set -u
 total=${1:-570}
 out=${OUT:-/tmp/cem_gpu_grid_cost}
