@@ -70,6 +70,9 @@ def cmd_train(args) -> int:
         if final and state_fn is not None:
             state["final"] = state_fn()
 
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     result = run_trial(cfg, report, out_dir=out)
     os.makedirs(out, exist_ok=True)
     ckpt = checkpoint.save_run(out, cfg.to_flat(), state.get("final"))
@@ -354,6 +357,9 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="YAML file of config keys (flat dotted or nested sections)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)")
     t.add_argument("--out", help="output folder (default results/runs/<time>)")
+    t.add_argument("--threads", type=_positive_int, metavar="N", help="torch threads (default: torch's, one per "
+                   "core; two runs at once on a small CPU each want fewer, as a search's trials get "
+                   "resources.cpu); recorded in metrics.json as torch_threads")
     t.set_defaults(func=cmd_train)
 
     a = sub.add_parser("attack", help="re-attack a saved run or a search's trial (any attacks: --set "

@@ -19,8 +19,12 @@ def _sets(flat):
 
 @pytest.mark.slow
 def test_train_then_attack_end_to_end(tmp_path, capsys):
+    import torch
+    before = torch.get_num_threads()
     out = tmp_path / "run"
-    assert main(["train", *_sets(TINY), "--out", str(out)]) == 0
+    assert main(["train", *_sets(TINY), "--out", str(out), "--threads", "1"]) == 0
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(max(2, before))   # the re-attack below must set the run's own back itself
     printed = capsys.readouterr().out
     assert "epoch   1" in printed and "epoch   2" in printed and str(out) in printed
     metrics = json.loads((out / "metrics.json").read_text())
@@ -34,6 +38,9 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     assert len(runs) == 1
     again = json.loads((out / runs[0] / "attack.json").read_text())
     assert again["config"]["attack.epochs"] == 2 and math.isfinite(again["attack_ssim"])
+    # the train run's --threads is recorded, and the re-attack ran at it (torch_threads of metrics.json)
+    assert metrics["torch_threads"] == 1 and again["torch_threads"] == 1
+    torch.set_num_threads(before)
     assert again["attack_ssim"] == max(again["attack_ssim__decoder"], again["attack_ssim__rmle"])
     # any attack on a saved run: rmle alone, into a second folder (never over the first)
     assert main(["attack", str(out), "--set", "attack.names=[rmle]", "--set", "attack.rmle_iterations=5"]) == 0
