@@ -283,3 +283,35 @@ def test_the_prepared_device_run_dry_runs_on_the_cpu(tmp_path):
     summary = (tmp_path / "pack_summary.md").read_text()
     assert "- 2 at once, no MPS: slice span" in summary
     assert "- 2 at once, MPS, attention_centroid (MPS off): slice span" in summary   # the grid's other trials
+
+
+@pytest.mark.slow
+def test_the_device_run_needs_neither_ray_nor_optuna(tmp_path):
+    """The lent GPU machine has torch, pandas, pyarrow, scikit-image, scikit-learn, scipy and pyyaml but not Ray or
+    Optuna (/work/.library/device: its package list), and its minutes are few: the device scripts and the
+    `cem-bench train` they run must start and finish without either. A `sitecustomize` on PYTHONPATH makes any
+    import of them fail in this process and in every child."""
+    import os
+    import subprocess
+
+    from conftest import TINY
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class _NoRayOptuna(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('ray', 'optuna'):\n"
+        "            raise ImportError(f'{name} is not on the device machine')\n"
+        "sys.meta_path.insert(0, _NoRayOptuna())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
+
+    def ok(*argv, timeout=300):
+        p = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=timeout)
+        assert p.returncode == 0, (argv, p.stdout[-1500:], p.stderr[-1500:])
+        return p.stdout
+    assert "is not on the device machine" in subprocess.run(
+        [sys.executable, "-c", "import optuna"], env=env, capture_output=True, text=True).stderr   # the guard holds
+    assert "--trials-surrogates" in ok("scripts/gpu_pack.py", "--help")
+    assert "--equivalence-configs" in ok("scripts/gpu_check.py", "--help")
+    sets = [a for k, v in {**TINY, "train.epochs": 1}.items() for a in ("--set", f"{k}={v}")]
+    assert "checkpoint:" in ok("-m", "cem_bench.cli", "train", *sets, "--out", str(tmp_path / "run"))
+    ok("-m", "cem_bench.cli", "attack", str(tmp_path / "run"), "--set", "attack.epochs=1")
