@@ -327,7 +327,10 @@ def print_hypotheses(index, results_dir) -> None:
     if not tested.is_file():
         return
     for _, r in pd.read_csv(tested).iterrows():
-        diff = "" if not math.isfinite(r["diff"]) else f"; a - b = {r['diff']:.4g} ({r['ci_low']:.4g} to {r['ci_high']:.4g})"
+        # the interval is two-sided 95 % and unadjusted (it shows the size); the verdict is the one-sided adjusted
+        # test's, so a claim can hold while the interval still reaches 0: the line says which is which
+        diff = "" if not math.isfinite(r["diff"]) else \
+            f"; a - b = {r['diff']:.4g} (two-sided 95 %: {r['ci_low']:.4g} to {r['ci_high']:.4g})"
         adj = "" if not math.isfinite(r["p_adjusted"]) else f", adjusted p {r['p_adjusted']:.2g}"
         print(f"hypothesis {r['name']}: {r['metric']}, {r['claim']}{diff}{adj}: {r['verdict']}")
 

@@ -241,6 +241,7 @@ def test_the_report_leads_with_the_space_s_hypotheses(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("hypothesis H1: test_acc, a not lower than b by more than 0.02; a - b = ")
     assert lines[1].endswith(": holds") and lines[2].startswith("hypothesis H2: attack_ssim, a lower than b; ")
+    assert "(two-sided 95 %: " in lines[1]     # not to be read as the one-sided test's bound
     index = tmp_path / "r" / "report" / "index.html"
     html = index.read_text()
     assert 'id="hypotheses"' in html
