@@ -112,6 +112,10 @@ def wanted(mode: str, gpu_per_trial: float, gpu_visible: bool) -> bool:
     return mode == "on" or (mode == "auto" and gpu_visible and 0 < gpu_per_trial < 1)
 
 
+# Session.state when MPS served the processes of the session (started here, or a daemon already running)
+ON_STATES = ("started", "already running")
+
+
 class Session:
     """``with mps.Session(mode, gpu_per_trial, gpu_visible):`` MPS for the duration, started and stopped here
     when this process started it. ``state`` says what happened (for the log and the results)."""

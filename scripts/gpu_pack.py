@@ -185,7 +185,7 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
                                       threads=2 if cuda else 1)
                     if use_mps and state != "off":   # read after the pair ended: a server it left, if any
                         r["mps_servers_after"] = mps.servers()
-            if use_mps and state not in ("started", "already running"):
+            if use_mps and state not in mps.ON_STATES:
                 label = f"{label} (MPS {state})"     # a pair that ran without MPS says so in its every line
             r.update({"label": label, "mps": state, "epochs": epochs, "surrogate": surrogate})
             emit("trials", **{**r, "runs": [{**x, "log": x["log"][-400:]} for x in r["runs"]]})
@@ -204,7 +204,8 @@ def write_summary(out, env, summary) -> None:
     for phase, s in summary.items():
         if "trials" in s:
             t = s["trials"]
-            mps_pairs = [r for r in t["packed"] if r.get("mps") in ("started", "already running")]
+            from cem_bench import mps
+            mps_pairs = [r for r in t["packed"] if r.get("mps") in mps.ON_STATES]
             lines += [f"## whole paper trials (slices of {t['alone'].get('epochs')} epochs with both attacks, "
                       f"extrapolated to {paper.PAPER_EPOCHS}; {t['alone'].get('surrogate')} unless named; "
                       f"evaluation and start-up included)",

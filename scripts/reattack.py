@@ -71,10 +71,9 @@ def done_attack(trial: Path, want: dict) -> Path | None:
 def run(exp: Path, trials: pd.DataFrame, sets: list[str], jobs: int, threads: int | None) -> None:
     want = overrides(sets)
     todo = [exp / d for d in trials["trial_dir"] if done_attack(exp / d, want) is None]
-    own = "the trial's own"
+    each = f"{threads} torch thread(s)" if threads else "the trial's own torch threads"
     print(f"{len(trials)} ok trials, {len(trials) - len(todo)} already re-attacked with these settings, "
-          f"{len(todo)} to go ({jobs} at a time, {threads or own} torch thread(s) "
-          f"each)", flush=True)
+          f"{len(todo)} to go ({jobs} at a time, {each} each)", flush=True)
 
     def one(trial: Path) -> None:
         # cem-bench attack sets the trial's own torch threads (what it recorded) unless --threads is given
