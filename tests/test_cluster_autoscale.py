@@ -219,7 +219,7 @@ def start_cluster():
     """A head started with the fake_multinode autoscaling config built from cluster.yaml, no worker, and this
     process connected to it as a driver (to read the node table). At the end every process it started is ended."""
     import ray
-    from ray._private.services import get_node_ip_address
+    from ray.util import get_node_ip_address  # public: ray.util re-exports it
     port = _free_port()
     config, head = fake_cluster_config(f"{get_node_ip_address()}:{port}")
     temp_dir = tempfile.mkdtemp(prefix="cemas-", dir="/tmp")   # short: Ray's socket paths live under it

@@ -31,7 +31,6 @@ import time
 from .pack import PAPER_EPOCHS  # the paper trial's 240 epochs (run_exp.sh): one constant for both
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository
-PAPER_GRID_TRIALS = 165     # cifar10_paper.yaml: 55 cells x 3 seeds
 STEADY_FROM = 2             # epochs after the first two: capture, autotuning and CEM's start are behind
 
 
@@ -190,6 +189,7 @@ def grid_lines(packed: list[dict], counts: dict[str, int]) -> list[str]:
 def summary_lines(alone: dict, packed: list[dict]) -> list[str]:
     """Markdown lines: one trial alone and each packing, as whole-trial minutes, trials per GPU-hour and the
     grid's GPU-hours, each packing of the lone trial's surrogate beside it."""
+    total = sum(grid_trials().values())   # read from cifar10_paper.yaml, as the bracket's counts are
     lines = []
     for r in [alone, *packed]:
         label = r.get("label") or f"k={r.get('k')}"
@@ -202,7 +202,7 @@ def summary_lines(alone: dict, packed: list[dict]) -> list[str]:
         att = ", ".join(f"{x.get('attack_s') or 0:.1f}" for x in r["runs"])
         line = (f"- {label}: slice span {r['span_s']:.1f} s (each process {walls} s; attacks {att} s), steady "
                 f"epoch {r['steady_epoch_s']:.2f} s: a whole trial {per / 60:.2f} GPU-min, "
-                f"{3600 / per:.1f} trials per GPU-hour, {PAPER_GRID_TRIALS} trials {PAPER_GRID_TRIALS * per / 3600:.1f} "
+                f"{3600 / per:.1f} trials per GPU-hour, {total} trials {total * per / 3600:.1f} "
                 f"GPU-hours")
         # beside the lone trial of its own surrogate only: another's trial costs more for another reason
         if r is not alone and alone.get("ok") and r.get("surrogate") == alone.get("surrogate"):
