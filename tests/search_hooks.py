@@ -6,8 +6,8 @@ carries the classes themselves, not a reference to a module the worker lacks.
 
 ``python -c 'import search_hooks; search_hooks.main()' --full-while MARKER search SPACE ...`` (with ``tests/`` on
 ``PYTHONPATH``) is ``cem-bench search SPACE ...`` whose trials run with ``FullWhile(MARKER)`` (``--wait-for
-RELEASE``: ``WaitFor``; ``--slow-report MARKER``: the report waits, ``slow_report``): the command line itself
-cannot inject a hook.
+RELEASE``: ``WaitFor``; ``--hold-after-first RELEASE``: ``HoldAfter``; ``--slow-report MARKER``: the report
+waits, ``slow_report``): the command line itself cannot inject a hook.
 """
 
 from __future__ import annotations
@@ -73,6 +73,24 @@ class WaitFor(TrialHooks):
             time.sleep(0.1)
 
 
+class HoldAfter(TrialHooks):
+    """Each trial, once epoch ``epoch``'s result and checkpoint are reported (the checkpoint is in the storage
+    then), waits until the file ``release`` exists (at most ``timeout`` seconds): every trial is held mid-run,
+    its checkpoint saved, for as long as a test needs (a node can be lost under a trial known to be running)."""
+
+    def __init__(self, release: str, epoch: int = 1, timeout: float = 600.0):
+        _by_value()
+        self.release, self.epoch, self.timeout = str(release), epoch, timeout
+
+    def after_report(self, record: dict, trial_path: str, trial_id: str) -> None:
+        import time
+        if record.get("epoch") != self.epoch:
+            return
+        deadline = time.monotonic() + self.timeout
+        while not os.path.exists(self.release) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 def slow_report(marker: str) -> None:
     """The report's drawing first writes its staging folder's path into ``marker``, then waits (up to 10 min)
     for a signal: the search is over and its tables written, the report not yet published."""
@@ -91,14 +109,16 @@ def slow_report(marker: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``--full-while MARKER`` or ``--wait-for RELEASE``, then the arguments of ``cem-bench``: the command with
-    that hook in every trial."""
+    """``--full-while MARKER``, ``--wait-for RELEASE`` or ``--hold-after-first RELEASE``, then the arguments of
+    ``cem-bench``: the command with that hook in every trial."""
     argv = list(sys.argv[1:] if argv is None else argv)
     hooks = None
     if argv[:1] == ["--full-while"]:
         hooks, argv = FullWhile(argv[1]), argv[2:]
     elif argv[:1] == ["--wait-for"]:
         hooks, argv = WaitFor(argv[1]), argv[2:]
+    elif argv[:1] == ["--hold-after-first"]:
+        hooks, argv = HoldAfter(argv[1]), argv[2:]
     elif argv[:1] == ["--slow-report"]:
         slow_report(argv[1])
         argv = argv[2:]

@@ -227,18 +227,20 @@ def test_packed_workers_pin_their_threads_start_together_and_are_reused_across_k
             "attack.rmle_iterations": 2}
     with Workers(2, flat, timeout=300) as w:
         one = w.train(1, seconds=0.0, min_epochs=2)
-        res = w.train(2, seconds=0.0, min_epochs=2)
+        # 4 epochs, not 2: the common window needs worker 1 to start before worker 0 ends, and a loaded box can
+        # hold a process back for a tiny epoch or two
+        res = w.train(2, seconds=0.0, min_epochs=4)
         spans = [r["attack"] for r in w.attack(2)]
         att = measure_attacks(w, repeats=1)
     assert len(one) == 1 and len(one[0]["epochs"]) == 2
-    assert [len(r["epochs"]) for r in res] == [2, 2] and not any(r["graphed"] for r in res)
+    assert [len(r["epochs"]) for r in res] == [4, 4] and not any(r["graphed"] for r in res)
     assert all(r["threads"] == max(1, (os.cpu_count() or 1) // 2) for r in res)
     assert all(n == 128 for r in res for *_, n in r["epochs"])
     # the first worker went on from where its first window ended: one trial, not a new one per window
     assert res[0]["epochs"][0][0] >= one[0]["epochs"][-1][1]
     w_ = window(res)
     assert w_["seconds"] > 0 and len(w_["per_worker"]) == 2
-    assert all(rate * w_["seconds"] <= 256 * (1 + 1e-9) for rate in w_["per_worker"])
+    assert all(rate * w_["seconds"] <= 4 * 128 * (1 + 1e-9) for rate in w_["per_worker"])
     assert w_["images_per_s"] == pytest.approx(sum(w_["per_worker"]))
     assert len(spans) == 2 and all(e > s for s, e in spans)
     assert att["alone_s"] > 0 and att["factor_k2"] == pytest.approx(2 * att["alone_s"] / att["together_s"])

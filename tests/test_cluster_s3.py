@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import pandas as pd
 import pytest
-from test_search import RAY_BIN, _alive_nodes, _free_port, cli_cmd, subprocess_env, write_space
+from test_search import RAY_BIN, _alive_nodes, _free_port, _ray_status, cli_cmd, hooks_env, subprocess_env, write_space
 
 from cem_bench import schema
 
@@ -229,8 +229,8 @@ NODE_ID = re.compile(r"node_([0-9a-f]{16,})")
 
 
 def _node_ids(address: str, env: dict) -> set[str]:
-    out = subprocess.run([RAY_BIN, "status", f"--address={address}"], env=env, capture_output=True, text=True,
-                         timeout=30).stdout
+    """The ids of the cluster's active nodes (none when ``ray status`` did not answer in 30 s: asked again)."""
+    out = _ray_status(address, env)
     active = out.split("Active:", 1)[-1].split("Pending:", 1)[0] if "Active:" in out else ""
     return set(NODE_ID.findall(active))
 
@@ -295,7 +295,7 @@ def s3_cluster(s3, tmp_path_factory):
     try:
         start(["--head", f"--port={port}", "--num-cpus=0", "--disable-usage-stats", "--include-dashboard=false"],
               "head.log", head_env)
-        deadline = time.time() + 90
+        deadline = time.time() + 300   # the head and both workers: 24 s in CI; a generous bound for a loaded box
         while _alive_nodes(address, env) < 1:
             assert time.time() < deadline, (logs / "head.log").read_text()[-3000:]
             time.sleep(1)
@@ -355,15 +355,21 @@ def test_a_worker_node_lost_mid_search_costs_no_trial(tmp_path, s3_cluster):
     nodes run a trial that has checkpointed: the search ends with both trials ok, once each; b's trial failed
     once and finished on `a` from its last checkpoint on S3; the report counts it as retried. Run last: the
     cluster has one worker afterwards."""
-    epochs = 20   # long enough that b's trial is still training when its first checkpoint is seen
+    epochs = 6
     space = write_space(tmp_path, "s3nodeloss", num_samples=2, max_concurrent=2, max_failures=2,
                         fixed={"train.epochs": epochs})
     exp = f"{PREFIX}/s3nodeloss"
     node_a, _ = s3_cluster.workers["a"]
     node_b, proc_b = s3_cluster.workers["b"]
     log = open(tmp_path / "driver.log", "wb")
-    driver = subprocess.Popen(cli_cmd(space, "--storage", PREFIX, "--address", s3_cluster.address),
-                              env=s3_cluster.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # every trial holds after its first checkpoint until the test releases it (search_hooks.HoldAfter): b's trial
+    # is known to be running when b is lost, however the load spreads the two trials' starts (with 20 epochs and
+    # no hold, b's trial could have ended before a's first checkpoint was seen)
+    release = tmp_path / "release"
+    driver = subprocess.Popen([sys.executable, "-c", "import search_hooks; search_hooks.main()", "--hold-after-first",
+                               str(release), "search", space, "--storage", PREFIX, "--address", s3_cluster.address],
+                              env=hooks_env(s3_cluster.env), stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     try:
         deadline = time.time() + 240
         while True:   # both trials (one per node: the head has no CPU) have a checkpoint on S3
@@ -393,6 +399,7 @@ def test_a_worker_node_lost_mid_search_costs_no_trial(tmp_path, s3_cluster):
             time.sleep(0.2)
         assert not alive, f"a process of node b survived: {alive}"
         groups = len({proc_b.pid, *node.values()})
+        release.write_text("go\n")
         driver.wait(timeout=400)
     finally:
         if driver.poll() is None:
@@ -406,7 +413,7 @@ def test_a_worker_node_lost_mid_search_costs_no_trial(tmp_path, s3_cluster):
     assert len(trials) == 2 and (trials["status"] == "ok").all(), trials[["status", "error"]]
     assert sorted(trials["failures"]) == [0, 1], trials[["failures", "resumed_from_epoch", "node_id"]]
     lost = trials[trials["failures"] == 1].iloc[0]
-    assert 1 <= lost["resumed_from_epoch"] < epochs, lost        # continued from its checkpoint, not from scratch
+    assert lost["resumed_from_epoch"] == 1, lost                 # from its checkpoint (held after it), not from scratch
     assert (trials["node_id"] == node_a).all() and node_b not in set(trials["node_id"])   # both finished on a
     ep = s3_table(f"{exp}/epochs.parquet")
     assert sorted(ep.groupby("trial_id")["epoch"].apply(list).tolist()) == [list(range(1, epochs + 1))] * 2
