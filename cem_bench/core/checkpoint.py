@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import warnings
 from typing import Any
 
 import torch
@@ -43,7 +44,11 @@ def parse(data: bytes, path: str) -> dict[str, Any]:
     if not data:
         raise ResultsError(f"{path} is empty (0 bytes): it should be {WHAT}")
     try:
-        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # a damaged file's second byte read as a pickle protocol: torch warns (asking for an issue to be
+            # filed with it) before failing, above the one clear message below; cem-bench writes protocol 2
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "weights only" in str(e).lower() or "weights_only" in str(e):
             raise ResultsError(f"{path} holds Python objects other than tensors and plain values, which would "
