@@ -228,6 +228,7 @@ _STATE = checkpoint.to_bytes({"seed": 0}, {"epoch": 1, "history": [], "client": 
 @example(b"junk")   # a legacy (non-zip) pickle opening with LONG_BINGET, its 4-byte index cut short
 @example(_STATE[:328] + bytes([81]) + _STATE[329:])   # a storage id made an int: torch raised AssertionError
 @example(b"\x80\x41junkjunk")   # "pickle protocol 65": torch warned before failing (CI, 2026-12-06)
+@example(_STATE[:328] + b"R" + _STATE[329:])          # REDUCE: torch warned "TypedStorage is deprecated" first
 def test_any_bytes_as_a_checkpoint_are_read_or_refused_never_a_crash(data):
     """A trial's state.pt cut short or damaged (a copy interrupted, a full disk): a ResultsError naming the file,
     which resume and `cem-bench attack` report, never another exception (b"junk" once raised struct.error), and
