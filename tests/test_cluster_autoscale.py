@@ -47,7 +47,7 @@ from typing import NamedTuple
 import pandas as pd
 import pytest
 import yaml
-from test_search import RAY_BIN, _free_port, cli_cmd, subprocess_env, write_space
+from test_search import RAY_BIN, _free_port, hooks_env, subprocess_env, write_space
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -330,8 +330,15 @@ def test_workers_start_on_demand_pack_as_claimed_and_end_when_idle(tmp_path, aut
     storage = tmp_path / "res"
     out = open(tmp_path / "driver.log", "wb")
     t_driver = time.time()
-    driver = subprocess.Popen(cli_cmd(space, "--storage", str(storage), "--address", cluster.address),
-                              env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    # every trial holds after its first epoch's checkpoint until the test has seen all n trials' resources held at
+    # once (search_hooks.HoldAfter), or for 150 s at most: without the hold, a loaded box could end worker 1's
+    # first trials before worker 2 came up, and the peak would measure the load, not the packing
+    release = tmp_path / "release"
+    driver = subprocess.Popen([sys.executable, "-c", "import search_hooks; search_hooks.main()", "--hold-after-first",
+                               str(release), "search", space, "--storage", str(storage), "--address",
+                               cluster.address],
+                              env=hooks_env(subprocess_env()), stdout=out, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     up: dict[str, float] = {}           # worker node id -> when first seen alive
     gone: dict[str, float] = {}         # worker node id -> when first seen dead
     peak = (0.0, 0.0)                   # the most CPUs, GPUs held at once (the trials' placement groups)
@@ -353,7 +360,9 @@ def test_workers_start_on_demand_pack_as_claimed_and_end_when_idle(tmp_path, aut
     try:
         while driver.poll() is None:
             poll()
-            assert time.time() - t_driver < 240, ((tmp_path / "driver.log").read_text()[-3000:], cluster.monitor_log())
+            if not release.exists() and (peak == (n * cpu, n * gpu) or time.time() - t_driver > 150):
+                release.write_text("go\n")
+            assert time.time() - t_driver < 300, ((tmp_path / "driver.log").read_text()[-3000:], cluster.monitor_log())
             time.sleep(0.5)
     finally:
         if driver.poll() is None:
