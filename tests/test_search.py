@@ -622,8 +622,9 @@ def test_fractional_gpu_packing(tmp_path, local_ray):
         from ray import tune
         start = time.time()
         open(os.path.join(config["barrier"], str(config["i"])), "w").close()
-        # wait (at most 60 s) until all four trials run; with fewer slots the 4th starts only after this ends
-        while len(os.listdir(config["barrier"])) < 4 and time.time() - start < 60:
+        # wait (at most 300 s: a loaded box starts four workers slowly) until all four trials run; with fewer
+        # slots the 4th starts only after this ends
+        while len(os.listdir(config["barrier"])) < 4 and time.time() - start < 300:
             time.sleep(0.1)
         time.sleep(0.5)
         tune.report({"start": start, "end": time.time(), "gpu_ids": ",".join(map(str, ray.get_gpu_ids()))})
