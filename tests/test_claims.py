@@ -257,6 +257,12 @@ def test_no_claim_from_one_or_two_runs_of_a_noisier_configuration(runs, spread):
 def test_no_spread_on_either_side_is_no_verdict_and_a_misspelt_mode_is_refused():
     same = noise.compare([0.1 + 0.2] * 3, [0.3] * 3, "max")        # 5.6e-17 apart: rounding, not a finding
     assert same.verdict == noise.NO_FLOOR and np.isnan(same.p)
+    # every run equal on each side, the sides apart: [0.1] * 3 has a computed variance of 3e-34 (its mean is
+    # rounded), and was "worse", p 1.8e-46, until 2026-12-06
+    for x, y in (([0.1] * 3, [0.2] * 3), ([0.1] * 4, [0.1] * 3), ([0.7] * 3, [0.7000001] * 3)):
+        c = noise.compare(x, y, "max")
+        assert c.verdict == noise.NO_FLOOR and np.isnan(c.p), (x, y, c)
+    assert noise.compare([0.1, 0.11, 0.12], [0.2] * 3, "max").verdict == noise.WORSE   # one side varies
     with pytest.raises(ValueError, match="allowed: max, min"):
         noise.compare([0.9, 0.91, 0.92], [0.8, 0.81, 0.82], "Max")
 

@@ -162,6 +162,23 @@ def test_paired_pairs_the_seeds_both_sides_ran_once():
     assert paired["verdict"].iloc[0] == "holds" and welch["verdict"].iloc[0] == "not shown"   # the seeds' spread
 
 
+def test_runs_that_do_not_vary_are_not_tested():
+    """A t-test divides by the spread: runs equal to float rounding (a tiny search at chance accuracy, 0.1 on every
+    run, once "held" with p 5e-35), or paired seeds whose differences are one constant (1e-12 here), are not tested
+    and count in the family with p = 1; one side with a spread is still Welch's test."""
+    flat = np.full(3, 0.1)
+    table = evaluate(_trials(flat, flat + 0.1), _family({"a_is": "lower"}, {"a_is": "not_lower", "margin": 1.0},
+                                                       {"a_is": "lower", "paired": True}))
+    assert table["verdict"].tolist() == ["not tested: the runs do not vary"] * 3
+    assert np.isnan(table["p"]).all() and (table["p_adjusted"] == 1.0).all()
+    np.testing.assert_allclose(table["diff"], -0.1)                       # the means are still shown
+    b = np.array([0.31, 0.35, 0.29])
+    table = evaluate(_trials(b - 1e-12, b), _family({"a_is": "lower", "paired": True}, {"a_is": "lower"}))
+    assert table["verdict"].tolist() == ["not tested: the runs do not vary", "not shown"]
+    table = evaluate(_trials(flat, b), _family({"a_is": "lower"}))           # one side varies: Welch's test
+    assert table["verdict"].tolist() == ["holds"] and table["p"].iloc[0] < 0.05
+
+
 def test_a_hypothesis_without_enough_runs_still_counts_in_the_family():
     rng = np.random.default_rng(2)
     b = 0.9 + 0.01 * rng.standard_normal(8)

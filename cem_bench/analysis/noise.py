@@ -22,8 +22,8 @@ else "within noise". Both conditions, because each alone fails at the few seeds 
 interval says whether the difference of the means is resolved, the probability of improvement whether a
 single run of the configuration usually beats one of the baseline (a mean moved by one outlier fails it).
 docs/protocol.md §9 explains the choice and gives the false-claim rates. With fewer than ``MIN_RUNS`` runs on
-either side there is no verdict (""); nor where every run on both sides is equal (no spread at all: a
-difference there is the metric's rounding, not a measurement against noise).
+either side there is no verdict (""); nor where every run on both sides is equal, to within ``FLAT`` of the
+values' size (no spread at all: a difference there is the metric's rounding, not a measurement against noise).
 
 Each comparison also has a p-value, Welch's two-sided t-test: p <= 0.05 exactly where Welch's interval
 excludes 0, so it speaks for the same interval. One page makes many comparisons, and the best-looking of many
@@ -44,6 +44,9 @@ import numpy as np
 LEVEL = 0.95           # the intervals' confidence level
 P_MIN = 0.75           # probability of improvement a claim needs
 MIN_RUNS = 3           # runs a side a comparison needs (module docstring)
+# A side whose runs spread less than this fraction of the values' size has no spread: that is float rounding
+# ([0.1] * 3 has a computed variance of 3e-34, and against [0.2] * 3 was "worse", p 1.8e-46, until 2026-12-06)
+FLAT = 1e-12
 ALPHA = 1 - LEVEL      # the adjusted p-value (Holm) a summary claim and the q-value (BH) a mark need
 N_RESAMPLES = 2000     # bootstrap resamples: interval ends stable to ~1 % of the spread at n = 3
 BETTER, WORSE, WITHIN, NO_FLOOR = "better", "worse", "within noise", ""
@@ -119,6 +122,10 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
         mx, my = np.nansum(x, axis=1) / nx, np.nansum(y, axis=1) / ny
         vx = np.nansum((x - mx[:, None]) ** 2, axis=1) / (nx - 1)
         vy = np.nansum((y - my[:, None]) ** 2, axis=1) / (ny - 1)
+        size = np.fmax(np.where(np.isfinite(x), np.abs(x), 0.0).max(axis=1, initial=0.0),
+                       np.where(np.isfinite(y), np.abs(y), 0.0).max(axis=1, initial=0.0))
+        vx = np.where(np.sqrt(vx) <= FLAT * size, 0.0, vx)
+        vy = np.where(np.sqrt(vy) <= FLAT * size, 0.0, vy)
         diff = sign * (mx - my)
         lo = np.full(k, np.nan)
         hi = np.full(k, np.nan)
