@@ -173,6 +173,7 @@ def test_runs_that_do_not_vary_are_not_tested():
     assert table["verdict"].tolist() == ["not tested: the runs do not vary"] * 3
     assert np.isnan(table["p"]).all() and (table["p_adjusted"] == 1.0).all()
     np.testing.assert_allclose(table["diff"], -0.1)                       # the means are still shown
+    assert (table[["std_a", "std_b"]] == 0.0).all().all()                # and no spread, not float rounding
     b = np.array([0.31, 0.35, 0.29])
     table = evaluate(_trials(b - 1e-12, b), _family({"a_is": "lower", "paired": True}, {"a_is": "lower"}))
     assert table["verdict"].tolist() == ["not tested: the runs do not vary", "not shown"]

@@ -133,10 +133,10 @@ def one_test(h: dict, a_rows: pd.DataFrame, b_rows: pd.DataFrame) -> dict:
     else:
         x, y = a["_v"].to_numpy(float), b["_v"].to_numpy(float)
     out.update(n_a=len(x), n_b=len(y))
-    if len(x):
-        out.update(mean_a=float(x.mean()), std_a=float(x.std(ddof=1)) if len(x) > 1 else np.nan)
-    if len(y):
-        out.update(mean_b=float(y.mean()), std_b=float(y.std(ddof=1)) if len(y) > 1 else np.nan)
+    for side, v in (("a", x), ("b", y)):
+        if len(v):   # runs equal to float rounding have no spread: 0, not the 1.7e-17 of [0.1] * 3's rounded mean
+            std = (0.0 if np.ptp(v) <= FLAT * np.abs(v).max() else float(v.std(ddof=1))) if len(v) > 1 else np.nan
+            out.update({f"mean_{side}": float(v.mean()), f"std_{side}": std})
     if len(x) < MIN_RUNS or len(y) < MIN_RUNS:
         return out
     # no spread, no test: a t-test divides by the spread, and runs (paired: seeds' differences) equal to float
