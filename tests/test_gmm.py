@@ -30,7 +30,7 @@ def blobs(classes=4, k=3, per=40, dim=32, spread=0.05, seed=0):
 
 
 def loop_reference(s, z, y):
-    """Plain per-class, per-cluster loop of SURROGATES.md §1 on the surrogate's fitted tables."""
+    """Plain per-class, per-cluster loop of docs/surrogates.md §1 on the surrogate's fitted tables."""
     x = z.flatten(1).float()
     t = math.log(s.cfg.var_threshold * s.noise_std ** 2 + s.cfg.var_eps)
     total, counted = 0.0, 0

@@ -40,7 +40,7 @@ def data(seed=0):
 
 
 def gate_term(surr, mu, var):
-    """mean_d(g * h * p) of SURROGATES.md §2 step 4, written out again."""
+    """mean_d(g * h * p) of docs/surrogates.md §2 step 4, written out again."""
     c = surr.cfg
     lv = torch.log(var + c.var_eps)
     g = torch.sigmoid(surr.gates.mlp(surr.gates.norm(lv)))
