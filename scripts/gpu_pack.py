@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from cem_bench import mps  # noqa: E402
 from cem_bench.bench import pack, paper  # noqa: E402
 from cem_bench.bench.ceiling import ceiling  # noqa: E402
 from cem_bench.bench.harness import sizes_for  # noqa: E402
@@ -158,7 +159,6 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
     result row as it ends, the whole trials in the summary."""
     import tempfile
 
-    from cem_bench import mps
     epochs = args.trials_epochs or (10 if cuda else 3)
     first, *others = args.trials_surrogates
     est = TRIALS_EST_S if cuda else {1: 0, 2: 0}
@@ -204,7 +204,6 @@ def write_summary(out, env, summary) -> None:
     for phase, s in summary.items():
         if "trials" in s:
             t = s["trials"]
-            from cem_bench import mps
             mps_pairs = [r for r in t["packed"] if r.get("mps") in mps.ON_STATES]
             lines += [f"## whole paper trials (slices of {t['alone'].get('epochs')} epochs with both attacks, "
                       f"extrapolated to {paper.PAPER_EPOCHS}; {t['alone'].get('surrogate')} unless named; "

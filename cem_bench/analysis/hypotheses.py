@@ -21,7 +21,7 @@ import pandas as pd
 from ..schema import HYPOTHESIS_CLAIMS as CLAIMS
 from ..schema import HYPOTHESIS_CORRECTIONS as CORRECTIONS
 from ..schema import MAX_HYPOTHESES as MAX_TESTS
-from .noise import FLAT, MIN_RUNS, holm
+from .noise import MIN_RUNS, holm, no_spread
 
 LISTED = 4    # the summary names each verdict up to this many hypotheses, else counts them
 LEVEL = 0.95   # the interval shown beside each test: two-sided, of the difference a - b
@@ -135,15 +135,14 @@ def one_test(h: dict, a_rows: pd.DataFrame, b_rows: pd.DataFrame) -> dict:
     out.update(n_a=len(x), n_b=len(y))
     for side, v in (("a", x), ("b", y)):
         if len(v):   # runs equal to float rounding have no spread: 0, not the 1.7e-17 of [0.1] * 3's rounded mean
-            std = (0.0 if np.ptp(v) <= FLAT * np.abs(v).max() else float(v.std(ddof=1))) if len(v) > 1 else np.nan
+            std = np.nan if len(v) < 2 else 0.0 if no_spread(np.ptp(v), np.abs(v).max()) else float(v.std(ddof=1))
             out.update({f"mean_{side}": float(v.mean()), f"std_{side}": std})
     if len(x) < MIN_RUNS or len(y) < MIN_RUNS:
         return out
     # no spread, no test: a t-test divides by the spread, and runs (paired: seeds' differences) equal to float
     # rounding gave p = 0 (a tiny search at chance accuracy, 0.1 on every run, "held" with p 5e-35)
-    size = max(np.abs(x).max(), np.abs(y).max())
     spread = np.ptp(x - y) if h["paired"] else max(np.ptp(x), np.ptp(y))
-    if spread <= FLAT * size:
+    if no_spread(spread, max(np.abs(x).max(), np.abs(y).max())):
         out["diff"] = float(x.mean() - y.mean())
         return out
     sign, alternative = _TEST[h["a_is"]]

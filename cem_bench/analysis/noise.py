@@ -68,6 +68,12 @@ class Comparison:
         return self.verdict in (BETTER, WORSE)
 
 
+def no_spread(spread, size):
+    """Where a spread of runs (a std, or their range) is float rounding: at most ``FLAT`` of the values' size. One
+    rule for the report's comparisons and the space's hypotheses."""
+    return np.asarray(spread) <= FLAT * np.asarray(size)
+
+
 def _clean(values) -> np.ndarray:
     v = np.asarray(values, dtype=float).ravel()
     return v[np.isfinite(v)]
@@ -124,8 +130,8 @@ def compare_many(x: np.ndarray, y: np.ndarray, mode: str = "max", seed: int = 0)
         vy = np.nansum((y - my[:, None]) ** 2, axis=1) / (ny - 1)
         size = np.fmax(np.where(np.isfinite(x), np.abs(x), 0.0).max(axis=1, initial=0.0),
                        np.where(np.isfinite(y), np.abs(y), 0.0).max(axis=1, initial=0.0))
-        vx = np.where(np.sqrt(vx) <= FLAT * size, 0.0, vx)
-        vy = np.where(np.sqrt(vy) <= FLAT * size, 0.0, vy)
+        vx = np.where(no_spread(np.sqrt(vx), size), 0.0, vx)
+        vy = np.where(no_spread(np.sqrt(vy), size), 0.0, vy)
         diff = sign * (mx - my)
         lo = np.full(k, np.nan)
         hi = np.full(k, np.nan)
