@@ -47,7 +47,7 @@ from typing import NamedTuple
 import pandas as pd
 import pytest
 import yaml
-from test_search import RAY_BIN, _free_port, hooks_env, subprocess_env, write_space
+from test_search import RAY_BIN, _free_port, hooks_cmd, hooks_env, subprocess_env, write_space
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -334,9 +334,8 @@ def test_workers_start_on_demand_pack_as_claimed_and_end_when_idle(tmp_path, aut
     # once (search_hooks.HoldAfter), or for 150 s at most: without the hold, a loaded box could end worker 1's
     # first trials before worker 2 came up, and the peak would measure the load, not the packing
     release = tmp_path / "release"
-    driver = subprocess.Popen([sys.executable, "-c", "import search_hooks; search_hooks.main()", "--hold-after-first",
-                               str(release), "search", space, "--storage", str(storage), "--address",
-                               cluster.address],
+    driver = subprocess.Popen(hooks_cmd("hold-after-first", release, space, "--storage", str(storage), "--address",
+                                        cluster.address),
                               env=hooks_env(subprocess_env()), stdout=out, stderr=subprocess.STDOUT,
                               start_new_session=True)
     up: dict[str, float] = {}           # worker node id -> when first seen alive

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import pandas as pd
 import pytest
-from test_search import RAY_BIN, _alive_nodes, _free_port, _ray_status, cli_cmd, hooks_env, subprocess_env, write_space
+from test_search import RAY_BIN, _alive_nodes, _free_port, _ray_status, cli_cmd, hooks_cmd, hooks_env, subprocess_env, write_space
 
 from cem_bench import schema
 
@@ -366,8 +366,8 @@ def test_a_worker_node_lost_mid_search_costs_no_trial(tmp_path, s3_cluster):
     # is known to be running when b is lost, however the load spreads the two trials' starts (with 20 epochs and
     # no hold, b's trial could have ended before a's first checkpoint was seen)
     release = tmp_path / "release"
-    driver = subprocess.Popen([sys.executable, "-c", "import search_hooks; search_hooks.main()", "--hold-after-first",
-                               str(release), "search", space, "--storage", PREFIX, "--address", s3_cluster.address],
+    driver = subprocess.Popen(hooks_cmd("hold-after-first", release, space, "--storage", PREFIX, "--address",
+                                        s3_cluster.address),
                               env=hooks_env(s3_cluster.env), stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
     try:

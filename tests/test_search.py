@@ -73,10 +73,16 @@ def cli_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "cem_bench.cli", "search", *args]
 
 
+def hooks_cmd(hook: str, path: Path, *args: str) -> list[str]:
+    """``cli_cmd(*args)`` with ``search_hooks``' ``--HOOK PATH`` (``full-while``, ``wait-for``,
+    ``hold-after-first``, ``slow-report``: tests/search_hooks.py); run with ``hooks_env``."""
+    return [sys.executable, "-c", "import search_hooks; search_hooks.main()", f"--{hook}", str(path), "search", *args]
+
+
 def full_while_cmd(marker: Path, *args: str) -> list[str]:
     """``cli_cmd(*args)`` whose trials fail to save a checkpoint with ENOSPC while ``marker`` exists
     (``search_hooks.FullWhile``; run with ``hooks_env``)."""
-    return [sys.executable, "-c", "import search_hooks; search_hooks.main()", "--full-while", str(marker), "search", *args]
+    return hooks_cmd("full-while", marker, *args)
 
 
 def hooks_env(env: dict) -> dict:
@@ -245,8 +251,7 @@ def test_a_second_search_of_the_same_experiment_is_refused_and_nothing_is_lost(t
     # the first search's trials wait at their first report until the test releases them: the refusals must be
     # tried while it runs, however slowly the machine starts the second command
     release = tmp_path / "release"
-    first = subprocess.Popen([sys.executable, "-c", "import search_hooks; search_hooks.main()", "--wait-for",
-                              str(release), "search", space, "--storage", str(storage)], env=hooks_env(env),
+    first = subprocess.Popen(hooks_cmd("wait-for", release, space, "--storage", str(storage)), env=hooks_env(env),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -288,8 +293,7 @@ def test_sigterm_while_the_report_is_drawn_cleans_up_and_says_how_to_build_it(tm
     storage = tmp_path / "res"
     exp = storage / "late"
     marker = tmp_path / "drawing"
-    proc = subprocess.Popen([sys.executable, "-c", "import search_hooks; search_hooks.main()", "--slow-report",
-                             str(marker), "search", space, "--storage", str(storage)],
+    proc = subprocess.Popen(hooks_cmd("slow-report", marker, space, "--storage", str(storage)),
                             env=hooks_env(subprocess_env()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
