@@ -45,11 +45,11 @@ def parse(data: bytes, path: str) -> dict[str, Any]:
         raise ResultsError(f"{path} is empty (0 bytes): it should be {WHAT}")
     try:
         with warnings.catch_warnings():
-            # a damaged file's second byte read as a pickle protocol, or a damaged opcode that rebuilds a storage
-            # the old way: torch warns (asking for an issue, or of a deprecation) before failing, above the one
-            # clear message below; cem-bench writes protocol 2 and untyped storages
-            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-            warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+            # torch warns on what a damaged file's bytes happen to say (a second byte read as "pickle protocol 65",
+            # asking for an issue to be filed with torch; an opcode that rebuilds a TypedStorage, deprecated)
+            # before it fails, above the one clear message below. The load ends in a checked dict or that message,
+            # so no warning of it tells a user anything: all are silenced, not each text torch may choose
+            warnings.simplefilter("ignore")
             obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "weights only" in str(e).lower() or "weights_only" in str(e):
