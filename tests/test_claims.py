@@ -267,6 +267,23 @@ def test_no_spread_on_either_side_is_no_verdict_and_a_misspelt_mode_is_refused()
         noise.compare([0.9, 0.91, 0.92], [0.8, 0.81, 0.82], "Max")
 
 
+def test_the_seeds_a_difference_needs_follow_the_same_rule_for_no_spread():
+    """Where neither side's runs vary, the comparison gives no verdict (above), so the summary promises no
+    number of confirmation seeds either (it said 2 before 2026-12-06); one side with a spread is a Welch test."""
+    from cem_bench.analysis.report.summary import _flat, equivalence_seeds, seeds_needed
+
+    def row(mean, std, n=3):
+        return pd.Series({"attack_ssim": mean, "attack_ssim_std": std, "attack_ssim_n": n,
+                          "attack_ssim_delta": mean - 0.8})
+    base_flat, base = row(0.8, np.std([0.8] * 3, ddof=1) + 1.7e-17), row(0.8, 0.02)
+    flat = row(0.7, 1.7e-17)
+    assert seeds_needed(flat, base_flat, "attack_ssim") is None and _flat(flat, base_flat, "attack_ssim")
+    assert equivalence_seeds(flat, base_flat, "attack_ssim", 0.2, "min") is None
+    assert seeds_needed(flat, base, "attack_ssim") == 2 and not _flat(flat, base, "attack_ssim")
+    assert [seeds_needed(row(m, 0.02), base, "attack_ssim") for m in (0.77, 0.74, 0.72)] == [None, 4, 3]
+    assert equivalence_seeds(row(0.79, 0.02), base, "attack_ssim", 0.05, "max") == 5
+
+
 def _rows(lam, seeds, acc, ssim, **config):
     return [{"trial_id": f"t{lam}-{s}-{config.get('config.defense.noise_std', 0.1)}", "status": "ok",
              "role": "baseline" if lam == 0 else "search", "config.seed": s, "config.defense.noise_std": 0.1,

@@ -107,21 +107,40 @@ def claim(res: Results) -> Claim | None:
     return Claim(pool, int(holm.notna().sum()), res.confirmed, found, named, state)
 
 
+def _spreads(row: pd.Series, base: pd.Series, metric: str) -> tuple[float, float, int]:
+    """The std on ``metric`` of ``row``'s runs (the baseline's where it has none) and of the baseline's, and the
+    baseline's run count; a std that is float rounding (``noise.no_spread``) is 0, and where both are, no number of
+    seeds resolves anything: the comparison gives no verdict without spread (NaN spreads: unknown)."""
+    s_b, n_b = float(base.get(f"{metric}_std", np.nan)), int(base.get(f"{metric}_n", 0) or 0)
+    s_c = float(row.get(f"{metric}_std", np.nan))
+    s_c = s_b if not np.isfinite(s_c) else s_c
+    means = [float(r.get(metric, r.get(f"{metric}_mean", np.nan))) for r in (row, base)]
+    size = max([abs(m) for m in means if np.isfinite(m)], default=0.0)
+    s_c, s_b = (0.0 if noise.no_spread(s, size) else s for s in (s_c, s_b))
+    return s_c, s_b, n_b
+
+
+def _flat(row: pd.Series, base: pd.Series, metric: str) -> bool:
+    """Neither ``row``'s runs nor the baseline's vary on ``metric`` (both stds known and float rounding)."""
+    s_c, s_b, _ = _spreads(row, base, metric)
+    return s_c == 0 and s_b == 0
+
+
+_FLAT_TEXT = ("Its runs and the baseline's do not vary, so no test can weigh the difference against noise; more "
+              "seeds would not change that while the runs stay equal.")
+
+
 def seeds_needed(row: pd.Series, base: pd.Series, metric: str, alpha: float = noise.ALPHA) -> int | None:
     """Confirmation seeds that would resolve a difference of ``row``'s size on ``metric`` (Welch's test at
     ``alpha`` against the baseline's runs as they are) with probability ``POWER``, on the row's spread (the
     baseline's where it has none); None beyond ``MOST_SEEDS`` (the baseline's own spread is then the limit)."""
     from scipy.special import nctdtr  # the non-central t's CDF, what scipy.stats.nct.sf calls (noise.t_quantile)
     d = abs(float(row.get(f"{metric}_delta", np.nan)))
-    s_b, n_b = float(base.get(f"{metric}_std", np.nan)), int(base.get(f"{metric}_n", 0) or 0)
-    s_c = float(row.get(f"{metric}_std", np.nan))
-    s_c = s_b if not np.isfinite(s_c) else s_c
-    if not (np.isfinite(d) and d > 0 and np.isfinite(s_b) and n_b >= 2):
+    s_c, s_b, n_b = _spreads(row, base, metric)
+    if not (np.isfinite(d) and d > 0 and s_c + s_b > 0 and n_b >= 2):
         return None
     for n in range(2, MOST_SEEDS + 1):
         a, b = s_c ** 2 / n, s_b ** 2 / n_b
-        if a + b <= 0:
-            return n
         dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (n_b - 1))
         if 1 - nctdtr(dof, d / np.sqrt(a + b), noise.t_quantile(1 - alpha / 2, dof)) >= POWER:
             return n
@@ -260,6 +279,8 @@ def _findings(res: Results, beyond: str) -> str:
         if need is not None:
             body += (f" With {need} confirmation seeds its interval would be narrow enough to lie inside the "
                      f"tolerance, if the difference is what it seems.")
+        elif own is not None and _flat(r, own, um):
+            body += f" {_FLAT_TEXT}"
         elif own is not None:
             body += (f" Confirmation seeds alone cannot narrow its interval inside the tolerance. The baseline's "
                      f"own {um} spread needs more seeds too.")
@@ -292,15 +313,13 @@ def equivalence_seeds(row: pd.Series, base: pd.Series, metric: str, tol: float, 
     fits inside ``tol`` less the drop seen (against the baseline's runs as they are, on the row's spread or the
     baseline's); None beyond ``MOST_SEEDS`` or where the drop seen already reaches the tolerance."""
     d = float(row.get(f"{metric}_delta", np.nan)) * (1 if mode == "max" else -1)
-    s_b, n_b = float(base.get(f"{metric}_std", np.nan)), int(base.get(f"{metric}_n", 0) or 0)
-    s_c = float(row.get(f"{metric}_std", np.nan))
-    s_c = s_b if not np.isfinite(s_c) else s_c
+    s_c, s_b, n_b = _spreads(row, base, metric)
     margin = tol + min(d, 0.0)
-    if not (np.isfinite(d) and margin > 0 and np.isfinite(s_b) and n_b >= 2):
+    if not (np.isfinite(d) and margin > 0 and s_c + s_b > 0 and n_b >= 2):
         return None
     for n in range(2, MOST_SEEDS + 1):
         a, b = s_c ** 2 / n, s_b ** 2 / n_b
-        dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (n_b - 1)) if a + b > 0 else n + n_b - 2
+        dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (n_b - 1))
         if noise.t_quantile(0.5 + noise.LEVEL / 2, dof) * np.sqrt(a + b) <= margin:
             return n
     return None
@@ -364,6 +383,8 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> tuple[str, pd.Series | Non
         if need is not None:
             text += (f" Confirming it alone with {need} new seeds would resolve a difference of this size "
                      f"{POWER:.0%} of the time, if it is real. The most private of many looks better than it is.")
+        elif base is not None and _flat(r, base, pm):
+            text += f" {_FLAT_TEXT}"
         elif base is not None and (pd.to_numeric(base.get(f"{pm}_n"), errors="coerce") or 0) >= 2:
             text += (f" A difference of this size would need more than {MOST_SEEDS} confirmation seeds against "
                      f"the baseline's runs. The baseline needs more seeds too.")
