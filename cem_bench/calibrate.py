@@ -215,7 +215,7 @@ def format_table(records: list[dict]) -> str:
     head = (f"{'surrogate':20s} {'warm-up':>7s} {'λ means':>8s} {'÷ gmm':>6s}  |  {'grad_mode':9s} "
             f"{'loss_scale':>10s} {'strength/λ':>11s} {'÷ gmm':>6s} {'λ ≙ gmm 16':>11s} {'spread':>7s}  |  "
             f"{'matched ÷ gmm':>13s} {'scale':>8s} {'drift':>6s}  ÷ gmm per seed (fixed | matched), "
-            f"with their medians from 2 seeds")
+            f"and their median (with 2 or more seeds)")
     lines = [head]
     for r in records:
         fixed, matched = r["fixed_ratio_per_seed"], r["matched_ratio_per_seed"]

@@ -75,3 +75,31 @@ def _ray_only_in_its_tier(request):
     if ray is not None and request.node.get_closest_marker("ray") is None and ray.is_initialized():
         ray.shutdown()
         pytest.fail(f"{request.node.nodeid} started Ray but is not marked ray (scripts/test_tiers.py)")
+
+
+def direct_trainable(monkeypatch, tmp_path, gpu, run_trial, fixed=None, checkpoint=None, reports=None):
+    """The search's trainable (cem_trial) called directly, without Ray: Ray's context replaced (trial
+    ``t0001`` in ``tmp_path/cem_trial_t0001``, ``checkpoint`` the folder ``tune.get_checkpoint`` gives, else
+    none), ``run_trial`` replaced by ``run_trial(flat)``; ``tune.report``'s metrics appended to ``reports``
+    when a list is given (the real one needs a session)."""
+    import tempfile
+    import types
+
+    import ray
+    from ray import tune
+
+    from cem_bench.core import trial
+    from cem_bench.search import trainable
+
+    ctx = types.SimpleNamespace(get_trial_id=lambda: "t0001", get_trial_dir=lambda: str(tmp_path / "cem_trial_t0001"))
+    monkeypatch.setattr(tune, "get_context", lambda: ctx)
+    monkeypatch.setattr(tune, "get_checkpoint",
+                        lambda: None if checkpoint is None else tune.Checkpoint.from_directory(str(checkpoint)))
+    if reports is not None:
+        monkeypatch.setattr(tune, "report", lambda metrics, checkpoint=None: reports.append(dict(metrics)))
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(get_node_id=lambda: "node"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(trial, "run_trial", lambda flat, report, out_dir=None, resume_state=None: run_trial(flat))
+    spec = types.SimpleNamespace(metric_names=("test_acc",), fixed=dict(fixed or {}))
+    # the worker's thread count as it is: the trainable sets it from resources.cpu
+    return trainable.make_trainable(str(tmp_path), spec, {"cpu": torch.get_num_threads(), "gpu": gpu})

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import tempfile
 import types
 
 import pytest
 import torch
+from conftest import direct_trainable
 
 from cem_bench.errors import ConfigError
 
@@ -109,26 +109,6 @@ def test_bf16_autocast_only_on_cards_with_native_bf16(monkeypatch, capability):
 
 
 # ------------------------------------------------------------------------------ the search's trainable
-def _trainable(monkeypatch, tmp_path, gpu, run_trial, fixed=None):
-    """The search's trainable (cem_trial) called directly, without Ray: Ray's context replaced, run_trial
-    replaced by ``run_trial(flat)``."""
-    import ray
-    from ray import tune
-
-    from cem_bench.core import trial
-    from cem_bench.search import trainable
-
-    ctx = types.SimpleNamespace(get_trial_id=lambda: "t0001", get_trial_dir=lambda: str(tmp_path / "cem_trial_t0001"))
-    monkeypatch.setattr(tune, "get_context", lambda: ctx)
-    monkeypatch.setattr(tune, "get_checkpoint", lambda: None)
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(get_node_id=lambda: "node"))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(trial, "run_trial", lambda flat, report, out_dir=None, resume_state=None: run_trial(flat))
-    spec = types.SimpleNamespace(metric_names=("test_acc",), fixed=dict(fixed or {}))
-    # the worker's thread count as it is: the trainable sets it from resources.cpu
-    return trainable.make_trainable(str(tmp_path), spec, {"cpu": torch.get_num_threads(), "gpu": gpu})
-
-
 @pytest.mark.parametrize("gpu, fixed, expected", [(0, {}, "cpu"), (0, {"train.device": "auto"}, "cpu"),
                                                   (1, {}, "cuda"), (0.5, {}, "cuda")])
 def test_a_trial_given_no_gpu_trains_on_the_cpu(monkeypatch, tmp_path, gpu, fixed, expected):
@@ -139,7 +119,7 @@ def test_a_trial_given_no_gpu_trains_on_the_cpu(monkeypatch, tmp_path, gpu, fixe
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a, **k: None)
     seen = []
-    cem_trial = _trainable(monkeypatch, tmp_path, gpu, lambda flat: seen.append(
+    cem_trial = direct_trainable(monkeypatch, tmp_path, gpu, lambda flat: seen.append(
         resolve_device(build_config(flat).train.device)), fixed)
     cem_trial({"cem.lambd": 1.0})
     assert [d.type for d in seen] == [expected]
@@ -169,7 +149,7 @@ def test_each_trial_of_a_reused_worker_compiles_afresh(monkeypatch, tmp_path):
         torch.compile(Scaled(float(flat["cem.lambd"])), backend=backend, dynamic=False)(torch.ones(2))
 
     torch._dynamo.reset()
-    cem_trial = _trainable(monkeypatch, tmp_path, 0, one_trial)
+    cem_trial = direct_trainable(monkeypatch, tmp_path, 0, one_trial)
     try:
         for k in range(10):
             cem_trial({"cem.lambd": float(k)})

@@ -47,6 +47,17 @@ def test_a_schedule_saves_epochs_and_never_stops_the_trial_that_dominates_all():
     assert r.rungs == (2, 4) and 0 < r.epochs_share < 1 and r.front_stopped == 0 and r.hv_share == pytest.approx(1)
 
 
+def test_a_front_with_no_hypervolume_has_no_share_and_no_warning():
+    """Every trial at chance accuracy (the refs' 0.1): the front dominates nothing, so the kept share is NaN,
+    without numpy's "Mean of empty slice" (it printed above `replay`'s table)."""
+    import warnings
+    trials, epochs = recorded()
+    trials["test_acc"] = 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = replay(trials, epochs, OBJECTIVES, grace_epochs=2, reduction_factor=2, orders=5)
+    assert math.isnan(r.hv_share) and math.isnan(r.hv_share_std) and 0 < r.epochs_share < 1
+
 def test_correlations_are_spearmans_and_need_three_trials():
     trials, epochs = recorded()
     c = correlations(trials, epochs, OBJECTIVES)

@@ -201,3 +201,42 @@ def test_a_checkpoint_removed_after_the_last_snapshot_is_replaced_by_the_trials_
     assert not (exp / "cem_trial_done_1_" / "checkpoint_000001").exists()
     assert sorted(p.name for p in (exp / "cem_trial_here_1_").iterdir()) == ["checkpoint_000001", "checkpoint_000002"]
     assert search.restore_removed_checkpoints(str(exp)) == [done[1]]   # done once; the lost trial is said again
+
+
+# ------------------------------------------------------------------ a trial that finished before Tune knew it
+def test_a_trial_that_wrote_its_result_before_the_stop_reports_it_again_instead_of_rerunning(monkeypatch, tmp_path):
+    """Ctrl-C while a trial finished: it wrote trial_result.json (status ok, the tables' row) but Tune never took
+    its last report, so --resume restarts it from its last checkpoint. It reports the recorded result once and
+    returns, without training or attacking again (it attacked again, replacing the result, until 2026-12-06);
+    a result of another trial, an error, or a damaged file leaves the trial to run."""
+    import torch
+    from conftest import direct_trainable
+
+    from cem_bench.core.checkpoint import save_state
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_state(str(ckpt / schema.STATE_FILE), {"epoch": 6, "history": [{"epoch": e} for e in range(1, 7)],
+                                                "weights": torch.zeros(2)})
+    folder = tmp_path / "cem_trial_t0001"
+    folder.mkdir()
+    recorded = {"trial_id": "t0001", "status": "ok", "error": None, "role": "search", "test_acc": 0.875,
+                "attack_ssim": 0.5, "epochs_done": 6, "resumed_from_epoch": 0, "node_id": "first-node",
+                "hostname": "first-host", "finished_at": "2026-12-06T04:00:00", "info": {"history": []}}
+
+    def run(doc):
+        if doc is not None:
+            (folder / schema.RESULT_FILE).write_text(doc if isinstance(doc, str) else json.dumps(doc))
+        ran, reports = [], []
+        direct_trainable(monkeypatch, tmp_path, 0, ran.append, checkpoint=ckpt, reports=reports)({"cem.lambd": 1.0})
+        return ran, reports
+
+    ran, reports = run(recorded)
+    assert ran == [] and len(reports) == 1
+    assert {k: reports[0][k] for k in ("status", "test_acc", "attack_ssim", "node_id", "resumed_from_epoch")} == \
+        {"status": "ok", "test_acc": 0.875, "attack_ssim": 0.5, "node_id": "first-node", "resumed_from_epoch": 0}
+    assert json.loads((folder / schema.RESULT_FILE).read_text()) == recorded       # the recorded result untouched
+    for other in ({**recorded, "trial_id": "t0002"}, {**recorded, "status": "error"}, '{"status": "ok", ', None):
+        (folder / schema.RESULT_FILE).unlink(missing_ok=True)
+        ran, _ = run(other)
+        assert len(ran) == 1, other

@@ -131,8 +131,11 @@ def replay(trials: pd.DataFrame, epochs: pd.DataFrame, objectives: list[dict], g
         hvs.append(_front_hv(finals[kept], objectives, refs) / full_hv if full_hv > 0 else math.nan)
         front_stops.append(sum(1 for t in front if ran[t] < length))
         stops.append(int((~kept).sum()))
+    # a front that dominates nothing up to the refs (every trial at chance accuracy, say) has no share to keep:
+    # NaN, printed as such, not numpy's "Mean of empty slice" above the table
+    hv, hv_std = (float(np.mean(hvs)), float(np.std(hvs))) if full_hv > 0 else (math.nan, math.nan)
     return Replayed(grace_epochs, reduction_factor, tuple(rung_epochs(length, grace_epochs, reduction_factor)),
-                    float(np.mean(shares)), float(np.std(shares)), float(np.nanmean(hvs)), float(np.nanstd(hvs)),
+                    float(np.mean(shares)), float(np.std(shares)), hv, hv_std,
                     float(np.mean(front_stops)), len(front), float(np.mean(stops)), len(ids))
 
 
@@ -228,7 +231,8 @@ def main(args) -> int:
             r = replay(trials, epochs, objectives, g, eta, orders=args.orders, workers=args.workers, seed=args.seed)
             rows.append({"grace": g, "eta": eta, "rungs": list(r.rungs),
                          "epochs run (share of FIFO)": f"{r.epochs_share:.2f} ± {r.epochs_share_std:.2f}",
-                         "kept front's hypervolume (share)": f"{r.hv_share:.3f} ± {r.hv_share_std:.3f}",
+                         "kept front's hypervolume (share)": (f"{r.hv_share:.3f} ± {r.hv_share_std:.3f}"
+                                                              if np.isfinite(r.hv_share) else "— (front's is 0)"),
                          "front trials stopped": f"{r.front_stopped:.1f} of {r.front_size}",
                          "trials stopped": f"{r.stopped:.1f} of {r.trials}"})
     print(f"\nScheduler replayed over {args.orders} random arrival orders, {args.workers} workers:")

@@ -111,6 +111,24 @@ def _scalars(record: dict) -> dict:
     return out
 
 
+def finished_result(experiment_path: str, trial_dir_name: str, trial_id: str) -> dict | None:
+    """The trial's own ``trial_result.json`` where it records this trial's finished run (status ``ok``), else
+    None. A trial writes it just before its last ``tune.report``; one stopped in between (Ctrl-C while it
+    finished, a node lost) is not done for Tune, and ``--resume`` restarts it from its last checkpoint: it
+    would attack (or train) again for nothing and replace the result already in the tables. An unreadable or
+    foreign file is None: the trial runs as it would have."""
+    from ..parsing import loads_json
+    from ..storage import Dir
+    try:
+        text = Dir(experiment_path).read_text(trial_dir_name, RESULT_FILE)
+        doc = loads_json(text) if text is not None else None
+    except Exception:  # noqa: BLE001 - an unreadable or damaged file is no finished result
+        return None
+    if isinstance(doc, dict) and doc.get("status") == "ok" and doc.get("trial_id") == trial_id:
+        return doc
+    return None
+
+
 def reset_compiled() -> None:
     """Forget what torch.compile made in this process, at the start of each trial. A reused worker
     (``reuse_actors``) compiles a new surrogate every trial, and Dynamo's guards on the code it already compiled
@@ -171,9 +189,10 @@ def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHook
                 "trial_id": trial_id}
         nan = float("nan")
 
+        done = finished_result(experiment_path, trial_dir_name, trial_id)
         state = None
         resumed_from = 0
-        ckpt = tune.get_checkpoint()
+        ckpt = tune.get_checkpoint() if done is None else None
         if ckpt is not None:
             with ckpt.as_directory() as d:
                 # weights only: the experiment storage may be a shared bucket. A damaged or crafted state is
@@ -205,6 +224,14 @@ def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHook
             m.update(node)
             m["resumed_from_epoch"] = resumed_from
             return m
+
+        if done is not None:
+            print(f"[cem-bench] trial {trial_id}: already finished (its {RESULT_FILE} of {done.get('finished_at')}); "
+                  f"reporting that result, not running it again", flush=True)
+            metrics = base_metrics({k: v for k, v in done.items() if k not in ("info", "role")})
+            metrics.update({k: done[k] for k in (*node, "resumed_from_epoch") if k in done})
+            tune.report(metrics)
+            return
 
         # Per worker process, not per trial, and made only when needed: a trial that a scheduler stops ends with
         # SystemExit inside tune.report while its actor is shut down or reused, so its own clean-up may never

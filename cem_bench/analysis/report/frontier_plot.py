@@ -134,8 +134,9 @@ def baseline_bands(res: Results, metric: str) -> dict[str, tuple[float, float, f
 def within_noise(res: Results, df: pd.DataFrame, metric: str) -> np.ndarray:
     """For each row of ``df`` (trials or configurations): is it within the noise of its own baseline on
     ``metric``? The report's test where the configurations table holds it (``<metric>_verdict``: a mean over
-    several runs is judged by its own interval, a single run by the baseline's band); elsewhere, whether the
-    value lies inside the baseline's band of one run. False where there is no baseline to compare with."""
+    ``noise.MIN_RUNS`` or more runs judged by its own interval; fewer runs have no verdict, so False); elsewhere,
+    whether the value lies inside the baseline's band of one run. False where there is no baseline to compare
+    with."""
     c = res.configs
     if c is None or CONFIG_ID not in df or not len(df):
         return np.zeros(len(df), dtype=bool)
