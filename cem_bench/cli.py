@@ -102,6 +102,28 @@ def check_out_folder(out: str, what: str, nothing: str) -> None:
         raise ConfigError(f"--out {out} is a file, not a folder; give a folder for {what} (it is created when "
                           f"missing). {nothing}")
     check_writable_under("--out", out, nothing)
+    check_makeable("--out", out, nothing)
+
+
+def check_makeable(flag: str, folder: str, nothing: str) -> None:
+    """ConfigError, before any work, when the folder cannot be made (a name too long for the file system, a
+    path under /proc): made and removed again, so that what a command writes only where it wrote something
+    (a missing data set leaves no empty folder) still holds. URIs and existing folders pass."""
+    from .storage import is_uri
+    if is_uri(folder) or os.path.isdir(folder):
+        return
+    made, head = [], os.path.abspath(folder)
+    while not os.path.lexists(head):
+        made.append(head)
+        head = os.path.dirname(head)
+    try:
+        os.makedirs(folder)
+    except OSError as e:
+        raise ConfigError(f"{flag} {folder}: the folder cannot be made ({e.strerror or e}). {nothing}") from None
+    finally:
+        for path in made:   # deepest first; only what this check made, as far as it got
+            if os.path.isdir(path):
+                os.rmdir(path)
 
 
 def check_writable_under(flag: str, path: str, nothing: str) -> None:
@@ -127,6 +149,18 @@ def check_out_file(flag: str, path: str | None, nothing: str) -> None:
         raise ConfigError(f"{flag} {path} is a folder; give a file name (e.g. {os.path.join(path, 'out')}"
                           f"{'.yaml' if flag == '--yaml' else '.json'}). {nothing}")
     check_writable_under(flag, path, nothing)
+    check_makeable(flag, os.path.dirname(os.path.abspath(path)), nothing)
+
+
+def _path(text: str) -> str:
+    """argparse type of every file or folder option: not empty (an unset shell variable, ``--out "$DIR"``,
+    would have meant the current folder: a report written over its files), and ``~`` expanded here, once. The
+    shell leaves ``--out=~/x`` and a quoted ``'~/x'`` alone; the checks before the work then looked at a folder
+    ``./~/x`` while the writes, which expand it, went to ``$HOME/x`` (a saved run replaced without a word)."""
+    from .storage import is_uri
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset variable?); give a folder or file name")
+    return text if is_uri(text) else os.path.expanduser(text)
 
 
 def _positive_int(text: str) -> int:
@@ -256,6 +290,8 @@ def cmd_search(args) -> int:
     from .search import search_command
     from .storage import is_uri, resolve_storage
     resolve_storage(args.storage)   # a URI with no bucket (s3://$BUCKET, BUCKET unset): one line, before anything
+    if args.storage:
+        check_makeable("--storage", args.storage, "Nothing was run")
     done = search_command(args)
     exp, stats = done["experiment"], done["stats"]
     t0 = time.perf_counter()
@@ -357,9 +393,9 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train one run (CEM trainer + attack)", epilog=EPILOG)
-    t.add_argument("--config", help="YAML file of config keys (flat dotted or nested sections)")
+    t.add_argument("--config", type=_path, help="YAML file of config keys (flat dotted or nested sections)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)")
-    t.add_argument("--out", help="output folder (default results/runs/<time>)")
+    t.add_argument("--out", type=_path, help="output folder (default results/runs/<time>)")
     t.add_argument("--threads", type=_positive_int, metavar="N", help="torch threads (default: torch's, one per "
                    "core; two runs at once on a small CPU each want fewer, as a search's trials get "
                    "resources.cpu); recorded in metrics.json as torch_threads")
@@ -367,7 +403,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("attack", help="re-attack a saved run or a search's trial (any attacks: --set "
                        "attack.names=[rmle])", epilog=EPILOG)
-    a.add_argument("run_dir", help="the --out folder of `cem-bench train`, or a search trial's folder (its encoder "
+    a.add_argument("run_dir", type=_path, help="the --out folder of `cem-bench train`, or a search trial's folder (its encoder "
                    "from its latest checkpoint, which is the one it attacked)")
     a.add_argument("--set", action="append", default=[], metavar="attack.KEY=VALUE")
     a.add_argument("--threads", type=_positive_int, metavar="N", help="torch threads (default: the run's own, "
@@ -375,9 +411,9 @@ def make_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_attack)
 
     s = sub.add_parser("search", help="Ray Tune + Optuna multi-objective search")
-    s.add_argument("space", help="search-space YAML (see search_spaces/)")
+    s.add_argument("space", type=_path, help="search-space YAML (see search_spaces/)")
     s.add_argument("--name", help="experiment name (default: the space's name)")
-    s.add_argument("--storage", help="storage folder or URI (DIR, s3://..., gs://...); default ./results")
+    s.add_argument("--storage", type=_path, help="storage folder or URI (DIR, s3://..., gs://...); default ./results")
     s.add_argument("--address", help="connect to a running Ray cluster (auto or HOST:PORT); default: start Ray")
     s.add_argument("--num-samples", type=int, help="override num_samples")
     s.add_argument("--max-concurrent", type=int, help="trials at once, whatever the space says (default: the "
@@ -401,13 +437,13 @@ def make_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("report", help="Parquet tables, frontier plots and HTML report of a results folder")
-    r.add_argument("results_dir", help="a results folder, local or on object storage (s3://, gs://)")
-    r.add_argument("--out", help="report folder (default RESULTS_DIR/report; required for s3:// and gs://)")
+    r.add_argument("results_dir", type=_path, help="a results folder, local or on object storage (s3://, gs://)")
+    r.add_argument("--out", type=_path, help="report folder (default RESULTS_DIR/report; required for s3:// and gs://)")
     r.set_defaults(func=cmd_report)
 
     t = sub.add_parser("table", help="the paper-style table: rows sigma, columns lambda x surrogate, mean +- std "
                                      "over replicates")
-    t.add_argument("results_dir", help="a results folder (local or s3://, gs://) of `cem-bench search`")
+    t.add_argument("results_dir", type=_path, help="a results folder (local or s3://, gs://) of `cem-bench search`")
     t.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
     t.add_argument("--metrics", nargs="+", help="metrics to tabulate (default: test_acc attack_ssim attack_psnr "
                                                 "attack_mse)")
@@ -416,7 +452,7 @@ def make_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay a recorded search through the early-stopping scheduler in simulated "
                                       "time, without training: the probe's rank correlations, then epochs saved "
                                       "and hypervolume kept for each grace x eta (docs/search.md)")
-    r.add_argument("results_dir", help="the experiment folder of a search whose trials ran to the end with the "
+    r.add_argument("results_dir", type=_path, help="the experiment folder of a search whose trials ran to the end with the "
                                        "probe recorded at every epoch (attack.probe_epochs)")
     r.add_argument("--grace", type=int, nargs="+", default=[1, 2, 3], help="grace epochs to try (first rung)")
     r.add_argument("--eta", type=float, nargs="+", default=[2.0, 3.0], help="reduction factors to try")
@@ -428,13 +464,13 @@ def make_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="performance harness", formatter_class=_BenchHelp)
     b.add_argument("--device", default="cpu", help="cpu or cuda")
     b.add_argument("--quick", action="store_true", help="smallest sizes (CI)")
-    b.add_argument("--json", help="also write the table as JSON here")
+    b.add_argument("--json", type=_path, help="also write the table as JSON here")
     b.add_argument("--only", nargs="+", metavar="GROUP", help=f"only these row groups ({BENCH_GROUPS}); default: all")
     b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("calibrate", help="the CEM strength per unit λ of every surrogate on your configuration "
                                          "(and the λ or cem.loss_scale that matches gmm's)", epilog=EPILOG)
-    c.add_argument("--config", help="YAML file of config keys (dataset, width, σ, batch, ...)")
+    c.add_argument("--config", type=_path, help="YAML file of config keys (dataset, width, σ, batch, ...)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)")
     c.add_argument("--surrogates", nargs="+", metavar="NAME", help="which surrogates (default: all; gmm is always "
                    "measured, as the reference)")
@@ -443,8 +479,8 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--batches", type=int, default=32, help="held-out batches averaged per surrogate (default 32)")
     c.add_argument("--seeds", type=int, nargs="+", help="one reference state per seed, strengths averaged "
                    "geometrically (default: the config's seed alone)")
-    c.add_argument("--json", help="also write the table here (one record per surrogate)")
-    c.add_argument("--yaml", help="also write the matching cem.loss_scale of each surrogate here (YAML)")
+    c.add_argument("--json", type=_path, help="also write the table here (one record per surrogate)")
+    c.add_argument("--yaml", type=_path, help="also write the matching cem.loss_scale of each surrogate here (YAML)")
     c.set_defaults(func=cmd_calibrate)
 
     k = sub.add_parser("keys", help="list every configuration key with its default (per surrogate, attack or dataset "

@@ -9,6 +9,8 @@ from cem_bench.cli import main
 from cem_bench.core.trial import run_trial
 from cem_bench.schema import OBJECTIVE_METRICS as OBJECTIVE_KEYS
 
+SPACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "search_spaces", "demo.yaml")
+
 
 def _sets(flat):
     out = []
@@ -276,12 +278,17 @@ def test_calibrate_measures_every_surrogate_against_gmm(tmp_path, capsys):
     (["bench", "--only", "data", "--json", "{f}/x.json"], "--json {f}/x.json: {f} is a file"),
     (["report", "{d}", "--out", "{f}"], "--out {f} is a file, not a folder; give a folder for the report"),
     (["report", "{d}", "--out", "{f}/r"], "--out {f}/r: {f} is a file"),
+    # a folder the file system cannot make: found after the training until 2026-12-06
+    (["train", "--out", "{d}/" + "a" * 300], "--out {d}/" + "a" * 300 + ": the folder cannot be made"),
+    (["report", "{d}", "--out", "{d}/r/" + "a" * 300], "the folder cannot be made"),
+    (["calibrate", "--json", "{d}/r/" + "a" * 300 + "/x.json"], "the folder cannot be made"),
+    (["search", SPACE, "--storage", "{d}/" + "a" * 300], "--storage {d}/" + "a" * 300 + ": the folder cannot be made"),
 ])
 def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(argv, says, tmp_path, capsys,
                                                                          monkeypatch):
     """A path under a file, or a folder where a file is asked for, failed with a bare OS message after the
     training or the measuring it was to hold; now refused first, naming the flag."""
-    from cem_bench import calibrate
+    from cem_bench import calibrate, search
     from cem_bench.bench import harness
     from cem_bench.core import trial
 
@@ -290,6 +297,7 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(argv, 
     monkeypatch.setattr(trial, "run_trial", never)
     monkeypatch.setattr(calibrate, "measure", never)
     monkeypatch.setattr(harness, "run_bench", never)
+    monkeypatch.setattr(search, "search_command", never)
     (tmp_path / "afile").write_text("x")
     (tmp_path / "adir").mkdir()
     f, d = tmp_path / "afile", tmp_path / "adir"
@@ -298,6 +306,28 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(argv, 
     assert rc == 2 and says.format(f=f, d=d) in err and "Nothing was" in err and "Traceback" not in err, err
     assert (tmp_path / "afile").read_text() == "x" and not any(d.iterdir())
 
+
+@pytest.mark.parametrize("argv", [["train", "--out", ""], ["report", "x", "--out", " "], ["search", SPACE, "--storage", ""],
+                                  ["table", ""], ["calibrate", "--json", ""]])
+def test_an_empty_path_is_refused(argv, capsys):
+    """An unset variable (``--out "$DIR"``) meant the current folder: a report written over its files."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "an empty path" in capsys.readouterr().err
+
+
+def test_a_tilde_the_shell_left_is_the_home_folder_for_the_check_and_the_writes(tmp_path, monkeypatch, capsys):
+    """``--out=~/run`` (the shell expands no ``~`` after ``=``): the check looked at ``./~/run`` and the writes
+    went to ``$HOME/run``, replacing a saved run there without a word."""
+    from cem_bench.core import trial
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"kept")
+    monkeypatch.setattr(trial, "run_trial", lambda *a, **k: pytest.fail("trained"))
+    assert main(["train", *_sets(TINY), "--out=~/run"]) == 2
+    assert f"--out {tmp_path / 'run'} already holds a run" in capsys.readouterr().err
+    assert (tmp_path / "run" / "checkpoint.pt").read_bytes() == b"kept" and not (tmp_path / "~").exists()
 
 def test_calibrate_refuses_an_unknown_surrogate_before_training(capsys):
     rc = main(["calibrate", "--surrogates", "slotcross", "--set", "model.width=0.0625"])
