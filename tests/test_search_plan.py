@@ -216,12 +216,31 @@ def test_resume_with_a_changed_budget_is_refused_after_the_experiments_own_count
     demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
     _saved_experiment(tmp_path, demo, {"num_samples": 2})
     with pytest.raises(SearchError, match=r"--resume: the space differs from the experiment's search_space.json "
-                                          r"in num_samples\."):
+                                          r"in num_samples \(2 -> 9\)\."):
         run.search_command(search_args(demo, "--num-samples", "9", "--resume"))
     line = first_line(capsys)
     assert run.plan(load_space(demo, {"num_samples": 2})) in line, line
     assert "9 configurations" not in line
 
+
+def test_the_printed_resume_command_is_accepted_by_resume(fake_machine, tmp_path, monkeypatch):
+    """The command an interrupted search prints names every option a resume must repeat: `--num-samples` was
+    dropped, and the printed command was refused ("the space differs ... in num_samples")."""
+    import shlex
+
+    from cem_bench.search.interrupt import resume_command
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    _saved_experiment(tmp_path, demo, {"num_samples": 7, "fixed": {**load_space(demo).fixed, "train.epochs": 3}})
+    first = search_args(demo, "--num-samples", "7", "--set", "train.epochs=3", "--cpus-per-trial", "0.5")
+    printed = shlex.split(resume_command(first, "demo", str(tmp_path / "results")))
+    assert printed[:2] == ["cem-bench", "search"] and printed[-1] == "--resume"
+    assert "--num-samples" in printed and "--mps" in printed    # off: the first search's, not the default
+
+    def before_ray(*a, **kw):
+        raise Started
+    monkeypatch.setattr(run, "_run_locked", before_ray)
+    with pytest.raises(Started):
+        run.search_command(cli.make_parser().parse_args(printed[1:]))
 
 @pytest.mark.parametrize("override, words", [
     ({"max_failures": 5}, "max_failures (2 -> 5: the restored experiment keeps its own)"),

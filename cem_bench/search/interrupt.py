@@ -105,14 +105,18 @@ class Interruption:
 
 def resume_command(args, name: str, storage: str) -> str:
     """The exact ``cem-bench search ... --resume`` that continues this experiment: the same space, the
-    storage made absolute and the name explicit, the same address, overrides and resources."""
+    storage made absolute and the name explicit, the same address, overrides, sample count, resources and MPS."""
     cmd = ["cem-bench", "search", os.path.abspath(args.space) if not _is_uri(args.space) else args.space,
            "--storage", storage, "--name", name]
     if getattr(args, "address", None):
         cmd += ["--address", args.address]
-    for flag, attr in (("--gpus-per-trial", "gpus_per_trial"), ("--cpus-per-trial", "cpus_per_trial")):
+    # --num-samples is part of the space a resume must match (it was dropped, and the printed command was refused)
+    for flag, attr in (("--num-samples", "num_samples"), ("--gpus-per-trial", "gpus_per_trial"),
+                       ("--cpus-per-trial", "cpus_per_trial")):
         if getattr(args, attr, None) is not None:
             cmd += [flag, f"{getattr(args, attr):g}"]
+    if getattr(args, "mps", "auto") not in (None, "auto"):
+        cmd += ["--mps", args.mps]
     for item in getattr(args, "set", None) or []:
         cmd += ["--set", item]
     return shlex.join([*cmd, "--resume"])

@@ -416,6 +416,8 @@ def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
                     continue
                 words = f"fixed.{k} ({_shown(was, missing)} -> {_shown(is_, missing)})"
                 (allowed if k in EXECUTION_KEYS else refused).append(words)
+        elif not isinstance(value, (dict, list)) and not isinstance(saved[key], (dict, list)):
+            refused.append(f"{key} ({json.dumps(saved[key])} -> {json.dumps(value)})")
         else:
             refused.append(key)
     return refused, allowed
