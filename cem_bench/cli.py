@@ -108,9 +108,9 @@ def check_out_folder(out: str, what: str, nothing: str) -> None:
 def check_makeable(flag: str, folder: str, nothing: str) -> None:
     """ConfigError, before any work, when the folder cannot be made (a name too long for the file system, a
     path under /proc): made and removed again, so that what a command writes only where it wrote something
-    (a missing data set leaves no empty folder) still holds. URIs and existing folders pass."""
+    (a missing data set leaves no empty folder) still holds. URIs and existing paths pass."""
     from .storage import is_uri
-    if is_uri(folder) or os.path.isdir(folder):
+    if is_uri(folder) or os.path.lexists(folder):   # an existing file has its own message, where it is checked
         return
     made, head = [], os.path.abspath(folder)
     while not os.path.lexists(head):

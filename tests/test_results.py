@@ -241,3 +241,34 @@ def test_the_report_says_how_many_trials_stopped_where_and_the_epochs_saved():
     assert stopped_text(t) == ("3 (2 at epoch 2, 1 at epoch 6); the search ran 60% of the epochs its trials would "
                                "have run to the end")
     assert stopped_text(t.assign(status="ok")) == ""
+
+
+def test_a_trial_without_its_own_config_gets_the_space_s_fixed_keys_and_its_twin_s_resolution(tmp_path):
+    """A baseline run stopped by Ctrl-C before its result, and one never started: Ray kept only the searcher's
+    sample ({λ, seed, role}), so the row lacked the fixed σ and every default, hashed as a configuration of its
+    own, and `table` showed a made-up baseline "σ=?" beside the real one. Now each is the configuration of the
+    finished runs of the same sample (its own seed kept); a sample no run finished gets the fixed keys."""
+    from cem_bench.analysis.aggregate import build_configs
+    exp = tmp_path / "sig"
+    exp.mkdir()
+    (exp / "search_space.json").write_text(json.dumps({
+        "name": "sig", "fixed": {"defense.noise_std": 0.1, "train.epochs": 2},
+        "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.1},
+                       {"metric": "attack_ssim", "mode": "min", "ref": 1.0}]}))
+    full = {**CONFIG, "defense.noise_std": 0.1, "data.root": "/first/machine"}
+    for i, seed in enumerate((0, 1)):
+        r = ours(f"base000{i}", lambd=0.0)
+        r["info"]["config"] = {**full, "cem.lambd": 0.0, "seed": seed}
+        r["role"] = "baseline"
+        make_trial(exp, f"base000{i}", i + 1, r)
+    make_trial(exp, "base0002", 3, None, lines=[{"trial_id": "base0002", **hist(1)[0]}],
+               params={"cem.lambd": 0, "seed": 2, "role": "baseline"})
+    make_trial(exp, "lone0003", 4, None, lines=[{"trial_id": "lone0003", **hist(1)[0]}], params={"cem.lambd": 3, "seed": 0, "role": "search"})
+    trials, _ = results.build_tables(exp)
+    t = trials.set_index("trial_id")
+    assert t.loc["base0002", "config_id"] == t.loc["base0000", "config_id"] == t.loc["base0001", "config_id"]
+    assert t.loc["base0002", "config.seed"] == 2 and t.loc["base0002", "config.defense.noise_std"] == 0.1
+    assert list(t.loc["base0002", "config.train.milestones"]) == [0.5] and t.loc["base0002", "role"] == "baseline"
+    assert t.loc["lone0003", "config.defense.noise_std"] == 0.1 and t.loc["lone0003", "config.cem.lambd"] == 3
+    configs = build_configs(trials, results.load_objectives(results._Dir(exp))[0])
+    assert len(configs) == 2 and configs["config.defense.noise_std"].eq(0.1).all()

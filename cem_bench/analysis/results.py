@@ -36,6 +36,7 @@ from ..schema import (
     CONFIGS_FILE,
     EPOCH_COLUMNS,
     EPOCHS_FILE,
+    EXECUTION_KEYS,
     INTERRUPTED_FILE,
     METRIC_COLUMNS,
     PROVENANCE,
@@ -213,6 +214,8 @@ def read_trial(exp: _Dir, name: str, experiment: str) -> tuple[dict, list[dict]]
         history = _history_from_lines(lines)
         row["epochs_done"] = max((h["epoch"] for h in history), default=0)
         row["finished_at"] = _iso(exp.mtime(name, RAY_ERROR_FILE) or exp.mtime(name, RAY_RESULT_FILE))
+    # no resolved config of the trial's own: the searcher's sample only (complete_configs fills the rest)
+    row["_partial"] = not (ours is not None and (ours.get("info") or {}).get("config"))
     config = dict(config or {})
     # why the trial ran (aggregate.ROLES): the trial's own record, else the config the searcher gave it
     role = config.pop("role", None)
@@ -360,6 +363,48 @@ def final_trials(rows: pd.DataFrame, objectives: list[dict]) -> pd.DataFrame:
     return trials
 
 
+def saved_fixed(exp: _Dir) -> dict:
+    """The fixed keys of the experiment's ``search_space.json`` ({} without one; a damaged one is the error
+    ``load_objectives`` raises first)."""
+    from ..integrity import read_json_file
+    from ..schema import SPACE_FILE
+    spec = read_json_file(exp, SPACE_FILE, "the search space the search saved (JSON)")
+    fixed = spec.get("fixed") if isinstance(spec, dict) else None
+    return dict(fixed) if isinstance(fixed, dict) else {}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """One config value as a searcher sampled it and as the trial resolved it (16 and 16.0 alike)."""
+    numbers = (int, float, np.integer, np.floating)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+def complete_configs(rows: list[dict], fixed: dict) -> list[dict]:
+    """The config columns of trials that never recorded their resolved config (stopped by a signal before
+    their result, failed for good, or never started): Ray kept only the searcher's sample, so such a row lacked
+    the space's fixed keys and every default, hashed as a configuration of its own, and the tables showed
+    a made-up one ("σ=?" beside the real baseline). Each gets the fixed keys under its sample, then the
+    resolved config of a finished trial that agrees with all of them (the same sample of the same space
+    resolves the same way; the seed and how it ran stay its own); without one, the fixed keys alone."""
+    done = [r for r in rows if not r.get("_partial")]
+    out = []
+    for row in rows:
+        if not row.pop("_partial", False):
+            out.append(row)
+            continue
+        own = {k: v for k, v in row.items() if k.startswith("config.")}
+        config = {**{f"config.{k}": v for k, v in fixed.items()}, **own}
+        compared = [k for k in config if k != "config.seed" and k[len("config."):] not in EXECUTION_KEYS]
+        twin = next((d for d in done if all(k in d and _same(d[k], config[k]) for k in compared)), None)
+        if twin is not None:
+            config = {**{k: v for k, v in twin.items() if k.startswith("config.")}, **{
+                k: v for k, v in config.items() if k == "config.seed" or k[len("config."):] in EXECUTION_KEYS}}
+        out.append({**{k: v for k, v in row.items() if not k.startswith("config.")}, **config})
+    return out
+
+
 def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The trials and epochs DataFrames of an experiment folder (nothing written); the trials table as it is
     written (``final_trials``)."""
@@ -399,13 +444,14 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
             continue
         # created by Tune but never started (no folder): still a row, as an error
         row = {"experiment": experiment, "trial_id": t["trial_id"], "trial_dir": t["dir"], "status": "error",
-               "error": f"not run: the search stopped while the trial was {str(t['status']).lower()}"}
+               "error": f"not run: the search stopped while the trial was {str(t['status']).lower()}",
+               "_partial": True}
         config = dict(t["config"])
         row["role"] = str(config.pop("role", None) or "search")
         row.update({f"config.{k}": v for k, v in config.items()})
         rows.append(mark_interrupted(row, interrupted))
 
-    trials = final_trials(pd.DataFrame(rows), objectives)
+    trials = final_trials(pd.DataFrame(complete_configs(rows, saved_fixed(exp))), objectives)
 
     epochs = pd.DataFrame(epoch_rows)
     for c in EPOCH_COLUMNS:
