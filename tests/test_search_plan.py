@@ -485,8 +485,29 @@ def test_an_address_where_nothing_answers_is_refused_before_ray_starts(fake_mach
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         run.check_address(f"127.0.0.1:{listening.getsockname()[1]}", timeout_s=2)
-    run.check_address("ray://somewhere:10001")   # left to Ray
     run.check_address(None)
+
+
+@pytest.mark.parametrize("address, says", [
+    ("nonsense", "is not an address Ray can connect to"), ("localhost", "is not an address"),
+    ("127.0.0.1:abc", "is not an address"), (":6379", "is not an address"), ("10.0.0.1:99999", "is not an address"),
+    ("http://127.0.0.1:8265", "is the dashboard's"), ("gcs://x:1", "unknown scheme gcs://")])
+def test_an_address_ray_cannot_use_is_one_message_not_a_traceback(fake_machine, address, says):
+    """Each of these was a traceback out of ray.init (2026-12-06 audit); the dashboard's URL is one line above
+    `--address auto` in the README."""
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    with pytest.raises(SearchError, match=re.escape(f"--address {address}") + ".*" + re.escape(says)):
+        run.search_command(search_args(demo, "--address", address))
+
+
+def test_a_ray_client_address_needs_the_client(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real(name, *a))
+    with pytest.raises(SearchError, match=r"needs `pip install 'ray\[client\]'`"):
+        run.check_address("ray://somewhere:10001")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    run.check_address("ray://somewhere:10001")   # with the client: left to Ray
 
 
 def test_a_gpu_request_on_a_cluster_without_gpus_says_what_it_waits_for():

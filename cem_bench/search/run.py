@@ -521,6 +521,34 @@ def cluster_gpu_note(address: str, resources: dict, cluster_gpus: float) -> str 
             f"give --gpus-per-trial 0")
 
 
+ADDRESS_FORMS = "auto or the head's HOST:PORT (its GCS port, 6379 unless `ray start --port` said otherwise)"
+
+
+def address_form(address: str) -> None:
+    """SearchError for an ``--address`` that is neither ``auto``, ``HOST:PORT`` nor a Ray Client ``ray://``
+    URI this installation can use: Ray's own errors for them were tracebacks (``Invalid address format``,
+    ``invalid literal for int()``, ``Ray Client requires ray[client]``). The dashboard's ``http://…:8265``,
+    the README's line above ``--address auto``, is the job API's address, not the cluster's."""
+    import importlib.util
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme in ("http", "https"):
+        raise SearchError(f"--address {address} is the dashboard's (the job API's: `ray job submit --address "
+                          f"{address} -- cem-bench search ... --address auto`), not the cluster's; give {ADDRESS_FORMS}")
+    if sep and scheme == "ray":
+        if importlib.util.find_spec("grpc") is None:
+            raise SearchError(f"--address {address}: a Ray Client address needs `pip install 'ray[client]'`, not "
+                              f"installed here; or submit the search as a job on the cluster (`ray job submit`, "
+                              f"docs/cluster.md) with --address auto")
+        return
+    if sep:
+        raise SearchError(f"--address {address}: unknown scheme {scheme}://; give {ADDRESS_FORMS}")
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SearchError(f"--address {address} is not an address Ray can connect to; give {ADDRESS_FORMS}")
+
+
 def check_address(address: str | None, timeout_s: float = 5.0) -> None:
     """SearchError, before Ray starts, when the cluster of ``--address HOST:PORT`` (or the one ``auto`` finds:
     ``RAY_ADDRESS``, else the address ``ray start`` last recorded on this machine) does not answer within
@@ -528,7 +556,10 @@ def check_address(address: str | None, timeout_s: float = 5.0) -> None:
     address would hang the command for minutes before its error. Addresses it cannot resolve to
     HOST:PORT (``ray://``, nothing recorded) are left to Ray, whose errors for them are immediate."""
     import socket
-    if not address or "://" in address:
+    if not address:
+        return
+    address_form(address)
+    if "://" in address:
         return
     target = address
     if address == "auto":
