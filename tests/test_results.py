@@ -263,7 +263,8 @@ def test_a_trial_without_its_own_config_gets_the_space_s_fixed_keys_and_its_twin
         make_trial(exp, f"base000{i}", i + 1, r)
     make_trial(exp, "base0002", 3, None, lines=[{"trial_id": "base0002", **hist(1)[0]}],
                params={"cem.lambd": 0, "seed": 2, "role": "baseline"})
-    make_trial(exp, "lone0003", 4, None, lines=[{"trial_id": "lone0003", **hist(1)[0]}], params={"cem.lambd": 3, "seed": 0, "role": "search"})
+    make_trial(exp, "lone0003", 4, None, lines=[{"trial_id": "lone0003", **hist(1)[0]}],
+               params={"cem.lambd": 3, "seed": 0, "role": "search"})
     trials, _ = results.build_tables(exp)
     t = trials.set_index("trial_id")
     assert t.loc["base0002", "config_id"] == t.loc["base0000", "config_id"] == t.loc["base0001", "config_id"]

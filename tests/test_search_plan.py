@@ -526,3 +526,18 @@ def test_a_cluster_search_into_a_local_folder_says_every_node_must_share_it(fake
         with pytest.raises(Started):
             run.search_command(search_args(demo, "--address", f"127.0.0.1:{head.getsockname()[1]}"))
     assert "with --address every node writes there" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("setting", ["train.device=cuda", "train.device=cuda:1"])
+def test_a_device_this_machine_lacks_stops_a_local_search_before_ray(fake_machine, monkeypatch, tmp_path, setting):
+    """Every trial failed with train's own ConfigError, the search ran to its end on errors, and the name was
+    used up (2026-12-06 audit): now one SearchError before Ray and before the folder; a cluster's nodes are
+    their own (not checked)."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    with pytest.raises(SearchError, match=re.escape(f"{setting.replace('=', '=' + chr(39))}'") + ", but this machine"):
+        run.search_command(search_args(demo, "--set", setting, "--storage", str(tmp_path / "s")))
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(Started):
+        run.search_command(search_args(demo, "--set", "train.device=auto", "--storage", str(tmp_path / "s")))

@@ -342,6 +342,23 @@ def check_data(spec) -> None:
             check_available(str(name), str(root))
 
 
+def check_device(spec) -> None:
+    """SearchError (nothing started, nothing written) where a local search's trials name a device this machine
+    lacks (``train.device: cuda`` or ``cuda:N`` without CUDA): every trial failed on its own with the
+    ConfigError ``train`` gives before any work, and the experiment's name was used up by a search of errors."""
+    import torch
+
+    from ..config import key_specs
+    default = key_specs()["train.device"].default
+    p = next((p for p in spec.params if p.key == "train.device"), None)
+    names = list(p.choices) if p is not None and p.choices is not None else [spec.fixed.get("train.device", default)]
+    for name in dict.fromkeys(str(n) for n in names):
+        if name.startswith("cuda") and not torch.cuda.is_available():
+            raise SearchError(f"train.device={name!r}, but this machine has no CUDA device, and a local "
+                              f"search's trials run here; set train.device=auto (the trial's GPU where it is given "
+                              f"one, else the CPU) or cpu, or search on a cluster that has one (--address)")
+
+
 def check_storage(storage: str) -> None:
     """SearchError unless ``storage`` is a folder (or can become one): nothing is started or written."""
     if is_uri(storage) and not storage.startswith("file://"):
@@ -640,6 +657,7 @@ def search_command(args) -> dict:
         check_storage(resolve_storage(args.storage))
     if args.address is None:
         check_data(spec)
+        check_device(spec)
     elif not is_uri(resolve_storage(args.storage)) or resolve_storage(args.storage).startswith("file://"):
         # a worker node writes its trials' results and checkpoints to this path on its own disk: Ray's storage
         # check then fails every trial there, retried until max_failures, and each ends an error row
