@@ -163,6 +163,15 @@ def _path(text: str) -> str:
     return text if is_uri(text) else os.path.expanduser(text)
 
 
+def _threads(text: str) -> int:
+    """argparse type of ``--threads``: a whole number from 1 to this machine's cores (99999 ended in a
+    traceback from a library mapping a buffer per thread)."""
+    n, cores = _positive_int(text), os.cpu_count() or 1
+    if n > cores:
+        raise argparse.ArgumentTypeError(f"{n} threads, but this machine has {cores} cores; give 1 to {cores}")
+    return n
+
+
 def _positive_int(text: str) -> int:
     """argparse type: a whole number >= 1 (argparse's own message names the option and the value)."""
     try:
@@ -250,6 +259,10 @@ def cmd_calibrate(args) -> int:
         flat.update(load_yaml_config(args.config))
     flat.update(parse_set(args.set))
     build_config(flat)   # a bad key is reported before the reference run trains
+    twice = sorted({s for s in args.seeds or [] if args.seeds.count(s) > 1})
+    if twice:   # one reference state per seed: a repeat is the same measurement counted twice in the medians
+        raise ConfigError(f"--seeds: {', '.join(map(str, twice))} given more than once; give distinct seeds, one "
+                          f"reference state each. Nothing was measured")
     check_out_file("--json", args.json, "Nothing was measured")
     check_out_file("--yaml", args.yaml, "Nothing was measured")
     surrogates = args.surrogates or None
@@ -396,7 +409,7 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", type=_path, help="YAML file of config keys (flat dotted or nested sections)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)")
     t.add_argument("--out", type=_path, help="output folder (default results/runs/<time>)")
-    t.add_argument("--threads", type=_positive_int, metavar="N", help="torch threads (default: torch's, one per "
+    t.add_argument("--threads", type=_threads, metavar="N", help="torch threads (default: torch's, one per "
                    "core; two runs at once on a small CPU each want fewer, as a search's trials get "
                    "resources.cpu); recorded in metrics.json as torch_threads")
     t.set_defaults(func=cmd_train)
@@ -406,7 +419,7 @@ def make_parser() -> argparse.ArgumentParser:
     a.add_argument("run_dir", type=_path, help="the --out folder of `cem-bench train`, or a search trial's folder (its encoder "
                    "from its latest checkpoint, which is the one it attacked)")
     a.add_argument("--set", action="append", default=[], metavar="attack.KEY=VALUE")
-    a.add_argument("--threads", type=_positive_int, metavar="N", help="torch threads (default: the run's own, "
+    a.add_argument("--threads", type=_threads, metavar="N", help="torch threads (default: the run's own, "
                    "as its result records them, so that a re-attack on the CPU repeats the trial's arithmetic)")
     a.set_defaults(func=cmd_attack)
 

@@ -98,11 +98,13 @@ def test_table_command(tmp_path, capsys):
     err = capsys.readouterr().err
     # the user's word is named, and the table is not blamed (its advice would delete a good configs.parquet)
     assert "--metrics nope: not in the results" in err and "known: test_acc" in err and "delete" not in err
+    assert main(["table", str(tmp_path), "--metrics", "test_acc", "test_acc"]) == 0   # once, not twice
+    assert capsys.readouterr().out.count("**test_acc**") == 1
     assert main(["table", str(tmp_path / "missing")]) == 2
     assert "missing: no such folder" in capsys.readouterr().err
     (tmp_path / "a_file").write_text("x")
     assert main(["table", str(tmp_path / "a_file")]) == 2
-    assert "a_file: no such folder" in capsys.readouterr().err
+    assert "a_file is a file, not a folder" in capsys.readouterr().err
 
 
 def test_the_baseline_is_its_own_row_and_each_configuration_meets_its_own():

@@ -453,3 +453,16 @@ def test_a_search_whose_report_cannot_even_import_says_how_to_build_it(tmp_path,
     assert cli.cmd_search(SimpleNamespace(storage=str(tmp_path))) == 0
     err = capsys.readouterr().err
     assert "the report could not be built (ModuleNotFoundError: " in err and f"`cem-bench report {tmp_path}`" in err
+
+
+def test_repeated_calibration_seeds_and_more_threads_than_cores_are_refused(monkeypatch, capsys):
+    """`calibrate --seeds 1 1` measured one state twice and called it the median of 2 seeds; `--threads 99999`
+    ended in a library's traceback."""
+    from cem_bench import calibrate
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: pytest.fail("measured"))
+    assert main(["calibrate", "--seeds", "1", "2", "1", "--set", "model.width=0.0625"]) == 2
+    assert "--seeds: 1 given more than once" in capsys.readouterr().err
+    for command in (["train"], ["attack", "somewhere"]):
+        with pytest.raises(SystemExit) as e:
+            main([*command, "--threads", str((os.cpu_count() or 1) + 1)])
+        assert e.value.code == 2 and "cores; give 1 to" in capsys.readouterr().err

@@ -47,7 +47,8 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
     if trials is None and configs is not None:   # nothing to rebuild from: shown, but its verdicts not marked
         return configs.drop(columns=[c for c in configs.columns if c.endswith("_q")])
     if trials is None and not d.is_dir():
-        raise ResultsError(f"{d.display}: no such folder; give the experiment folder of a `cem-bench search`")
+        what = " is a file, not a folder" if d.kind() == "file" else ": no such folder"
+        raise ResultsError(f"{d.display}{what}; give the experiment folder of a `cem-bench search`")
     if trials is None:
         raise ResultsError(f"{d.display}: neither {CONFIGS_FILE} nor {TRIALS_FILE}; run `cem-bench report` on an "
                            f"experiment folder of `cem-bench search` first, or point at one")
@@ -263,7 +264,7 @@ def main(args) -> int:
         raise ResultsError(f"{args.results_dir}: no trial has a final result yet ({int(configs['runs'].sum())} "
                            f"run(s) of {len(configs)} configuration(s)), so there is nothing to tabulate; "
                            f"`cem-bench report {args.results_dir}` lists the trials and their errors")
-    metrics = args.metrics or [m for m in DEFAULT_METRICS if f"{m}_mean" in configs]
+    metrics = list(dict.fromkeys(args.metrics or [])) or [m for m in DEFAULT_METRICS if f"{m}_mean" in configs]
     unknown = [m for m in metrics if f"{m}_mean" not in configs]
     if unknown:     # the user's word, not the table's fault: said before the check of the table below
         raise ResultsError(f"--metrics {' '.join(unknown)}: not in the results of {args.results_dir}; known: "

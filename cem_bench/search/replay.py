@@ -167,7 +167,8 @@ def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
     from ..storage import Dir
     d = Dir(results_dir)
     if not d.is_dir():
-        raise ResultsError(f"{results_dir}: no such folder; give the experiment folder of a `cem-bench search`")
+        what = " is a file, not a folder" if d.kind() == "file" else ": no such folder"
+        raise ResultsError(f"{results_dir}{what}; give the experiment folder of a `cem-bench search`")
     trials, epochs = read_table(d, TRIALS_FILE, "trials"), read_table(d, EPOCHS_FILE, "epochs")
     if trials is None or epochs is None:
         trials, epochs = build_tables(results_dir)
