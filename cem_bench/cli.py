@@ -536,16 +536,26 @@ def _dispatch(args) -> int:
         print(f"cem-bench: the trial diverged: {e}", file=sys.stderr)
         return 2
     except Terminated:
-        print("cem-bench: terminated (SIGTERM)", file=sys.stderr)
+        print(f"cem-bench: terminated (SIGTERM){_unsaved(args)}", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
-        print("cem-bench: interrupted", file=sys.stderr)
+        print(f"cem-bench: interrupted{_unsaved(args)}", file=sys.stderr)
         return 130
     except BrokenPipeError:   # `cem-bench table DIR | head`
         return 0
     except OSError as e:   # a file or folder the command writes or reads: one line, not a traceback
         print(f"cem-bench: {os_error_message(e)}", file=sys.stderr)
         return 2
+
+
+def _unsaved(args) -> str:
+    """What a stopped ``train`` or ``attack`` leaves: nothing (each writes its folder when it ends), said so
+    that the epochs done are not looked for; a search says its own (its --resume line)."""
+    if args.func is cmd_train:
+        return ": nothing was saved (`train` writes its --out folder when the run ends); run it again"
+    if args.func is cmd_attack:
+        return ": no attack folder was written; the run is unchanged"
+    return ""
 
 
 def os_error_message(e: OSError) -> str:

@@ -429,6 +429,10 @@ def load_yaml_config(path: str) -> dict[str, Any]:
                           f"train.epochs: 10, or leave --config out to run the defaults")
     if not isinstance(doc, dict):
         raise ConfigError(f"config file {path!r} must hold a mapping of keys to values")
+    space = sorted(k for k in ("objectives", "params", "fixed", "sampler", "num_samples") if k in doc)
+    if len(space) >= 2:   # each of a search space's sections would be listed as an unknown key
+        raise ConfigError(f"config file {path!r} is a search space ({', '.join(space)}), not config keys: run it "
+                          f"with `cem-bench search {path}`, or give --config a file of keys (`cem-bench keys`)")
     return flatten(doc)
 
 

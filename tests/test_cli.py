@@ -466,3 +466,29 @@ def test_repeated_calibration_seeds_and_more_threads_than_cores_are_refused(monk
         with pytest.raises(SystemExit) as e:
             main([*command, "--threads", str((os.cpu_count() or 1) + 1)])
         assert e.value.code == 2 and "cores; give 1 to" in capsys.readouterr().err
+
+
+def test_attacking_a_trial_that_did_not_finish_says_so(tmp_path, capsys):
+    """A search trial's folder with Ray's files and a checkpoint but no trial_result.json (interrupted): it
+    said "checkpoint.pt does not exist", the file of a `train --out` folder."""
+    trial = tmp_path / "cem_trial_ab12_1_x"
+    (trial / "checkpoint_000001").mkdir(parents=True)
+    (trial / "params.json").write_text("{}")
+    assert main(["attack", str(trial)]) == 2
+    err = capsys.readouterr().err
+    assert "is a search trial that did not finish (no trial_result.json)" in err and "--resume" in err, err
+
+
+def test_a_stopped_train_says_nothing_was_saved(tmp_path, monkeypatch, capsys):
+    from cem_bench.core import trial
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(trial, "run_trial", stopped)
+    assert main(["train", *_sets(TINY), "--out", str(tmp_path / "run")]) == 130
+    assert "interrupted: nothing was saved" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_a_search_space_given_as_config_says_what_it_is(capsys):
+    assert main(["train", "--config", SPACE]) == 2
+    assert "is a search space (fixed, num_samples, objectives, params, sampler)" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import torch
 from ..errors import ResultsError
 from ..integrity import read_recorded, write_recorded
 from ..parsing import loads_json
-from ..schema import CHECKPOINT_DIR, CHECKPOINT_FILE, RESULT_FILE, STATE_FILE
+from ..schema import CHECKPOINT_DIR, CHECKPOINT_FILE, RAY_PARAMS_FILE, RESULT_FILE, STATE_FILE
 from ..storage import Dir, read_regular
 
 WHERE = ("RUN_DIR must be the --out folder of `cem-bench train` (it holds checkpoint.pt) or a search trial's "
@@ -203,4 +203,8 @@ def load_attackable(run_dir: str) -> tuple[dict, dict, str]:
     folder = Dir(run_dir)
     if folder.kind() == "dir" and not folder.exists(CHECKPOINT_FILE) and folder.exists(RESULT_FILE):
         return (*load_trial(run_dir), f"{folder.url(RESULT_FILE)} and its latest checkpoint")
+    if folder.kind() == "dir" and not folder.exists(CHECKPOINT_FILE) and folder.exists(RAY_PARAMS_FILE):
+        raise ResultsError(f"{run_dir} is a search trial that did not finish (no {RESULT_FILE}): only a finished "
+                           f"trial is attacked, with the encoder its result was measured on; `--resume` the search "
+                           f"to finish it")
     return (*load_run(run_dir), folder.url(CHECKPOINT_FILE))
