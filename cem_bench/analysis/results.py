@@ -373,12 +373,12 @@ def saved_fixed(exp: _Dir) -> dict:
     return dict(fixed) if isinstance(fixed, dict) else {}
 
 
-def _same(a: Any, b: Any) -> bool:
-    """One config value as a searcher sampled it and as the trial resolved it (16 and 16.0 alike)."""
-    numbers = (int, float, np.integer, np.floating)
-    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
-        return float(a) == float(b)
-    return a == b
+def _value_key(v: Any) -> str:
+    """One config value as a searcher sampled it and as the trial resolved it, made comparable (16 and 16.0
+    alike; a list by its JSON)."""
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)):
+        return repr(float(v))
+    return json.dumps(v, sort_keys=True, default=str)
 
 
 def complete_configs(rows: list[dict], fixed: dict) -> list[dict]:
@@ -387,8 +387,10 @@ def complete_configs(rows: list[dict], fixed: dict) -> list[dict]:
     the space's fixed keys and every default, hashed as a configuration of its own, and the tables showed
     a made-up one ("σ=?" beside the real baseline). Each gets the fixed keys under its sample, then the
     resolved config of a finished trial that agrees with all of them (the same sample of the same space
-    resolves the same way; the seed and how it ran stay its own); without one, the fixed keys alone."""
+    resolves the same way; the seed and how it ran stay its own); without one, the fixed keys alone. The
+    finished trials are indexed once per set of keys compared, not scanned per row (100,000-trial tables)."""
     done = [r for r in rows if not r.get("_partial")]
+    index: dict[tuple, dict] = {}
     out = []
     for row in rows:
         if not row.pop("_partial", False):
@@ -396,8 +398,13 @@ def complete_configs(rows: list[dict], fixed: dict) -> list[dict]:
             continue
         own = {k: v for k, v in row.items() if k.startswith("config.")}
         config = {**{f"config.{k}": v for k, v in fixed.items()}, **own}
-        compared = [k for k in config if k != "config.seed" and k[len("config."):] not in EXECUTION_KEYS]
-        twin = next((d for d in done if all(k in d and _same(d[k], config[k]) for k in compared)), None)
+        compared = tuple(sorted(k for k in config if k != "config.seed" and k[len("config."):] not in EXECUTION_KEYS))
+        if compared not in index:
+            index[compared] = {}
+            for d in reversed(done):   # the first finished trial of each sample wins
+                if all(k in d for k in compared):
+                    index[compared][tuple(_value_key(d[k]) for k in compared)] = d
+        twin = index[compared].get(tuple(_value_key(config[k]) for k in compared))
         if twin is not None:
             config = {**{k: v for k, v in twin.items() if k.startswith("config.")}, **{
                 k: v for k, v in config.items() if k == "config.seed" or k[len("config."):] in EXECUTION_KEYS}}
