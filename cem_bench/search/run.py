@@ -547,7 +547,7 @@ def address_form(address: str) -> None:
     ``invalid literal for int()``, ``Ray Client requires ray[client]``). The dashboard's ``http://…:8265``,
     the README's line above ``--address auto``, is the job API's address, not the cluster's."""
     import importlib.util
-    scheme, sep, rest = address.partition("://")
+    scheme, sep, _ = address.partition("://")
     if sep and scheme in ("http", "https"):
         raise SearchError(f"--address {address} is the dashboard's (the job API's: `ray job submit --address "
                           f"{address} -- cem-bench search ... --address auto`), not the cluster's; give {ADDRESS_FORMS}")
@@ -570,8 +570,9 @@ def check_address(address: str | None, timeout_s: float = 5.0) -> None:
     """SearchError, before Ray starts, when the cluster of ``--address HOST:PORT`` (or the one ``auto`` finds:
     ``RAY_ADDRESS``, else the address ``ray start`` last recorded on this machine) does not answer within
     ``timeout_s``. ``ray.init`` retries a dead address about 20 times, some 40 s each, so a stale recorded
-    address would hang the command for minutes before its error. Addresses it cannot resolve to
-    HOST:PORT (``ray://``, nothing recorded) are left to Ray, whose errors for them are immediate."""
+    address would hang the command for minutes before its error. An address of no form Ray takes is refused
+    first (``address_form``); a ``ray://`` one, and ``auto`` with nothing recorded, are left to Ray, whose errors
+    for them are immediate."""
     import socket
     if not address:
         return
