@@ -349,12 +349,16 @@ def test_normalisation_constants_are_those_of_the_training_data():
 @pytest.mark.parametrize("dataset", ["digits", "photos"])
 def test_a_tiny_train_runs_on_each(dataset, tmp_path, capsys):
     out = tmp_path / "run"
-    flat = {**TINY, "data.dataset": dataset, "train.epochs": 1, "attack.rmle_iterations": 3}
+    # digits' test split has 360 images: a test_size above it takes them all, and the run records what it used
+    flat = {**TINY, "data.dataset": dataset, "train.epochs": 1, "attack.rmle_iterations": 3, "data.test_size": 400}
     sets = [a for k, v in flat.items() for a in ("--set", f"{k}={v}")]
     assert main(["train", *sets, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert dataset in printed and "epoch   1" in printed
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["info"]["config"]["data.dataset"] == dataset
+    images = metrics["info"]["images"]
+    assert images["train"] == 256 and images["test"] == (360 if dataset == "digits" else 400), images
+    assert images["attack_aux"] + images["attack_eval"] == images["test"]    # the inference protocol's cut
     for k in ("test_acc", "attack_ssim"):
         assert math.isfinite(metrics[k]), k
