@@ -131,13 +131,20 @@ DEFAULT_OBJECTIVES: tuple[dict, ...] = (
 MODES = ("max", "min")
 
 
+ACCURACY_METRICS = ("test_acc", "test_acc_clean")
+
+
 def objective_problems(objectives: Sequence[dict]) -> list[tuple[int, str]]:
     """What makes a list of objectives unreadable by the report, as (index, message): an attack metric as the
-    first objective (the report's utility axis) or one whose mode is not its "more private" direction (the
-    report would call the less private configurations more private)."""
+    first objective (the report's utility axis), one whose mode is not its "more private" direction (the
+    report would call the less private configurations more private), or an accuracy minimised."""
     out = []
     for i, o in enumerate(objectives):
         metric, mode = o.get("metric"), o.get("mode")
+        if metric in ACCURACY_METRICS and mode in MODES and mode != "max":
+            # minimised, the search looked for the worst classifier and the front began at chance accuracy
+            out.append((i, f"{metric} is better when higher: its mode is max, not {mode}"))
+            continue
         want = privacy_mode(metric) if isinstance(metric, str) else None
         if want is None:
             continue

@@ -352,6 +352,9 @@ def test_objectives_the_report_would_read_backwards_are_refused(tmp_path):
     with pytest.raises(Exception, match="more private when lower: its mode is min, not max"):
         parse_space({**doc, "objectives": [OBJ[0], {"metric": "attack_ssim", "mode": "max"}]})
     parse_space({**doc, "objectives": [OBJ[0], {"metric": "attack_mse", "mode": "max"}]})
+    # accuracy minimised: the search looked for the worst classifier (accepted until 2026-12-06)
+    with pytest.raises(Exception, match="test_acc is better when higher: its mode is max, not min"):
+        parse_space({**doc, "objectives": [{"metric": "test_acc", "mode": "min"}, OBJ[1]]})
     _trials(0.0, 0.002).to_parquet(tmp_path / "trials.parquet")
     (tmp_path / "search_space.json").write_text(json.dumps({"name": "t", "objectives": [OBJ[1], OBJ[0]]}))
     with pytest.raises(Exception, match="first objective is the utility axis"):

@@ -92,7 +92,8 @@ def test_run_trial_reports_every_objective_key_each_epoch():
 
 def test_run_trial_resumes_from_a_saved_state():
     states = []
-    run_trial({**TINY, "train.epochs": 1}, lambda rec, final, state_fn=None: states.append(state_fn()) if final else None)
+    run_trial({**TINY, "train.epochs": 1, "cem.warmup_epochs": 0},
+              lambda rec, final, state_fn=None: states.append(state_fn()) if final else None)
     recs = []
     res = run_trial({**TINY, "train.epochs": 2}, lambda rec, final, **kw: recs.append(rec), resume_state=states[-1])
     assert [r["epoch"] for r in recs[:-1]] == [2] and res["epochs_done"] == 2
@@ -221,7 +222,7 @@ def test_missing_dataset_writes_nothing(tmp_path, capsys):
 @pytest.mark.slow
 def test_diverged_training_is_one_clear_message(tmp_path, capsys):
     out = tmp_path / "run"
-    flat = {**TINY, "train.lr": 1e12, "train.weight_decay": 0, "train.epochs": 1}
+    flat = {**TINY, "train.lr": 1e12, "train.weight_decay": 0, "train.epochs": 1, "cem.warmup_epochs": 0}
     assert main(["train", *_sets(flat), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "the trial diverged" in err and "Traceback" not in err and not out.exists()
@@ -231,7 +232,7 @@ def test_unavailable_cuda_is_a_configuration_error(capsys):
     import torch
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    assert main(["train", "--set", "train.device=cuda", "--set", "train.epochs=1"]) == 2
+    assert main(["train", "--set", "train.device=cuda", "--set", "train.epochs=2"]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
 
 

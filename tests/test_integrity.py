@@ -33,7 +33,8 @@ from cem_bench.core import checkpoint
 from cem_bench.errors import ResultsError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "format1"
-TINY_TRAIN = ["--set", "model.width=0.0625", "--set", "train.epochs=1", "--set", "data.train_size=128",
+TINY_TRAIN = ["--set", "model.width=0.0625", "--set", "train.epochs=1", "--set", "cem.warmup_epochs=0",
+              "--set", "data.train_size=128",
               "--set", "data.test_size=100", "--set", "attack.names=[rmle]", "--set", "attack.rmle_iterations=2",
               "--set", "train.device=cpu", "--set", "train.batch_size=64"]
 ATTACK_FAST = ["--set", "attack.names=[rmle]", "--set", "attack.rmle_iterations=1"]
@@ -425,7 +426,8 @@ def test_the_reported_inputs_are_one_message_each(saved_run, tmp_path):
     # --storage naming an existing file: refused before Ray starts
     afile = tmp_path / "afile"
     afile.write_text("x")
-    rc, err = run_cli(["search", str(FIXTURES / "space.yaml"), "--storage", str(afile)])
+    rc, err = run_cli(["search", str(FIXTURES / "space.yaml"), "--storage", str(afile), "--set",
+                       "cem.warmup_epochs=1"])
     assert_clean_error(rc, err)
     assert f"{afile} is a file, not a folder" in err, err
 
@@ -444,7 +446,8 @@ def test_out_of_space_is_recognised_through_chains_and_pyarrow_text():
 def test_the_free_space_warning_estimates_the_checkpoints(tmp_path, monkeypatch):
     from cem_bench.search import diskspace
     from cem_bench.spaces import load_space
-    spec = load_space(str(FIXTURES / "space.yaml"))
+    # the fixture's slot_cross ran 2 epochs inside its 3-epoch warm-up (CEM never on): refused today unless shorter
+    spec = load_space(str(FIXTURES / "space.yaml"), {"fixed": {"cem.warmup_epochs": 1}})
     total, per_ckpt = diskspace.estimate_bytes(spec)
     # the fixture's saved checkpoint (same model, one epoch) is the size the estimate stands for
     real = (FIXTURES / "run" / schema.CHECKPOINT_FILE).stat().st_size

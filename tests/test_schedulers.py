@@ -129,7 +129,7 @@ def test_moasha_option_errors_name_the_valid_ones():
     assert errors_of(space({"name": "moasha", "grace": 2})) == [
         "scheduler.grace: unknown option of scheduler 'moasha'; known: grace_epochs, reduction_factor"]
     assert errors_of(space({"name": "moasha", "reduction_factor": True})) == [
-        "scheduler.reduction_factor: True must be a number > 1 (a rung keeps 1/η of its trials)"]
+        "scheduler.reduction_factor: True must be a finite number > 1 (a rung keeps 1/η of its trials)"]
     errs = errors_of(space(["moasha"]))
     assert errs == ["scheduler: ['moasha'] must be a mapping such as {name: fifo} or {name: moasha, grace_epochs: 2, "
                     "reduction_factor: 3}, or a bare name (known: fifo, moasha)"]

@@ -46,7 +46,9 @@ def write_space(folder: Path, name: str, *, num_samples: int | None = 2, max_con
         "max_concurrent": max_concurrent,
         "max_failures": max_failures,
         "resources": {"cpu": cpu, "gpu": gpu},
-        "fixed": {**TINY, **(fixed or {})},
+        # every surrogate's CEM loss active from epoch 2 of the tiny runs (gated_attention waits 5 by default, and a
+        # run whose warm-up is all of it is refused: surrogates.never_active)
+        "fixed": {**TINY, "cem.warmup_epochs": 1, **(fixed or {})},
         "params": params or {"cem.lambd": {"loguniform": [1, 32]}},
         # the noise floor and the confirmation add trials; tests that are about them turn them on
         "baseline": False,

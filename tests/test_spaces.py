@@ -285,7 +285,7 @@ def test_cycle_and_required_fields():
 
 def test_sampler_options_checked():
     text = "\n".join(errors_of(minimal(sampler={"name": "tpe", "seed": "zero", "population_size": 10})))
-    assert "sampler.seed: 'zero' must be an integer or empty" in text
+    assert "sampler.seed: 'zero' must be an integer from 0 to 2**32 - 1, or empty" in text
     assert "sampler.population_size: unknown option of sampler 'tpe'" in text
 
 
@@ -402,10 +402,10 @@ def test_overrides():
     path = os.path.join(ROOT, "search_spaces", "demo.yaml")
     spec = load_space(path, {"name": "demo_quick", "num_samples": "3", "max_concurrent": 1,
                              "resources.gpu": 0.5, "resources.cpu": None, "sampler.seed": 7,
-                             "fixed": {"train.epochs": 1, "cem.surrogate": "slot_cross"}})
+                             "fixed": {"train.epochs": 4, "cem.surrogate": "slot_cross"}})
     assert spec.name == "demo_quick" and spec.num_samples == 3 and spec.max_concurrent == 1
     assert spec.resources == {"cpu": 1.0, "gpu": 0.5} and spec.sampler["seed"] == 7
-    assert spec.fixed["train.epochs"] == 1 and spec.fixed["cem.surrogate"] == "slot_cross"
+    assert spec.fixed["train.epochs"] == 4 and spec.fixed["cem.surrogate"] == "slot_cross"
     keys = {p.key: p for p in spec.params}
     # the pinned key leaves the search; conditions on it are resolved against the fixed value
     assert "cem.surrogate" not in keys and "cem.num_clusters" not in keys
@@ -578,7 +578,7 @@ def test_a_scheduler_sets_the_probe_at_its_rungs():
     ({"fixed": {"train.epochs": 2}}, "must be below train.epochs (2)"),
     ({"fixed": {"train.epochs": 20, "attack.probe_epochs": [2, 5]}}, "misses the scheduler's rung epochs [6, 18]"),
     ({"scheduler": {"name": "hyperband"}}, "known: fifo, moasha"),
-    ({"scheduler": {"name": "moasha", "reduction_factor": 1}}, "must be a number > 1"),
+    ({"scheduler": {"name": "moasha", "reduction_factor": 1}}, "must be a finite number > 1"),
     ({"scheduler": {"name": "moasha", "grace_epochs": 0}}, "must be an integer >= 1"),
 ])
 def test_a_scheduler_without_a_sound_meaning_is_refused(changes, fragment):
@@ -591,3 +591,43 @@ def test_a_scheduler_without_a_sound_meaning_is_refused(changes, fragment):
         doc.pop("num_samples")
     errors = errors_of(doc)
     assert any(fragment in e for e in errors), errors
+
+
+def test_a_metric_of_an_attack_the_trials_do_not_run_is_refused():
+    """An objective on attack_ssim__rmle with attack.names [decoder] ran a whole search with nothing ranked
+    (hypervolume 0, no line saying why); a hypothesis on it was "not tested" but counted in the family."""
+    objectives = [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim__rmle", "mode": "min"}]
+    doc = {"name": "t", "num_samples": 2, "params": {"cem.lambd": {"choice": [8, 16]}}, "objectives": objectives}
+    with pytest.raises(SpaceError, match=r"objectives\[1\]\.metric: 'attack_ssim__rmle' is measured by attack "
+                                         r"'rmle', which the trials do not run \(attack.names \['decoder'\]\)"):
+        parse_space({**doc, "fixed": {"attack.names": ["decoder"]}})
+    parse_space(doc)                                                                 # the default runs both
+    grid = {"name": "g", "sampler": {"name": "grid"}, "replicates": 3, "fixed": {"attack.names": ["decoder"]},
+            "params": {"cem.lambd": {"choice": [8, 16]}}, "objectives": [objectives[0], {"metric": "attack_ssim",
+                                                                                          "mode": "min"}],
+            "hypotheses": {"tests": [{"name": "h1", "metric": "attack_ssim__rmle", "a": {"cem.lambd": 16},
+                                      "b": {"cem.lambd": 8}, "a_is": "lower"}]}}
+    with pytest.raises(SpaceError, match=r"hypotheses\.tests\[0\]\.metric: 'attack_ssim__rmle' is measured by attack"):
+        parse_space(grid)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"sampler": {"name": "tpe", "seed": -5}}, "sampler.seed: -5 must be an integer from 0 to 2**32 - 1"),
+    ({"sampler": {"name": "nsga2", "seed": 2 ** 32}}, "sampler.seed: 4294967296 must be an integer from 0"),
+    ({"sampler": {"name": "grid", "seed": 1}}, "unknown option of sampler 'grid'; it takes no options"),
+    ({"scheduler": {"name": "moasha", "reduction_factor": float("inf")}}, "inf must be a finite number > 1"),
+    ({"resources": {"cpu": 0.00001}}, "resources.cpu: 1e-05 must be > 0 (CPUs per trial, 0.0001 or more"),
+    ({"objectives": [{"metric": "test_acc", "mode": "min"}, {"metric": "attack_ssim", "mode": "min"}]},
+     "test_acc is better when higher: its mode is max, not min"),
+    ({"fixed": {"train.epochs": 3, "cem.surrogate": "gated_attention"}},
+     "cem.warmup_epochs: 5 (surrogate 'gated_attention') is not below train.epochs 3, so the CEM loss would never"),
+])
+def test_space_values_that_failed_later_or_silently_are_refused(extra, says):
+    """Each was a traceback after Ray started (a seed of -5, η = inf, 1e-05 CPUs), a search for the worst
+    classifier, or λ > 0 runs whose every epoch was a warm-up one (a λ = 0 run labelled "λ 16"): 2026-12-06."""
+    doc = {"name": "t", "num_samples": 2, "params": {"cem.lambd": {"choice": [8, 16]}},
+           "objectives": [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}]}
+    with pytest.raises(SpaceError) as e:
+        parse_space({**doc, **extra})
+    assert says in str(e.value), str(e.value)
+    parse_space({**doc, "fixed": {"train.epochs": 3, "cem.surrogate": "gated_attention", "cem.warmup_epochs": 2}})

@@ -212,7 +212,7 @@ def test_a_trial_at_chance_skips_the_attack_and_says_why(monkeypatch, tmp_path):
     monkeypatch.setattr(trainer.Trainer, "evaluate", _evaluate_at(0.1))   # 10 classes: chance
     monkeypatch.setattr(attacks, "build", no_attack)
     finals = []
-    gated = {**TINY, "train.epochs": 1, "attack.min_accuracy_margin": 0.05}     # the default gate
+    gated = {**TINY, "train.epochs": 1, "cem.warmup_epochs": 0, "attack.min_accuracy_margin": 0.05}     # the default gate
     res = run_trial(gated, lambda rec, final, **kw: finals.append(rec) if final else None,
                     out_dir=str(tmp_path))
     assert res["attack_skipped"] == ("test accuracy 0.100 is within 0.05 of chance (0.100): the encoder carries "
@@ -226,7 +226,7 @@ def test_a_trial_at_chance_skips_the_attack_and_says_why(monkeypatch, tmp_path):
     assert res["info"]["config"]["attack.min_accuracy_margin"] == 0.05
 
     monkeypatch.setattr(trainer.Trainer, "evaluate", _evaluate_at(0.04))
-    below = run_trial({**TINY, "train.epochs": 1, "attack.min_accuracy_margin": 0.2})
+    below = run_trial({**TINY, "train.epochs": 1, "cem.warmup_epochs": 0, "attack.min_accuracy_margin": 0.2})
     assert below["attack_skipped"].startswith("test accuracy 0.040 is below chance (0.100)")
 
 
@@ -238,7 +238,8 @@ def test_the_attack_runs_above_the_margin_or_with_the_gate_off(acc, margin, monk
     from cem_bench.core.trial import run_trial
     from cem_bench.schema import GALLERY_FILE
     monkeypatch.setattr(trainer.Trainer, "evaluate", _evaluate_at(acc))
-    res = run_trial({**TINY, "train.epochs": 1, "attack.min_accuracy_margin": margin}, out_dir=str(tmp_path))
+    res = run_trial({**TINY, "train.epochs": 1, "cem.warmup_epochs": 0, "attack.min_accuracy_margin": margin},
+                    out_dir=str(tmp_path))
     assert res["attack_skipped"] == ""
     assert all(math.isfinite(res[k]) for k in ("attack_mse", "attack_psnr", "attack_ssim"))
     assert res["attack_s"] > 0 and (tmp_path / GALLERY_FILE).is_file()

@@ -89,7 +89,8 @@ def sizes_for(device: torch.device, quick: bool, tiny: bool) -> Sizes:
     if tiny:
         return Sizes("tiny (test only: numbers not comparable)", repeats=3, step_repeats=3, warmup=1, width=0.125,
                      batch_size=64, data_images=512, step_images=256, refit_images=256, attack_test=160,
-                     attack_blocks=1, attack_channels=8, ray_trial=dict(TINY_TRIAL, **{"train.epochs": 1}),
+                     attack_blocks=1, attack_channels=8,
+                     ray_trial=dict(TINY_TRIAL, **{"train.epochs": 1, "cem.warmup_epochs": 0}),
                      ray_kind="tiny", ray_trials=1, epoch_images=256, epoch_test=100, results_trials=(300,),
                      sampler_trials=(50,))
     cuda = device.type == "cuda"

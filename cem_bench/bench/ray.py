@@ -67,7 +67,7 @@ def bench_ray(device: torch.device, sizes: Sizes) -> list[dict]:
     direct_flat = dict(flat, seed=0)
     # warm-up (a tiny trial: the same code paths): imports, allocator and kernel caches, so that the direct
     # figure is a trial in a warm process; the Tune worker is a fresh process and pays these itself
-    run_trial(dict(TINY_TRIAL, **{"train.device": device.type, "train.epochs": 1}))
+    run_trial(dict(TINY_TRIAL, **{"train.device": device.type, "train.epochs": 1, "cem.warmup_epochs": 0}))
 
     if ray.is_initialized():
         raise RuntimeError("a Ray session is already initialised in this process; the bench starts its own")

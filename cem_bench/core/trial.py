@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import __version__, attacks, surrogates
-from ..config import TrialConfig
+from ..config import ConfigError, TrialConfig
 from ..provenance import device_name, git_sha
 from ..schema import ATTACK_METRICS, GALLERY_FILE
 from . import data, models
@@ -120,6 +120,9 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     """
     t_wall = time.perf_counter()
     cfg = build_config(config)
+    inactive = surrogates.never_active(cfg)
+    if inactive:
+        raise ConfigError(inactive)
     device = resolve_device(cfg.train.device)
     splits, trainer = build(cfg, device)
     start = 1

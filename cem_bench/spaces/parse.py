@@ -163,6 +163,7 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
         tolerance = self.utility_tolerance(doc.get("utility_tolerance"))
         scheduler = self.scheduler(doc.get("scheduler"), objectives, fixed, params, grid, seeds)
         hypotheses, alpha, correction = self.hypotheses_form(doc.get("hypotheses"), grid, seeds)
+        self.attacks_run(objectives, hypotheses, fixed, params)
         if self.errors:
             raise SpaceError(self.errors, self.path)
         if grid:
@@ -183,6 +184,23 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
                           baseline_cells=cells, confirm_top=top, confirm_replicates=confirm_reps,
                           scheduler=scheduler, utility_tolerance=tolerance, hypotheses=hypotheses,
                           hypotheses_alpha=alpha, hypotheses_correction=correction)
+
+    def attacks_run(self, objectives, hypotheses, fixed: dict, params) -> None:
+        """An objective or hypothesis on one attack's own metric (``attack_ssim__rmle``) needs that attack in
+        ``attack.names`` (fixed, or its default): otherwise every trial ran without
+        it, ranked nowhere (no front, hypervolume 0, no line saying why) or, as a hypothesis, untested."""
+        from ..schema import PER_ATTACK_SEP
+        if any(p.key == "attack.names" for p in params):   # (a list cannot be a searched choice today)
+            return
+        names = fixed.get("attack.names", key_specs()["attack.names"].default)
+        run = set(names) if isinstance(names, (list, tuple)) else set()
+        named = [(f"objectives[{i}].metric", o.metric) for i, o in enumerate(objectives)]
+        named += [(f"hypotheses.tests[{i}].metric", h.metric) for i, h in enumerate(hypotheses or ())]
+        for where, metric in named:
+            attack = metric.split(PER_ATTACK_SEP, 1)[1] if PER_ATTACK_SEP in metric else None
+            if attack is not None and run and attack not in run:
+                self.err(where, f"{metric!r} is measured by attack {attack!r}, which the trials do not run "
+                         f"(attack.names {sorted(run)}): add it to attack.names (fixed) or name one of those")
 
     def utility_tolerance(self, value) -> float | None:
         """``utility_tolerance: T`` (a number >= 0, in the first objective's units): how far a configuration's
@@ -285,10 +303,12 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
             n = as_number(v)
             if n is None:
                 self.err(f"resources.{k}", f"{v!r} is not a number")
-            elif k == "cpu" and n <= 0:
-                self.err("resources.cpu", f"{fmt_value(v)} must be > 0 (CPUs per trial; fractions are allowed)")
-            elif k == "gpu" and n < 0:
-                self.err("resources.gpu", f"{fmt_value(v)} must be >= 0 (GPUs per trial; 0.25 = four trials a GPU)")
+            elif k == "cpu" and n < 1e-4:   # Ray counts in ten-thousandths: less is 0 to it (a traceback)
+                self.err("resources.cpu", f"{fmt_value(v)} must be > 0 (CPUs per trial, 0.0001 or more; fractions "
+                         f"are allowed)")
+            elif k == "gpu" and (n < 0 or 0 < n < 1e-4):
+                self.err("resources.gpu", f"{fmt_value(v)} must be >= 0 (GPUs per trial, 0 or 0.0001 or more; 0.25 = "
+                         f"four trials a GPU)")
             elif k == "gpu" and n > 1:
                 # a trial trains on one device (no data parallelism): Ray would reserve the other cards idle
                 self.err("resources.gpu", f"{fmt_value(v)}: a trial trains on one GPU, so the other "

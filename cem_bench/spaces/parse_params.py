@@ -261,7 +261,9 @@ class ParamStages:
         def probe(where: str, flat: dict) -> None:
             try:
                 cfg = TrialConfig.from_flat(flat)
-                surrogates.resolve(cfg)
+                inactive = surrogates.never_active(surrogates.resolve(cfg))
+                if inactive:
+                    raise ConfigError(inactive)
             except ConfigError as e:
                 for line in str(e).splitlines():
                     # a clash with another searched key's default is not this value's fault

@@ -273,7 +273,8 @@ class PlanStages:
             if k == "name":
                 continue
             if k not in known:
-                self.err(f"sampler.{k}", f"unknown option of sampler {name!r}; known: {', '.join(known)}")
+                self.err(f"sampler.{k}", f"unknown option of sampler {name!r}; " +
+                         (f"known: {', '.join(known)}" if known else "it takes no options"))
             elif not known[k][1](v):
                 self.err(f"sampler.{k}", f"{v!r} must be {known[k][0]}")
         return dict(value, name=name)

@@ -17,6 +17,7 @@ from .base import (
                    group_by_class,
                    intra_class_mse,
                    names,
+                   never_active,
                    register,
                    resolve,
 )
@@ -24,4 +25,4 @@ from .base import (
 REGISTRY.load()
 
 __all__ = ["GLOBAL_DEFAULTS", "AttentionKeys", "SlotKeys", "Surrogate", "SurrogateKeys", "SurrogateOut", "build",
-           "get", "group_by_class", "intra_class_mse", "names", "register", "resolve"]
+           "get", "group_by_class", "intra_class_mse", "names", "never_active", "register", "resolve"]

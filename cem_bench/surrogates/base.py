@@ -239,6 +239,19 @@ def resolve(cfg: TrialConfig) -> TrialConfig:
     return dataclasses.replace(cfg, cem=resolved)
 
 
+def never_active(cfg: TrialConfig) -> str | None:
+    """Why CEM would never run in this resolved config, or None: λ > 0 but ``cem.warmup_epochs`` (the surrogate's
+    own default where empty: gmm 1, slot_cross 3, gated_attention 5) is at least ``train.epochs``, so every epoch
+    is a warm-up one. Such a run was a λ = 0 run labelled "λ 16 gmm", its matched scale the unmeasured 1.0, and
+    a hypothesis on it "held" at chance accuracy (2026-12-06 audit)."""
+    warmup = cfg.cem.warmup_epochs or 0
+    if cfg.cem.lambd > 0 and warmup >= cfg.train.epochs:
+        return (f"cem.warmup_epochs: {warmup} (surrogate {cfg.cem.surrogate!r}) is not below train.epochs "
+                f"{cfg.train.epochs}, so the CEM loss would never be applied (a λ = 0 run under another name): give "
+                f"train.epochs above {warmup}, or a smaller cem.warmup_epochs")
+    return None
+
+
 def build(cfg: TrialConfig, feature_shape, num_classes: int) -> Surrogate:
     """The surrogate of ``cfg`` (which must be resolved) for features of ``feature_shape``."""
     if cfg.cem.grad_mode is None:

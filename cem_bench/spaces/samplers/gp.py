@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from . import register
-from ._checks import BOOL, INT_OR_NONE, NONNEG_INT
+from ._checks import BOOL, NONNEG_INT, SEED
 
 
-@register("gp", {"seed": INT_OR_NONE, "n_startup_trials": NONNEG_INT, "deterministic_objective": BOOL},
+@register("gp", {"seed": SEED, "n_startup_trials": NONNEG_INT, "deterministic_objective": BOOL},
           doc=__doc__)
 def build(optuna, spec, opts):
     opts.setdefault("warn_independent_sampling", False)

@@ -4,9 +4,9 @@ the budget, between 4 and 50, so that a short search gets past its first generat
 from __future__ import annotations
 
 from . import register
-from ._checks import INT, INT_OR_NONE, POS_INT, PROB
+from ._checks import INT, POS_INT, PROB, SEED
 
-NSGA = {"seed": INT_OR_NONE, "population_size": ("an integer >= 2", lambda v: INT[1](v) and v >= 2),
+NSGA = {"seed": SEED, "population_size": ("an integer >= 2", lambda v: INT[1](v) and v >= 2),
         "mutation_prob": ("a number in [0, 1] or empty", lambda v: v is None or PROB[1](v)),
         "crossover_prob": PROB, "swapping_prob": PROB}
 

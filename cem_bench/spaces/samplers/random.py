@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from . import register
-from ._checks import INT_OR_NONE
+from ._checks import SEED
 
 
-@register("random", {"seed": INT_OR_NONE}, doc=__doc__)
+@register("random", {"seed": SEED}, doc=__doc__)
 def build(optuna, spec, opts):
     return optuna.samplers.RandomSampler(**opts)

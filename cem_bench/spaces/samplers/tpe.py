@@ -4,9 +4,9 @@ trials (several trials run at once; without the liar they would be proposed know
 from __future__ import annotations
 
 from . import register
-from ._checks import BOOL, INT_OR_NONE, NONNEG_INT, POS_INT
+from ._checks import BOOL, NONNEG_INT, POS_INT, SEED
 
-OPTIONS = {"seed": INT_OR_NONE, "n_startup_trials": NONNEG_INT, "n_ei_candidates": POS_INT,
+OPTIONS = {"seed": SEED, "n_startup_trials": NONNEG_INT, "n_ei_candidates": POS_INT,
            "multivariate": BOOL, "group": BOOL, "constant_liar": BOOL}
 
 

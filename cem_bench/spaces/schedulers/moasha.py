@@ -7,14 +7,16 @@ Ray Tune scheduler ``search/moasha.py`` (``MOASHA``)."""
 
 from __future__ import annotations
 
+import math
+
 from ..spec import rung_epochs
 from . import Option, register
 
 OPTIONS = {
     "grace_epochs": Option("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                            2, "the first rung's epoch"),
-    "reduction_factor": Option("a number > 1", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                               and v > 1, 3, "a rung keeps 1/η of its trials"),
+    "reduction_factor": Option("a finite number > 1", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                               and 1 < v < math.inf, 3, "a rung keeps 1/η of its trials"),
 }
 
 
