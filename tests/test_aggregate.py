@@ -205,3 +205,22 @@ def test_the_table_rebuilds_a_configs_table_that_is_not_about_the_trials_beside_
     fresh = build_configs(t, OBJ).set_index("config.cem.lambd").loc[16.0]
     assert f"({int(fresh['attack_ssim_n'])})" in out and fresh["attack_ssim_n"] == 4
     assert f"{fresh['attack_ssim_mean']:.3f}" in out
+
+
+def test_a_configuration_with_no_finished_run_makes_no_row(tmp_path, capsys):
+    """An interrupted search's in-flight sample (no result, no σ of its own) made a row "σ=?" and a column of
+    dashes in `table` and the report's paper-style table (2026-12-06 audit)."""
+    t = runs()
+    t["config.train.milestones"] = [[0.5]] * len(t)
+    lone = t.iloc[[0]].copy()
+    lone["status"], lone["trial_id"], lone["config.cem.lambd"] = "interrupted", "lone", 31.3325
+    lone["config.defense.noise_std"] = None
+    for m in ("test_acc", "attack_ssim", "attack_psnr", "attack_mse"):
+        lone[m] = None
+    pd.concat([t, lone], ignore_index=True).to_parquet(tmp_path / "trials.parquet")
+    assert main(["table", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "σ=?" not in out and "31.3" not in out, out
+    c = build_configs(pd.concat([t, lone], ignore_index=True), OBJ)
+    assert len(c) == len(build_configs(t, OBJ)) + 1          # configs.parquet keeps it (runs_ok 0)
+    assert "λ=31.3325 gmm" not in paper_table(c, "test_acc").columns

@@ -186,8 +186,18 @@ def _layout(df: pd.DataFrame, name: str) -> pd.DataFrame:
     return cells.fillna("")
 
 
+def with_results(configs: pd.DataFrame) -> pd.DataFrame:
+    """The configurations with a finished run: one whose every run was interrupted, failed or never started has
+    nothing to show, and its sampled keys alone (no σ of its own) made a row "σ=?" of dashes."""
+    if "runs_ok" not in configs:
+        return configs
+    return configs[pd.to_numeric(configs["runs_ok"], errors="coerce").fillna(0) > 0]
+
+
 def paper_table(configs: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Rows σ (ascending), columns "λ=0" then "λ=L surrogate" by λ and name; cells ``mean ± std (n)``."""
+    """Rows σ (ascending), columns "λ=0" then "λ=L surrogate" by λ and name; cells ``mean ± std (n)``: the
+    configurations with a finished run (``with_results``)."""
+    configs = with_results(configs)
     if f"{metric}_mean" not in configs:
         raise ResultsError(f"metric {metric!r} is not in the results; known: "
                            f"{', '.join(c[:-5] for c in configs.columns if c.endswith('_mean'))}")
@@ -264,6 +274,7 @@ def main(args) -> int:
         raise ResultsError(f"{args.results_dir}: no trial has a final result yet ({int(configs['runs'].sum())} "
                            f"run(s) of {len(configs)} configuration(s)), so there is nothing to tabulate; "
                            f"`cem-bench report {args.results_dir}` lists the trials and their errors")
+    configs = with_results(configs)
     metrics = list(dict.fromkeys(args.metrics or [])) or [m for m in DEFAULT_METRICS if f"{m}_mean" in configs]
     unknown = [m for m in metrics if f"{m}_mean" not in configs]
     if unknown:     # the user's word, not the table's fault: said before the check of the table below
