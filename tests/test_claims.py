@@ -401,3 +401,15 @@ def test_a_difference_below_float_precision_is_not_printed_as_zeros():
     assert round_to(-2e-9, 1e-10, signed=True) == "-2e-09"
     assert round_to(0.75, 1e-10) == "0.75" and round_to(1e-10, 1e-10) == "1e-10"
     assert round_to(0.9054, 0.01851) == "0.905"
+
+
+def test_a_baseline_whose_attacks_were_skipped_is_not_said_to_have_run_once():
+    """Three baseline runs at chance accuracy, every attack skipped by the utility gate: the summary said "The
+    λ=0 baseline ran once (attack_ssim — over 0 runs, test_acc … over 3 runs)" (2026-12-06 audit)."""
+    rows = _rows(0, range(3), 0.10, 0.75) + _rows(16, range(3), 0.10, 0.70)
+    for r in rows:
+        if r["config.cem.lambd"] == 0:
+            r["attack_ssim"], r["attack_skipped"] = float("nan"), "test accuracy within the margin of chance"
+    text = summary_sentence(results_of(pd.DataFrame(rows), OBJ))
+    assert "ran once" not in text and "has 3 runs but attack_ssim from none of them" in text, text
+    assert "claims no difference" in text
