@@ -631,3 +631,9 @@ def test_space_values_that_failed_later_or_silently_are_refused(extra, says):
         parse_space({**doc, **extra})
     assert says in str(e.value), str(e.value)
     parse_space({**doc, "fixed": {"train.epochs": 3, "cem.surrogate": "gated_attention", "cem.warmup_epochs": 2}})
+
+
+def test_a_fixed_seed_beside_a_list_of_seeds_is_refused():
+    """The trials ran the listed seeds, while search_space.json recorded fixed.seed 5 (2026-12-06 audit)."""
+    errs = errors_of(minimal(seeds=[1, 2, 3], fixed={"seed": 5}))
+    assert any(e.startswith("fixed.seed: 5, but seeds: [1, 2, 3] sets each run's seed") for e in errs), errs

@@ -248,6 +248,9 @@ class PlanStages:
                 return ()
             if replicates is not None and replicates != len(seeds):
                 self.err("replicates", f"{replicates!r} disagrees with the {len(seeds)} seeds given; give one of them")
+            if "seed" in fixed:   # the trials run the listed seeds; search_space.json would record this one
+                self.err("fixed.seed", f"{fixed['seed']!r}, but seeds: {seeds!r} sets each run's seed; remove one of "
+                         f"them (with replicates: N, a fixed seed is the first of N)")
             bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
             if bad:   # refused here, not by every trial at its start
                 self.err("seeds", f"{bad!r} outside the seeds a trial takes, 0 to {MAX_SEED} (the key seed)")
