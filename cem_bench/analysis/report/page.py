@@ -224,7 +224,11 @@ def _draw(res: Results, out_dir: Path) -> None:
         if rows:
             caption += " · rows: original, " + ", ".join(rows)
         alt = f"reconstructions of {row['trial_id']}"
-        shown.append(_figure(g["src"], alt, caption) if g["src"] else {"src": None, "alt": alt, "caption": caption})
+        skipped = row.get("attack_skipped")
+        missing = (f"no reconstructions: the attack was skipped ({skipped})" if isinstance(skipped, str) and skipped
+                   else "recon.png missing")
+        shown.append(_figure(g["src"], alt, caption) if g["src"] else
+                     {"src": None, "alt": alt, "caption": caption, "missing": missing})
 
     groups = []  # (heading, table) of each surrogate's own front, then the baseline's
     cem_ok = ok[~ok["_baseline"]]
@@ -284,6 +288,9 @@ def _draw(res: Results, out_dir: Path) -> None:
         hypervolume=_figure(hv_path.name, "hypervolume", f"final hypervolume {format_value(final_hv)}"),
         params=params,
         curves=_figure(curves.name, "training curves") if curves is not None else None,
+        curves_missing=("No per-epoch records (epochs.parquet missing or empty)." if res.epochs is None or
+                        res.epochs.empty else "No per-epoch records of the trials on the front (none is on it, or they "
+                        "recorded no epochs)."),
         gallery=shown,
         front_heading=front_heading,
         front_table=front_table,
