@@ -637,3 +637,12 @@ def test_a_fixed_seed_beside_a_list_of_seeds_is_refused():
     """The trials ran the listed seeds, while search_space.json recorded fixed.seed 5 (2026-12-06 audit)."""
     errs = errors_of(minimal(seeds=[1, 2, 3], fixed={"seed": 5}))
     assert any(e.startswith("fixed.seed: 5, but seeds: [1, 2, 3] sets each run's seed") for e in errs), errs
+
+
+def test_a_baseline_beside_lambda_fixed_at_zero_is_refused():
+    """`demo.yaml --set cem.lambd=0` ran every search trial as an exact repeat of baseline seed 0 (2026-12-06)."""
+    errs = errors_of(minimal(baseline={"replicates": 3}, fixed={"cem.lambd": 0, "train.device": "cpu"},
+                             params={"defense.noise_std": {"choice": [0.05, 0.1]}}, num_samples=2))
+    assert any(e.startswith("baseline: {replicates: 3} with cem.lambd fixed at 0") for e in errs), errs
+    parse_space(minimal(fixed={"cem.lambd": 0, "train.device": "cpu"}, num_samples=2,     # left out: off
+                        params={"defense.noise_std": {"choice": [0.05, 0.1]}}))

@@ -142,6 +142,12 @@ class PlanStages:
             n = DEFAULT_BASELINE_REPLICATES if on else 0
         if not n:
             return 0, ({},)
+        fixed_lam = fixed.get("cem.lambd")
+        if not any(p.key == "cem.lambd" for p in params) and isinstance(fixed_lam, (int, float)) and fixed_lam == 0:
+            # every configuration is then a λ = 0 run: the baseline's seeds repeated the search's runs exactly
+            self.err("baseline", f"{{replicates: {n}}} with cem.lambd fixed at 0: every configuration is a λ = 0 "
+                     f"run already, so the baseline would repeat them; set baseline: false, or search cem.lambd")
+            return 0, ({},)
         changing = [p for p in params if not p.key.startswith("cem.") and p.key != "seed"]
         bad = False
         for p in changing:
