@@ -646,3 +646,16 @@ def test_a_baseline_beside_lambda_fixed_at_zero_is_refused():
     assert any(e.startswith("baseline: {replicates: 3} with cem.lambd fixed at 0") for e in errs), errs
     parse_space(minimal(fixed={"cem.lambd": 0, "train.device": "cpu"}, num_samples=2,     # left out: off
                         params={"defense.noise_std": {"choice": [0.05, 0.1]}}))
+
+
+@pytest.mark.parametrize("params, most", [
+    ({"cem.lambd": {"uniform": [8, 16], "step": 8}}, 2),
+    ({"cem.surrogate": {"choice": ["gmm", "slot_cross"]},
+      "cem.num_slots": {"int": [2, 3], "when": {"cem.surrogate": ["slot_cross"]}}}, 3)])
+def test_the_distinct_count_knows_stepped_uniforms_and_conditional_ints(params, most):
+    """A stepped uniform was not counted (λ 8 ran twice on seed 0), a conditional int was counted in the cells
+    where it is not sampled (2026-12-06 audit)."""
+    errs = errors_of(minimal(params=params, num_samples=most + 1))
+    assert any(f"only {most} distinct configurations" in e for e in errs), errs
+    parse_space(minimal(params=params, num_samples=most))
+    parse_space(minimal(params={"seed": {"int": [0, 10 ** 9]}}, num_samples=5))   # counted, not listed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 from ..analysis.noise import MIN_RUNS
 from ..config import MAX_SEED
@@ -21,6 +22,37 @@ from .spec import DEFAULT_BASELINE_REPLICATES, DEFAULT_CONFIRM, RUNG_METRICS
 # the most trials one search plans (a grid's cells, a baseline's cells): a typo in a choice list must not
 # build a list of 10^9 configurations before a word is said
 MAX_CELLS = 100_000
+
+
+def discrete_values(p) -> Sequence | None:
+    """The values a parameter can take when they are finitely many (a choice, an int range, a uniform range with
+    a step, as Optuna samples them: low, low + step, … up to high), else None; ranges stay lazy (a range of 10⁹
+    integers is counted, not listed)."""
+    if p.kind == "choice":
+        return tuple(p.choices)
+    if p.kind == "int":
+        return range(int(p.low), int(p.high) + 1, int(p.step or 1))
+    if p.kind == "uniform" and p.step and not p.log:
+        n = int(math.floor((float(p.high) - float(p.low)) / float(p.step) + 1e-9)) + 1
+        return _Stepped(float(p.low), float(p.step), n)
+    return None
+
+
+class _Stepped(Sequence):
+    """low, low + step, … (n values), without listing them."""
+
+    def __init__(self, low: float, step: float, n: int):
+        self.low, self.step, self.n = low, step, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return self.low + (i % self.n) * self.step
 
 
 class PlanStages:
@@ -219,17 +251,20 @@ class PlanStages:
         that count is refused, naming it (replicates are ``replicates:``/``seeds:``, not repeats). No parameters
         left (an override fixed every searched key; a file's own empty ``params`` is refused before) is one
         configuration."""
+        import dataclasses
+
         from .sampling import grid_cells
-        if any(p.kind not in ("choice", "int") for p in params):
+        values = [discrete_values(p) for p in params]
+        if any(v is None for v in values):
             return   # a continuous parameter: more configurations than any budget
-        sizes = [len(p.choices) if p.kind == "choice" else
-                 (int(p.high) - int(p.low)) // int(p.step or 1) + 1 for p in params]
-        bound = math.prod(sizes)
+        bound = math.prod(len(v) for v in values)
         if bound >= num_samples:
             if bound > MAX_CELLS:
                 return
-            if all(p.kind == "choice" for p in params):
-                bound = len(grid_cells(params))   # exact, with the `when` conditions applied
+            # exact, with the `when` conditions applied (an int or a stepped uniform as its values: counted as
+            # its whole range, a conditional one was counted in cells where it is not sampled)
+            bound = len(grid_cells([dataclasses.replace(p, kind="choice", choices=tuple(v))
+                                    for p, v in zip(params, values)]))
             if bound >= num_samples:
                 return
         why = "" if params else " (every key it searches is fixed by --set)"
