@@ -541,3 +541,8 @@ def test_a_device_this_machine_lacks_stops_a_local_search_before_ray(fake_machin
     assert not (tmp_path / "s").exists()
     with pytest.raises(Started):
         run.search_command(search_args(demo, "--set", "train.device=auto", "--storage", str(tmp_path / "s")))
+
+
+def test_a_long_list_of_seeds_is_shortened_in_the_first_line():
+    """`baseline: {replicates: 5000}` printed every seed: a 29 KB first line (2026-12-06 audit)."""
+    assert run.seed_list(range(5000)) == "0, 1, …, 4999 (5,000 seeds)" and run.seed_list([3, 4]) == "3, 4"

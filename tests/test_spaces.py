@@ -659,3 +659,8 @@ def test_the_distinct_count_knows_stepped_uniforms_and_conditional_ints(params, 
     assert any(f"only {most} distinct configurations" in e for e in errs), errs
     parse_space(minimal(params=params, num_samples=most))
     parse_space(minimal(params={"seed": {"int": [0, 10 ** 9]}}, num_samples=5))   # counted, not listed
+
+
+def test_a_name_yaml_read_as_a_number_says_to_quote_it():
+    errs = errors_of(minimal(name=123))
+    assert any("YAML read it as a number: quote it, name: \"123\"" in e for e in errs), errs

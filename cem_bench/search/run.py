@@ -488,6 +488,14 @@ def overrides_from_args(args) -> dict:
     return ov
 
 
+def seed_list(seeds) -> str:
+    """``0, 1, 2`` for a few seeds; ``0, 1, …, 4999 (5,000 seeds)`` for many (one first line, not 29 KB)."""
+    seeds = list(seeds)
+    if len(seeds) <= 8:
+        return ", ".join(map(str, seeds))
+    return f"{seeds[0]}, {seeds[1]}, …, {seeds[-1]} ({len(seeds):,} seeds)"
+
+
 def plan(spec) -> str:
     """The trials a search will run, in words: "17 trials: 3 λ=0 baseline runs (seeds 0, 1, 2), 8
     configurations x 1 seed, then the best 2 again with seeds 3, 4"."""
@@ -495,10 +503,10 @@ def plan(spec) -> str:
     if spec.baseline_runs:
         cells = len(spec.baseline_cells)
         parts.append(f"{spec.baseline_runs} λ=0 baseline runs ({f'{cells} cells x ' if cells > 1 else ''}seeds "
-                     f"{', '.join(map(str, spec.baseline_seeds))})")
+                     f"{seed_list(spec.baseline_seeds)})")
     parts.append(f"{spec.num_samples} configurations x {spec.replicates} seed{'s' * (spec.replicates != 1)}")
     if spec.confirm_runs:
-        parts.append(f"then the best {spec.confirm_top} again with seeds {', '.join(map(str, spec.confirm_seeds))}")
+        parts.append(f"then the best {spec.confirm_top} again with seeds {seed_list(spec.confirm_seeds)}")
     if spec.scheduler:
         from ..spaces import schedulers
         parts.append(f"a search trial may stop at epochs {', '.join(map(str, spec.rungs))} "

@@ -220,8 +220,11 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
         if value is None:
             return ""
         if not isinstance(value, str) or not SAFE_NAME.match(value) or value in (".", ".."):
+            # YAML reads `name: 123` as a number: the text the user meant needs quotes
+            quote = (f"; YAML read it as a number: quote it, name: \"{value}\""
+                     if isinstance(value, (int, float)) and not isinstance(value, bool) else "")
             self.err("name", f"{value!r} is not a safe folder name (letters, digits, '.', '_', '-'; starting "
-                     "with a letter or digit; at most 100 characters)")
+                     f"with a letter or digit; at most 100 characters){quote}")
             return str(value)
         return value
 
