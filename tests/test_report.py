@@ -1348,3 +1348,11 @@ assert "scipy.stats" not in sys.modules, "the report imported scipy.stats"
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=tests, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_total_trial_time_names_the_trials_that_recorded_it():
+    """A search of errors read "total trial time (sum of wall_s) 0.0 s" (2026-12-06 audit)."""
+    from cem_bench.analysis.report.facts import _wall_text
+    assert _wall_text(pd.DataFrame({"wall_s": [float("nan")] * 3})).startswith("not recorded (none of the 3")
+    assert _wall_text(pd.DataFrame({"wall_s": [2.0, float("nan")]})).endswith("over the 1 of 2 trials that recorded it")
+    assert _wall_text(pd.DataFrame({"wall_s": [2.0, 3.0]})).endswith(" s")

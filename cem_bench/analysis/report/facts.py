@@ -90,7 +90,7 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
             "; ".join(f"{o['metric']} ({o['mode']}, ref {format_value(o['ref'])})" for o in res.objectives),
         ),
         ("final hypervolume", format_value(final_hv)),
-        ("total trial time (sum of wall_s)", f"{format_value(float(t['wall_s'].sum()), 'wall_s')} s"),
+        ("total trial time (sum of wall_s)", _wall_text(t)),
     ]
     finished = t["_finished"].dropna()
     if len(finished):
@@ -184,3 +184,14 @@ def config_searched_columns(res: Results) -> list[str]:
     cfg = [col for col in c.columns if col.startswith("config.") and col != SEED_COLUMN]
     varying = [col for col in cfg if c[col].dropna().astype(str).nunique() >= 2]
     return varying or [col for col in [SURROGATE_COL, *MAIN_PARAMS] if col in c]
+
+
+def _wall_text(t) -> str:
+    """The summed ``wall_s`` of the trials that recorded one: a trial that failed or stopped before its result
+    has none (it read "0.0 s" for a search of errors that ran seconds each)."""
+    wall = pd.to_numeric(t["wall_s"], errors="coerce") if "wall_s" in t else pd.Series(dtype=float)
+    known = int(wall.notna().sum())
+    if not known:
+        return f"not recorded (none of the {len(t)} trials finished with a result)"
+    text = f"{format_value(float(wall.sum()), 'wall_s')} s"
+    return text if known == len(t) else f"{text} over the {known} of {len(t)} trials that recorded it"
