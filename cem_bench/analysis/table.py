@@ -268,7 +268,7 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 def main(args) -> int:
     configs = load_configs(args.results_dir)
-    if "runs_ok" in configs and not (pd.to_numeric(configs["runs_ok"], errors="coerce").fillna(0) > 0).any():
+    if "runs_ok" in configs and with_results(configs).empty:
         # before the checks below: an experiment none of whose trials finished lacks the keys its trials never
         # reported (σ among them), which would otherwise read as a table cem-bench did not write
         raise ResultsError(f"{args.results_dir}: no trial has a final result yet ({int(configs['runs'].sum())} "

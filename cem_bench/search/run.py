@@ -330,16 +330,19 @@ def check_data(spec) -> None:
     machine, CIFAR downloaded now if it can be: without it every trial of a local search failed on its own,
     and the search ran to the end with nothing but errors. A cluster's trials read ``data.root`` on their own
     nodes (and download CIFAR there), so a search with ``--address`` is not checked here."""
-    from ..config import key_specs
     from ..core.data import check_available
-    specs = key_specs()
-
-    def values(key: str) -> list:
-        p = next((p for p in spec.params if p.key == key), None)
-        return list(p.choices) if p is not None and p.choices is not None else [spec.fixed.get(key, specs[key].default)]
-    for name in dict.fromkeys(values("data.dataset")):
-        for root in dict.fromkeys(values("data.root")):
+    for name in dict.fromkeys(space_values(spec, "data.dataset")):
+        for root in dict.fromkeys(space_values(spec, "data.root")):
             check_available(str(name), str(root))
+
+
+def space_values(spec, key: str) -> list:
+    """The values ``key`` takes in a space's trials: its choices where searched, else the fixed value or the
+    key's default."""
+    from ..config import key_specs
+    p = next((p for p in spec.params if p.key == key), None)
+    return list(p.choices) if p is not None and p.choices is not None else \
+        [spec.fixed.get(key, key_specs()[key].default)]
 
 
 def check_device(spec) -> None:
@@ -347,12 +350,7 @@ def check_device(spec) -> None:
     lacks (``train.device: cuda`` or ``cuda:N`` without CUDA): every trial failed on its own with the
     ConfigError ``train`` gives before any work, and the experiment's name was used up by a search of errors."""
     import torch
-
-    from ..config import key_specs
-    default = key_specs()["train.device"].default
-    p = next((p for p in spec.params if p.key == "train.device"), None)
-    names = list(p.choices) if p is not None and p.choices is not None else [spec.fixed.get("train.device", default)]
-    for name in dict.fromkeys(str(n) for n in names):
+    for name in dict.fromkeys(str(n) for n in space_values(spec, "train.device")):
         if name.startswith("cuda") and not torch.cuda.is_available():
             raise SearchError(f"train.device={name!r}, but this machine has no CUDA device, and a local "
                               f"search's trials run here; set train.device=auto (the trial's GPU where it is given "
