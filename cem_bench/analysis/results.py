@@ -458,7 +458,9 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
         row.update({f"config.{k}": v for k, v in config.items()})
         rows.append(mark_interrupted(row, interrupted))
 
-    trials = final_trials(pd.DataFrame(complete_configs(rows, saved_fixed(exp))), objectives)
+    # the space's fixed keys are read again only where a trial needs them (load_objectives read the file above)
+    fixed = saved_fixed(exp) if any(r.get("_partial") for r in rows) else {}
+    trials = final_trials(pd.DataFrame(complete_configs(rows, fixed)), objectives)
 
     epochs = pd.DataFrame(epoch_rows)
     for c in EPOCH_COLUMNS:

@@ -10,9 +10,9 @@ reported at once.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
 
 from ..analysis.noise import MIN_RUNS
 from ..config import MAX_SEED
@@ -24,35 +24,27 @@ from .spec import DEFAULT_BASELINE_REPLICATES, DEFAULT_CONFIRM, RUNG_METRICS
 MAX_CELLS = 100_000
 
 
-def discrete_values(p) -> Sequence | None:
-    """The values a parameter can take when they are finitely many (a choice, an int range, a uniform range with
-    a step, as Optuna samples them: low, low + step, … up to high), else None; ranges stay lazy (a range of 10⁹
-    integers is counted, not listed)."""
+def discrete_count(p) -> int | None:
+    """How many values a parameter can take when they are finitely many (a choice, an int range, a uniform range
+    with a step, as Optuna samples them: low, low + step, … up to high), else None; counted, not listed."""
     if p.kind == "choice":
-        return tuple(p.choices)
+        return len(p.choices)
     if p.kind == "int":
-        return range(int(p.low), int(p.high) + 1, int(p.step or 1))
+        return len(range(int(p.low), int(p.high) + 1, int(p.step or 1)))
     if p.kind == "uniform" and p.step and not p.log:
-        n = int(math.floor((float(p.high) - float(p.low)) / float(p.step) + 1e-9)) + 1
-        return _Stepped(float(p.low), float(p.step), n)
+        return int(math.floor((float(p.high) - float(p.low)) / float(p.step) + 1e-9)) + 1
     return None
 
 
-class _Stepped(Sequence):
-    """low, low + step, … (n values), without listing them."""
-
-    def __init__(self, low: float, step: float, n: int):
-        self.low, self.step, self.n = low, step, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.n))]
-        if not -self.n <= i < self.n:
-            raise IndexError(i)
-        return self.low + (i % self.n) * self.step
+def as_choice(p):
+    """``p`` as the choice of its ``discrete_count`` values (for counting cells under `when`)."""
+    if p.kind == "int":
+        values = tuple(range(int(p.low), int(p.high) + 1, int(p.step or 1)))
+    elif p.kind == "uniform":
+        values = tuple(float(p.low) + i * float(p.step) for i in range(discrete_count(p)))
+    else:
+        return p
+    return dataclasses.replace(p, kind="choice", choices=values)
 
 
 class PlanStages:
@@ -164,18 +156,16 @@ class PlanStages:
         non-zero, except a replicated grid whose λ = 0 cells already are the baseline. One cell per combination
         of the searched keys that change the baseline (every searched key outside ``cem.``), which must
         therefore be choices."""
+        lam = next((p for p in params if p.key == "cem.lambd"), None)
+        fixed_lam = fixed.get("cem.lambd", 16.0)
+        lam_zero = lam is None and isinstance(fixed_lam, (int, float)) and fixed_lam == 0
         if n is None:
-            lam = next((p for p in params if p.key == "cem.lambd"), None)
-            if lam is None:
-                fixed_lam = fixed.get("cem.lambd", 16.0)
-                on = not (isinstance(fixed_lam, (int, float)) and fixed_lam == 0)
-            else:
-                on = not (grid and len(seeds) >= 2 and lam.choices is not None and 0 in lam.choices)
+            on = not lam_zero if lam is None else \
+                not (grid and len(seeds) >= 2 and lam.choices is not None and 0 in lam.choices)
             n = DEFAULT_BASELINE_REPLICATES if on else 0
         if not n:
             return 0, ({},)
-        fixed_lam = fixed.get("cem.lambd")
-        if not any(p.key == "cem.lambd" for p in params) and isinstance(fixed_lam, (int, float)) and fixed_lam == 0:
+        if lam_zero:
             # every configuration is then a λ = 0 run: the baseline's seeds repeated the search's runs exactly
             self.err("baseline", f"{{replicates: {n}}} with cem.lambd fixed at 0: every configuration is a λ = 0 "
                      f"run already, so the baseline would repeat them; set baseline: false, or search cem.lambd")
@@ -251,20 +241,17 @@ class PlanStages:
         that count is refused, naming it (replicates are ``replicates:``/``seeds:``, not repeats). No parameters
         left (an override fixed every searched key; a file's own empty ``params`` is refused before) is one
         configuration."""
-        import dataclasses
-
         from .sampling import grid_cells
-        values = [discrete_values(p) for p in params]
-        if any(v is None for v in values):
+        sizes = [discrete_count(p) for p in params]
+        if any(n is None for n in sizes):
             return   # a continuous parameter: more configurations than any budget
-        bound = math.prod(len(v) for v in values)
+        bound = math.prod(sizes)
         if bound >= num_samples:
             if bound > MAX_CELLS:
                 return
             # exact, with the `when` conditions applied (an int or a stepped uniform as its values: counted as
             # its whole range, a conditional one was counted in cells where it is not sampled)
-            bound = len(grid_cells([dataclasses.replace(p, kind="choice", choices=tuple(v))
-                                    for p, v in zip(params, values)]))
+            bound = len(grid_cells([as_choice(p) for p in params]))
             if bound >= num_samples:
                 return
         why = "" if params else " (every key it searches is fixed by --set)"

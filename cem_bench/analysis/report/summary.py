@@ -240,11 +240,12 @@ def _findings(res: Results, beyond: str) -> str:
     base = base_rows.sort_values("runs_ok", ascending=False, kind="stable").iloc[0]
     if not res.has_floor:
         ok = int(pd.to_numeric(base.get("runs_ok"), errors="coerce") or 0)
-        if ok > 1:   # runs enough, but the attack (the privacy metric) was skipped in all but one or none
+        if ok > 1:   # runs enough, but the privacy metric recorded in one or none of them
             n_pm = int(pd.to_numeric(base.get(f"{pm}_n"), errors="coerce") or 0)
             return (f"The λ=0 baseline has {ok} runs but {pm} from {n_pm or 'none'} of them "
-                    f"({_base_text(base, pm, um)}): the utility gate skipped the attack of the rest, so there "
-                    f"is no noise floor for {pm}, and {beyond}this report claims no difference.{tail}")
+                    f"({_base_text(base, pm, um)}): the others recorded none (the utility gate skips the attack "
+                    f"of a model at chance accuracy), so there is no noise floor for {pm}, and {beyond}this report "
+                    f"claims no difference.{tail}")
         return (f"The λ=0 baseline ran once ({_base_text(base, pm, um)}). With one seed there is no noise floor, "
                 f"so {beyond}this report claims no difference. The plots show single runs.{tail}")
     scope = "confirmed configurations" if res.confirmed else "configurations"
