@@ -350,9 +350,14 @@ def cmd_report(args) -> int:
     from .analysis.report import build_report
     if args.out:   # before the results are read (a remote folder is fetched into --out/source first)
         check_out_folder(args.out, "the report", "Nothing was written")
+    from .analysis.results import running_driver
+    from .storage import holder_text, is_uri
+    driver = None if is_uri(args.results_dir) else running_driver(args.results_dir)
     path = build_report(args.results_dir, args.out)
     print(f"report: {path}")
-    from .storage import is_uri
+    if driver is not None:   # the page says so first too (report.page.running_note)
+        print(f"cem-bench: a search is running on {args.results_dir}{holder_text(driver)}: this report holds "
+              f"the trials finished so far; the search writes the whole one when it ends", file=sys.stderr)
     print_hypotheses(path, os.path.join(args.out, "source") if is_uri(args.results_dir) else args.results_dir)
     return 0
 

@@ -31,6 +31,9 @@ SCHEDULER_FILE = "scheduler_state.jsonl"
 # Written when SIGINT/SIGTERM stopped the search (search/interrupt.py): the signal, when, the --resume command.
 # Not ".json" either, for the same reason: --resume removes it, and a stale copy must not come back.
 INTERRUPTED_FILE = "interrupted.jsonl"
+# Held (flock, exclusive) by the search's driver from before Ray starts until its tables are written
+# (search/lock.py); the report and `cem-bench table` look at it to say that a search is still running
+DRIVER_LOCK_FILE = ".cem-bench-driver.lock"
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
 CONFIGS_FILE = "configs.parquet"             # one row per configuration: its replicates aggregated

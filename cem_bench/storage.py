@@ -230,6 +230,42 @@ def write_bytes(path: str, data: bytes, *, within: str | os.PathLike | None = No
 
 
 
+def lock_holder(path: str | os.PathLike) -> dict | None:
+    """Who holds an exclusive ``flock`` on the local file ``path`` (the JSON it holds: ``pid``, ``host``,
+    ``started``; ``{}`` when unreadable), or None when nobody does, or the file is missing, a link, or on a file
+    system without ``flock``. It asks with a shared lock taken and dropped at once, never waiting: a driver
+    taking its own lock in that instant is told the folder is busy, and changes nothing."""
+    import fcntl
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.read(fd, 4096).decode() or "{}")
+            except (OSError, ValueError):
+                holder = {}
+            return holder if isinstance(holder, dict) else {}
+        except OSError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def holder_text(holder: dict | None) -> str:
+    """`` (pid 4242 on host, started 2026-12-06T07:00:00+0000)`` for ``lock_holder``'s record, "" when it says
+    nothing usable."""
+    try:
+        return f" (pid {holder['pid']} on {holder['host']}, started {holder['started']})"
+    except (KeyError, TypeError):
+        return ""
+
+
 def remove_file(path: str) -> None:
     """Delete a file, local or on object storage; nothing when it is missing."""
     if not is_uri(path) or path.startswith("file://"):

@@ -282,6 +282,7 @@ def _fake_results_module(monkeypatch, write_tables):
     mod = types.ModuleType("cem_bench.analysis.results")
     mod.write_tables = write_tables
     mod.ray_trials, mod.is_trial_dir = results.ray_trials, results.is_trial_dir  # is it an experiment?
+    mod.running_driver, mod.live_tables = results.running_driver, results.live_tables   # no search runs here
     monkeypatch.setitem(sys.modules, "cem_bench.analysis.results", mod)
     import cem_bench
 

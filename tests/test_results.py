@@ -273,3 +273,66 @@ def test_a_trial_without_its_own_config_gets_the_space_s_fixed_keys_and_its_twin
     assert t.loc["lone0003", "config.defense.noise_std"] == 0.1 and t.loc["lone0003", "config.cem.lambd"] == 3
     configs = build_configs(trials, results.load_objectives(results._Dir(exp))[0])
     assert len(configs) == 2 and configs["config.defense.noise_std"].eq(0.1).all()
+
+
+def _hold_driver_lock(exp):
+    """The lock a running search's driver holds on its folder (search/lock.py), held here by another open
+    file description, as another process would: flock locks of separate opens conflict."""
+    import fcntl
+    fd = os.open(exp / results.DRIVER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, json.dumps({"pid": 4242, "host": "head-node", "started": "2026-12-06T07:00:00+0000"}).encode())
+    return fd
+
+
+def test_a_search_still_running_is_read_as_running_and_its_folder_left_alone(experiment, capsys):
+    """While a driver holds the folder's lock, a trial with no final result that Ray lists as running or pending
+    (or that Ray does not list and has no recorded error) is "still running", not an error; the report and
+    `cem-bench table` read the trial folders as they are (the tables beside them are those of before a
+    --resume) and write nothing into the folder, and both say the search is running."""
+    from cem_bench import cli
+    from cem_bench.analysis.report import build_report, load_results
+    for d in experiment.glob("cem_trial_aaaa000[123]_*"):   # the σ the paper-style table needs
+        rec = json.loads((d / results.RESULT_FILE).read_text())
+        rec["info"]["config"]["defense.noise_std"] = 0.05
+        (d / results.RESULT_FILE).write_text(json.dumps(rec))
+    results.write_tables(experiment)          # the tables of an earlier run: 5 trials, two without a result
+    before = {p.name: p.read_bytes() for p in experiment.iterdir() if p.suffix == ".parquet"}
+    make_trial(experiment, "aaaa0006", 6, None, lines=[{"status": "running", "trial_id": "aaaa0006", **hist(1)[0]}])
+
+    def entry(tid, status, d, config):
+        return [json.dumps({"trial_id": tid, "status": status, "relative_logdir": d, "config": config}), "{}"]
+    dirs = {p.name.split("_")[2]: p.name for p in experiment.iterdir() if p.name.startswith("cem_trial_")}
+    state = [entry(t, "TERMINATED", dirs[t], {}) for t in ("aaaa0001", "aaaa0002", "aaaa0003")]
+    state += [entry("aaaa0004", "ERROR", dirs["aaaa0004"], {}),      # its own recorded error: stays one
+              entry("aaaa0005", "RUNNING", dirs["aaaa0005"], {}),    # retried after a failure: running again
+              entry("aaaa0006", "RUNNING", dirs["aaaa0006"], {}),
+              entry("bbbb0009", "PENDING", None, {"cem.lambd": 3.0})]
+    (experiment / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": state}))
+
+    assert results.running_driver(experiment) is None
+    fd = _hold_driver_lock(experiment)
+    try:
+        assert results.running_driver(experiment)["pid"] == 4242
+        res = load_results(experiment)
+        status = res.trials.set_index("trial_id")["status"].to_dict()
+        assert status == {"aaaa0001": "ok", "aaaa0002": "ok", "aaaa0003": "ok", "aaaa0004": "error",
+                          "aaaa0005": "running", "aaaa0006": "running", "bbbb0009": "running"}
+        index = build_report(experiment)
+        page = index.read_text()
+        assert "Drawn while a cem-bench search was running on this folder (pid 4242 on head-node" in page
+        assert "7 trials so far (3 ok, 3 still running, 1 errored)" in page
+        assert "aaaa0006" not in page.split("Errored trials")[-1]
+        capsys.readouterr()
+        assert cli.main(["table", str(experiment), "--metrics", "test_acc"]) == 0
+        out, err = capsys.readouterr()
+        assert "pid 4242 on head-node" in err and "3 trials that finished ok so far (3 still running, 1 errored)" in err
+        assert "running" not in out and "0.8" in out
+        # nothing of the driver's folder was written: its tables are as the earlier run left them
+        assert {p.name: p.read_bytes() for p in experiment.iterdir() if p.suffix == ".parquet"} == before
+    finally:
+        os.close(fd)
+    # the driver gone (ended or killed): the same trials are read as the tables say, without a "running"
+    assert results.running_driver(experiment) is None
+    t = results.build_tables(experiment)[0].set_index("trial_id")
+    assert (t.loc[["aaaa0005", "aaaa0006", "bbbb0009"], "status"] == "error").all()

@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..integrity import write_table
+from ..integrity import parse_table, table_bytes, write_table
 from ..parsing import loads_json
 from ..schema import (
     CONFIGS_FILE,
+    DRIVER_LOCK_FILE,
     EPOCH_COLUMNS,
     EPOCHS_FILE,
     EXECUTION_KEYS,
@@ -50,6 +51,7 @@ from ..schema import (
     rank_table,
 )
 from ..storage import Dir as _Dir
+from ..storage import lock_holder
 from .bundle import read_resume_bundle
 
 # keys of Ray's result lines that are bookkeeping, not epoch metrics
@@ -320,6 +322,30 @@ def mark_interrupted(row: dict, record: dict | None) -> dict:
     return {**row, "status": "interrupted", "error": None, "interrupted_by": record["signal"]}
 
 
+# Ray's statuses of a trial that has not ended: started, waiting for resources or a free slot, or paused
+_LIVE_STATUSES = frozenset({"RUNNING", "PENDING", "PAUSED"})
+
+
+def running_driver(experiment_dir: str | os.PathLike) -> dict | None:
+    """The driver of a search running on this experiment folder now (its lock's record: ``pid``, ``host``,
+    ``started``; ``storage.lock_holder``), or None: no driver holds it. On object storage there is no lock
+    (search/lock.py), so a running search there is not seen: None."""
+    exp = _Dir(experiment_dir)
+    if exp.uri:
+        return None
+    return lock_holder(os.path.join(exp.root, DRIVER_LOCK_FILE))
+
+
+def mark_running(row: dict, ray_status: str | None) -> dict:
+    """While a search runs on the folder (``build_tables(running=True)``), a trial without a final result that
+    Ray lists as running, waiting or paused, or that Ray does not list yet and has recorded no error, is not an
+    error: status "running" (not finished yet). One Ray lists as ended stays as it is."""
+    if row.get("status") != "error" or not ("_error_at" in row or row.get("_partial")):
+        return row   # ok, or the trial's own recorded error (its trial_result.json)
+    live = str(ray_status).upper() in _LIVE_STATUSES if ray_status is not None else row.get("_error_at") is None
+    return {**row, "status": "running", "error": None} if live else row
+
+
 # What ``trials.parquet`` holds as ``write_tables`` leaves it, so that its readers (the report, ``cem-bench
 # table``) only read it: every row's ``status`` and ``role``; the λ = 0 rows as their own kind (surrogate
 # "none", every other ``config.cem.*`` key null: ``aggregate.null_inapplicable``) and a trial's config with
@@ -412,9 +438,11 @@ def complete_configs(rows: list[dict], fixed: dict) -> list[dict]:
     return out
 
 
-def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
+def build_tables(experiment_dir: str | os.PathLike, running: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The trials and epochs DataFrames of an experiment folder (nothing written); the trials table as it is
-    written (``final_trials``)."""
+    written (``final_trials``). ``running``: a search is running on the folder now (``running_driver``), so a
+    trial without a final result may still be running or waiting (``mark_running``): the table of a moment,
+    for the reader that asked, never written into the folder (its driver writes the tables when it ends)."""
     exp = _Dir(experiment_dir)
     if not exp.is_dir():
         raise FileNotFoundError(f"{exp.display} is not a folder (expected a `cem-bench search` experiment)")
@@ -441,10 +469,17 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
     interrupted = interruption(exp)
     # a trial retried after a lost worker or node is one row like any other; this column says it was retried
     failures = {t["dir"]: t["failures"] for t in state or [] if t["dir"]}
+    ray_status = {t["dir"]: t["status"] for t in state or [] if t["dir"]} if running else {}
+
+    def marked(row: dict) -> dict:
+        row = mark_stopped(row, stops)
+        if running:
+            row = mark_running(row, ray_status.get(row.get("trial_dir")))
+        return mark_interrupted(row, interrupted)
     for r in read:
         if r is not None:
             r[0]["failures"] = failures.get(r[0]["trial_dir"])
-            rows.append(mark_interrupted(mark_stopped(r[0], stops), interrupted))
+            rows.append(marked(r[0]))
             epoch_rows.extend(r[1])
     for t in state or []:
         if t["dir"] in dirs:
@@ -456,7 +491,7 @@ def build_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.Da
         config = dict(t["config"])
         row["role"] = str(config.pop("role", None) or "search")
         row.update({f"config.{k}": v for k, v in config.items()})
-        rows.append(mark_interrupted(row, interrupted))
+        rows.append(mark_interrupted(mark_running(row, t["status"]) if running else row, interrupted))
 
     # the space's fixed keys are read again only where a trial needs them (load_objectives read the file above)
     fixed = saved_fixed(exp) if any(r.get("_partial") for r in rows) else {}
@@ -489,3 +524,14 @@ def write_tables(experiment_dir: str | os.PathLike,
     if exp.uri:
         return t, e
     return Path(t), Path(e)
+
+
+def live_tables(experiment_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The trials and epochs tables of a folder whose search is running (``build_tables(running=True)``), as
+    ``write_tables`` would write them and ``integrity.read_table`` read them back, in memory: the folder is its
+    driver's, which writes the tables when it ends (and a table written now would be stale then, and read as
+    final by the next reader if the driver were killed)."""
+    trials, epochs = build_tables(experiment_dir, running=True)
+    where = f"{_Dir(experiment_dir).display} (read while its search runs)"
+    return (parse_table(table_bytes(trials, "trials"), where, "trials"),
+            parse_table(table_bytes(epochs, "epochs"), where, "epochs"))

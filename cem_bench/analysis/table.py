@@ -17,6 +17,7 @@ The legend under each table says so.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -24,10 +25,14 @@ import pandas as pd
 from ..errors import ResultsError
 from ..integrity import read_table
 from ..schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
-from ..storage import Dir
+from ..storage import Dir, holder_text
 from .aggregate import CONFIG_ID, CONFIRMED, build_configs, config_ids
 from .noise import ALPHA, BETTER, MIN_RUNS, P_MIN, WORSE
+from .results import live_tables, running_driver
 
+# a trial that is not ok, by its status (results.py), in the words of the report's run facts
+NOT_OK_WORDS = {"stopped": "stopped early", "interrupted": "interrupted", "running": "still running",
+                "error": "errored"}
 DEFAULT_METRICS = ("test_acc", "attack_ssim", "attack_psnr", "attack_mse")
 SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "config.cem.surrogate"
 
@@ -35,8 +40,16 @@ SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "conf
 def load_configs(results_dir: str | Path) -> pd.DataFrame:
     """``configs.parquet`` when it is this code's and describes the trials beside it (``describes``: the
     report's rule, so that the table and the page print the same numbers), else built from
-    ``trials.parquet``."""
+    ``trials.parquet``. While a search runs on the folder, built from its trial folders as they are
+    (``results.live_tables``; its tables are not written yet, or are those of before a ``--resume``), with
+    ``attrs["running"]`` the driver's lock record."""
     d = Dir(results_dir)
+    driver = running_driver(results_dir) if d.is_dir() else None
+    if driver is not None:
+        trials, _ = live_tables(results_dir)
+        configs = build_configs(trials, load_objectives(d)[0])
+        configs.attrs.update(source=TRIALS_FILE, running=driver, statuses=trials["status"].value_counts().to_dict())
+        return configs
     configs = read_table(d, CONFIGS_FILE, "configs")
     trials = read_table(d, TRIALS_FILE, "trials")
     if configs is not None and "role" in configs and adjusted(configs) and (
@@ -268,6 +281,12 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 def main(args) -> int:
     configs = load_configs(args.results_dir)
+    if "running" in configs.attrs:   # on stderr: the tables on stdout stay as a script reads them
+        n = configs.attrs["statuses"]
+        others = ", ".join(f"{n[status]} {word}" for status, word in NOT_OK_WORDS.items() if n.get(status))
+        print(f"cem-bench: a search is running on {args.results_dir}{holder_text(configs.attrs['running'])}: the "
+              f"table holds the {n.get('ok', 0)} trials that finished ok so far{f' ({others})' if others else ''}; "
+              f"it is final when the search ends", file=sys.stderr)
     if "runs_ok" in configs and with_results(configs).empty:
         # before the checks below: an experiment none of whose trials finished lacks the keys its trials never
         # reported (σ among them), which would otherwise read as a table cem-bench did not write

@@ -38,10 +38,10 @@ from collections.abc import Iterator
 
 from ..errors import SearchError
 from ..integrity import MANIFEST_FILE
-from ..schema import SPACE_FILE
-from ..storage import Dir, exists, is_uri, join, write_bytes
+from ..schema import DRIVER_LOCK_FILE, SPACE_FILE
+from ..storage import Dir, exists, holder_text, is_uri, join, write_bytes
 
-LOCK_FILE = ".cem-bench-driver.lock"
+LOCK_FILE = DRIVER_LOCK_FILE
 CLAIM_FILE = ".cem-bench-driver.json"   # object storage: the claim read back after CLAIM_WAIT_S
 CLAIM_WAIT_S = 2.0
 
@@ -51,9 +51,8 @@ _HELD: set[str] = set()   # experiment folders this process holds (search_comman
 def _holder(fd: int) -> str:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
-        info = json.loads(os.read(fd, 4096).decode() or "{}")
-        return f" (pid {info['pid']} on {info['host']}, started {info['started']})"
-    except (OSError, ValueError, KeyError, TypeError):
+        return holder_text(json.loads(os.read(fd, 4096).decode() or "{}"))
+    except (OSError, ValueError):
         return ""
 
 

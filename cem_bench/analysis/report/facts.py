@@ -120,13 +120,16 @@ def configs_source_text(res: Results) -> str:
 
 
 def status_counts(t: pd.DataFrame) -> str:
-    """``(3 ok, 1 stopped early, 2 interrupted, 1 errored)``: a trial the scheduler stopped or a signal
-    interrupted is not an error (results.mark_stopped, results.mark_interrupted)."""
+    """``(3 ok, 1 stopped early, 2 interrupted, 2 still running, 1 errored)``: a trial the scheduler stopped, a
+    signal interrupted, or that has not finished while the search runs is not an error (results.mark_stopped,
+    results.mark_interrupted, results.mark_running)."""
     status = t["status"] if "status" in t else pd.Series("ok", index=t.index)
     stopped, interrupted = int((status == "stopped").sum()), int((status == "interrupted").sum())
-    errored = int((~t["_ok"]).sum()) - stopped - interrupted
+    running = int((status == "running").sum())
+    errored = int((~t["_ok"]).sum()) - stopped - interrupted - running
     return (f"({int(t['_ok'].sum())} ok, " + (f"{stopped} stopped early, " if stopped else "")
-            + (f"{interrupted} interrupted, " if interrupted else "") + f"{errored} errored)")
+            + (f"{interrupted} interrupted, " if interrupted else "")
+            + (f"{running} still running, " if running else "") + f"{errored} errored)")
 
 
 def trials_text(t: pd.DataFrame) -> str:

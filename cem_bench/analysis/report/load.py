@@ -116,6 +116,9 @@ class Results:
     # the confirmation the space planned (search_space.json ``confirm``: top, replicates); None: none planned,
     # or no space saved. The run facts say when it was planned and none ran (nothing finished to confirm)
     confirm_plan: dict | None = None
+    # the lock record of a search running on the folder as the report read it (``results.running_driver``): the
+    # trials were read from its trial folders (not finished ones are "running") and the page says it is partial
+    running_driver: dict | None = None
 
     @property
     def replicated(self) -> bool:
@@ -251,7 +254,10 @@ def _read_trials(results_dir: Path) -> pd.DataFrame:
 
 
 def _read_epochs(results_dir: Path) -> pd.DataFrame | None:
-    epochs = read_table(results_dir, EPOCHS_FILE, "epochs")
+    return _epochs_frame(read_table(results_dir, EPOCHS_FILE, "epochs"))
+
+
+def _epochs_frame(epochs: pd.DataFrame | None) -> pd.DataFrame | None:
     if epochs is None or epochs.empty or "trial_id" not in epochs or "epoch" not in epochs:
         return None
     epochs = epochs.copy()
@@ -345,8 +351,16 @@ def load_results(results_dir: str | Path) -> Results:
     results_dir = check_results_dir(results_dir)
     objectives, name = load_objectives(results_dir)
     space = _read_space(results_dir)   # once: each read is verified against the folder's manifest
-    res = results_of(_read_trials(results_dir), objectives, results_dir=results_dir, name=name,
-                     epochs=_read_epochs(results_dir), utility_tolerance=_utility_tolerance(space))
+    from cem_bench.analysis.results import live_tables, running_driver
+    driver = running_driver(results_dir)
+    if driver is None:
+        trials, epochs = _read_trials(results_dir), _read_epochs(results_dir)
+    else:   # its tables are not written yet, or are those of before a --resume: read from its trials, not written
+        trials, epochs = live_tables(results_dir)
+        epochs = _epochs_frame(epochs)
+    res = results_of(trials, objectives, results_dir=results_dir, name=name, epochs=epochs,
+                     utility_tolerance=_utility_tolerance(space))
+    res.running_driver = driver
     res.hypotheses, res.hypotheses_problem = _space_hypotheses(space)
     res.confirm_plan = _confirm_plan(space)
     return res

@@ -18,9 +18,9 @@ from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
 from cem_bench.errors import ResultsError
 from cem_bench.parsing import loads_json
 from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
-from cem_bench.storage import is_uri, open_dir, publish, read_regular, relative_inside, write_bytes
+from cem_bench.storage import holder_text, is_uri, open_dir, publish, read_regular, relative_inside, write_bytes
 
-from .facts import metric_columns, run_facts, searched_columns
+from .facts import metric_columns, run_facts, searched_columns, status_counts
 from .formatting import format_value, plural, safe_name, short, tail
 from .frontier_plot import plot_frontier, replicate_caption
 from .hypervolume_plot import plot_hypervolume
@@ -134,6 +134,17 @@ def interrupted_note(res: Results) -> str | None:
     return note
 
 
+def running_note(res: Results) -> str | None:
+    """What the page says first when it was drawn while a search ran on the folder, else None."""
+    if res.running_driver is None:
+        return None
+    t = res.trials
+    return (f"Drawn while a cem-bench search was running on this folder{holder_text(res.running_driver)}: "
+            f"{plural(len(t), 'trial')} so far {status_counts(t)}, so everything below is partial (a trial not "
+            f"finished yet is still running, not an error). The search writes its tables and this report again "
+            f"when it ends.")
+
+
 def _figure(src: str, alt: str, caption: str | None = None) -> dict:
     return {"src": quote(src), "alt": alt, "caption": caption}
 
@@ -244,7 +255,7 @@ def _draw(res: Results, out_dir: Path) -> None:
         groups.append({"name": BASELINE_LABEL, "n": plural(len(own), "trial"),
                        "table": html_table(own, table_cols, table_heads)})
 
-    errored = res.trials[~res.trials["_ok"] & ~res.trials["status"].isin(["stopped", "interrupted"])]
+    errored = res.trials[~res.trials["_ok"] & ~res.trials["status"].isin(["stopped", "interrupted", "running"])]
     errors_table = None
     if not errored.empty:
         err = errored.copy()
@@ -306,5 +317,6 @@ def _draw(res: Results, out_dir: Path) -> None:
         has_configs=res.configs is not None,
         facts_table=facts_table(run_facts(res, final_hv)),
         interrupted=interrupted_note(res),
+        running=running_note(res),
     )
     write_bytes(str(out_dir / "index.html"), page.encode("utf-8"))

@@ -12,7 +12,7 @@ import pandas as pd
 
 from cem_bench.analysis import noise
 from cem_bench.analysis.aggregate import CONFIG_ID
-from cem_bench.analysis.table import DEFAULT_METRICS, SIGMA, column_label, legend, paper_table
+from cem_bench.analysis.table import DEFAULT_METRICS, NOT_OK_WORDS, SIGMA, column_label, legend, paper_table
 from cem_bench.schema import strongest_column
 
 from .facts import config_searched_columns
@@ -98,12 +98,11 @@ def mean_std(row: pd.Series, metric: str) -> str:
     return ms(row, metric)
 
 
-NOT_OK_WORDS = {"error": "errored", "stopped": "stopped early", "interrupted": "interrupted"}
 
 
 def not_ok_kinds(res: Results) -> dict[str, str]:
     """Per configuration id, what its runs that are not ok are, in the words of the run facts
-    (``facts.status_counts``): "errored", "stopped early", "interrupted", or "not ok" for a mix."""
+    (``facts.status_counts``): "errored", "stopped early", "interrupted", "still running", or "not ok" for a mix."""
     t = res.trials
     if CONFIG_ID not in t or "status" not in t:
         return {}
