@@ -37,6 +37,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+# the checkout, as gpu_pack.py does: a lent GPU machine has cem_bench in no site-packages, and a caller that
+# forgets PYTHONPATH=. would find every cem_bench import of the stages failing one by one
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 DEFAULT_OUT = "/tmp/cem_gpu_check"
 DEFAULT_STAGES = ("env", "equivalence", "profile", "decoder", "bench", "trial", "pack", "summary")
 EQUIVALENCE_CAP_S = 210.0   # default of --equivalence-cap-s: the equivalence stage starts no new configuration after
@@ -108,6 +112,9 @@ class Run:
     device: str                                   # "cuda" or "cpu" (the dry run)
     bench_groups: tuple[str, ...] | None = None   # --bench-groups; None: the device's default
     equivalence_cap_s: float = EQUIVALENCE_CAP_S  # --equivalence-cap-s
+    # --equivalence-reserve-s: what the equivalence stage leaves of the budget to the stages after it (the default
+    # stages' bench and paper need a minute; `summary` alone, as gpu_grid_cost.sh runs it, a second or two)
+    equivalence_reserve_s: float = 60.0
     equivalence_configs: tuple[str, ...] | None = None   # --equivalence-configs; None: all
     paper_variants: tuple[PaperVariant, ...] = PAPER_VARIANTS   # --paper-variants
     option_settings: tuple[str, ...] = ("default", "high_priority_stream", "tf32 matmuls",
@@ -206,7 +213,7 @@ def equivalence(run: Run) -> None:
     todo = equivalence_configs(surrogates.names())
     if run.equivalence_configs:
         todo = [c for c in todo if c.key in run.equivalence_configs]
-    cap = min(run.equivalence_cap_s, run.left() - 60)
+    cap = min(run.equivalence_cap_s, run.left() - run.equivalence_reserve_s)
     t0 = time.perf_counter()
     out = {}
     for c in todo:
@@ -790,6 +797,9 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--equivalence-reserve-s", type=float, default=60.0,
+                    help="seconds of the budget the equivalence stage leaves to the stages after it (default 60; "
+                         "10 when only summary follows)")
     ap.add_argument("--equivalence-cap-s", type=float, default=EQUIVALENCE_CAP_S,
                     help="the equivalence stage starts no new configuration after this many seconds")
     ap.add_argument("--equivalence-configs", nargs="+", default=None,
@@ -818,7 +828,7 @@ def main(argv: list[str] | None = None) -> None:
     run = Run(out=os.environ.get("OUT") or DEFAULT_OUT, budget_s=a.budget_s, t0=t0,
               device="cuda" if torch.cuda.is_available() else "cpu",
               bench_groups=tuple(a.bench_groups) if a.bench_groups else None,
-              equivalence_cap_s=a.equivalence_cap_s,
+              equivalence_cap_s=a.equivalence_cap_s, equivalence_reserve_s=a.equivalence_reserve_s,
               equivalence_configs=tuple(a.equivalence_configs) if a.equivalence_configs else None,
               paper_variants=PAPER_VARIANTS if a.paper_variants is None else
               tuple(v for v in PAPER_VARIANTS if v.name in a.paper_variants),

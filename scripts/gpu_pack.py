@@ -44,6 +44,9 @@ PHASES = ("fp32", "fp32-mps", "bf16", "bf16-mps", "trials", "attacks")
 # estimated seconds on an H100 of one paper-trial slice of 10 epochs with both attacks at full size, alone and
 # 2 at once (from the lone paper trial's parts: epochs of 1.0 s, decoder 47.8 s, rmle 18.7 s, start-up)
 TRIALS_EST_S = {1: 110, 2: 170}
+# a pair of an attention surrogate also compiles it and runs the 64-batch strength match in each process (docs/
+# performance.md: about 180 s for 2 attention_centroid under MPS); the estimate a pair of it is started on
+TRIALS_EST_ATTENTION_PAIR_S = 200
 
 
 def main() -> int:
@@ -161,7 +164,10 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
 
     epochs = args.trials_epochs or (10 if cuda else 3)
     first, *others = args.trials_surrogates
-    est = TRIALS_EST_S if cuda else {1: 0, 2: 0}
+    def est(k: int, surrogate: str) -> float:
+        if not cuda:
+            return 0.0
+        return TRIALS_EST_ATTENTION_PAIR_S if k > 1 and surrogate != "gmm" else TRIALS_EST_S[k]
     results = {"alone": None, "packed": []}
     # the grid's own packing first (MPS), then each other surrogate's pair: what the grid's cost needs before
     # the no-MPS comparison, which the budget may skip
@@ -170,7 +176,7 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
         ([("2 at once, no MPS", 2, False, first)] if args.trials_no_mps else [])
     for label, k, use_mps, surrogate in plan:
         keys = {**paper.paper_keys(cuda, surrogate=surrogate), "train.epochs": epochs}
-        if left() < est[k] or (k > 1 and results["alone"] is None):
+        if left() < est(k, surrogate) or (k > 1 and results["alone"] is None):
             emit("skipped", phase=f"trials {label}", left=left())
             continue
         if use_mps is not True and mps.running():   # these processes would be MPS clients: not what is asked

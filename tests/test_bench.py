@@ -407,3 +407,19 @@ def test_kernel_count_of_each_step_is_exact_and_ordered():
                                                                         for s in surrogates.names()]
     for r in rows[1:]:
         assert r["ratio"] == pytest.approx(kernels.predicted_ratio(r["value"] - r["baseline"])) and r["ratio"] > 1
+
+
+def test_the_results_group_keeps_its_rows_without_optuna(monkeypatch):
+    """A lent GPU machine has no Optuna: the samplers' rows become one error row, not an error that takes the
+    report's and table's rows of the same group with it."""
+    import importlib.util
+
+    from cem_bench.bench import results as bench_results
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else real(name, *a))
+    rows = bench_results.sampler_rows(type("Sizes", (), {"sampler_trials": (10,)})())
+    assert len(rows) == 1 and "optuna is not installed" in rows[0]["error"]
+    monkeypatch.undo()
+    rows = bench_results.sampler_rows(type("Sizes", (), {"sampler_trials": (10,)})())
+    assert [r["name"] for r in rows] == [f"results at scale: {s} ask+tell, 10 completed trials"
+                                         for s in ("tpe", "nsga2", "gp")] and all(r["value"] > 0 for r in rows)

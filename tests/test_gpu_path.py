@@ -246,7 +246,8 @@ def test_an_unknown_equivalence_configuration_is_refused_before_any_stage(monkey
 @pytest.mark.slow
 def test_the_prepared_device_run_dry_runs_on_the_cpu(tmp_path):
     """scripts/gpu_grid_cost.sh on the CPU: the trials phase and the equivalence stage run, and what a device call
-    brings back (at most 8 files) is there: the archive and both summaries."""
+    brings back (at most 8 files, no deeper than $OUT/a/b) is there: the pack's rows and summary, written under
+    $OUT as they are made (a call cut off at its limit returns them), the check's archive and its summary."""
     import os
     import subprocess
     import tarfile
@@ -259,11 +260,12 @@ def test_the_prepared_device_run_dry_runs_on_the_cpu(tmp_path):
     p = subprocess.run(["bash", "scripts/gpu_grid_cost.sh", "1500"], env=env, capture_output=True, text=True,
                        timeout=1800)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert sorted(os.listdir(tmp_path)) == ["check_summary.md", "pack_summary.md", "run.tgz"]
-    with tarfile.open(tmp_path / "run.tgz") as t:
+    files = sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*") if f.is_file())
+    assert files == ["check.tgz", "check_summary.md", "pack/pack.jsonl", "pack/summary.md"]
+    with tarfile.open(tmp_path / "check.tgz") as t:
         names = set(t.getnames())
-    assert {"./pack/pack.jsonl", "./pack/summary.md", "./check/equivalence.json", "./check/env.json"} <= names
-    summary = (tmp_path / "pack_summary.md").read_text()
+    assert {"check/equivalence.json", "check/env.json", "check/summary.md"} <= names
+    summary = (tmp_path / "pack" / "summary.md").read_text()
     assert "- 2 at once, no MPS: slice span" in summary
     assert "- 2 at once, MPS, attention_centroid (MPS off): slice span" in summary   # the grid's other trials
 
