@@ -664,3 +664,17 @@ def test_the_distinct_count_knows_stepped_uniforms_and_conditional_ints(params, 
 def test_a_name_yaml_read_as_a_number_says_to_quote_it():
     errs = errors_of(minimal(name=123))
     assert any("YAML read it as a number: quote it, name: \"123\"" in e for e in errs), errs
+
+
+def test_a_cem_key_searched_with_lambda_fixed_at_zero_is_refused():
+    """No surrogate runs at λ = 0: `cem.num_clusters: {choice: [2, 4, 8]}` beside a fixed `cem.lambd: 0` made three
+    "distinct" configurations of one model, each trained again (2026-12-06: left alone the session before)."""
+    errs = errors_of(minimal(fixed={"cem.lambd": 0, "train.device": "cpu"}, baseline=False, num_samples=3,
+                             params={"cem.num_clusters": {"choice": [2, 4, 8]}}))
+    assert any(e.startswith("params.cem.num_clusters: is searched with cem.lambd fixed at 0") for e in errs), errs
+    # the same key beside a λ above 0, or a searched λ, or a non-cem key at λ = 0, stands
+    parse_space(minimal(fixed={"cem.lambd": 8, "train.device": "cpu"}, num_samples=3,
+                        params={"cem.num_clusters": {"choice": [2, 4, 8]}}))
+    parse_space(minimal(params={"cem.lambd": {"choice": [0, 8]}, "cem.num_clusters": {"choice": [2, 4]}}))
+    parse_space(minimal(fixed={"cem.lambd": 0, "train.device": "cpu"}, baseline=False, num_samples=2,
+                        params={"defense.noise_std": {"choice": [0.05, 0.1]}}))

@@ -164,6 +164,7 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
         scheduler = self.scheduler(doc.get("scheduler"), objectives, fixed, params, grid, seeds)
         hypotheses, alpha, correction = self.hypotheses_form(doc.get("hypotheses"), grid, seeds)
         self.attacks_run(objectives, hypotheses, fixed, params)
+        self.cem_keys_without_cem(fixed, params)
         if self.errors:
             raise SpaceError(self.errors, self.path)
         if grid:

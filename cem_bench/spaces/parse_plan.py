@@ -151,14 +151,25 @@ class PlanStages:
                  f"{DEFAULT_BASELINE_REPLICATES}}}) or false")
         return 0
 
+    def cem_keys_without_cem(self, fixed: dict, params) -> None:
+        """A searched ``cem.*`` key with ``cem.lambd`` fixed at 0: no surrogate runs at λ = 0, so each of its
+        values trains the same model (the tables null such keys at λ = 0: ``aggregate.null_inapplicable``), and
+        the sampler's "distinct" configurations would be one run repeated."""
+        if any(p.key == "cem.lambd" for p in params) or not _is_zero(fixed.get("cem.lambd", 16.0)):
+            return
+        for p in params:
+            if p.key.startswith("cem."):
+                self.err(f"params.{p.key}", "is searched with cem.lambd fixed at 0: no surrogate runs at λ = 0, "
+                         "so every value trains the same model; fix cem.lambd above 0, search it, or drop this "
+                         "parameter")
+
     def baseline(self, n: int | None, fixed: dict, params, grid: bool, seeds) -> tuple[int, tuple[dict, ...]]:
         """The baseline's runs and cells from ``baseline_form``'s N. Left out (None): on wherever λ can be
         non-zero, except a replicated grid whose λ = 0 cells already are the baseline. One cell per combination
         of the searched keys that change the baseline (every searched key outside ``cem.``), which must
         therefore be choices."""
         lam = next((p for p in params if p.key == "cem.lambd"), None)
-        fixed_lam = fixed.get("cem.lambd", 16.0)
-        lam_zero = lam is None and isinstance(fixed_lam, (int, float)) and fixed_lam == 0
+        lam_zero = lam is None and _is_zero(fixed.get("cem.lambd", 16.0))
         if n is None:
             on = not lam_zero if lam is None else \
                 not (grid and len(seeds) >= 2 and lam.choices is not None and 0 in lam.choices)
@@ -309,3 +320,8 @@ class PlanStages:
             elif not known[k][1](v):
                 self.err(f"sampler.{k}", f"{v!r} must be {known[k][0]}")
         return dict(value, name=name)
+
+
+def _is_zero(value) -> bool:
+    """Is a fixed ``cem.lambd`` the number 0 (CEM off)?"""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
