@@ -182,4 +182,3 @@ def sampler_rows(sizes) -> list[dict]:
             rows.append(make_row(f"results at scale: {name} ask+tell, {completed:,} completed trials", s, "s",
                                  note="one ask and one tell, median of 3", samples=[s]))
     return rows
-

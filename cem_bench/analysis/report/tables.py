@@ -98,8 +98,6 @@ def mean_std(row: pd.Series, metric: str) -> str:
     return ms(row, metric)
 
 
-
-
 def not_ok_kinds(res: Results) -> dict[str, str]:
     """Per configuration id, what its runs that are not ok are, in the words of the run facts
     (``facts.status_counts``): "errored", "stopped early", "interrupted", "still running", or "not ok" for a mix."""
