@@ -351,14 +351,15 @@ def cmd_report(args) -> int:
     if args.out:   # before the results are read (a remote folder is fetched into --out/source first)
         check_out_folder(args.out, "the report", "Nothing was written")
     from .analysis.results import running_driver
-    from .storage import holder_text, is_uri
-    driver = None if is_uri(args.results_dir) else running_driver(args.results_dir)
-    path = build_report(args.results_dir, args.out)
+    from .storage import holder_text, is_uri, local
+    results_dir = local(args.results_dir)   # file:// is a folder of this machine: build_report reads it in place
+    driver = None if is_uri(results_dir) else running_driver(results_dir)
+    path = build_report(results_dir, args.out)
     print(f"report: {path}")
     if driver is not None:   # the page says so first too (report.page.running_note)
-        print(f"cem-bench: a search is running on {args.results_dir}{holder_text(driver)}: this report holds "
-              f"the trials finished so far; the search writes the whole one when it ends", file=sys.stderr)
-    print_hypotheses(path, os.path.join(args.out, "source") if is_uri(args.results_dir) else args.results_dir)
+        print(f"cem-bench: a search is running on {results_dir}{holder_text(driver)}: this report holds the "
+              f"trials finished so far; the search writes the whole one when it ends", file=sys.stderr)
+    print_hypotheses(path, os.path.join(args.out, "source") if is_uri(results_dir) else results_dir)
     return 0
 
 

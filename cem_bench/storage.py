@@ -233,14 +233,18 @@ def write_bytes(path: str, data: bytes, *, within: str | os.PathLike | None = No
 def lock_holder(path: str | os.PathLike) -> dict | None:
     """Who holds an exclusive ``flock`` on the local file ``path`` (the JSON it holds: ``pid``, ``host``,
     ``started``; ``{}`` when unreadable), or None when nobody does, or the file is missing, a link, or on a file
-    system without ``flock``. It asks with a shared lock taken and dropped at once, never waiting: a driver
-    taking its own lock in that instant is told the folder is busy, and changes nothing."""
+    system without ``flock``, or not a regular file (a named pipe there would block an open without
+    ``O_NONBLOCK``). It asks with a shared lock taken and dropped at once, never waiting (a driver taking its
+    own lock in that instant retries: search/lock.py)."""
     import fcntl
+    import stat
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -22,6 +22,7 @@ total=${1:-570}
 out=${OUT:-/tmp/cem_gpu_grid_cost}
 # the checkout: cem_bench is in no site-packages on a lent machine (both scripts also put it on sys.path)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+rm -rf "$out/pack" "$out/check" "$out/check.tgz" "$out/check_summary.md"   # gpu_pack appends to pack.jsonl
 mkdir -p "$out/pack" "$out/check"
 start=$(date +%s)
 # the trials first: the check gets what their budget's skipped runs leave. gpu_pack's clock starts after its

@@ -291,7 +291,7 @@ def test_a_search_still_running_is_read_as_running_and_its_folder_left_alone(exp
     `cem-bench table` read the trial folders as they are (the tables beside them are those of before a
     --resume) and write nothing into the folder, and both say the search is running."""
     from cem_bench import cli
-    from cem_bench.analysis.report import build_report, load_results
+    from cem_bench.analysis.report import load_results
     for d in experiment.glob("cem_trial_aaaa000[123]_*"):   # the σ the paper-style table needs
         rec = json.loads((d / results.RESULT_FILE).read_text())
         rec["info"]["config"]["defense.noise_std"] = 0.05
@@ -299,6 +299,11 @@ def test_a_search_still_running_is_read_as_running_and_its_folder_left_alone(exp
     results.write_tables(experiment)          # the tables of an earlier run: 5 trials, two without a result
     before = {p.name: p.read_bytes() for p in experiment.iterdir() if p.suffix == ".parquet"}
     make_trial(experiment, "aaaa0006", 6, None, lines=[{"status": "running", "trial_id": "aaaa0006", **hist(1)[0]}])
+    # started since Ray's last snapshot of its state: not listed there yet
+    make_trial(experiment, "aaaa0007", 7, None, lines=[{"status": "running", "trial_id": "aaaa0007", **hist(1)[0]}])
+    # the record of the signal that stopped the run this one resumes (removed once Ray has restored it)
+    (experiment / results.INTERRUPTED_FILE).write_text(json.dumps({"signal": "SIGTERM", "at": 0.0,
+                                                                   "resume": "cem-bench search x --resume"}))
 
     def entry(tid, status, d, config):
         return [json.dumps({"trial_id": tid, "status": status, "relative_logdir": d, "config": config}), "{}"]
@@ -317,16 +322,18 @@ def test_a_search_still_running_is_read_as_running_and_its_folder_left_alone(exp
         res = load_results(experiment)
         status = res.trials.set_index("trial_id")["status"].to_dict()
         assert status == {"aaaa0001": "ok", "aaaa0002": "ok", "aaaa0003": "ok", "aaaa0004": "error",
-                          "aaaa0005": "running", "aaaa0006": "running", "bbbb0009": "running"}
-        index = build_report(experiment)
-        page = index.read_text()
-        assert "Drawn while a cem-bench search was running on this folder (pid 4242 on head-node" in page
-        assert "7 trials so far (3 ok, 3 still running, 1 errored)" in page
-        assert "aaaa0006" not in page.split("Errored trials")[-1]
+                          "aaaa0005": "running", "aaaa0006": "running", "aaaa0007": "running", "bbbb0009": "running"}
+        assert not res.configs_stored
         capsys.readouterr()
+        assert cli.main(["report", f"file://{experiment}"]) == 0       # file:// is this folder, read in place
+        assert "a search is running on" in capsys.readouterr().err
+        page = (experiment / "report" / "index.html").read_text()
+        assert "Drawn while a cem-bench search was running on this folder (pid 4242 on head-node" in page
+        assert "8 trials so far (3 ok, 4 still running, 1 errored)" in page and "interrupted by" not in page
+        assert "aaaa0006" not in page.split("Errored trials")[-1]
         assert cli.main(["table", str(experiment), "--metrics", "test_acc"]) == 0
         out, err = capsys.readouterr()
-        assert "pid 4242 on head-node" in err and "3 trials that finished ok so far (3 still running, 1 errored)" in err
+        assert "pid 4242 on head-node" in err and "3 trials that finished ok so far (4 still running, 1 errored)" in err
         assert "running" not in out and "0.8" in out
         # nothing of the driver's folder was written: its tables are as the earlier run left them
         assert {p.name: p.read_bytes() for p in experiment.iterdir() if p.suffix == ".parquet"} == before
@@ -335,4 +342,19 @@ def test_a_search_still_running_is_read_as_running_and_its_folder_left_alone(exp
     # the driver gone (ended or killed): the same trials are read as the tables say, without a "running"
     assert results.running_driver(experiment) is None
     t = results.build_tables(experiment)[0].set_index("trial_id")
-    assert (t.loc[["aaaa0005", "aaaa0006", "bbbb0009"], "status"] == "error").all()
+    assert (t.loc[["aaaa0005", "aaaa0006"], "status"] == "interrupted").all() and "aaaa0007" not in t.index
+    # a configs.parquet that describes the trials exactly (same configurations and runs) is still not used while
+    # a search runs: its runs' statuses may have changed since (a running trial finished ok)
+    results.write_tables(experiment)
+    assert load_results(experiment).configs_stored
+    fd = _hold_driver_lock(experiment)
+    try:
+        assert not load_results(experiment).configs_stored
+    finally:
+        os.close(fd)
+
+
+def test_a_named_pipe_at_the_lock_s_name_is_not_waited_on(tmp_path):
+    """The probe opens the lock file without blocking: a FIFO planted there made `cem-bench table` hang."""
+    os.mkfifo(tmp_path / results.DRIVER_LOCK_FILE)
+    assert results.running_driver(tmp_path) is None

@@ -451,9 +451,10 @@ def build_tables(experiment_dir: str | os.PathLike, running: bool = False) -> tu
     rows, epoch_rows = [], []
     state = ray_trials(exp)
     dirs = exp.subdirs()
-    if state is not None:
+    if state is not None and not running:
         # Ray's experiment state is authoritative: a folder it does not list was started by a driver that
         # was killed before its next snapshot, and a resumed search ran that sample again under a new id.
+        # (While the search runs, such a folder is most often a trial started since the last snapshot.)
         listed = {t["dir"] for t in state if t["dir"]}
         dirs = [d for d in dirs if d in listed]
 
@@ -466,7 +467,8 @@ def build_tables(experiment_dir: str | os.PathLike, running: bool = False) -> tu
         read = list(pool.map(one, dirs))
     dirs = [d for d, r in zip(dirs, read) if r is not None]
     stops = scheduler_stops(exp)
-    interrupted = interruption(exp)
+    # a --resume removes the record of the signal only once Ray has restored the run: while it runs, none applies
+    interrupted = None if running else interruption(exp)
     # a trial retried after a lost worker or node is one row like any other; this column says it was retried
     failures = {t["dir"]: t["failures"] for t in state or [] if t["dir"]}
     ray_status = {t["dir"]: t["status"] for t in state or [] if t["dir"]} if running else {}

@@ -44,6 +44,7 @@ from ..storage import Dir, exists, holder_text, is_uri, join, write_bytes
 LOCK_FILE = DRIVER_LOCK_FILE
 CLAIM_FILE = ".cem-bench-driver.json"   # object storage: the claim read back after CLAIM_WAIT_S
 CLAIM_WAIT_S = 2.0
+LOCK_TRIES, LOCK_RETRY_S = 5, 0.05   # a lock held by a reader's probe is let go within microseconds
 
 _HELD: set[str] = set()   # experiment folders this process holds (search_command, then run_search inside it)
 
@@ -72,7 +73,16 @@ def _lock_local(exp_path: str) -> int:
                               f"links inside an experiment folder: remove it") from e
         raise
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for attempt in range(LOCK_TRIES):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # `cem-bench report`/`table` hold a shared lock for an instant to see whether a search runs
+                # (storage.lock_holder): a short retry tells that from a driver, which holds it for hours
+                if attempt == LOCK_TRIES - 1:
+                    raise
+                time.sleep(LOCK_RETRY_S)
     except BlockingIOError:
         who = _holder(fd)
         os.close(fd)

@@ -359,8 +359,7 @@ def load_results(results_dir: str | Path) -> Results:
         trials, epochs = live_tables(results_dir)
         epochs = _epochs_frame(epochs)
     res = results_of(trials, objectives, results_dir=results_dir, name=name, epochs=epochs,
-                     utility_tolerance=_utility_tolerance(space))
-    res.running_driver = driver
+                     utility_tolerance=_utility_tolerance(space), running_driver=driver)
     res.hypotheses, res.hypotheses_problem = _space_hypotheses(space)
     res.confirm_plan = _confirm_plan(space)
     return res
@@ -407,10 +406,12 @@ def _utility_tolerance(spec: dict | None) -> float | None:
 
 def results_of(trials: pd.DataFrame, objectives: Sequence[dict], results_dir: Path | None = None,
                name: str | None = None, epochs: pd.DataFrame | None = None,
-               utility_tolerance: float | None = None) -> Results:
+               utility_tolerance: float | None = None, running_driver: dict | None = None) -> Results:
     """A ``Results`` of a trials table as read (``load_results`` without the folder: the claims' simulation in
     tests/test_claims.py judges hundreds of tables this way). ``objectives`` are copied, their missing
-    references filled from the data; without ``results_dir`` no stored ``configs.parquet`` is read.
+    references filled from the data; without ``results_dir``, or with ``running_driver`` (a search still runs
+    on the folder: its configs.parquet, if any, is of before a ``--resume``), no stored ``configs.parquet`` is
+    read.
 
     A table as ``results.write_tables`` leaves it (``results.is_final``) is only read: its statuses, roles,
     nulled keys, ``config_id`` and ``pareto_rank`` (over the folder's objectives, which ``load_results``
@@ -465,9 +466,9 @@ def results_of(trials: pd.DataFrame, objectives: Sequence[dict], results_dir: Pa
         "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd",
     ]  # fmt: skip
     colors = {s: palette[i % len(palette)] for i, s in enumerate(surrogates)}
-    configs, stored = load_configs(results_dir, raw, trials, objectives)
+    configs, stored = load_configs(None if running_driver is not None else results_dir, raw, trials, objectives)
     return Results(results_dir, name, objectives, trials, epochs, surrogates, colors, configs, utility_tolerance,
-                   configs_stored=stored, final_table=final)
+                   configs_stored=stored, final_table=final, running_driver=running_driver)
 
 
 def normalise_older(trials: pd.DataFrame, objectives: Sequence[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:

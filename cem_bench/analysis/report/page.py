@@ -18,7 +18,16 @@ from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
 from cem_bench.errors import ResultsError
 from cem_bench.parsing import loads_json
 from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
-from cem_bench.storage import holder_text, is_uri, open_dir, publish, read_regular, relative_inside, write_bytes
+from cem_bench.storage import (
+    holder_text,
+    is_uri,
+    local,
+    open_dir,
+    publish,
+    read_regular,
+    relative_inside,
+    write_bytes,
+)
 
 from .facts import metric_columns, run_facts, searched_columns, status_counts
 from .formatting import format_value, plural, safe_name, short, tail
@@ -118,7 +127,10 @@ def attack_rows(row: pd.Series) -> list[str]:
 
 # ================================================================= the report
 def interrupted_note(res: Results) -> str | None:
-    """What the page says first when a signal stopped the search (search/interrupt.py), else None."""
+    """What the page says first when a signal stopped the search (search/interrupt.py), else None; None too
+    while a search runs on the folder (a --resume removes the record only once Ray has restored the run)."""
+    if res.running_driver is not None:
+        return None
     try:
         data = read_regular(res.results_dir / INTERRUPTED_FILE, within=res.results_dir, limit=1 << 20)
         record = loads_json(data)
@@ -160,7 +172,8 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     ``results_dir/report``) file by file, each renamed into place: no symbolic link under the folder the
     user named is followed, so a link planted in a shared results folder (``report/`` itself, or
     ``report/frontier.csv``) is refused or replaced, never written through (UnsafePath)."""
-    if is_uri(str(results_dir)):
+    results_dir = local(str(results_dir))   # file:// is a folder of this machine: read in place, its lock seen
+    if is_uri(results_dir):
         if out_dir is None:
             raise ResultsError(f"{results_dir}: the report of a folder on object storage is written locally; "
                                f"give --out DIR")
