@@ -92,3 +92,19 @@ def test_decoder_surrogates_digits_says_what_the_docs_say():
                                                 -0.019]
     assert [f"{p:.0e}" for p in tested["p_adjusted"]] == ["7e-05", "3e-06", "3e-05", "9e-06", "2e-05", "1e-02",
                                                           "2e-02", "1e-05", "8e-05"]
+
+
+@pytest.mark.skipif("tradeoff_matched_digits" not in FOLDERS, reason="not shipped")
+def test_tradeoff_matched_digits_says_what_the_docs_say():
+    """docs/estimators.md "At matched accuracy on seeds 144–167" and README's third row (4-epoch decoder): H1 holds
+    (a − b = −0.0359, −0.0554 to −0.0164, adjusted p 0.00067) and H2 holds narrowly (+0.0061, −0.0210 to +0.0332,
+    adjusted p 0.029); the cells as printed."""
+    res = load_results(FINDINGS / "tradeoff_matched_digits")
+    assert len(res.trials) == 48 and (res.trials["status"] == "ok").all()
+    assert cells(res) == {(48.0, "gmm"): (24, 0.913, 0.635, 0.022),
+                          (16.0, "attention_centroid"): (24, 0.919, 0.599, 0.041)}
+    tested = evaluate(res.trials, res.hypotheses).set_index("name")
+    assert list(tested.index) == ["H1", "H2"] and (tested["verdict"] == "holds").all(), tested
+    assert tested["diff"].round(4).tolist() == [-0.0359, 0.0061]
+    assert [round(tested.loc["H2", k], 4) for k in ("ci_low", "ci_high")] == [-0.021, 0.0332]
+    assert [f"{p:.2g}" for p in tested["p_adjusted"]] == ["0.00067", "0.029"]
