@@ -95,16 +95,48 @@ def test_decoder_surrogates_digits_says_what_the_docs_say():
 
 
 @pytest.mark.skipif("tradeoff_matched_digits" not in FOLDERS, reason="not shipped")
-def test_tradeoff_matched_digits_says_what_the_docs_say():
-    """docs/estimators.md "At matched accuracy on seeds 144–167" and README's third row (4-epoch decoder): H1 holds
-    (a − b = −0.0359, −0.0554 to −0.0164, adjusted p 0.00067) and H2 holds narrowly (+0.0061, −0.0210 to +0.0332,
-    adjusted p 0.029); the cells as printed."""
+def test_tradeoff_matched_digits_rerun_says_what_the_docs_say():
+    """docs/estimators.md "At matched accuracy on seeds 144–167" and README's third row: the rerun of 2026-12-06
+    (the same code and seeds, another box) gives H1 (a − b = −0.0418, −0.0695 to −0.0142, adjusted p 0.0042: holds)
+    and not H2 (−0.0045, −0.0241 to +0.0151, adjusted p 0.059: not shown), where the first run of 2026-11-28 had
+    both hold (−0.0359; +0.0061, adjusted p 0.029)."""
     res = load_results(FINDINGS / "tradeoff_matched_digits")
     assert len(res.trials) == 48 and (res.trials["status"] == "ok").all()
-    assert cells(res) == {(48.0, "gmm"): (24, 0.913, 0.635, 0.022),
-                          (16.0, "attention_centroid"): (24, 0.919, 0.599, 0.041)}
+    assert cells(res) == {(48.0, "gmm"): (24, 0.928, 0.640, 0.029),
+                          (16.0, "attention_centroid"): (24, 0.923, 0.598, 0.060)}
     tested = evaluate(res.trials, res.hypotheses).set_index("name")
-    assert list(tested.index) == ["H1", "H2"] and (tested["verdict"] == "holds").all(), tested
-    assert tested["diff"].round(4).tolist() == [-0.0359, 0.0061]
-    assert [round(tested.loc["H2", k], 4) for k in ("ci_low", "ci_high")] == [-0.021, 0.0332]
-    assert [f"{p:.2g}" for p in tested["p_adjusted"]] == ["0.00067", "0.029"]
+    assert list(tested.index) == ["H1", "H2"] and tested["verdict"].tolist() == ["holds", "not shown"], tested
+    assert tested["diff"].round(4).tolist() == [-0.0418, -0.0045]
+    assert [round(tested.loc["H2", k], 4) for k in ("ci_low", "ci_high")] == [-0.0241, 0.0151]
+    assert [f"{p:.2g}" for p in tested["p_adjusted"]] == ["0.0042", "0.059"]
+
+
+@pytest.mark.skipif("surrogates_digits_confirm" not in FOLDERS, reason="not shipped")
+def test_surrogates_digits_confirm_says_what_the_docs_say():
+    """docs/estimators.md "Confirmed on 16 new seeds" and README's second row (4-epoch decoder): at one matched
+    strength attention_centroid and serial_enhanced lower the worst-case SSIM more than gmm, −0.113 ± 0.032 and
+    −0.078 ± 0.053 paired by seed (one-sided Welch, Holm over the 2: 1e−10 and 7e−6); the cells as printed. The
+    space wrote its tests in comments (before `hypotheses:` existed), so they are computed here as written."""
+    from scipy import stats
+    res = load_results(FINDINGS / "surrogates_digits_confirm")
+    t = res.trials
+    assert len(t) == 80 and (t["status"] == "ok").all()
+    t = t.assign(every=t["config.cem.strength_every"].fillna(0).astype(int))
+    by = {k: g.sort_values("config.seed") for k, g in t.groupby(["config.cem.lambd", "config.cem.surrogate", "every"],
+                                                                   dropna=False)}
+    got = {(float(k[0]), str(k[1]), k[2]): (len(g), round(g["test_acc"].mean(), 3), round(g["test_acc"].std(), 3),
+                                            round(g["attack_ssim"].mean(), 3), round(g["attack_ssim"].std(), 3))
+           for k, g in by.items()}
+    assert got == {(0.0, "none", 0): (16, 0.957, 0.021, 0.764, 0.007), (16.0, "gmm", 0): (16, 0.943, 0.021, 0.708, 0.013),
+                   (16.0, "attention_centroid", 0): (16, 0.919, 0.034, 0.594, 0.034),
+                   (16.0, "attention_centroid", 1): (16, 0.924, 0.032, 0.610, 0.033),
+                   (16.0, "serial_enhanced", 0): (16, 0.917, 0.053, 0.630, 0.050)}
+    gmm = by[(16.0, "gmm", 0)]["attack_ssim"].to_numpy()
+    ps = []
+    for sur, mean, std in (("attention_centroid", -0.113, 0.032), ("serial_enhanced", -0.078, 0.053)):
+        a = by[(16.0, sur, 0)]["attack_ssim"].to_numpy()
+        assert (round((a - gmm).mean(), 3), round((a - gmm).std(ddof=1), 3)) == (mean, std), sur
+        ps.append(stats.ttest_ind(a, gmm, equal_var=False, alternative="less").pvalue)
+    low, high = sorted(ps)   # Holm over 2: the smaller p times 2, the larger at least that
+    adjusted = {low: min(1.0, 2 * low), high: max(min(1.0, 2 * low), high)}
+    assert [f"{adjusted[p]:.0e}" for p in ps] == ["1e-10", "7e-06"], ps
