@@ -45,12 +45,29 @@ def git_sha() -> str:
     return _GIT_SHA
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform says of it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def device_name(device) -> str:
-    """The GPU's name, or the CPU's architecture and core count."""
+    """The GPU's name; or the CPU's model, architecture, core count and the instruction set torch's kernels use
+    there (``torch.backends.cpu.get_cpu_capability``: AVX512, AVX2, ...). A run at one thread is deterministic on
+    one machine, but two CPUs' kernels sum in their own order: a rerun that differs from its first run (2026-12-06,
+    findings/README.md) can then tell whether it ran on the same kind of machine."""
+    import torch
     if getattr(device, "type", str(device)) == "cuda":
-        import torch
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    get_isa = getattr(torch.backends.cpu, "get_cpu_capability", None)
+    isa = f", torch kernels {get_isa()}" if get_isa is not None else ""
+    return f"cpu ({_cpu_model()}, {platform.machine()}, {os.cpu_count()} cores{isa})"
 
 
 def now_iso() -> str:

@@ -104,3 +104,18 @@ def test_git_sha_of_a_package_inside_another_repository_is_unknown(tmp_path, how
     site = user / ".venv" / "lib" / "site-packages"
     site.mkdir(parents=True)
     assert load_copy(site).git_sha() == "unknown"
+
+
+def test_a_cpu_result_names_the_kind_of_machine_that_computed_it():
+    """A rerun of a search at one thread repeats its first run on the same kind of CPU and not on another
+    (findings/README.md, tradeoff_matched_digits): the device says the CPU's model and the instruction set torch's
+    kernels dispatch to, so that two runs' tables tell whether they can be compared digit for digit."""
+    import os
+    import platform
+
+    import torch
+
+    from cem_bench.provenance import device_name
+    name = device_name("cpu")
+    assert name.startswith("cpu (") and f", {platform.machine()}, {os.cpu_count()} cores, " in name
+    assert name.endswith(f"torch kernels {torch.backends.cpu.get_cpu_capability()})"), name
