@@ -30,9 +30,11 @@ from .aggregate import CONFIG_ID, CONFIRMED, build_configs, config_ids
 from .noise import ALPHA, BETTER, MIN_RUNS, P_MIN, WORSE
 from .results import live_tables, running_driver
 
-# a trial that is not ok, by its status (results.py), in the words of the report's run facts
+# a trial that is not ok, by its status (results.py), in the words of the report's run facts; every status but
+# "error" is not a failure (the scheduler stopped it, a signal interrupted it, or it has not finished yet)
 NOT_OK_WORDS = {"stopped": "stopped early", "interrupted": "interrupted", "running": "still running",
                 "error": "errored"}
+NOT_ERRORS = tuple(s for s in NOT_OK_WORDS if s != "error")
 DEFAULT_METRICS = ("test_acc", "attack_ssim", "attack_psnr", "attack_mse")
 SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "config.cem.surrogate"
 

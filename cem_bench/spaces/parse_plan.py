@@ -15,7 +15,7 @@ import itertools
 import math
 
 from ..analysis.noise import MIN_RUNS
-from ..config import MAX_SEED
+from ..config import MAX_SEED, key_specs
 from . import samplers, schedulers
 from .spec import DEFAULT_BASELINE_REPLICATES, DEFAULT_CONFIRM, RUNG_METRICS
 
@@ -155,7 +155,7 @@ class PlanStages:
         """A searched ``cem.*`` key with ``cem.lambd`` fixed at 0: no surrogate runs at λ = 0, so each of its
         values trains the same model (the tables null such keys at λ = 0: ``aggregate.null_inapplicable``), and
         the sampler's "distinct" configurations would be one run repeated."""
-        if any(p.key == "cem.lambd" for p in params) or not _is_zero(fixed.get("cem.lambd", 16.0)):
+        if not lambda_fixed_at_zero(fixed, params):
             return
         for p in params:
             if p.key.startswith("cem."):
@@ -169,7 +169,7 @@ class PlanStages:
         of the searched keys that change the baseline (every searched key outside ``cem.``), which must
         therefore be choices."""
         lam = next((p for p in params if p.key == "cem.lambd"), None)
-        lam_zero = lam is None and _is_zero(fixed.get("cem.lambd", 16.0))
+        lam_zero = lambda_fixed_at_zero(fixed, params)
         if n is None:
             on = not lam_zero if lam is None else \
                 not (grid and len(seeds) >= 2 and lam.choices is not None and 0 in lam.choices)
@@ -322,6 +322,9 @@ class PlanStages:
         return dict(value, name=name)
 
 
-def _is_zero(value) -> bool:
-    """Is a fixed ``cem.lambd`` the number 0 (CEM off)?"""
+def lambda_fixed_at_zero(fixed: dict, params) -> bool:
+    """Is ``cem.lambd`` not searched and fixed (or left at its default) at the number 0: CEM off in every trial?"""
+    if any(p.key == "cem.lambd" for p in params):
+        return False
+    value = fixed.get("cem.lambd", key_specs()["cem.lambd"].default)
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0

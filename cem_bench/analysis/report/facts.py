@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cem_bench.analysis.aggregate import SEED_COLUMN
+from cem_bench.analysis.table import NOT_ERRORS, NOT_OK_WORDS
 
 from .formatting import format_value
 from .load import MAIN_PARAMS, REPORTED_METRICS, SKIP_COL, SURROGATE_COL, Results
@@ -128,12 +129,12 @@ def status_counts(t: pd.DataFrame) -> str:
     signal interrupted, or that has not finished while the search runs is not an error (results.mark_stopped,
     results.mark_interrupted, results.mark_running)."""
     status = t["status"] if "status" in t else pd.Series("ok", index=t.index)
-    stopped, interrupted = int((status == "stopped").sum()), int((status == "interrupted").sum())
-    running = int((status == "running").sum())
-    errored = int((~t["_ok"]).sum()) - stopped - interrupted - running
-    return (f"({int(t['_ok'].sum())} ok, " + (f"{stopped} stopped early, " if stopped else "")
-            + (f"{interrupted} interrupted, " if interrupted else "")
-            + (f"{running} still running, " if running else "") + f"{errored} errored)")
+    parts, named = [f"{int(t['_ok'].sum())} ok"], 0
+    for kind in NOT_ERRORS:
+        n = int((status == kind).sum())
+        named += n
+        parts += [f"{n} {NOT_OK_WORDS[kind]}"] if n else []
+    return f"({', '.join(parts)}, {int((~t['_ok']).sum()) - named} errored)"
 
 
 def trials_text(t: pd.DataFrame) -> str:

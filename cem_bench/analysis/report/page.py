@@ -15,6 +15,7 @@ import pandas as pd
 
 from cem_bench.analysis.hypotheses import COLUMNS as HYPOTHESIS_COLUMNS
 from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
+from cem_bench.analysis.table import NOT_ERRORS
 from cem_bench.errors import ResultsError
 from cem_bench.parsing import loads_json
 from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
@@ -268,7 +269,7 @@ def _draw(res: Results, out_dir: Path) -> None:
         groups.append({"name": BASELINE_LABEL, "n": plural(len(own), "trial"),
                        "table": html_table(own, table_cols, table_heads)})
 
-    errored = res.trials[~res.trials["_ok"] & ~res.trials["status"].isin(["stopped", "interrupted", "running"])]
+    errored = res.trials[~res.trials["_ok"] & ~res.trials["status"].isin(NOT_ERRORS)]
     errors_table = None
     if not errored.empty:
         err = errored.copy()
