@@ -171,3 +171,34 @@ def test_a_linked_lock_file_is_refused(tmp_path):
         with experiment_lock(str(exp), resume=True):
             pass
     assert (tmp_path / "target").read_text() == "not a lock"
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_readers_probe_does_not_refuse_a_resume_or_a_takeover(tmp_path, monkeypatch, resume):
+    """`cem-bench report`/`table` probe a folder's lock with a shared flock for an instant (storage.lock_holder).
+    A --resume, and a new search taking over a folder a killed start left, that meet that probe retry and go on;
+    before, the takeover tried once and refused with "already exists"."""
+    import fcntl
+    import types
+
+    from cem_bench.search import lock
+
+    exp = tmp_path / "res" / "probed"
+    exp.mkdir(parents=True)
+    (exp / LOCK_FILE).write_text('{"pid": 1}')                  # what a killed start leaves: a lock written once
+    reader = os.open(exp / LOCK_FILE, os.O_RDONLY)
+    fcntl.flock(reader, fcntl.LOCK_SH | fcntl.LOCK_NB)          # the reader's probe, held at the first try
+    waits = []
+
+    def sleep(s):   # the probe ends while the driver waits: released at its first wait, deterministically
+        waits.append(s)
+        fcntl.flock(reader, fcntl.LOCK_UN)
+
+    monkeypatch.setattr(lock, "time", types.SimpleNamespace(sleep=sleep, strftime=time.strftime))
+    try:
+        with experiment_lock(str(exp), resume=resume):
+            (exp / "tuner.pkl").write_bytes(b"x")
+    finally:
+        os.close(reader)
+    assert waits == [lock.LOCK_RETRY_S]
+    assert (exp / "tuner.pkl").is_file()

@@ -144,10 +144,18 @@ def _abandoned(local: str) -> bool:
     try:
         if os.fstat(fd).st_size == 0:
             return False   # made, not yet locked: a driver writes who it is once it holds the lock
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    except OSError:   # held (a search starting now), or no flock here: not provably abandoned
+        for attempt in range(LOCK_TRIES):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return True
+            except BlockingIOError:
+                # a reader's probe (storage.lock_holder) holds it for an instant; a driver holds it until it ends
+                if attempt == LOCK_TRIES - 1:
+                    return False
+                time.sleep(LOCK_RETRY_S)
+        return False
+    except OSError:   # no flock here: not provably abandoned
         return False
     finally:
         os.close(fd)
