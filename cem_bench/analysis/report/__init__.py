@@ -40,7 +40,7 @@ from .frontier_plot import frontier_figure, plot_frontier
 from .hypervolume_plot import plot_hypervolume
 from .lambda_plot import plot_lambda_curves
 from .load import MAIN_PARAMS, Results, add_pareto_ranks, best_baseline, front_of, load_results
-from .page import build_report, copy_galleries
+from .page import build_report, copy_galleries, write_report
 from .param_plot import plot_param_effects
 from .plots import surrogate_keys
 from .summary import summary_sentence
@@ -53,6 +53,7 @@ __all__ = [
     "MAIN_PARAMS",
     "Results",
     "build_report",
+    "write_report",
     "load_results",
     "load_objectives",
     "add_pareto_ranks",

@@ -163,7 +163,15 @@ def _figure(src: str, alt: str, caption: str | None = None) -> dict:
 
 
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write plots, tables, galleries, frontier.csv and index.html; return the path of index.html.
+    """Write plots, tables, galleries, frontier.csv and index.html; return the path of index.html
+    (``write_report``, which also returns the results as the page read them)."""
+    return write_report(results_dir, out_dir)[0]
+
+
+def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Results]:
+    """``build_report``'s work: the path of index.html and the ``Results`` the page was drawn from, so that a
+    caller says what the page says (``Results.running_driver``: the search running on the folder as it was read;
+    a second look at its lock could see a search that started or ended in between).
 
     Raises ResultsError (nothing written) when ``results_dir`` does not exist or holds neither
     ``trials.parquet`` nor a Ray experiment of ``cem-bench search``. A folder on object storage (``s3://``,
@@ -193,7 +201,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
             matplotlib.rc_context({"text.parse_math": False}):
         _draw(res, Path(stage))
         target = publish(stage, root, folders)
-    return Path(target) / "index.html"
+    return Path(target) / "index.html", res
 
 
 def _draw(res: Results, out_dir: Path) -> None:
