@@ -185,6 +185,7 @@ def test_decoder_matched_digits_says_what_the_docs_say():
     third row (converged decoder): M1 holds (−0.008369, −0.01144 to −0.005299, adjusted p 9.7e−6), M2 is not shown
     (−0.01748, −0.04659 to +0.01164, adjusted p 0.43); the cells and rmle's SSIM as printed, the decoder the worst
     case in all 48."""
+    import pandas as pd
     res = load_results(FINDINGS / "decoder_matched_digits")
     t = res.trials
     assert len(t) == 48 and (t["status"] == "ok").all() and (t["attack_ssim_by"] == "decoder").all()
@@ -197,3 +198,19 @@ def test_decoder_matched_digits_says_what_the_docs_say():
     assert [f"{tested.loc['M1', k]:.4g}" for k in ("diff", "ci_low", "ci_high")] == ["-0.008369", "-0.01144", "-0.005299"]
     assert [f"{tested.loc['M2', k]:.4g}" for k in ("diff", "ci_low", "ci_high")] == ["-0.01748", "-0.04659", "0.01164"]
     assert [f"{p:.2g}" for p in tested["p_adjusted"]] == ["9.7e-06", "0.43"]
+    # what the docs read beside M2 (not tests): the paired spread and median, the low tail, the 32 seeds pooled with
+    # decoder_tradeoff_digits' 8 (320-327), and rmle's paired difference
+    from scipy import stats
+
+    def paired(tr, metric):
+        p = tr.pivot(index="config.seed", columns="config.cem.surrogate", values=metric)
+        return p["attention_centroid"] - p["gmm"]
+    d = paired(t, "test_acc")
+    assert [round(x, 3) for x in (d.std(), d.median(), paired(t, "attack_ssim__rmle").mean())] == [0.069, -0.024, -0.094]
+    assert sorted(t.loc[t["config.cem.surrogate"] == "attention_centroid", "test_acc"].round(2))[:3] == [0.69, 0.72, 0.85]
+    assert round(t.loc[t["config.cem.surrogate"] == "gmm", "test_acc"].min(), 2) == 0.82
+    if "decoder_tradeoff_digits" in FOLDERS:
+        both = pd.concat([d, paired(load_results(FINDINGS / "decoder_tradeoff_digits").trials, "test_acc")])
+        lo, hi = stats.t.interval(0.95, len(both) - 1, loc=both.mean(), scale=stats.sem(both))
+        assert len(both) == 32 and [round(x, 3) for x in (both.mean(), lo, hi, both.median())] == \
+            [-0.016, -0.038, 0.006, -0.011]
