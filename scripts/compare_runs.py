@@ -1,0 +1,120 @@
+"""Does a rerun repeat a run? Two experiment folders of the same search space, trial by trial and test by test.
+
+    python scripts/compare_runs.py findings/decoder_digits /tmp/dg/out/decoder_digits
+
+Run the command a folder in findings/ names (findings/README.md), then this: it pairs the two runs' trials by
+configuration and seed (``config_id``, ``config.seed``), prints for each metric how many pairs are identical and
+the largest difference, then every hypothesis the space wrote down, tested on each run, side by side, and where
+each run ran (``device``, ``torch_version``, ``git_sha``). A run on one torch thread repeats to every digit on the
+same kind of machine; another CPU or torch build sums in another order and every trial can move
+(docs/protocol.md §10): this says by how much, and whether a verdict changed.
+
+Exit status: 0 when every paired trial is identical in every metric compared, 1 when something differs (a metric,
+a verdict, a trial only one run has), 2 when a folder cannot be read. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+METRICS = ("test_acc", "attack_ssim", "attack_ssim__decoder", "attack_ssim__rmle", "attack_psnr", "cem_loss_scale")
+KEY = ["config_id", "config.seed"]
+
+
+def _load(path: str):
+    from cem_bench.analysis.report import load_results
+    return load_results(Path(path))
+
+
+def _where(trials: pd.DataFrame) -> str:
+    parts = []
+    for col in ("device", "torch_version", "git_sha"):
+        if col in trials:
+            vals = sorted(str(v) for v in trials[col].dropna().unique())
+            parts.append(f"{col} {', '.join(v[:12] if col == 'git_sha' else v for v in vals) or '?'}")
+    return "; ".join(parts)
+
+
+def compare_trials(a: pd.DataFrame, b: pd.DataFrame, metrics=METRICS) -> tuple[pd.DataFrame, int, int]:
+    """One row per metric present in both: pairs, identical pairs, the largest |a - b| and the mean a - b; and the
+    counts of trials only ``a`` or only ``b`` has (a trial that did not end ok counts as missing)."""
+    ok_a = a[a["status"] == "ok"].set_index(KEY)
+    ok_b = b[b["status"] == "ok"].set_index(KEY)
+    both = ok_a.index.intersection(ok_b.index)
+    rows = []
+    for m in metrics:
+        if m not in ok_a or m not in ok_b:
+            continue
+        x = ok_a.loc[both, m].to_numpy(dtype=float)
+        y = ok_b.loc[both, m].to_numpy(dtype=float)
+        same = (x == y) | (np.isnan(x) & np.isnan(y))
+        diff = np.abs(x - y)
+        rows.append({"metric": m, "pairs": len(both), "identical": int(same.sum()),
+                     "max_abs_diff": float(np.nanmax(diff)) if np.isfinite(diff).any() else 0.0,
+                     "mean_diff": float(np.nanmean(y - x)) if np.isfinite(diff).any() else 0.0})
+    return pd.DataFrame(rows), len(ok_a.index.difference(ok_b.index)), len(ok_b.index.difference(ok_a.index))
+
+
+def compare_hypotheses(res_a, res_b) -> pd.DataFrame:
+    """The space's hypotheses tested on each run: name, verdict, difference and adjusted p of each side."""
+    from cem_bench.analysis.hypotheses import evaluate
+    if not res_a.hypotheses or not res_b.hypotheses:
+        return pd.DataFrame()
+    ta = evaluate(res_a.trials, res_a.hypotheses).set_index("name")
+    tb = evaluate(res_b.trials, res_b.hypotheses).set_index("name")
+    rows = []
+    for name in ta.index.union(tb.index, sort=False):
+        row = {"name": name}
+        for side, t in (("a", ta), ("b", tb)):
+            r = t.loc[name] if name in t.index else None
+            row[f"verdict_{side}"] = r["verdict"] if r is not None else "(not in this run)"
+            row[f"diff_{side}"] = float(r["diff"]) if r is not None else math.nan
+            row[f"p_adjusted_{side}"] = float(r["p_adjusted"]) if r is not None else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("a", help="an experiment folder (e.g. findings/NAME)")
+    ap.add_argument("b", help="the rerun's experiment folder")
+    ap.add_argument("--metrics", nargs="+", default=list(METRICS), help="metrics to compare trial by trial")
+    args = ap.parse_args(argv)
+    from cem_bench.errors import ResultsError
+    try:
+        res_a, res_b = _load(args.a), _load(args.b)
+    except (ResultsError, OSError) as e:
+        print(f"compare_runs: {e}", file=sys.stderr)
+        return 2
+    a, b = res_a.trials, res_b.trials
+    print(f"a: {args.a}: {len(a)} trials; {_where(a)}")
+    print(f"b: {args.b}: {len(b)} trials; {_where(b)}")
+    table, only_a, only_b = compare_trials(a, b, args.metrics)
+    differs = bool(only_a or only_b)
+    if only_a or only_b:
+        print(f"trials that ended ok in one run only (paired by config_id and seed): {only_a} in a, {only_b} in b"
+              + ("; no pair at all: are these runs of one search space?" if table.empty or
+                 not table["pairs"].any() else ""))
+    print("\n| metric | pairs | identical | largest abs difference | mean b - a |\n|---|---|---|---|---|")
+    for r in table.itertuples():
+        print(f"| {r.metric} | {r.pairs} | {r.identical} | {r.max_abs_diff:.3g} | {r.mean_diff:+.3g} |")
+        differs |= r.identical < r.pairs
+    hyp = compare_hypotheses(res_a, res_b)
+    if len(hyp):
+        print("\n| hypothesis | a: verdict, a - b of its cells, adjusted p | b: the same |\n|---|---|---|")
+        for r in hyp.itertuples():
+            print(f"| {r.name} | {r.verdict_a}, {r.diff_a:.4g}, {r.p_adjusted_a:.2g} | "
+                  f"{r.verdict_b}, {r.diff_b:.4g}, {r.p_adjusted_b:.2g} |")
+            differs |= r.verdict_a != r.verdict_b
+    print("\n" + ("the runs differ (above)" if differs else "every paired trial is identical in every metric compared"))
+    return 1 if differs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""scripts/compare_runs.py: whether a rerun repeats a shipped run, trial by trial and hypothesis by hypothesis."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cem_bench import integrity
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "findings" / "decoder_tradeoff_digits"   # 16 trials, one hypothesis (G1): small and fast to read
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "scripts" / "compare_runs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rerun(tmp_path, change=None) -> Path:
+    """A copy of the shipped run, its trials table changed by ``change`` and re-recorded as a search writes it."""
+    b = tmp_path / "rerun"
+    shutil.copytree(RUN, b)
+    if change is not None:
+        t = integrity.read_table(str(b), "trials.parquet", "trials")
+        change(t)
+        integrity.write_table(str(b), "trials.parquet", t, "trials")
+    return b
+
+
+@pytest.mark.skipif(not RUN.is_dir(), reason="findings/decoder_tradeoff_digits not shipped")
+def test_an_identical_rerun_passes_and_a_changed_trial_or_verdict_is_named(tmp_path, capsys):
+    cmp = _script()
+    assert cmp.main([str(RUN), str(_rerun(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert "| attack_ssim | 16 | 16 | 0 |" in out and "| G1 | holds, -0.007149, 0.012 | holds, -0.007149, 0.012 |" in out
+    assert "every paired trial is identical" in out
+
+    def one_trial(t):   # a trial summed in another order: one metric of one trial moves a little
+        t.loc[t.index[3], "attack_ssim"] += 0.001
+    shutil.rmtree(tmp_path / "rerun")
+    assert cmp.main([str(RUN), str(_rerun(tmp_path, one_trial))]) == 1
+    out = capsys.readouterr().out
+    assert "| attack_ssim | 16 | 15 | 0.001 | +6.25e-05 |" in out and "| test_acc | 16 | 16 | 0 |" in out
+    assert "the runs differ" in out
+
+    def verdict(t):   # attention_centroid's SSIM 0.02 higher everywhere: G1 (it is lower than gmm's) not shown
+        t.loc[t["config.cem.surrogate"] == "attention_centroid", "attack_ssim"] += 0.02
+    shutil.rmtree(tmp_path / "rerun")
+    assert cmp.main([str(RUN), str(_rerun(tmp_path, verdict))]) == 1
+    out = capsys.readouterr().out
+    assert "| G1 | holds, -0.007149, 0.012 | not shown, 0.01285," in out, out
+
+    def lost(t):   # a trial that errored in the rerun is missing from the pairs
+        t.loc[t.index[0], "status"] = "error"
+    shutil.rmtree(tmp_path / "rerun")
+    assert cmp.main([str(RUN), str(_rerun(tmp_path, lost))]) == 1
+    assert "trials that ended ok in one run only (paired by config_id and seed): 1 in a, 0 in b" in \
+        capsys.readouterr().out
+
+
+def test_a_folder_that_is_not_a_run_is_exit_2(tmp_path, capsys):
+    assert _script().main([str(tmp_path / "nothing"), str(tmp_path)]) == 2
+    assert "compare_runs:" in capsys.readouterr().err
