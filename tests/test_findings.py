@@ -28,6 +28,11 @@ def test_every_folder_is_complete_listed_and_reads_as_a_search(capsys):
         assert "**attack_ssim**" in out and "λ=16" in out, out[:500]
 
 
+def test_the_readme_counts_the_folders():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert f"the result tables of {len(FOLDERS)} runs are in [findings/]" in text, len(FOLDERS)
+
+
 def test_every_folder_is_the_run_its_row_names():
     """findings/README.md's row names the commit each run's trials recorded (the first `commit X` in the row) and
     its date: a folder replaced by another run without its row changed fails here."""
@@ -39,6 +44,20 @@ def test_every_folder_is_the_run_its_row_names():
         t = pd.read_parquet(FINDINGS / name / "trials.parquet", columns=["git_sha", "started_at"])
         assert set(t["git_sha"].str[:len(commit)]) == {commit}, (name, set(t["git_sha"]))
         assert set(pd.to_datetime(t["started_at"], utc=True).dt.strftime("%Y-%m-%d")) == {day}, name
+
+
+def paired_by_seed(trials, metric: str, a: str, b: str = "none", lambd_a=None, lambd_b=None):
+    """a − b of ``metric`` paired by seed (surrogates a and b; "none" is λ = 0) with its 95 % t interval, rounded."""
+    from scipy import stats
+    t = trials[trials["status"] == "ok"]
+
+    def side(sur, lam):
+        s = t[t["config.cem.surrogate"] == sur]
+        s = s if lam is None else s[s["config.cem.lambd"] == lam]
+        return s.set_index("config.seed")[metric]
+    d = (side(a, lambd_a) - side(b, lambd_b)).dropna()
+    lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+    return round(d.mean(), 3), round(lo, 3), round(hi, 3)
 
 
 def cells(res) -> dict:
@@ -65,6 +84,25 @@ def test_decoder_digits_says_what_the_docs_say():
     assert tested["diff"].round(3).tolist() == [-0.012, -0.043, -0.031]
     assert (tested.loc["E1", "ci_low"].round(3), tested.loc["E1", "ci_high"].round(3)) == (-0.015, -0.008)
     assert [f"{p:.0e}" for p in tested["p_adjusted"]] == ["4e-05", "7e-08", "3e-07"]
+    # what estimators.md reads beside E1-E3 (not tests): accuracy, rmle, the drops' share and ratio, the report's
+    # own Welch comparison of accuracy, the matched scale, the attack that set the worst case
+    t = res.trials
+    assert (t["attack_ssim_by"] == "decoder").all()
+    assert {s: (round(g["test_acc"].std(), 3), round(g["attack_ssim__rmle"].mean(), 3),
+                round(g["attack_ssim__rmle"].std(), 3)) for s, g in t.groupby("config.cem.surrogate")} == \
+        {"none": (0.037, 0.576, 0.050), "gmm": (0.028, 0.384, 0.079), "attention_centroid": (0.069, 0.120, 0.052)}
+    assert paired_by_seed(t, "test_acc", "gmm") == (-0.006, -0.025, 0.014)
+    assert paired_by_seed(t, "test_acc", "attention_centroid") == (-0.061, -0.129, 0.006)
+    assert paired_by_seed(t, "attack_ssim", "attention_centroid") == (-0.043, -0.047, -0.039)
+    assert paired_by_seed(t, "attack_ssim", "attention_centroid", "gmm") == (-0.031, -0.035, -0.027)
+    assert paired_by_seed(t, "attack_ssim__rmle", "gmm")[0] == -0.192
+    assert paired_by_seed(t, "attack_ssim__rmle", "attention_centroid")[0] == -0.457
+    drops = -tested["diff"].to_numpy()[:2] / t.loc[t["config.cem.surrogate"] == "none", "attack_ssim"].mean()
+    assert [f"{100 * x:.1f}" for x in drops] == ["1.2", "4.5"] and f"{drops[1] / drops[0]:.1f}" == "3.6"
+    c = res.configs.set_index("config.cem.surrogate")
+    assert [round(c.loc["attention_centroid", k], 3) for k in ("test_acc_p", "test_acc_q")] == [0.049, 0.098]
+    ac = t.loc[t["config.cem.surrogate"] == "attention_centroid", "cem_loss_scale"]
+    assert (round(ac.min(), 4), round(ac.max(), 4)) == (0.0083, 0.0089)
 
 
 @pytest.mark.skipif("demo" not in FOLDERS, reason="not shipped")
@@ -105,6 +143,22 @@ def test_decoder_surrogates_digits_says_what_the_docs_say():
                                                 -0.019]
     assert [f"{p:.0e}" for p in tested["p_adjusted"]] == ["7e-05", "3e-06", "3e-05", "9e-06", "2e-05", "1e-02",
                                                           "2e-02", "1e-05", "8e-05"]
+    # beside F1-F9 (not tests): accuracy against λ = 0 and gmm, paired; the report's Welch comparison over its 5
+    # (Benjamini-Hochberg's q); the drops' share of λ = 0's SSIM; the decoder set every worst case
+    t = res.trials
+    assert (t["attack_ssim_by"] == "decoder").all()
+    assert paired_by_seed(t, "test_acc", "serial_enhanced") == (-0.080, -0.121, -0.039)
+    assert paired_by_seed(t, "test_acc", "serial_enhanced", "gmm") == (-0.074, -0.115, -0.033)
+    assert paired_by_seed(t, "test_acc", "attention_centroid") == (-0.034, -0.055, -0.012)
+    assert paired_by_seed(t, "test_acc", "slot_cross") == (-0.028, -0.040, -0.017)
+    c = res.configs.set_index("config.cem.surrogate").drop("none")
+    assert [round(c.loc["serial_enhanced", k], 3) for k in ("test_acc_delta", "test_acc_delta_lo", "test_acc_delta_hi",
+                                                            "test_acc_q")] == [-0.080, -0.125, -0.034, 0.011]
+    others = c.drop("serial_enhanced")["test_acc_q"]
+    assert (round(others.min(), 2), round(others.max(), 2)) == (0.14, 0.72)
+    base = t.loc[t["config.cem.surrogate"] == "none", "attack_ssim"].mean()
+    drops = -tested["diff"].to_numpy()[:5] / base
+    assert (f"{100 * drops.min():.1f}", f"{100 * drops.max():.1f}") == ("1.3", "4.8")
 
 
 @pytest.mark.skipif("tradeoff_matched_digits" not in FOLDERS, reason="not shipped")
@@ -121,6 +175,15 @@ def test_tradeoff_matched_digits_rerun_says_what_the_docs_say():
     assert list(tested.index) == ["H1", "H2"] and tested["verdict"].tolist() == ["holds", "not shown"], tested
     assert tested["diff"].round(4).tolist() == [-0.0418, -0.0045]
     assert [round(tested.loc["H2", k], 4) for k in ("ci_low", "ci_high")] == [-0.0241, 0.0151]
+    assert [round(tested.loc["H1", k], 5) for k in ("ci_low", "ci_high")] == [-0.06947, -0.01419]
+    t = res.trials
+    assert (t["attack_ssim_by"] == "decoder").all()
+    assert {s: round(g["test_acc"].std(), 3) for s, g in t.groupby("config.cem.surrogate")} == \
+        {"gmm": 0.028, "attention_centroid": 0.039}
+    ac = t.loc[t["config.cem.surrogate"] == "attention_centroid", "cem_loss_scale"]
+    assert (round(ac.min(), 4), round(ac.max(), 4)) == (0.0080, 0.0093)
+    # estimators.md's accuracy reading for these seeds on the rerun: Welch (the test's) and paired
+    assert paired_by_seed(t, "test_acc", "attention_centroid", "gmm") == (-0.005, -0.020, 0.011)
     assert [f"{p:.2g}" for p in tested["p_adjusted"]] == ["0.0042", "0.059"]
 
 
@@ -150,6 +213,8 @@ def test_surrogates_digits_confirm_says_what_the_docs_say():
         a = by[(16.0, sur, 0)]["attack_ssim"].to_numpy()
         assert (round((a - gmm).mean(), 3), round((a - gmm).std(ddof=1), 3)) == (mean, std), sur
         ps.append(stats.ttest_ind(a, gmm, equal_var=False, alternative="less").pvalue)
+    # docs/protocol.md §10: gmm λ 16 against λ = 0 on these seeds, paired
+    assert paired_by_seed(res.trials, "test_acc", "gmm") == (-0.014, -0.027, -0.002)
     low, high = sorted(ps)   # Holm over 2: the smaller p times 2, the larger at least that
     adjusted = {low: min(1.0, 2 * low), high: max(min(1.0, 2 * low), high)}
     assert [f"{adjusted[p]:.0e}" for p in ps] == ["1e-10", "7e-06"], ps
