@@ -86,10 +86,11 @@ def cmd_train(args) -> int:
 
 def check_run_out(out: str) -> None:
     """ConfigError when ``train --out`` cannot take a new run: a file, a path under a file, or a folder that
-    already holds one (its checkpoint and metrics would be replaced without a word). An empty folder is fine."""
-    from .schema import CHECKPOINT_FILE, METRICS_FILE
+    already holds one (its checkpoint, metrics or gallery would be replaced without a word; a gallery name that is
+    a folder, or a link to one, would stop the run after training). An empty folder is fine."""
+    from .schema import CHECKPOINT_FILE, GALLERY_FILE, METRICS_FILE
     check_out_folder(out, "the run", "Nothing was trained")
-    held = [f for f in (CHECKPOINT_FILE, METRICS_FILE) if os.path.lexists(os.path.join(out, f))]
+    held = [f for f in (CHECKPOINT_FILE, METRICS_FILE, GALLERY_FILE) if os.path.lexists(os.path.join(out, f))]
     if held:
         raise ConfigError(f"--out {out} already holds a run ({', '.join(held)}); give another folder, or remove "
                           f"that one first (`cem-bench attack {out}` re-attacks the run in it). Nothing was trained")

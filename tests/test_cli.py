@@ -58,7 +58,7 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", *_sets(TINY), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "already holds a run (checkpoint.pt, metrics.json)" in err and "Nothing was trained" in err
+    assert "already holds a run (checkpoint.pt, metrics.json, recon.png)" in err and "Nothing was trained" in err
     assert (out / "checkpoint.pt").read_bytes() == before
     (tmp_path / "afile").write_text("x")
     assert main(["train", *_sets(TINY), "--out", str(tmp_path / "afile")]) == 2

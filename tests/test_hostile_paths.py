@@ -219,3 +219,38 @@ def test_publish_refuses_a_linked_subfolder_before_writing_any_file(tmp_path, ou
     os.unlink(tmp_path / "out" / "galleries")
     assert storage.publish(stage, tmp_path, ["out"]) == str(tmp_path / "out")
     assert (tmp_path / "out" / "galleries" / "a.png").read_bytes() == b"png"
+
+
+@pytest.mark.parametrize("target", ["file", "folder"])
+def test_a_link_planted_at_the_gallery_is_replaced_not_written_through(tmp_path, outside, target):
+    """``recon.png`` of a run (``train --out``, a search trial, ``attack``) was written by torchvision's
+    ``save_image(path)``, which followed a link planted there and overwrote its target (the newcomer audit of
+    2026-12-06). It is now written as every result file: the link is replaced, the target left alone."""
+    import torch
+
+    from cem_bench.attacks import save_gallery
+    run = tmp_path / "run"
+    run.mkdir()
+    link = run / "recon.png"
+    link.symlink_to(outside / "secret.txt" if target == "file" else outside)
+    before = snapshot(outside)
+    originals = torch.rand(3, 1, 8, 8)
+    assert save_gallery(originals, [originals.flip(0)], link) == str(link)
+    assert snapshot(outside) == before
+    assert not link.is_symlink() and link.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("target", ["file", "folder"])
+def test_train_refuses_a_planted_gallery_before_training(tmp_path, outside, target, monkeypatch, capsys):
+    """A ``recon.png`` already in ``train --out`` (a link to a file or to a folder) is refused before training: a
+    link to a folder stopped the run after its training with "Is a directory", nothing saved."""
+    from cem_bench.core import trial
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recon.png").symlink_to(outside / "secret.txt" if target == "file" else outside)
+    monkeypatch.setattr(trial, "run_trial", lambda *a, **k: pytest.fail("trained"))
+    before = snapshot(outside)
+    assert main(["train", "--set", "data.dataset=synthetic", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (recon.png)" in err and "Nothing was trained" in err, err
+    assert snapshot(outside) == before

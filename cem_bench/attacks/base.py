@@ -177,12 +177,15 @@ def save_gallery(originals: torch.Tensor, reconstructions, path, scale: int = 2)
     (``reconstructions``: one (n, C, H, W) tensor or a list of them), each image ×``scale`` (nearest).
 
     For n images of HxW and r rows of reconstructions the file is ((r+1)*(scale*H + 2) + 2) high and
-    (n*(scale*W + 2) + 2) wide.
+    (n*(scale*W + 2) + 2) wide. Written as every result file is (``storage.write_bytes``): a new file renamed
+    into place, so a link planted at ``path`` in a shared run folder is replaced, never written through.
     """
-    import os
+    import io
 
     import torch.nn.functional as F
     from torchvision.utils import save_image
+
+    from ..storage import write_bytes
 
     rows = [reconstructions] if isinstance(reconstructions, torch.Tensor) else list(reconstructions)
     if originals.dim() != 4 or len(originals) == 0 or not rows or any(r.shape != originals.shape for r in rows):
@@ -191,9 +194,8 @@ def save_gallery(originals: torch.Tensor, reconstructions, path, scale: int = 2)
     grid = torch.cat([originals, *rows]).detach().float().cpu().clamp(0, 1)
     if scale != 1:
         grid = F.interpolate(grid, scale_factor=scale, mode="nearest")
-    path = os.fspath(path)
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    save_image(grid, path, nrow=len(originals), padding=2)
+    png = io.BytesIO()
+    save_image(grid, png, nrow=len(originals), padding=2, format="PNG")
+    path = str(path)
+    write_bytes(path, png.getvalue())
     return path
