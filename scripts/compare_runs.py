@@ -28,7 +28,14 @@ KEY = ["config_id", "config.seed"]
 
 
 def _load(path: str):
+    """The run's results as the report reads them; only a folder whose search wrote its trials table (or one of
+    findings/): a folder without it would have its tables built and written into it, and this writes nothing."""
     from cem_bench.analysis.report import load_results
+    from cem_bench.errors import ResultsError
+    from cem_bench.schema import TRIALS_FILE
+    if not (Path(path) / TRIALS_FILE).is_file():
+        raise ResultsError(f"{path}: no {TRIALS_FILE}; compare_runs reads the tables a finished search wrote "
+                           f"(`cem-bench report {path}` writes them for a search that ended without them)")
     return load_results(Path(path))
 
 

@@ -63,6 +63,12 @@ def test_an_identical_rerun_passes_and_a_changed_trial_or_verdict_is_named(tmp_p
         capsys.readouterr().out
 
 
-def test_a_folder_that_is_not_a_run_is_exit_2(tmp_path, capsys):
+def test_a_folder_that_is_not_a_run_is_exit_2_and_nothing_is_written(tmp_path, capsys):
     assert _script().main([str(tmp_path / "nothing"), str(tmp_path)]) == 2
     assert "compare_runs:" in capsys.readouterr().err
+    if RUN.is_dir():   # a folder without its trials table is refused, not given tables built and written into it
+        b = _rerun(tmp_path)
+        (b / "trials.parquet").unlink()
+        before = sorted(p.name for p in b.iterdir())
+        assert _script().main([str(RUN), str(b)]) == 2
+        assert "no trials.parquet" in capsys.readouterr().err and sorted(p.name for p in b.iterdir()) == before
