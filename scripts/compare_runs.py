@@ -3,20 +3,22 @@
     python scripts/compare_runs.py findings/decoder_digits /tmp/dg/out/decoder_digits
 
 Run the command a folder in findings/ names (findings/README.md), then this: it pairs the two runs' trials by
-configuration and seed (``config_id``, ``config.seed``), prints for each metric how many pairs are identical and
-the largest difference, then every hypothesis the space wrote down, tested on each run, side by side, and where
-each run ran (``device``, ``torch_version``, ``git_sha``). A run on one torch thread repeats to every digit on the
-same kind of machine; another CPU or torch build sums in another order and every trial can move
-(docs/protocol.md §10): this says by how much, and whether a verdict changed.
+configuration (from the config keys both runs have; a key only one has is printed) and seed, prints for each
+metric how many pairs are identical and the largest difference, then every hypothesis the space wrote down, tested
+on each run, side by side, and where each run ran (``device``, ``torch_version``, ``git_sha``). A run on one
+torch thread repeats to every digit on the same kind of machine; another CPU or torch build sums in another order
+and every trial can move (docs/protocol.md §10): this says by how much, and whether a verdict changed.
 
 Exit status: 0 when every paired trial is identical in every metric compared, 1 when something differs (a metric,
-a verdict, a trial only one run has), 2 when a folder cannot be read. Nothing is written.
+a verdict, a trial or a metric only one run has, no pair at all), 2 when a folder cannot be read or a metric asked
+for is in neither. Nothing is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -33,7 +35,7 @@ def _load(path: str):
     from cem_bench.analysis.report import load_results
     from cem_bench.errors import ResultsError
     from cem_bench.schema import TRIALS_FILE
-    if not (Path(path) / TRIALS_FILE).is_file():
+    if not os.path.isfile(os.path.join(path, TRIALS_FILE)):
         raise ResultsError(f"{path}: no {TRIALS_FILE}; compare_runs reads the tables a finished search wrote "
                            f"(`cem-bench report {path}` writes them for a search that ended without them)")
     return load_results(Path(path))
@@ -48,11 +50,26 @@ def _where(trials: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
+def _keyed(trials: pd.DataFrame, config_cols: list[str]) -> pd.DataFrame:
+    """The ok trials indexed by (configuration, seed, n): the configuration's id from ``config_cols`` alone (the
+    config columns both runs have: a key a later commit added, or a surrogate's own keys missing from a partial
+    rerun, would give every trial another id), n counting the trials of one configuration and seed in the order
+    they started (a search can run one twice)."""
+    from cem_bench.analysis.aggregate import config_ids
+    t = trials[trials["status"] == "ok"]
+    if "started_at" in t:
+        t = t.sort_values("started_at", kind="stable")
+    t = t.drop(columns=[c for c in t.columns if c.startswith("config.") and c not in config_cols])
+    ids = config_ids(t) if len(t) else pd.Series([], dtype=object)
+    n = pd.DataFrame({"id": ids, "seed": t["config.seed"]}).groupby(["id", "seed"]).cumcount()
+    return t.set_index(pd.MultiIndex.from_arrays([ids, t["config.seed"], n], names=["config", "seed", "n"]))
+
+
 def compare_trials(a: pd.DataFrame, b: pd.DataFrame, metrics=METRICS) -> tuple[pd.DataFrame, int, int]:
-    """One row per metric present in both: pairs, identical pairs, the largest |a - b| and the mean a - b; and the
+    """One row per metric present in both: pairs, identical pairs, the largest |a - b| and the mean b - a; and the
     counts of trials only ``a`` or only ``b`` has (a trial that did not end ok counts as missing)."""
-    ok_a = a[a["status"] == "ok"].set_index(KEY)
-    ok_b = b[b["status"] == "ok"].set_index(KEY)
+    config_cols = [c for c in a.columns if c.startswith("config.") and c in b.columns]
+    ok_a, ok_b = _keyed(a, config_cols), _keyed(b, config_cols)
     both = ok_a.index.intersection(ok_b.index)
     rows = []
     for m in metrics:
@@ -66,6 +83,16 @@ def compare_trials(a: pd.DataFrame, b: pd.DataFrame, metrics=METRICS) -> tuple[p
                      "max_abs_diff": float(np.nanmax(diff)) if np.isfinite(diff).any() else 0.0,
                      "mean_diff": float(np.nanmean(y - x)) if np.isfinite(diff).any() else 0.0})
     return pd.DataFrame(rows), len(ok_a.index.difference(ok_b.index)), len(ok_b.index.difference(ok_a.index))
+
+
+def _one_sided_config(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
+    """The config columns only one run has, with their values: a key one code version has and the other not."""
+    out = []
+    for side, t, other in (("a", a, b), ("b", b, a)):
+        for c in sorted(c for c in t.columns if c.startswith("config.") and c not in other.columns):
+            vals = sorted({str(v) for v in t[c].dropna()})
+            out.append(f"{c} only in {side} ({', '.join(vals[:4]) or 'empty'}{', …' if len(vals) > 4 else ''})")
+    return out
 
 
 def compare_hypotheses(res_a, res_b) -> pd.DataFrame:
@@ -91,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a", help="an experiment folder (e.g. findings/NAME)")
     ap.add_argument("b", help="the rerun's experiment folder")
-    ap.add_argument("--metrics", nargs="+", default=list(METRICS), help="metrics to compare trial by trial")
+    ap.add_argument("--metrics", nargs="+", help=f"metrics to compare trial by trial (default: those of {METRICS} "
+                                                  f"either run has)")
     args = ap.parse_args(argv)
     from cem_bench.errors import ResultsError
     try:
@@ -100,14 +128,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compare_runs: {e}", file=sys.stderr)
         return 2
     a, b = res_a.trials, res_b.trials
+    metrics = args.metrics or [m for m in METRICS if m in a or m in b]
+    unknown = [m for m in metrics if m not in a and m not in b]
+    if unknown:
+        print(f"compare_runs: neither run has the metric(s) {', '.join(unknown)}; the trials tables' metrics include "
+              f"{', '.join(m for m in METRICS if m in a)}", file=sys.stderr)
+        return 2
     print(f"a: {args.a}: {len(a)} trials; {_where(a)}")
     print(f"b: {args.b}: {len(b)} trials; {_where(b)}")
-    table, only_a, only_b = compare_trials(a, b, args.metrics)
-    differs = bool(only_a or only_b)
-    if only_a or only_b:
-        print(f"trials that ended ok in one run only (paired by config_id and seed): {only_a} in a, {only_b} in b"
-              + ("; no pair at all: are these runs of one search space?" if table.empty or
-                 not table["pairs"].any() else ""))
+    differs = False
+    for line in _one_sided_config(a, b):
+        print(f"config key {line}")
+    one_sided = [f"{m} ({'a' if m in a else 'b'} only)" for m in metrics if (m in a) != (m in b)]
+    if one_sided:
+        print(f"metrics only one run has: {', '.join(one_sided)}")
+        differs = True
+    table, only_a, only_b = compare_trials(a, b, metrics)
+    pairs = int(table["pairs"].max()) if len(table) else 0
+    if only_a or only_b or not pairs:
+        print(f"trials that ended ok in one run only (paired by configuration and seed): {only_a} in a, {only_b} in b"
+              + ("; no pair at all: are these runs of one search space?" if not pairs else ""))
+        differs = True
     print("\n| metric | pairs | identical | largest abs difference | mean b - a |\n|---|---|---|---|---|")
     for r in table.itertuples():
         print(f"| {r.metric} | {r.pairs} | {r.identical} | {r.max_abs_diff:.3g} | {r.mean_diff:+.3g} |")

@@ -59,8 +59,35 @@ def test_an_identical_rerun_passes_and_a_changed_trial_or_verdict_is_named(tmp_p
         t.loc[t.index[0], "status"] = "error"
     shutil.rmtree(tmp_path / "rerun")
     assert cmp.main([str(RUN), str(_rerun(tmp_path, lost))]) == 1
-    assert "trials that ended ok in one run only (paired by config_id and seed): 1 in a, 0 in b" in \
+    assert "trials that ended ok in one run only (paired by configuration and seed): 1 in a, 0 in b" in \
         capsys.readouterr().out
+
+
+@pytest.mark.skipif(not RUN.is_dir(), reason="findings/decoder_tradeoff_digits not shipped")
+def test_pairs_survive_a_new_key_a_repeated_trial_and_name_what_one_run_lacks(tmp_path, capsys):
+    """The review of 2026-12-06: a config key only one run has (a later commit's) gave every trial another id and
+    no pair; two trials of one configuration and seed crashed the script (exit 1, read as "differs"); a metric
+    only one run has, or one neither has, passed as "identical"."""
+    cmp = _script()
+
+    def new_key(t):   # a later code version's key, and a search that ran one trial twice
+        t["config.cem.new_key"] = 7
+        extra = t.iloc[[0]].assign(trial_id="again", started_at="2026-12-07T00:00:00+00:00")
+        t.loc[len(t)] = extra.iloc[0]
+    b = _rerun(tmp_path, new_key)
+    assert cmp.main([str(RUN), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "config key config.cem.new_key only in b (7)" in out
+    assert "| attack_ssim | 16 | 16 | 0 |" in out                       # every trial of a still paired
+    assert "1 in a, 0 in b" not in out and "0 in a, 1 in b" in out       # the repeat is the one left over
+
+    def no_rmle(t):
+        del t["attack_ssim__rmle"]
+    shutil.rmtree(b)
+    assert cmp.main([str(RUN), str(_rerun(tmp_path, no_rmle))]) == 1
+    assert "metrics only one run has: attack_ssim__rmle (a only)" in capsys.readouterr().out
+    assert cmp.main([str(RUN), str(RUN), "--metrics", "attack_sim"]) == 2   # a typo is not "identical"
+    assert "neither run has the metric(s) attack_sim" in capsys.readouterr().err
 
 
 def test_a_folder_that_is_not_a_run_is_exit_2_and_nothing_is_written(tmp_path, capsys):
