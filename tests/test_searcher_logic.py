@@ -199,10 +199,32 @@ def test_a_trial_clears_the_staging_folders_of_ended_workers_only(tmp_path):
     for d in (*staging_dirs(dead_pid, str(tmp_path)), *staging_dirs(os.getpid(), str(tmp_path))):
         os.makedirs(d)
         (tmp_path / d / "state.pt").write_bytes(b"x")
+    (tmp_path / f"cem-bench-trial-{dead_pid}-x1y2").mkdir()   # private_dir's fallback name: cleared too
     (tmp_path / "cem-bench-trial-notapid").mkdir()
     (tmp_path / "unrelated-123").mkdir()
     removed = clear_dead_staging(str(tmp_path))
-    assert sorted(removed) == sorted(os.path.basename(d) for d in staging_dirs(dead_pid, str(tmp_path)))
+    assert sorted(removed) == sorted([*(os.path.basename(d) for d in staging_dirs(dead_pid, str(tmp_path))),
+                                      f"cem-bench-trial-{dead_pid}-x1y2"])
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted([*(os.path.basename(d) for d in staging_dirs(os.getpid(), str(tmp_path))),
                            "cem-bench-trial-notapid", "unrelated-123"])
+
+
+def test_staging_folders_are_private_and_a_planted_name_is_stepped_around(tmp_path):
+    """The staging folders sit in the shared temp folder under predictable names (the pid): each is made mode
+    0o700 by this process, and where another user's link or file holds the name (one this user cannot remove), a
+    new private folder beside it is used, never the planted one (the review of 2026-12-06)."""
+    import stat
+
+    from cem_bench.search.trainable import private_dir
+    mine = private_dir(str(tmp_path / "cem-bench-trial-42"))
+    assert mine == str(tmp_path / "cem-bench-trial-42")
+    assert stat.S_IMODE(os.stat(mine).st_mode) == 0o700 and not os.listdir(mine)
+    (tmp_path / "cem-bench-trial-42" / "recon.png").write_bytes(b"old")
+    assert private_dir(mine) == mine and not os.listdir(mine)          # emptied for the next trial
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "cem-bench-ckpt-42").symlink_to(outside)             # planted; rmtree does not remove a link
+    got = private_dir(str(tmp_path / "cem-bench-ckpt-42"))
+    assert got != str(tmp_path / "cem-bench-ckpt-42") and os.path.basename(got).startswith("cem-bench-ckpt-42-")
+    assert not os.path.islink(got) and stat.S_IMODE(os.stat(got).st_mode) == 0o700 and outside.is_dir()

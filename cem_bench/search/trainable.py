@@ -74,6 +74,20 @@ def staging_dirs(pid: int, tmp: str | None = None) -> tuple[str, str]:
     return tuple(os.path.join(tmp, f"{prefix}{pid}") for prefix in STAGING_PREFIXES)
 
 
+def private_dir(path: str) -> str:
+    """A folder at ``path`` (emptied) that only this user can enter (mode 0o700, made here), or, when the name is
+    held by something this user cannot remove, a new one beside it that still names the pid. The staging folders
+    are in the shared temp folder under predictable names: a folder, or a link, planted there by another local user
+    would let them swap the gallery or a checkpoint file for a link between the trial's write and Ray's or
+    ``finish``'s read, and so copy a file only this user may read into the results (the review of 2026-12-06)."""
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.mkdir(path, 0o700)
+        return path
+    except FileExistsError:
+        return tempfile.mkdtemp(prefix=os.path.basename(path) + "-", dir=os.path.dirname(path))
+
+
 def clear_dead_staging(tmp: str | None = None) -> list[str]:
     """Remove the staging folders of worker processes that no longer run (a worker killed with its trial, or
     ended with Ray, leaves the folders of its last trial: nothing runs its clean-up); returns what it removed.
@@ -86,9 +100,10 @@ def clear_dead_staging(tmp: str | None = None) -> list[str]:
         return removed
     for name in names:
         prefix = next((p for p in STAGING_PREFIXES if name.startswith(p)), None)
-        if prefix is None or not name[len(prefix):].isdigit():
+        digits = name[len(prefix):].split("-", 1)[0] if prefix else ""   # private_dir's own name: pid-XXXX
+        if not digits.isdigit():
             continue
-        pid = int(name[len(prefix):])
+        pid = int(digits)
         try:
             os.kill(pid, 0)
             continue                      # alive
@@ -233,13 +248,14 @@ def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHook
             tune.report(metrics)
             return
 
-        # Per worker process, not per trial, and made only when needed: a trial that a scheduler stops ends with
-        # SystemExit inside tune.report while its actor is shut down or reused, so its own clean-up may never
-        # run. The next trial of the same process clears what the last one left, and any trial clears those of
-        # processes that have ended; run_trial creates out_dir only to write the gallery at the end.
-        out_dir, ckpt_dir = staging_dirs(os.getpid())
-        for leftover in (out_dir, ckpt_dir):
-            shutil.rmtree(leftover, ignore_errors=True)
+        # Per worker process, not per trial: a trial that a scheduler stops ends with SystemExit inside
+        # tune.report while its actor is shut down or reused, so its own clean-up may never run. The next trial of
+        # the same process clears what the last one left, and any trial clears those of processes that have ended.
+        # Each is made private (private_dir) when it is needed: the gallery's at the start, the checkpoint's at
+        # each report.
+        out_dir, ckpt_base = staging_dirs(os.getpid())
+        shutil.rmtree(ckpt_base, ignore_errors=True)
+        out_dir = private_dir(out_dir)   # run_trial writes the gallery into it at the end
         clear_dead_staging()
 
         def finish(result: dict, status: str, error: str | None) -> None:
@@ -267,8 +283,7 @@ def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHook
                 hooks.before_report(record, trial_path, trial_id)
             metrics = base_metrics(record)
             metrics["status"] = "running"
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-            os.makedirs(ckpt_dir)
+            ckpt_dir = private_dir(ckpt_base)
             try:
                 if state_fn is not None:
                     save_state(os.path.join(ckpt_dir, STATE_FILE), state_fn())
