@@ -193,7 +193,7 @@ def cmd_attack(args) -> int:
     from .core.runtime import resolve_device
     from .core.trial import build, build_config
     from .errors import ResultsError
-    from .storage import write_json
+    from .storage import json_bytes, write_bytes
     overrides = parse_set(args.set)
     bad = [k for k in overrides if not (k.startswith("attack.") or k in ATTACK_ALSO)]
     if bad:
@@ -243,9 +243,12 @@ def cmd_attack(args) -> int:
         k += 1
         out = f"{stamp}-{k}"
     os.makedirs(out)
-    res.save_gallery(os.path.join(out, "recon.png"))
+    # within the run folder the user named: the new attack-* folder below it is not trusted (a link swapped in for
+    # it after makedirs is refused, not followed)
+    res.save_gallery(os.path.join(out, "recon.png"), within=args.run_dir)
     metrics = {**res.metrics(), "attack_s": res.seconds, "torch_threads": torch.get_num_threads()}
-    write_json(os.path.join(out, "attack.json"), {**metrics, "config": cfg.to_flat(), "history": res.history()})
+    write_bytes(os.path.join(out, "attack.json"), json_bytes({**metrics, "config": cfg.to_flat(),
+                                                              "history": res.history()}), within=args.run_dir)
     print(json.dumps(metrics, indent=2))
     print(f"attack results: {out} (recon.png: the originals, then a row per attack: {', '.join(cfg.attack.names)})")
     return 0

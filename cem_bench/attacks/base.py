@@ -161,10 +161,11 @@ class AttackSet:
     def history(self) -> list[dict]:
         return [{"attack": name, **h} for name, r in self.results.items() for h in r.history]
 
-    def save_gallery(self, path, scale: int = 2) -> str:
+    def save_gallery(self, path, scale: int = 2, within=None) -> str:
         """One PNG: the evaluation images in the top row, then one row per attack in ``attack.names`` order."""
         first = next(iter(self.results.values()))
-        return save_gallery(first.originals, [r.reconstructions for r in self.results.values()], path, scale)
+        return save_gallery(first.originals, [r.reconstructions for r in self.results.values()], path, scale,
+                            within=within)
 
 
 def run_all(cfg: TrialConfig, encoder: torch.nn.Module, splits, noise_std: float, device) -> AttackSet:
@@ -172,13 +173,14 @@ def run_all(cfg: TrialConfig, encoder: torch.nn.Module, splits, noise_std: float
     return AttackSet({name: build(cfg, name).run(encoder, splits, noise_std, device) for name in cfg.attack.names})
 
 
-def save_gallery(originals: torch.Tensor, reconstructions, path, scale: int = 2) -> str:
+def save_gallery(originals: torch.Tensor, reconstructions, path, scale: int = 2, within=None) -> str:
     """A PNG with the originals in the top row and below them one row per reconstruction batch
     (``reconstructions``: one (n, C, H, W) tensor or a list of them), each image ×``scale`` (nearest).
 
     For n images of HxW and r rows of reconstructions the file is ((r+1)*(scale*H + 2) + 2) high and
     (n*(scale*W + 2) + 2) wide. Written as every result file is (``storage.write_bytes``): a new file renamed
-    into place, so a link planted at ``path`` in a shared run folder is replaced, never written through.
+    into place, so a link planted at ``path`` in a shared run folder is replaced, never written through;
+    ``within``: a folder above ``path`` trusted instead of its parent (no link is followed below it).
     """
     import io
 
@@ -197,5 +199,5 @@ def save_gallery(originals: torch.Tensor, reconstructions, path, scale: int = 2)
     png = io.BytesIO()
     save_image(grid, png, nrow=len(originals), padding=2, format="PNG")
     path = str(path)
-    write_bytes(path, png.getvalue())
+    write_bytes(path, png.getvalue(), within=within)
     return path
