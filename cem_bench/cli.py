@@ -56,9 +56,12 @@ def cmd_train(args) -> int:
     from .core.trial import build_config, run_trial
     from .integrity import write_recorded_json
     from .schema import METRICS_FILE
-    from .storage import jsonable
+    from .storage import is_uri, jsonable, local
     cfg = build_config(_config_from_args(args))  # validate before any work
-    out = args.out or os.path.join("results", "runs", time.strftime("%Y%m%d-%H%M%S"))
+    out = local(args.out or os.path.join("results", "runs", time.strftime("%Y%m%d-%H%M%S")))   # file://: a path
+    if is_uri(out):   # its checks looked at the URI as a local name, and the run went to a local "s3:" folder
+        raise ConfigError(f"train --out {out}: a run is written to a local folder; give one, and copy it to object "
+                          f"storage afterwards (a search writes there itself: search --storage). Nothing was trained")
     check_run_out(out)   # before training: a run is never trained only to be discarded or to replace another
     # the folder is created only once there is something to put in it (a missing dataset writes nothing)
     print(f"cem-bench train: {cfg.cem.surrogate if cfg.cem.lambd > 0 else 'no CEM (lambda=0)'} on "

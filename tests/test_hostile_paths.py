@@ -254,3 +254,18 @@ def test_train_refuses_a_planted_gallery_before_training(tmp_path, outside, targ
     err = capsys.readouterr().err
     assert "already holds a run (recon.png)" in err and "Nothing was trained" in err, err
     assert snapshot(outside) == before
+
+
+def test_train_out_on_object_storage_is_refused_and_a_file_uri_is_the_local_folder(tmp_path, monkeypatch, capsys):
+    """``train --out s3://…`` ran its checks on the URI as a local name and wrote the run into a local "s3:"
+    folder; ``file://DIR`` is DIR, checked there (the review of 2026-12-06)."""
+    from cem_bench.core import trial
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trial, "run_trial", lambda *a, **k: pytest.fail("trained"))
+    assert main(["train", "--set", "data.dataset=synthetic", "--out", "s3://bucket/run"]) == 2
+    assert "a run is written to a local folder" in capsys.readouterr().err and not any(tmp_path.iterdir())
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text("{}")
+    assert main(["train", "--set", "data.dataset=synthetic", "--out", f"file://{run}"]) == 2
+    assert "already holds a run (metrics.json)" in capsys.readouterr().err
