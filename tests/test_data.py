@@ -149,6 +149,13 @@ def test_cifar_missing_offline_says_where_the_files_go(tmp_path, monkeypatch):
         data.load(cfg.data)
     msg = str(e.value)
     assert str(tmp_path) in msg and "cifar-10-batches-py" in msg and "data.root" in msg
+    # a data.root the failed download made is not left behind (an empty folder and its lock); one that was there
+    # stays, with nothing of the attempt in it but the lock
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path / "new" / "data")})
+    with pytest.raises(data.DataError):
+        data.load(cfg.data)
+    assert not (tmp_path / "new" / "data").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".cifar-10-batches-py.download.lock"]
 
 
 def test_a_damaged_cifar_file_is_a_data_error_saying_how_to_get_the_files(tmp_path):

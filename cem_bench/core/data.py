@@ -12,6 +12,7 @@ its extra per-epoch data pass dominate its epoch time, docs/reference.md §9).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
@@ -237,9 +238,13 @@ def _download_once(klass, root: str, folder: str) -> None:
     import fcntl
     import shutil
     import tempfile
+    made, up = [], os.path.abspath(root)   # the folders this makes, deepest first
+    while not os.path.isdir(up) and os.path.dirname(up) != up:
+        made.append(up)
+        up = os.path.dirname(up)
     os.makedirs(root, exist_ok=True)
-    fd = os.open(os.path.join(root, f".{os.path.basename(folder)}.download.lock"),
-                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    lock = os.path.join(root, f".{os.path.basename(folder)}.download.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -257,6 +262,13 @@ def _download_once(klass, root: str, folder: str) -> None:
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        if made:   # a failed download leaves no data.root behind that it made (empty folders and the lock)
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+                for folder_made in made:
+                    os.rmdir(folder_made)
+        raise
     finally:
         os.close(fd)
 
