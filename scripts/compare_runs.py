@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 METRICS = ("test_acc", "attack_ssim", "attack_ssim__decoder", "attack_ssim__rmle", "attack_psnr", "cem_loss_scale")
-KEY = ["config_id", "config.seed"]
 
 
 def _load(path: str):
@@ -60,7 +59,7 @@ def _keyed(trials: pd.DataFrame, config_cols: list[str]) -> pd.DataFrame:
     if "started_at" in t:
         t = t.sort_values("started_at", kind="stable")
     t = t.drop(columns=[c for c in t.columns if c.startswith("config.") and c not in config_cols])
-    ids = config_ids(t) if len(t) else pd.Series([], dtype=object)
+    ids = config_ids(t)
     n = pd.DataFrame({"id": ids, "seed": t["config.seed"]}).groupby(["id", "seed"]).cumcount()
     return t.set_index(pd.MultiIndex.from_arrays([ids, t["config.seed"], n], names=["config", "seed", "n"]))
 

@@ -63,6 +63,20 @@ def _busy(exp_path: str, who: str) -> SearchError:
                        f"(nothing was changed)")
 
 
+def _lock_exclusive(fd: int) -> None:
+    """``flock(LOCK_EX | LOCK_NB)`` on ``fd``, tried ``LOCK_TRIES`` times ``LOCK_RETRY_S`` apart: `cem-bench report`
+    and `table` hold a shared lock for an instant to see whether a search runs (storage.lock_holder), a driver holds
+    it for hours. BlockingIOError when it is still held; another OSError when there is no flock here."""
+    for attempt in range(LOCK_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if attempt == LOCK_TRIES - 1:
+                raise
+            time.sleep(LOCK_RETRY_S)
+
+
 def _lock_local(exp_path: str) -> int:
     """The descriptor holding the folder's lock; SearchError when another process holds it."""
     try:
@@ -73,16 +87,7 @@ def _lock_local(exp_path: str) -> int:
                               f"links inside an experiment folder: remove it") from e
         raise
     try:
-        for attempt in range(LOCK_TRIES):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                # `cem-bench report`/`table` hold a shared lock for an instant to see whether a search runs
-                # (storage.lock_holder): a short retry tells that from a driver, which holds it for hours
-                if attempt == LOCK_TRIES - 1:
-                    raise
-                time.sleep(LOCK_RETRY_S)
+        _lock_exclusive(fd)
     except BlockingIOError:
         who = _holder(fd)
         os.close(fd)
@@ -144,18 +149,10 @@ def _abandoned(local: str) -> bool:
     try:
         if os.fstat(fd).st_size == 0:
             return False   # made, not yet locked: a driver writes who it is once it holds the lock
-        for attempt in range(LOCK_TRIES):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return True
-            except BlockingIOError:
-                # a reader's probe (storage.lock_holder) holds it for an instant; a driver holds it until it ends
-                if attempt == LOCK_TRIES - 1:
-                    return False
-                time.sleep(LOCK_RETRY_S)
-        return False
-    except OSError:   # no flock here: not provably abandoned
+        _lock_exclusive(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError:   # held (a search starting now), or no flock here: not provably abandoned
         return False
     finally:
         os.close(fd)
