@@ -60,6 +60,12 @@ def paired_by_seed(trials, metric: str, a: str, b: str = "none", lambd_a=None, l
     return round(d.mean(), 3), round(lo, 3), round(hi, 3)
 
 
+def surrogate_cells(trials) -> dict:
+    """{surrogate: [test_acc mean, std, worst-case SSIM mean, std, rmle's SSIM mean, std]}, rounded as printed."""
+    return {s: [round(g[m].agg(f), 3) for m in ("test_acc", "attack_ssim", "attack_ssim__rmle") for f in ("mean", "std")]
+            for s, g in trials.groupby("config.cem.surrogate")}
+
+
 def cells(res) -> dict:
     """{(λ, surrogate): (n, test_acc mean, worst-case SSIM mean, its std)} of the ok trials."""
     t = res.trials[res.trials["status"] == "ok"]
@@ -254,8 +260,7 @@ def test_decoder_matched_digits_says_what_the_docs_say():
     res = load_results(FINDINGS / "decoder_matched_digits")
     t = res.trials
     assert len(t) == 48 and (t["status"] == "ok").all() and (t["attack_ssim_by"] == "decoder").all()
-    got = {s: [round(g[m].agg(f), 3) for m in ("test_acc", "attack_ssim", "attack_ssim__rmle") for f in ("mean", "std")]
-           for s, g in t.groupby("config.cem.surrogate")}
+    got = surrogate_cells(t)
     assert got == {"attention_centroid": [0.902, 0.069, 0.916, 0.007, 0.089, 0.036],
                    "gmm": [0.920, 0.040, 0.924, 0.005, 0.183, 0.076]}, got
     tested = evaluate(t, res.hypotheses).set_index("name")
@@ -323,8 +328,7 @@ def test_the_fourth_rows_converged_runs_say_what_the_docs_say(name):
     res = load_results(FINDINGS / name)
     t = res.trials
     assert len(t) == want["trials"] and (t["status"] == "ok").all() and (t["attack_ssim_by"] == "decoder").all()
-    got = {s: [round(g[m].agg(f), 3) for m in ("test_acc", "attack_ssim", "attack_ssim__rmle") for f in ("mean", "std")]
-           for s, g in t.groupby("config.cem.surrogate")}
+    got = surrogate_cells(t)
     assert got == want["cells"], got
     assert {k: paired_by_seed(t, *k) for k in want["from_zero"]} == want["from_zero"]
     ac = t.loc[t["config.cem.surrogate"] == "attention_centroid", "cem_loss_scale"]
