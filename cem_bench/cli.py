@@ -28,6 +28,27 @@ class _BenchHelp(argparse.HelpFormatter):
         return text
 
 
+class ArgParser(argparse.ArgumentParser):
+    """argparse, with a hint where its own error misleads: an option taking a list (``--metrics a b``) takes
+    every word after it, the folder too, and argparse then says the folder is missing although it was given.
+    The hint names the option that took it and the two ways out (the folder first, or ``--`` to end the list).
+    Subcommands inherit the class (``add_subparsers`` uses the parent's)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message):
+        if message.startswith("the following arguments are required"):
+            argv = getattr(self, "_argv", None) or []
+            greedy = [flag for a in self._actions if a.option_strings and a.nargs in ("+", "*")
+                      for flag in a.option_strings if flag in argv]
+            if greedy:
+                message += (f" (if given: {greedy[0]} takes every word after it; give them before {greedy[0]}, "
+                            f"or end its list with --)")
+        super().error(message)
+
+
 def _config_from_args(args) -> TrialConfig:
     flat = {}
     if getattr(args, "config", None):
@@ -413,7 +434,7 @@ def cmd_bench(args) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cem-bench", description="Accuracy-vs-privacy frontier of CEM defenses "
+    p = ArgParser(prog="cem-bench", description="Accuracy-vs-privacy frontier of CEM defenses "
                                 "for split learning.", epilog=EPILOG)
     sub = p.add_subparsers(dest="cmd", required=True)
 

@@ -16,7 +16,6 @@ for is in neither. Nothing is written.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -114,7 +113,8 @@ def compare_hypotheses(res_a, res_b) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from cem_bench.cli import ArgParser
+    ap = ArgParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a", help="an experiment folder (e.g. findings/NAME)")
     ap.add_argument("b", help="the rerun's experiment folder")
     ap.add_argument("--metrics", nargs="+", help=f"metrics to compare trial by trial (default: those of {METRICS} "

@@ -493,3 +493,30 @@ def test_a_stopped_train_says_nothing_was_saved(tmp_path, monkeypatch, capsys):
 def test_a_search_space_given_as_config_says_what_it_is(capsys):
     assert main(["train", "--config", SPACE]) == 2
     assert "is a search space (fixed, num_samples, objectives, params, sampler)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["table", "--metrics", "test_acc", "attack_ssim", "RESULTS"], "--metrics"),
+    (["replay", "--grace", "1", "2"], "--grace"),   # ints: a folder name would fail as an int first
+    (["calibrate", "--surrogates", "gmm", "--set"], None),   # not a missing positional: argparse's own message
+])
+def test_a_list_option_that_took_the_folder_says_so(argv, flag, capsys):
+    # argparse alone says "required: results_dir" although the folder was given: the list option took it. The
+    # hint names the option and both ways out, and nothing runs (exit 2, argparse's usage error).
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    if flag is None:
+        assert "takes every word after it" not in err
+    else:
+        assert "required: results_dir" in err
+        assert f"{flag} takes every word after it" in err and "end its list with --" in err
+
+
+def test_the_list_ends_at_double_dash(tmp_path, capsys):
+    # The documented way out works: the folder after `--` is the positional (here a folder without a run: the
+    # table's own error, not argparse's).
+    assert main(["table", "--metrics", "test_acc", "--", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert "takes every word" not in err and "required: results_dir" not in err

@@ -99,3 +99,10 @@ def test_a_folder_that_is_not_a_run_is_exit_2_and_nothing_is_written(tmp_path, c
         before = sorted(p.name for p in b.iterdir())
         assert _script().main([str(RUN), str(b)]) == 2
         assert "no trials.parquet" in capsys.readouterr().err and sorted(p.name for p in b.iterdir()) == before
+
+
+def test_metrics_before_the_folders_is_a_usage_error_that_says_why(capsys):
+    with pytest.raises(SystemExit) as e:
+        _script().main(["--metrics", "test_acc", str(RUN), str(RUN)])
+    assert e.value.code == 2
+    assert "--metrics takes every word after it" in capsys.readouterr().err
