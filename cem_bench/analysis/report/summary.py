@@ -137,9 +137,9 @@ def seeds_needed(row: pd.Series, base: pd.Series, metric: str, alpha: float = no
     from scipy.special import nctdtr  # the non-central t's CDF, what scipy.stats.nct.sf calls (noise.t_quantile)
     d = abs(float(row.get(f"{metric}_delta", np.nan)))
     s_c, s_b, n_b = _spreads(row, base, metric)
-    if not (np.isfinite(d) and d > 0 and s_c + s_b > 0 and n_b >= 2):
+    if not (np.isfinite(d) and d > 0 and s_c + s_b > 0 and n_b >= noise.MIN_RUNS):
         return None
-    for n in range(2, MOST_SEEDS + 1):
+    for n in range(noise.MIN_RUNS, MOST_SEEDS + 1):   # fewer runs a side get no test
         a, b = s_c ** 2 / n, s_b ** 2 / n_b
         dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (n_b - 1))
         if 1 - nctdtr(dof, d / np.sqrt(a + b), noise.t_quantile(1 - alpha / 2, dof)) >= POWER:
@@ -322,9 +322,9 @@ def equivalence_seeds(row: pd.Series, base: pd.Series, metric: str, tol: float, 
     d = float(row.get(f"{metric}_delta", np.nan)) * (1 if mode == "max" else -1)
     s_c, s_b, n_b = _spreads(row, base, metric)
     margin = tol + min(d, 0.0)
-    if not (np.isfinite(d) and margin > 0 and s_c + s_b > 0 and n_b >= 2):
+    if not (np.isfinite(d) and margin > 0 and s_c + s_b > 0 and n_b >= noise.MIN_RUNS):
         return None
-    for n in range(2, MOST_SEEDS + 1):
+    for n in range(noise.MIN_RUNS, MOST_SEEDS + 1):   # fewer runs a side get no test
         a, b = s_c ** 2 / n, s_b ** 2 / n_b
         dof = (a + b) ** 2 / (a ** 2 / (n - 1) + b ** 2 / (n_b - 1))
         if noise.t_quantile(0.5 + noise.LEVEL / 2, dof) * np.sqrt(a + b) <= margin:
@@ -392,7 +392,7 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> tuple[str, pd.Series | Non
                      f"{POWER:.0%} of the time, if it is real. The most private of many looks better than it is.")
         elif base is not None and _flat(r, base, pm):
             text += f" {_FLAT_TEXT}"
-        elif base is not None and (pd.to_numeric(base.get(f"{pm}_n"), errors="coerce") or 0) >= 2:
+        elif base is not None and (pd.to_numeric(base.get(f"{pm}_n"), errors="coerce") or 0) >= noise.MIN_RUNS:
             text += (f" A difference of this size would need more than {MOST_SEEDS} confirmation seeds against "
                      f"the baseline's runs. The baseline needs more seeds too.")
     return text, r
