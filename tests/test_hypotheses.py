@@ -327,3 +327,31 @@ def test_the_search_s_first_line_names_the_family():
     assert line.endswith("objectives test_acc (max), attack_ssim (min), hypotheses H1, H2 (holm at 0.05; the report "
                          "tests them)")
 
+
+
+def test_a_seed_run_twice_is_the_same_run_in_the_hypotheses_and_the_configurations_table():
+    """The baseline's seeds 0–2 and a λ = 0 grid cell at seed 0 with another value: one configuration, seed 0
+    twice. The configurations table keeps the first; the hypotheses took the mean until 2026-12-06 and printed
+    another λ = 0 mean (0.727 against 0.710) on the same page."""
+    from cem_bench.analysis.aggregate import build_configs, config_ids
+    rows = []
+
+    def add(role, lam, seed, v):
+        rows.append({"trial_id": f"t{len(rows)}", "status": "ok", "role": role, "config.seed": seed,
+                     "config.defense.noise_std": 0.1, "config.cem.lambd": lam, "config.cem.surrogate": "gmm",
+                     "test_acc": 0.9, "attack_ssim": v})
+    for s, v in zip([0, 1, 2], [0.70, 0.72, 0.71]):
+        add("baseline", 0.0, s, v)
+    add("search", 0.0, 0, 0.80)
+    for s, v in zip([0, 1, 2], [0.60, 0.62, 0.61]):
+        add("search", 1.0, s, v)
+    trials = pd.DataFrame(rows)
+    configs = build_configs(trials, [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}])
+    base = configs[configs["role"] == "baseline"].iloc[0]
+    trials["config_id"] = config_ids(trials)
+    tested = evaluate(trials, {"alpha": 0.05, "correction": "holm", "tests": [
+        {"name": "h", "metric": "attack_ssim", "a": {"cem.lambd": 1}, "b": {"cem.lambd": 0}, "a_is": "lower",
+         "margin": 0.0, "paired": False}]}).iloc[0]
+    assert tested["n_b"] == base["attack_ssim_n"] == 3
+    assert tested["mean_b"] == pytest.approx(base["attack_ssim_mean"]) == pytest.approx(0.71)
+    assert tested["std_b"] == pytest.approx(base["attack_ssim_std"])

@@ -108,13 +108,15 @@ def per_seed(rows: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, int]:
     """(one row per run with ``_seed`` and ``_v``, runs left out): a side's values, one per seed. A seed run
     more than once within one configuration (the λ = 0 cell of each surrogate in a grid that does not condition
     the surrogate on λ, or a baseline beside a λ = 0 cell: the same configuration, the same seed) is one run,
-    its mean; counting it twice would count one measurement as two. Runs without a seed stay as they are; ok
-    runs without a value (an attack the utility gate skipped at chance accuracy) are counted as left out."""
+    the first in the table's order, the run the configurations table counts (``aggregate.build_configs``): one
+    page, one number for a cell (it was their mean until 2026-12-06, and the two tables disagreed); counting it
+    twice would count one measurement as two. Runs without a seed stay as they are; ok runs without a value (an
+    attack the utility gate skipped at chance accuracy) are counted as left out."""
     v = pd.to_numeric(rows[metric], errors="coerce") if metric in rows else pd.Series(np.nan, index=rows.index)
     frame = pd.DataFrame({"_seed": _seeds(rows), "_v": v})
     left_out = int((~np.isfinite(frame["_v"])).sum())
     frame = frame[np.isfinite(frame["_v"])]
-    seeded = frame.dropna(subset=["_seed"]).groupby("_seed", as_index=False)["_v"].mean()
+    seeded = frame.dropna(subset=["_seed"]).drop_duplicates("_seed", keep="first")
     return pd.concat([seeded, frame[frame["_seed"].isna()]], ignore_index=True), left_out
 
 
