@@ -160,7 +160,10 @@ def test_paired_pairs_the_seeds_both_sides_ran_once():
     assert paired["n_a"].iloc[0] == 8 and paired["n_b"].iloc[0] == 8
     np.testing.assert_allclose(paired["p"].iloc[0], p, rtol=1e-9)
     welch = evaluate(_trials(a, b, a_seeds, b_seeds), _family({"a_is": "higher"}))
-    assert paired["verdict"].iloc[0] == "holds" and welch["verdict"].iloc[0] == "not shown"   # the seeds' spread
+    # the seeds' spread; a's seeds 0, 1 and b's 10, 11 have no partner, and the verdict says so
+    assert paired["unpaired"].iloc[0] == 4 and welch["unpaired"].iloc[0] == 0
+    assert paired["verdict"].iloc[0] == "holds (4 runs without a partner seed left out)"
+    assert welch["verdict"].iloc[0] == "not shown"
 
 
 def test_runs_that_do_not_vary_are_not_tested():
@@ -219,7 +222,10 @@ def test_each_seed_is_one_run_and_only_the_planned_runs_count():
     table = evaluate(pd.DataFrame(rows), family)
     assert table["n_a"].tolist() == [4, 4] and table["n_b"].tolist() == [5, 4]
     assert table["mean_a"].iloc[0] < 0.8 and (table["left_out"] == 1).all()
-    assert table["verdict"].tolist() == ["holds (1 ok run without attack_ssim left out)"] * 2
+    # paired, λ = 0's seed 4 has no partner: gmm's seed 4 has no value
+    assert table["verdict"].tolist() == ["holds (1 ok run without attack_ssim left out)",
+                                         "holds (1 run without a partner seed left out) (1 ok run without "
+                                         "attack_ssim left out)"]
 
 
 @pytest.mark.parametrize("saved, words", [
@@ -355,3 +361,22 @@ def test_a_seed_run_twice_is_the_same_run_in_the_hypotheses_and_the_configuratio
     assert tested["n_b"] == base["attack_ssim_n"] == 3
     assert tested["mean_b"] == pytest.approx(base["attack_ssim_mean"]) == pytest.approx(0.71)
     assert tested["std_b"] == pytest.approx(base["attack_ssim_std"])
+
+
+def test_a_paired_test_says_how_many_runs_had_no_partner_seed():
+    """a ran seeds 0–5, b seeds 0, 1, 2, 7, 8: the paired test uses seeds 0–2 and says that 5 of the 11 runs
+    had no partner, 3 of a's and 2 of b's (before 2026-12-06 pm it said nothing, and n_a = 3 read as a's whole configuration)."""
+    rows = [{"status": "ok", "role": "search", "config.cem.surrogate": sur, "config.cem.lambd": 16.0,
+             "config.seed": seed, "attack_ssim": v}
+            for sur, runs in (("attention_centroid", {0: 0.70, 1: 0.71, 2: 0.69, 3: 0.7, 4: 0.7, 5: 0.7}),
+                              ("gmm", {0: 0.76, 1: 0.755, 2: 0.75, 7: 0.7, 8: 0.7}))
+            for seed, v in runs.items()]
+    family = {"alpha": 0.05, "correction": "holm", "tests": [
+        {"name": "P", "metric": "attack_ssim", "a": {"cem.surrogate": "attention_centroid"},
+         "b": {"cem.surrogate": "gmm"}, "a_is": "lower", "margin": 0.0, "paired": paired} for paired in (True, False)]}
+    family["tests"][1]["name"] = "W"
+    table = evaluate(pd.DataFrame(rows), family).set_index("name")
+    assert (table.loc["P", "n_a"], table.loc["P", "n_b"], table.loc["P", "unpaired"]) == (3, 3, 5)
+    assert table.loc["P", "verdict"] == "holds (5 runs without a partner seed left out)"
+    assert (table.loc["W", "n_a"], table.loc["W", "n_b"], table.loc["W", "unpaired"]) == (6, 5, 0)
+    assert table.loc["W", "verdict"] == "holds"

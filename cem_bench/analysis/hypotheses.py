@@ -25,8 +25,8 @@ from .noise import MIN_RUNS, holm, no_spread
 
 LISTED = 4    # the summary names each verdict up to this many hypotheses, else counts them
 LEVEL = 0.95   # the interval shown beside each test: two-sided, of the difference a - b
-COLUMNS = ("name", "metric", "claim", "a", "b", "paired", "n_a", "n_b", "left_out", "mean_a", "std_a", "mean_b", "std_b",
-           "diff", "ci_low", "ci_high", "p", "p_adjusted", "verdict")
+COLUMNS = ("name", "metric", "claim", "a", "b", "paired", "n_a", "n_b", "left_out", "unpaired", "mean_a", "std_a",
+           "mean_b", "std_b", "diff", "ci_low", "ci_high", "p", "p_adjusted", "verdict")
 # the claim's one-sided test of d = a - b: H1 is d < -margin, d > margin, d > -margin or d < margin. Shifting a
 # by `sign * margin` and testing the shifted difference against 0 in `alternative` is that test.
 _TEST = {"lower": (+1, "less"), "higher": (-1, "greater"), "not_lower": (+1, "greater"), "not_higher": (-1, "less")}
@@ -124,7 +124,7 @@ def one_test(h: dict, a_rows: pd.DataFrame, b_rows: pd.DataFrame) -> dict:
     """One hypothesis on its two sides' runs: the numbers of a row of ``evaluate`` before the adjustment."""
     from scipy import stats
     m = h["metric"]
-    out: dict[str, Any] = {"n_a": 0, "n_b": 0, "left_out": 0, "mean_a": np.nan, "std_a": np.nan,
+    out: dict[str, Any] = {"n_a": 0, "n_b": 0, "left_out": 0, "unpaired": 0, "mean_a": np.nan, "std_a": np.nan,
                            "mean_b": np.nan, "std_b": np.nan, "diff": np.nan, "ci_low": np.nan, "ci_high": np.nan,
                            "p": np.nan}
     (a, gone_a), (b, gone_b) = per_seed(a_rows, m), per_seed(b_rows, m)
@@ -132,6 +132,9 @@ def one_test(h: dict, a_rows: pd.DataFrame, b_rows: pd.DataFrame) -> dict:
     if h["paired"]:   # the seeds both sides ran
         both = a.dropna(subset=["_seed"]).merge(b.dropna(subset=["_seed"]), on="_seed", suffixes=("_a", "_b"))
         x, y = both["_v_a"].to_numpy(float), both["_v_b"].to_numpy(float)
+        # runs whose seed the other side did not run (or without a seed) have no partner: left out, and said, so
+        # that n_a, n_b and the means (over the paired seeds) are not read as the whole configuration's
+        out["unpaired"] = len(a) + len(b) - 2 * len(both)
     else:
         x, y = a["_v"].to_numpy(float), b["_v"].to_numpy(float)
     out.update(n_a=len(x), n_b=len(y))
@@ -213,6 +216,9 @@ def evaluate(trials: pd.DataFrame, hypotheses: dict) -> pd.DataFrame:
             table.at[i, "verdict"] = "not tested: the runs do not vary"
         else:
             table.at[i, "verdict"] = "holds" if row["p_adjusted"] <= alpha else "not shown"
+        if row["unpaired"]:
+            table.at[i, "verdict"] += (f" ({row['unpaired']} run{'s' * (row['unpaired'] != 1)} without a partner "
+                                       f"seed left out)")
         if row["left_out"]:
             table.at[i, "verdict"] += (f" ({row['left_out']} ok run{'s' * (row['left_out'] != 1)} without "
                                        f"{row['metric']} left out)")
