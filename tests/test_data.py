@@ -172,6 +172,13 @@ def test_a_damaged_cifar_file_is_a_data_error_saying_how_to_get_the_files(tmp_pa
             data.load(cfg.data)
         msg = str(e.value)
         assert str(folder) in msg and "cannot be read" in msg and "cifar-10-python.tar.gz" in msg, msg
+        assert "file data_batch_3 under" in msg, msg   # the file a user replaces (the folder alone before 2026-12-06)
+    (folder / "data_batch_3").write_bytes(whole)
+    meta = (folder / "batches.meta").read_bytes()
+    (folder / "batches.meta").write_bytes(meta[:10])
+    with pytest.raises(data.DataError, match="file batches.meta under"):
+        data.load(cfg.data)
+    (folder / "batches.meta").write_bytes(meta)
     (folder / "data_batch_3").unlink()
     with pytest.raises(data.DataError) as e:
         data.load(cfg.data)

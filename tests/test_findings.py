@@ -41,9 +41,16 @@ def test_every_folder_is_the_run_its_row_names():
     for name in FOLDERS:
         commit = re.search(r"commit ([0-9a-f]{7,})", rows[name]).group(1)
         day = re.search(r"(\d{4}-\d{2}-\d{2}) \d{2}:\d{2}", rows[name]).group(1)
-        t = pd.read_parquet(FINDINGS / name / "trials.parquet", columns=["git_sha", "started_at"])
+        t = pd.read_parquet(FINDINGS / name / "trials.parquet", columns=["git_sha", "started_at", "finished_at"])
         assert set(t["git_sha"].str[:len(commit)]) == {commit}, (name, set(t["git_sha"]))
         assert set(pd.to_datetime(t["started_at"], utc=True).dt.strftime("%Y-%m-%d")) == {day}, name
+        # the row's window holds the trials (the driver starts before the first and writes after the last: up
+        # to 3 minutes); a row once said 08:03–08:13 of trials run 08:02:17–08:11:43
+        first, last = re.search(r"\d{4}-\d{2}-\d{2} (\d{2}:\d{2})[–-](\d{2}:\d{2}) UTC", rows[name]).groups()
+        start = pd.to_datetime(t["started_at"], utc=True).min().strftime("%H:%M")
+        end = pd.to_datetime(t["finished_at"], utc=True).max()
+        assert first <= start and end.strftime("%H:%M") <= last, (name, first, last, start, end)
+        assert pd.Timestamp(f"{day} {last}", tz="UTC") - end < pd.Timedelta(minutes=3), (name, last, end)
 
 
 def paired_by_seed(trials, metric: str, a: str, b: str = "none", lambd_a=None, lambd_b=None):

@@ -301,11 +301,12 @@ def _read_cifar_file(path: str) -> dict:
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
 
 
-def _read_cifar_split(folder: str, files: list) -> tuple[np.ndarray, np.ndarray]:
-    """The images (N, 3, 32, 32 uint8, as CIFAR stores them) and labels of a split's batch files."""
+def _read_cifar_split(read, files: list) -> tuple[np.ndarray, np.ndarray]:
+    """The images (N, 3, 32, 32 uint8, as CIFAR stores them) and labels of a split's batch files, each read by
+    ``read(name)``."""
     images, labels = [], []
     for f, _ in files:
-        entry = _read_cifar_file(os.path.join(folder, f))
+        entry = read(f)
         images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         labels.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
     return np.concatenate(images), np.asarray(labels, dtype=np.int64)
@@ -318,13 +319,18 @@ def load_cifar(name: str, root: str) -> tuple[Split, Split, int]:
     root = os.path.expanduser(root)
     klass, folder = _cifar_folder(name, root)
     _check_cifar_files(name, klass, folder)
+    reading = [klass.meta["filename"]]   # the file being read: the error names it (a user replaces that one)
+
+    def read(f: str) -> dict:
+        reading[0] = f
+        return _read_cifar_file(os.path.join(folder, f))
     try:
-        classes = list(_read_cifar_file(os.path.join(folder, klass.meta["filename"]))[klass.meta["key"]])
-        splits = {part: _read_cifar_split(folder, files)
+        classes = list(read(klass.meta["filename"])[klass.meta["key"]])
+        splits = {part: _read_cifar_split(read, files)
                   for part, files in (("training", klass.train_list), ("test", klass.test_list))}
     except Exception as e:  # noqa: BLE001 - a truncated or foreign file fails anywhere inside unpickling
-        raise DataError(f"{name} files under {folder} cannot be read ({type(e).__name__}: {e}): a file is "
-                        f"truncated or not in CIFAR's python format; {_cifar_remedy(name, folder)}") from None
+        raise DataError(f"{name} file {reading[0]} under {folder} cannot be read ({type(e).__name__}: {e}): it "
+                        f"is truncated or not in CIFAR's python format; {_cifar_remedy(name, folder)}") from None
     for part, (images, labels) in splits.items():
         # a label past the class list stops training at its first batch (CUDA: a device-side assert)
         if len(labels) != len(images) or (len(labels) and not (0 <= labels.min() and labels.max() < len(classes))):
