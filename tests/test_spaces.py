@@ -525,6 +525,16 @@ def test_baseline_and_confirm_defaults():
     assert spec.baseline_runs == 6 and spec.runs == 8 and spec.confirm_runs == 3
 
 
+@pytest.mark.parametrize("seed, confirm", [({"choice": [0, 1, 2, 3]}, (4, 5, 6)), ({"int": [2, 9]}, (10, 11, 12))])
+def test_a_searched_seed_is_never_a_confirmation_seed(seed, confirm):
+    """The confirmation's seeds start after a searched seed's values too: before 2026-12-06 they started after
+    the fixed seed and the baseline's (3, 4, 5), and re-ran the very (configuration, seed) runs that chose the
+    configuration, counted as new evidence."""
+    spec = parse_space(minimal(params={"cem.lambd": {"choice": [4, 16]}, "seed": seed}, baseline=False,
+                               confirm={"top": 1, "replicates": 3}))
+    assert spec.confirm_seeds == confirm
+
+
 def test_baseline_and_confirm_errors_name_the_problem():
     errs = errors_of(minimal(baseline={"replicates": 1}, confirm={"top": 2, "replicates": 1}))
     assert any(e.startswith("baseline.replicates: 1 must be an integer >= 3") for e in errs), errs

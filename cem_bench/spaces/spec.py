@@ -197,10 +197,14 @@ class SearchSpec:
 
     @property
     def confirm_seeds(self) -> tuple[int, ...]:
-        """New seeds for the confirmation runs: after every seed the search and its baseline used."""
+        """New seeds for the confirmation runs: after every seed the search and its baseline used, a searched
+        ``seed``'s values included (without them a confirmation re-ran the very runs that chose its configuration:
+        search_seeds is then the fixed seed alone)."""
         if not self.confirm_top:
             return ()
-        start = max((*self.search_seeds, *self.baseline_seeds)) + 1
+        drawn = [int(v) for p in self.params if p.key == "seed"
+                 for v in (p.choices if p.kind == "choice" else (p.high,)) if v is not None]
+        start = max((*self.search_seeds, *self.baseline_seeds, *drawn)) + 1
         return tuple(range(start, start + self.confirm_replicates))
 
     @property
