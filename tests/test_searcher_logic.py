@@ -79,10 +79,27 @@ def test_failed_replicates_are_left_out_of_the_mean_and_all_failed_is_a_failure(
     assert q.told[0][1]["test_acc"] == pytest.approx(0.4) and q.told[1][1] is None
 
 
-def test_a_non_finite_replicate_makes_that_metric_nan():
+def test_a_non_finite_replicate_is_left_out_of_that_metric_alone():
+    """configs.parquet's rule: each metric over the runs with a value of it (a run whose attack the utility gate
+    skipped still has its accuracy). Until 2026-12-06 one missing value made the metric NaN (Optuna told FAIL)."""
     mean = mean_result([ok(0.4, 0.2), ok(0.6, float("nan")), None], METRICS)
-    assert mean["test_acc"] == pytest.approx(0.5) and math.isnan(mean["attack_ssim"])
+    assert mean["test_acc"] == pytest.approx(0.5) and mean["attack_ssim"] == pytest.approx(0.2)
+    assert math.isnan(mean_result([ok(0.4, float("nan"))], METRICS)["attack_ssim"])   # none: NaN, told FAIL
     assert mean_result([None, None], METRICS) is None
+
+
+def test_the_confirmation_chooses_on_the_means_the_tables_record():
+    """λ 16's third seed collapsed (accuracy 0.12, its attack skipped): its accuracy mean is 0.673, and λ 4
+    (0.80, 0.62) adds more hypervolume. Dropping the whole run ranked λ 16 at 0.95 and confirmed it."""
+    q = FakeSampler([{"cem.lambd": 16.0}, {"cem.lambd": 4.0}], seeds=(0, 1, 2), search_runs=6, confirm_top=1,
+                    confirm_seeds=(7,), refs=[0.1, 1.0])
+    runs = [q.next_run(f"s{i}") for i in range(6)]
+    assert [r["cem.lambd"] for r in runs] == [16.0] * 3 + [4.0] * 3
+    for i, r in enumerate([ok(0.95, 0.60), ok(0.95, 0.60), ok(0.12, float("nan")), *[ok(0.80, 0.62)] * 3]):
+        q.run_finished(f"s{i}", r)
+    told = {t: v for t, v, _ in q.told}
+    assert told["s0"]["test_acc"] == pytest.approx((0.95 + 0.95 + 0.12) / 3) and told["s0"]["attack_ssim"] == 0.60
+    assert q.next_run("c0") == {"cem.lambd": 4.0, "seed": 7, "role": "confirm"}
 
 
 def test_one_seed_or_none_tells_each_run_directly():

@@ -51,8 +51,11 @@ def first_new(ask: Callable[[], dict | None], key: Callable[[], Hashable], seen:
 
 
 def mean_result(runs: list[dict | None], metrics: list[str]) -> dict | None:
-    """The result told for a configuration's replicates: each metric's mean over the runs that finished (NaN
-    where one of them has no finite value); None when none finished."""
+    """The result told for a configuration's replicates: each metric's mean over the runs that finished with a
+    finite value of it (NaN where none has one: the sampler is then told FAIL); None when none finished. The
+    rule of configs.parquet (``aggregate.build_configs``) and of the confirmation's choice: one value per
+    configuration everywhere. Until 2026-12-06 one run without a value (an attack the utility gate skipped at
+    chance accuracy) made the metric NaN, and Optuna was told FAIL for a configuration the tables ranked."""
     done = [r for r in runs if r is not None]
     if not done:
         return None
@@ -60,7 +63,7 @@ def mean_result(runs: list[dict | None], metrics: list[str]) -> dict | None:
     for m in metrics:
         vals = [r.get(m) for r in done]
         finite = [float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
-        mean[m] = sum(finite) / len(finite) if len(finite) == len(vals) else float("nan")
+        mean[m] = sum(finite) / len(finite) if finite else float("nan")
     return mean
 
 
@@ -185,11 +188,13 @@ class RunQueue:
                 groups[key][1].append(result)
         configs, rows = [], []
         for config, results in groups.values():
-            vals = [[r.get(m) for m in metrics] for r in results]
-            vals = [v for v in vals if all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)]
-            if vals:
+            # each metric's mean over the runs with a finite value of it (mean_result's rule, and the tables'):
+            # dropping a whole run for one missing metric dropped a collapsed seed's accuracy too, and chose on
+            # a survivor's mean that no table records
+            mean = mean_result(results, metrics)
+            if mean is not None and all(math.isfinite(mean[m]) for m in metrics):
                 configs.append(config)
-                rows.append(np.mean(np.asarray(vals, dtype=float), axis=0))
+                rows.append(np.array([mean[m] for m in metrics], dtype=float))
         if not configs:
             return []
         values = np.asarray(rows)
