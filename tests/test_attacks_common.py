@@ -76,6 +76,23 @@ def test_rmle_keeps_the_best_restart():
     assert (fit3 <= fit1 + 1e-6).all()                         # the grey start is one of the three
 
 
+def test_rmle_gives_every_image_the_same_draws_at_any_batch_size():
+    """docs/metrics.md: only attack_psnr_batch changes with rmle_batch_size (the rest by float rounding).
+    The noise and the starts were drawn batch by batch until 2026-12-06, so an image's draws, and the
+    per-image metrics, depended on its batch; one batch (16 images here) gives the draws of before."""
+    flat = {"attack.rmle_iterations": 10, "attack.rmle_restarts": 2}
+    got = {}
+    for bs in (16, 5):
+        cfg, splits, client = setup("rmle", **flat, **{"attack.rmle_batch_size": bs})
+        got[bs] = attacks.build(cfg).run(client, splits, cfg.defense.noise_std, "cpu")
+    assert len(got[16].originals) == 16
+    # equal to float rounding (a convolution of 5 images sums in another order than one of 16): drawn batch by
+    # batch, pixels differed by up to 0.25 and the metrics by about 1e-3
+    torch.testing.assert_close(got[16].reconstructions, got[5].reconstructions, rtol=0, atol=1e-4)
+    for k in ("attack_ssim", "attack_mse", "attack_psnr", "attack_ssim_paper"):
+        assert got[16].metrics[k] == pytest.approx(got[5].metrics[k], rel=1e-6), k
+
+
 # ------------------------------------------------------------------------------------- several attacks per trial
 def test_worst_case_takes_the_strongest_attack_per_metric():
     per = {"decoder": {"attack_ssim": 0.6, "attack_psnr": 14.0, "attack_mse": 0.05, "attack_ssim_paper": 0.5},

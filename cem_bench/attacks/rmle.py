@@ -82,9 +82,11 @@ class RMLEAttack(Attack):
         return params
 
     def invert(self, encoder: nn.Module, z_noisy: torch.Tensor, normalize, image_shape, gen: torch.Generator,
-               noise_std: float) -> tuple[torch.Tensor, torch.Tensor]:
+               noise_std: float, starts: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reconstructions in [0, 1] (n, C, H, W) of the noisy features ``z_noisy`` and each one's final data
-        term (n,). ``normalize`` maps float images in [0, 1] to the encoder's input."""
+        term (n,). ``normalize`` maps float images in [0, 1] to the encoder's input. ``starts`` (one N(0, 1)
+        tensor of shape (n, C, H, W) per restart) are the draws of the starts; without them they are drawn
+        from ``gen`` here."""
         acfg = self.cfg.attack
         n = z_noisy.shape[0]
         scale = 2.0 * max(float(noise_std), MIN_NOISE_STD) ** 2
@@ -94,7 +96,8 @@ class RMLEAttack(Attack):
             shape = (n, *image_shape)
             # grey (with a 0.01 logit jitter: at an exactly grey, normalised-to-zero image an encoder whose
             # biases are zero sits at ReLU(0) and gets no gradient), then random starts
-            jitter = torch.randn(shape, generator=gen, device=z_noisy.device)
+            jitter = starts[r].clone() if starts is not None else torch.randn(shape, generator=gen,
+                                                                               device=z_noisy.device)
             u = (GREY_JITTER * jitter if r == 0 else jitter).requires_grad_(True)
             opt = torch.optim.Adam([u], lr=acfg.rmle_lr)
             for _ in range(acfg.rmle_iterations):
@@ -128,15 +131,22 @@ class RMLEAttack(Attack):
         try:
             encoder.eval()
             encoder.requires_grad_(False)        # the gradient is taken with respect to the image only
-            for i, (x, _) in enumerate(eval_batches(splits.attack_eval, splits, acfg.rmle_batch_size)):
-                x = x.to(device)
-                with torch.no_grad():
-                    z = encoder(x).float()
-                    if noise_std > 0:
-                        z = z + noise_std * torch.randn(z.shape, generator=gen, device=device)
-                target = splits.attack_eval.images[i * acfg.rmle_batch_size:(i + 1) * acfg.rmle_batch_size].to(device)
-                target = target.float().div_(255.0)
-                recon, fit = self.invert(encoder, z, splits.standardize, image_shape, gen, noise_std)
+            # every image's noise, then every restart's starts, drawn once for the whole set before any
+            # optimisation: an image gets the same draws at any rmle_batch_size (drawn batch by batch, which
+            # noise and start an image got depended on its batch, and the per-image metrics moved by about 1e-3
+            # with the batch size, until 2026-12-06). With one batch the draws are those of before.
+            with torch.no_grad():
+                z_all = torch.cat([encoder(x.to(device)).float() for x, _ in
+                                   eval_batches(splits.attack_eval, splits, acfg.rmle_batch_size)])
+                if noise_std > 0:
+                    z_all = z_all + noise_std * torch.randn(z_all.shape, generator=gen, device=device)
+            n, bs = len(z_all), acfg.rmle_batch_size
+            starts = [torch.randn((n, *image_shape), generator=gen, device=device) for _ in range(acfg.rmle_restarts)]
+            for i, lo in enumerate(range(0, n, bs)):
+                z = z_all[lo:lo + bs]
+                target = splits.attack_eval.images[lo:lo + bs].to(device).float().div_(255.0)
+                recon, fit = self.invert(encoder, z, splits.standardize, image_shape, gen, noise_std,
+                                         starts=[s[lo:lo + bs] for s in starts])
                 scorer.add(recon.float().clamp_(0.0, 1.0).contiguous(), target)
                 history.append({"batch": i, "images": len(target), "final_fit": fit.mean()})
         finally:
