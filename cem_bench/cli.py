@@ -434,8 +434,8 @@ def cmd_bench(args) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = ArgParser(prog="cem-bench", description="Accuracy-vs-privacy frontier of CEM defenses "
-                                "for split learning.", epilog=EPILOG)
+    p = ArgParser(prog="cem-bench", description="Accuracy-vs-privacy frontier of CEM defenses for split learning.",
+                  epilog=EPILOG)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train one run (CEM trainer + attack)", epilog=EPILOG)
