@@ -417,3 +417,27 @@ def test_a_baseline_whose_attacks_were_skipped_is_not_said_to_have_run_once():
     text = summary_sentence(results_of(pd.DataFrame(rows), OBJ))
     assert "ran once" not in text and "has 3 runs but attack_ssim from none of them" in text, text
     assert "claims no difference" in text
+
+
+def test_too_few_runs_is_said_per_metric(tmp_path):
+    """λ 64's accuracy collapsed on 2 of its 4 seeds and the utility gate skipped their attacks: 4 accuracies
+    (compared: worse beyond the noise, marked [−]) and 2 SSIMs (too few to compare). The page called the
+    accuracy "too few runs for a verdict" beside its own p and mark until 2026-12-06 (few_runs is any metric)."""
+    from cem_bench.analysis import table
+    from cem_bench.analysis.report.tables import versus_baseline
+    rows = _rows(0, range(4), 0.90, 0.75) + _rows(64, range(4), 0.20, 0.60)
+    for r in rows[4:6]:
+        r["test_acc"], r["attack_ssim"] = 0.1, np.nan
+    configs = build_configs(pd.DataFrame(rows), OBJ)
+    r = configs[configs["role"] == "search"].iloc[0]
+    assert (bool(r["test_acc_few"]), bool(r["attack_ssim_few"]), bool(r["few_runs"])) == (False, True, True)
+    assert versus_baseline(r, "test_acc").startswith("worse beyond the noise"), versus_baseline(r, "test_acc")
+    assert versus_baseline(r, "attack_ssim").startswith("too few runs for a verdict")
+    assert "[−]" in table.paper_table(configs, "test_acc").to_string()
+    pd.DataFrame(rows).to_parquet(tmp_path / "trials.parquet")
+    (tmp_path / "search_space.json").write_text(json.dumps({"name": "few", "objectives": OBJ}))
+    summary = summary_sentence(load_results(tmp_path))
+    assert "ran fewer than 3 times" in summary or "ran fewer times" in summary, summary
+    # a table written before the per-metric columns: few_runs alone, read for every metric as before
+    old = configs.drop(columns=["test_acc_few", "attack_ssim_few"])
+    assert versus_baseline(old[old["role"] == "search"].iloc[0], "test_acc").startswith("too few runs")

@@ -335,8 +335,9 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
                             compared: Sequence[str], objectives: Sequence[dict]) -> None:
     """In place: ``baseline_id`` and, per compared metric, ``_noise``, ``_delta``, ``_delta_lo``,
     ``_delta_hi``, ``_p_better``, ``_p``, ``_verdict_single`` (``noise.compare_many``, all configurations at
-    once), their adjusted ``_q``, ``_holm`` and ``_verdict`` (``adjust_comparisons``), and ``few_runs`` (fewer
-    than ``noise.MIN_RUNS`` runs: no interval, p or verdict)."""
+    once), their adjusted ``_q``, ``_holm`` and ``_verdict`` (``adjust_comparisons``), ``_few`` (fewer than
+    ``noise.MIN_RUNS`` runs with a value of the metric: no interval, p or verdict on it), and ``few_runs`` (so on
+    any compared metric)."""
     base = configs[configs["role"] == BASELINE]
     # one baseline per value of the baseline keys: the one with the most ok runs
     best = base.sort_values("runs_ok", ascending=False, kind="stable").drop_duplicates("_key")
@@ -359,6 +360,7 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
         verdict = np.full(len(configs), "", dtype=object)
         has_base = bidx >= 0
         out["noise"][has_base] = configs[f"{m}_std"].to_numpy(dtype=float)[bidx[has_base]]   # the floor
+        few_m = np.zeros(len(configs), dtype=bool)
         if len(rows):
             c = noise.compare_many(runs[rows], runs[bidx[rows]], mode)
             sign = 1.0 if mode == "max" else -1.0    # the delta columns are in the metric's own direction
@@ -368,9 +370,14 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
             out["p_better"][rows] = c["p_better"]
             out["p"][rows] = c["p"]
             verdict[rows] = c["verdict"]
-            few[rows] |= c["few"]
+            few_m[rows] = c["few"]
+            few |= few_m
         for k, col in out.items():
             configs[f"{m}_{k}"] = col
+        # per metric: a run whose attack the utility gate skipped has its accuracy but no SSIM, so a configuration
+        # can be compared on one and too few on the other (few_runs, any metric, read per metric called a tested
+        # accuracy "too few runs" beside its own p and mark)
+        configs[f"{m}_few"] = few_m
         configs[f"{m}_verdict_single"] = verdict
         adjust_comparisons(configs, m)
     configs["few_runs"] = few

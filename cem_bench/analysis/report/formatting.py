@@ -115,6 +115,13 @@ def flag(value) -> bool:
     return isinstance(value, (bool, np.bool_)) and bool(value)
 
 
+def few_on(row, metric: str) -> bool:
+    """Whether ``row``'s configuration had too few runs with a value of ``metric`` for a comparison: its
+    ``<metric>_few``; a table written before 2026-12-06 has only ``few_runs`` (any compared metric)."""
+    own = row.get(f"{metric}_few")
+    return flag(own) if own is not None and not is_missing(own) else flag(row.get("few_runs"))
+
+
 def p_text(value) -> str:
     """A p- or q-value: two significant digits, "< 0.0001" below that."""
     if is_missing(value):

@@ -17,7 +17,7 @@ from cem_bench.analysis.hypotheses import summary_text as hypotheses_summary
 from cem_bench.schema import DEFAULT_UTILITY_TOLERANCE
 
 from .facts import config_searched_columns, status_counts
-from .formatting import flag, format_value, interval, is_missing, ms, p_text, plural, short
+from .formatting import few_on, format_value, interval, is_missing, ms, p_text, plural, short
 from .load import LAMBD_COL, NOISE_COL, SURROGATE_COL, Results
 
 # ================================================================= the summary sentence
@@ -345,7 +345,8 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> tuple[str, pd.Series | Non
     the tables mark instead, and how many confirmation seeds a difference of that size would need; and that
     most private configuration (None without one)."""
     pm, um = res.metrics[1], res.metrics[0]
-    few = cl.pool[cl.pool["few_runs"].fillna(False).astype(bool)] if "few_runs" in cl.pool else cl.pool[:0]
+    # too few runs on the privacy metric, the one the summary compares (an accuracy-only gap is not this)
+    few = cl.pool[[few_on(r, pm) for _, r in cl.pool.iterrows()]] if len(cl.pool) else cl.pool[:0]
     need = f"{noise.MIN_RUNS} or more runs a side"
     marks, marked_on = _marks(res)
     if cl.family == 0:
@@ -374,7 +375,7 @@ def _no_claim(res: Results, cl: Claim, scope: str) -> tuple[str, pd.Series | Non
     if not isinstance(r.get("baseline_id"), str):
         return (text + f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)}. No "
                 f"λ=0 baseline shares its other keys (σ, data, model, …), so it is compared with none."), r
-    if flag(r.get("few_runs")):
+    if few_on(r, pm):
         text += (f" The most private of them, {r['_label']} ({r[CONFIG_ID]}), has {pm} {_pm(r, pm)} and {um} "
                  f"{ms(r, um)}: {interval(r, pm)} against the baseline. It is a candidate to run again with new "
                  f"seeds, not a finding.")

@@ -16,7 +16,7 @@ from cem_bench.analysis.table import DEFAULT_METRICS, NOT_OK_WORDS, SIGMA, colum
 from cem_bench.schema import strongest_column
 
 from .facts import config_searched_columns
-from .formatting import flag, format_value, interval, is_missing, ms, p_text, plural, short
+from .formatting import few_on, format_value, interval, is_missing, ms, p_text, plural, short
 from .load import SKIP_COL, SURROGATE_COL, Results, is_attack_metric
 from .summary import at_utility
 
@@ -181,7 +181,7 @@ def versus_baseline(row: pd.Series, metric: str) -> str:
     """A configuration against its baseline on ``metric``: the verdict, then the difference, its interval and
     the probability of improvement (``noise.compare``); "—" for a baseline itself or without a floor."""
     verdict = row.get(f"{metric}_verdict")
-    if row.get("role") != "baseline" and flag(row.get("few_runs")) and not is_missing(row.get(f"{metric}_delta")):
+    if row.get("role") != "baseline" and few_on(row, metric) and not is_missing(row.get(f"{metric}_delta")):
         return f"too few runs for a verdict (fewer than {noise.MIN_RUNS}): {interval(row, metric)}"
     if row.get("role") == "baseline" or not isinstance(verdict, str) or not verdict:
         return "—"
