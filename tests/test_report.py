@@ -1357,3 +1357,24 @@ def test_the_total_trial_time_names_the_trials_that_recorded_it():
     assert _wall_text(pd.DataFrame({"wall_s": [float("nan")] * 3})).startswith("not recorded (none of the 3")
     assert _wall_text(pd.DataFrame({"wall_s": [2.0, float("nan")]})).endswith("over the 1 of 2 trials that recorded it")
     assert _wall_text(pd.DataFrame({"wall_s": [2.0, 3.0]})).endswith(" s")
+
+
+def test_a_metric_the_report_does_not_compare_draws_no_point_hollow(tmp_path):
+    """attack_psnr has no verdict column: untested, so no point is hollow and its axis claims nothing. Until
+    2026-12-06 a mean inside the baseline's band of one run was drawn hollow, with "every point within the
+    noise" on the axis, where Welch's test put it beyond the noise (p 0.011)."""
+    from cem_bench.analysis.report.frontier_plot import ALL_WITHIN, frontier_figure
+    rows = []
+    for role, lam, psnrs in (("baseline", 0.0, (16.8, 17.1, 16.5, 16.9)), ("search", 16.0, (16.15, 16.25, 16.2, 16.1))):
+        for s, v in enumerate(psnrs):
+            rows.append({"trial_id": f"t{lam}-{s}", "status": "ok", "role": role, "config.seed": s,
+                         "config.cem.lambd": lam, "config.cem.surrogate": "gmm" if lam else "none",
+                         "config.defense.noise_std": 0.1, "test_acc": 0.9 + 0.001 * s,
+                         "attack_ssim": 0.7 + 0.001 * s, "attack_psnr": v})
+    pd.DataFrame(rows).to_parquet(tmp_path / "trials.parquet")
+    (tmp_path / "search_space.json").write_text(json.dumps({"name": "psnr", "objectives": THREE_OBJECTIVES[:2]}))
+    res = load_results(tmp_path)
+    assert "attack_psnr_verdict" not in res.configs
+    ax = frontier_figure(res, "attack_psnr", "min").axes[0]
+    assert ALL_WITHIN not in ax.get_ylabel() and ALL_WITHIN in ax.get_xlabel()   # accuracy: tested, within
+    assert not any("within the noise of λ=0 on both axes" in t.get_text() for t in ax.get_legend().get_texts())
