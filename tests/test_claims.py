@@ -441,3 +441,16 @@ def test_too_few_runs_is_said_per_metric(tmp_path):
     # a table written before the per-metric columns: few_runs alone, read for every metric as before
     old = configs.drop(columns=["test_acc_few", "attack_ssim_few"])
     assert versus_baseline(old[old["role"] == "search"].iloc[0], "test_acc").startswith("too few runs")
+
+
+def test_the_paper_table_never_rounds_a_marked_difference_away():
+    """Six runs a side with SSIM spreads of 0.00006: the cells read "0.750 ± 0.000 (6)" and "0.750 ± 0.000 (6) [+]"
+    until 2026-12-06 (p 0.0002). Where the std would print as 0, two significant digits of it; else the paper's."""
+    from cem_bench.analysis import table
+    rows = _rows(0, range(6), 0.90, 0.75) + _rows(16, range(6), 0.90, 0.7496)
+    for r in rows:
+        r["attack_ssim"] = (0.75 if r["config.cem.lambd"] == 0 else 0.7496) + 0.00003 * r["config.seed"]
+    configs = build_configs(pd.DataFrame(rows), OBJ)
+    text = table.paper_table(configs, "attack_ssim").to_string()
+    assert "0.750075 ± 0.000056 (6)" in text and "0.749675 ± 0.000056 (6) [+]" in text, text
+    assert "0.905 ± 0.004 (6)" in table.paper_table(configs, "test_acc").to_string()   # the paper's 3 decimals

@@ -1378,3 +1378,14 @@ def test_a_metric_the_report_does_not_compare_draws_no_point_hollow(tmp_path):
     ax = frontier_figure(res, "attack_psnr", "min").axes[0]
     assert ALL_WITHIN not in ax.get_ylabel() and ALL_WITHIN in ax.get_xlabel()   # accuracy: tested, within
     assert not any("within the noise of λ=0 on both axes" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_the_page_shows_the_p_q_table_its_legend_cites(tmp_path):
+    """The paper-style table's legend says "(the p / q table)": the page prints it under each compared metric,
+    as `cem-bench table` does (before 2026-12-06 it did not, and a marked cell off the front had its p and q
+    nowhere on the page)."""
+    root = noisy_search(tmp_path / "res", effect=0.0, confirm=True)
+    paper = _section(build_report(root).read_text(), "paper-table")
+    for m in ("test_acc", "attack_ssim"):
+        assert f"{m}: p / q" in paper, m
+    assert "the p / q table" in paper and paper.count(" q ") >= 2

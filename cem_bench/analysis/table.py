@@ -116,8 +116,13 @@ def _cell(row: pd.Series, metric: str) -> str:
         return "–"
     n = "?" if n is None or (isinstance(n, float) and not math.isfinite(n)) else int(n)
     digits = 2 if metric in ("attack_psnr",) else (4 if metric == "attack_mse" else 3)
+    has_std = std is not None and not (isinstance(std, float) and math.isnan(std))
+    if has_std and 0 < float(std) and round(float(std), digits) == 0:
+        # the paper's decimals, or where the spread would print as 0 at them, two significant digits of it: at a
+        # spread of 0.0001 two marked cells both read "0.750 ± 0.000" (the summary beside them: 0.75008 and 0.74965)
+        digits = min(8, 1 - math.floor(math.log10(float(std))))
     text = f"{mean:.{digits}f}"
-    if std is not None and not (isinstance(std, float) and math.isnan(std)):
+    if has_std:
         text += f" ± {std:.{digits}f}"
     confirmed = " confirmed" if row.get("role") == CONFIRMED else ""
     return f"{text} ({n}{confirmed}){_mark(row, metric)}"

@@ -12,7 +12,7 @@ import pandas as pd
 
 from cem_bench.analysis import noise
 from cem_bench.analysis.aggregate import CONFIG_ID
-from cem_bench.analysis.table import DEFAULT_METRICS, NOT_OK_WORDS, SIGMA, column_label, legend, paper_table
+from cem_bench.analysis.table import DEFAULT_METRICS, NOT_OK_WORDS, SIGMA, column_label, legend, paper_table, pq_table
 from cem_bench.schema import strongest_column
 
 from .facts import config_searched_columns
@@ -279,8 +279,14 @@ def paper_tables(res: Results) -> list[dict] | None:
             continue
         table = table.copy()
         table.columns.name, table.index.name = m, None  # one header row: the metric above the σ labels
+        # the p / q table the legend cites: every marked cell's p and q, as `cem-bench table` prints them (a cell
+        # neither on the front nor a surrogate's best had its numbers nowhere on the page before 2026-12-06)
+        pq = pq_table(c, m)
+        if pq is not None:
+            pq = pq.copy()
+            pq.columns.name, pq.index.name = f"{m}: p / q", None
         out.append({"metric": m, "table": _to_html(table, classes=["paper"]), "legend": legend(c, m),
-                    "error": None})
+                    "pq": _to_html(pq, classes=["paper"]) if pq is not None else None, "error": None})
     return out
 
 
