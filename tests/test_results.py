@@ -241,6 +241,8 @@ def test_the_report_says_how_many_trials_stopped_where_and_the_epochs_saved():
     assert stopped_text(t) == ("3 (2 at epoch 2, 1 at epoch 6); the search ran 60% of the epochs its trials would "
                                "have run to the end")
     assert stopped_text(t.assign(status="ok")) == ""
+    # a table written by hand without epochs_done: the stops, not a KeyError that sank the whole report
+    assert stopped_text(t.drop(columns="epochs_done")) == "3 (2 at epoch 2, 1 at epoch 6)"
 
 
 def test_a_trial_without_its_own_config_gets_the_space_s_fixed_keys_and_its_twin_s_resolution(tmp_path):

@@ -152,6 +152,8 @@ def stopped_text(t: pd.DataFrame) -> str:
     where = ", ".join(f"{n} at epoch {e}" for e, n in at.items())
     if full is None or full.isna().all():
         return f"{len(stop)} ({where})"
+    if "epochs_done" not in t:   # a table written by hand (scripts/independent_claims.py's) may lack it
+        return f"{len(stop)} ({where})"
     ran = pd.to_numeric(t["epochs_done"], errors="coerce").fillna(full)
     ran = ran.where(t["status"] != "stopped", pd.to_numeric(t["stopped_at_epoch"], errors="coerce"))
     share = float(ran.sum()) / float(full.sum())
