@@ -133,7 +133,11 @@ def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list
     # the fixed scale: the surrogate's default unless flat sets cem.loss_scale (validated before any training)
     cfgs = {n: build_config({**base, "cem.surrogate": n, "cem.lambd": 1.0, "cem.strength": "fixed"})
             for n in names}
-    ref_cfg = cfgs[REFERENCE]
+    ref_cfg = cfgs[REFERENCE]   # the user's keys: schedule, seed, noise, the match's batches
+    # gmm as a matched trial measures it (strength.reference_config: its own defaults, the user's hinge): the
+    # user's cem.grad_mode or cem.loss_scale had changed calibrate's reference and not a trial's (a fused run's
+    # scale reported 10x the one its trial used; a set loss_scale moved gmm with the surrogate)
+    cfgs[REFERENCE] = strength.reference_config(ref_cfg)
     if warmups[-1] >= ref_cfg.train.epochs:
         raise ConfigError(f"calibrate: warm-up {warmups[-1]} leaves no CEM epoch of train.epochs="
                           f"{ref_cfg.train.epochs}; measure at fewer warm-up epochs or set a longer schedule")
@@ -168,7 +172,15 @@ def measure(flat: dict, surrogates_: list[str] | None = None, warmup: int | list
             o_check, o_match = strength.mean(own_check), strength.mean(own_match)
             if name == REFERENCE:
                 g_check, g_match = o_check, o_match
-            matched_scale = g_match / o_match if o_match > 0 else math.inf
+                if not all(math.isfinite(g) and g > 0 for g in (g_check, g_match)):
+                    # strength.match's condition: a trial in this state stops with NoStrength
+                    raise ConfigError(
+                        f"calibrate: gmm's pull at warm-up {epoch} is {g_match:.3g} (held-out {g_check:.3g}): "
+                        f"every class is below its hinge (cem.var_threshold, σ), so there is nothing to match; "
+                        f"a matched trial in this state stops too. Measure at other warm-up epochs, σ or "
+                        f"cem.var_threshold")
+            # no finite positive pull of its own: no scale matches (NaN stays NaN; only a pull of 0 is inf)
+            matched_scale = g_match / o_match if o_match > 0 else (math.inf if o_match == 0 else math.nan)
             first_scale.setdefault(name, matched_scale)
             # a match made at the first warm-up, applied here: a fused term has followed s(η) since
             c_now = inject_scale(lr) / inject_scale(first_lr) if fused[name] else c
@@ -197,12 +209,13 @@ def table(rows: list[Strength]) -> list[dict]:
         fixed = r.ratio(ref)
         matched = geo(r.matched)
         fixed_per_seed = [s / g for s, g in zip(r.per_seed, ref.per_seed)]
+        none_matches = math.inf if r.strength == 0 else math.nan   # a pull of 0 (inf), or none measured (NaN)
         out.append({"surrogate": r.surrogate, "warmup": r.warmup, "strength_mode": r.mode,
                     "ratio_to_gmm": matched if r.mode == "matched" else fixed,
                     "fixed_ratio_to_gmm": fixed, "strength": r.strength,
                     "fixed_ratio_per_seed": fixed_per_seed, "fixed_ratio_median": median(fixed_per_seed),
-                    "matching_lambda": r.matching_lambda(ref) if r.strength > 0 else math.inf,
-                    "matching_loss_scale": r.matching_loss_scale(ref) if r.strength > 0 else math.inf,
+                    "matching_lambda": r.matching_lambda(ref) if r.strength > 0 else none_matches,
+                    "matching_loss_scale": r.matching_loss_scale(ref) if r.strength > 0 else none_matches,
                     "loss_scale": r.loss_scale, "grad_mode": r.grad_mode, "batch_spread": r.spread,
                     "matched_ratio": matched, "matched_ratio_per_seed": list(r.matched),
                     "matched_ratio_median": median(r.matched),
@@ -239,5 +252,10 @@ def yaml_fragment(records: list[dict]) -> str:
              "# cem.strength=matched, measures this on each trial's own encoder instead."]
     for r in records:
         if r["warmup"] == first:
-            lines.append(f"{r['surrogate']}: {{cem.strength: fixed, cem.loss_scale: {r['matching_loss_scale']:.4g}}}")
+            v = r["matching_loss_scale"]
+            if math.isfinite(v) and v > 0:
+                lines.append(f"{r['surrogate']}: {{cem.strength: fixed, cem.loss_scale: {v:.4g}}}")
+            else:   # a loss_scale of inf or NaN is refused when the file is read: say why instead
+                lines.append(f"# {r['surrogate']}: no scale matches (its pull was {r['strength']:.3g}: not finite "
+                             f"and positive)")
     return "\n".join(lines) + "\n"

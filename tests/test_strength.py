@@ -45,13 +45,16 @@ def test_a_matched_trial_equals_the_fixed_trial_at_the_scale_it_measured():
             assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (a["epoch"], k)
 
 
-def test_calibrate_reports_the_scale_a_matched_trial_uses():
+@pytest.mark.parametrize("name, keys", [("slot_cross", {}), ("attention_centroid", {"cem.grad_mode": "fused"})])
+def test_calibrate_reports_the_scale_a_matched_trial_uses(name, keys):
     """At warm-up w, calibrate's matched_loss_scale is the scale a trial with cem.warmup_epochs = w measures
-    (the λ = 0 encoder after w epochs is the CEM trial's before its first CEM epoch)."""
+    (the λ = 0 encoder after w epochs is the CEM trial's before its first CEM epoch), whatever cem.* keys are
+    set: a trial matches gmm at its own defaults, and so does calibrate (a fused grad_mode was also given to
+    its gmm until 2026-12-06, and the scale it reported was 10x the trial's)."""
     flat = {k: v for k, v in SMALL.items() if not k.startswith("attack.")}
-    rows = calibrate.table(calibrate.measure(flat, ["slot_cross"], warmup=[1], batches=2))
-    row = next(r for r in rows if r["surrogate"] == "slot_cross")
-    trial = run_trial({**SMALL, "cem.surrogate": "slot_cross", "cem.warmup_epochs": 1})
+    rows = calibrate.table(calibrate.measure({**flat, **keys}, [name], warmup=[1], batches=2))
+    row = next(r for r in rows if r["surrogate"] == name)
+    trial = run_trial({**SMALL, **keys, "cem.surrogate": name, "cem.warmup_epochs": 1})
     assert trial["cem_loss_scale"] == pytest.approx(row["matched_loss_scale"], rel=1e-5)
     assert 0.5 < row["matched_ratio"] < 2          # on held-out batches, not the ones it was matched on
 
@@ -163,3 +166,29 @@ def test_one_pass_for_all_surrogates_gives_each_one_s_own_values():
     with strength.untouched(client, server, *modules):
         together = strength.per_batch_many(client, server, modules, batches, 0.1, cs, noise_seed=7)
     assert together == one_by_one and all(v > 0 for vs in together for v in vs), (names, together, one_by_one)
+
+
+def test_a_set_loss_scale_moves_the_surrogate_not_the_reference():
+    """calibrate with cem.loss_scale L: the surrogate's fixed ratio to gmm grows with L and the loss scale that
+    matches gmm does not (until 2026-12-06 gmm took L too: the ratio stood still and --yaml wrote 4x the
+    matching scale at L = 2 than at L = 0.5)."""
+    flat = {k: v for k, v in SMALL.items() if not k.startswith("attack.")}
+    rows = {L: next(r for r in calibrate.table(calibrate.measure({**flat, "cem.loss_scale": L}, ["gated_attention"],
+                                                                 warmup=[1], batches=2))
+                    if r["surrogate"] == "gated_attention") for L in (0.5, 2.0)}
+    assert rows[2.0]["fixed_ratio_to_gmm"] == pytest.approx(4 * rows[0.5]["fixed_ratio_to_gmm"], rel=1e-6)
+    assert rows[2.0]["matching_loss_scale"] == pytest.approx(rows[0.5]["matching_loss_scale"], rel=1e-6)
+
+
+def test_calibrate_says_when_gmm_has_no_pull_and_writes_no_infinite_scale():
+    flat = {k: v for k, v in SMALL.items() if not k.startswith("attack.")}
+    with pytest.raises(ConfigError, match="gmm's pull at warm-up 1 is 0 .*nothing to match"):
+        calibrate.measure({**flat, "cem.var_threshold": 1e6}, ["slot_cross"], warmup=[1], batches=2)
+    rec = {"warmup": 1, "strength": 0.0, "matching_loss_scale": math.inf}
+    text = calibrate.yaml_fragment([{**rec, "surrogate": "gmm", "strength": 1.0, "matching_loss_scale": 1.0},
+                                    {**rec, "surrogate": "slot_cross"},
+                                    {**rec, "surrogate": "gated_attention", "strength": math.nan,
+                                     "matching_loss_scale": math.nan}])
+    assert "gmm: {cem.strength: fixed, cem.loss_scale: 1}" in text
+    assert "loss_scale: inf" not in text and "loss_scale: nan" not in text
+    assert "# slot_cross: no scale matches" in text and "# gated_attention: no scale matches" in text
