@@ -15,8 +15,10 @@
 # Every result is written under $OUT as it is made (pack/pack.jsonl a row at a time, each check stage's file as the
 # stage ends), so a device call cut off at its limit still brings back what was measured. At the end the check's
 # files go into check.tgz (a device call returns at most 8 files): $OUT holds pack/pack.jsonl, pack/summary.md,
-# check.tgz and check_summary.md. Without CUDA it is a dry run of both scripts at tiny sizes (about 50 s on 2 CPUs;
-# the equivalence stage needs CUDA).
+# check.tgz and check_summary.md. Without CUDA it is a dry run of both scripts at tiny sizes: give it a TOTAL of
+# 300 or more (tests/test_gpu_path.py gives 1500); at 120 the pack took 88 s on 2 busy CPUs and left the check no
+# time (2026-12-06). It exits 3 when check_summary.md is missing (the check got no time or failed): the pack's
+# files still come back.
 set -u
 total=${1:-570}
 out=${OUT:-/tmp/cem_gpu_grid_cost}
@@ -45,3 +47,7 @@ cp "$out/check/summary.md" "$out/check_summary.md" 2>/dev/null
 tar czf "$out/check.tgz" -C "$out" check && rm -rf "$out/check"
 cat "$out/pack/summary.md" 2>/dev/null
 echo "[gpu_grid_cost] done in $(( $(date +%s) - start )) s"
+if [ ! -f "$out/check_summary.md" ]; then
+    echo "[gpu_grid_cost] no check_summary.md: the graphed-vs-eager check did not finish (see above)"
+    exit 3
+fi

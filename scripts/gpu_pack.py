@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -67,6 +68,10 @@ def main() -> int:
                          "each other one 2 at once under MPS, budget allowing; the summary brackets the grid's "
                          "GPU-hours with them (default: gmm)")
     args = ap.parse_args()
+    # `timeout` (gpu_grid_cost.sh) ends this with SIGTERM, whose default action runs no `finally` or `__exit__`:
+    # an MPS daemon it started (detached, -d) outlived it, and on the same warm machine the next call's alone
+    # run found it and every pair was skipped. As SystemExit, mps.Session's exit stops it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.makedirs(args.out, exist_ok=True)
     t_start = time.monotonic()
     left = lambda: args.budget_s - (time.monotonic() - t_start)  # noqa: E731
@@ -84,6 +89,11 @@ def main() -> int:
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "cpus": os.cpu_count(),
            "device": torch.cuda.get_device_name(0) if cuda else "cpu",
            "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()}
+    if cuda and mps.running():
+        # left by an earlier call killed past its handler (a device call's own limit): this project's pipe
+        # directory, no one else's; the alone run below must not be an MPS client
+        emit("mps", message=f"a control daemon left in {mps.pipe_dir()} by an earlier run: stopping it")
+        mps.stop()
     if cuda:
         env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm,"
                                             "power.limit", "--format=csv"], capture_output=True, text=True).stdout
@@ -165,19 +175,27 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
     epochs = args.trials_epochs or (10 if cuda else 3)
     first, *others = args.trials_surrogates
     def est(k: int, surrogate: str) -> float:
+        """The seconds a run is started on: the H100 estimate with a quarter to spare (a run killed at its
+        timeout returns nothing to extrapolate from, so one that might not fit is better not started); on the
+        CPU (the dry run) any time left."""
         if not cuda:
-            return 0.0
-        return TRIALS_EST_ATTENTION_PAIR_S if k > 1 and surrogate != "gmm" else TRIALS_EST_S[k]
+            return 1.0
+        return 1.25 * (TRIALS_EST_ATTENTION_PAIR_S if k > 1 and surrogate != "gmm" else TRIALS_EST_S[k])
     results = {"alone": None, "packed": []}
     # the grid's own packing first (MPS), then each other surrogate's pair: what the grid's cost needs before
     # the no-MPS comparison, which the budget may skip
     plan = [("alone", 1, None, first), ("2 at once, MPS", 2, True, first)] + \
         [(f"2 at once, MPS, {s}", 2, True, s) for s in others] + \
         ([("2 at once, no MPS", 2, False, first)] if args.trials_no_mps else [])
+    skipped = False
     for label, k, use_mps, surrogate in plan:
         keys = {**paper.paper_keys(cuda, surrogate=surrogate), "train.epochs": epochs}
-        if left() < est(k, surrogate) or (k > 1 and results["alone"] is None):
+        # the no-MPS comparison comes last and only after everything the grid's cost needs: not when an
+        # earlier run was skipped (its time would have been the check's)
+        late = use_mps is False and skipped
+        if left() < est(k, surrogate) or (k > 1 and results["alone"] is None) or late:
             emit("skipped", phase=f"trials {label}", left=left())
+            skipped = True
             continue
         if use_mps is not True and mps.running():   # these processes would be MPS clients: not what is asked
             emit("error", phase=f"trials {label}", message=f"an MPS control daemon is running ({mps.pipe_dir()})")

@@ -300,3 +300,54 @@ def test_the_device_run_needs_neither_ray_nor_optuna(tmp_path):
     sets = [a for k, v in {**TINY, "train.epochs": 1, "cem.warmup_epochs": 0}.items() for a in ("--set", f"{k}={v}")]
     assert "checkpoint:" in ok("-m", "cem_bench.cli", "train", *sets, "--out", str(tmp_path / "run"))
     ok("-m", "cem_bench.cli", "attack", str(tmp_path / "run"), "--set", "attack.epochs=1")
+
+
+@pytest.mark.slow
+def test_a_terminated_pack_run_exits_through_its_handlers(tmp_path):
+    """`timeout` ends gpu_pack.py with SIGTERM; by default Python then runs no `__exit__`, and an MPS daemon the
+    run started outlived it (the next call on the warm machine skipped every pair). Its handler makes SIGTERM a
+    SystemExit: exit code 143, not death by signal (-15)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    p = subprocess.Popen([sys.executable, "scripts/gpu_pack.py", "--phases", "trials", "--budget-s", "600",
+                          "--out", str(tmp_path)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    jsonl = tmp_path / "pack.jsonl"
+    for _ in range(600):   # its first record is written once torch is imported
+        if jsonl.exists() and jsonl.read_text().strip():
+            break
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=120) == 143, p.stderr.read()[-2000:]
+
+
+def test_the_trials_phase_starts_a_run_only_with_a_quarter_to_spare_and_the_no_mps_pair_last(monkeypatch):
+    """On a card (cuda True, simulated clock): a run killed at its timeout returns nothing, so one is started
+    only where 1.25 × its estimate is left; the no-MPS comparison is not started after a skipped run (its time
+    is the check's). 566 s: alone (132 s) and gmm's MPS pair (204 s) run, 230 s are left: attention_centroid's
+    pair (1.25 × 200) is skipped, and so is the no-MPS pair though its 212.5 s would fit."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("gpu_pack", "scripts/gpu_pack.py")
+    gp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gp)
+    clock = {"left": 566.0}
+
+    def measure(k, keys, out_root, timeout, epochs_done, threads=2):
+        clock["left"] -= 132.0 if k == 1 else 204.0
+        return {"ok": True, "runs": []}
+    monkeypatch.setattr(gp.paper, "measure", measure)
+    monkeypatch.setattr(gp.mps, "running", lambda: False)
+    events = []
+    args = types.SimpleNamespace(trials_epochs=10, trials_surrogates=["gmm", "attention_centroid"],
+                                 trials_no_mps=True)
+    gp.trials_phase(args, True, lambda: clock["left"], lambda kind, **rec: events.append((kind, rec.get("phase"),
+                                                                                        rec.get("label"))), {})
+    ran = [label.split(" (MPS")[0] for kind, _, label in events if kind == "trials"]
+    skipped = [phase for kind, phase, _ in events if kind == "skipped"]
+    assert ran == ["alone", "2 at once, MPS"], events
+    assert skipped == ["trials 2 at once, MPS, attention_centroid", "trials 2 at once, no MPS"], events
