@@ -302,3 +302,46 @@ def test_trials_starting_together_download_cifar_once_and_never_read_it_half_wri
     assert not errors and sizes == [30] * 4, errors
     assert len(calls) == 1 and calls[0] != str(tmp_path / "data"), calls   # once, into a folder of its own
     assert sorted(os.listdir(tmp_path / "data")) == [".cifar-10-batches-py.download.lock", "cifar-10-batches-py"]
+
+
+def test_cifar100_is_normalised_with_its_own_statistics(tmp_path):
+    """CIFAR-100 was normalised with CIFAR-10's mean and std; the reference's CIFAR-100 loaders use its own."""
+    _write_cifar(str(tmp_path), cifar100=True)
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar100", "data.root": str(tmp_path)})
+    s = data.load(cfg.data)
+    assert s.mean.flatten().tolist() == pytest.approx([0.5071, 0.4865, 0.4409], abs=1e-4)
+    assert s.std.flatten().tolist() == pytest.approx([0.2673, 0.2564, 0.2762], abs=1e-4)
+
+
+@pytest.mark.parametrize("what", ["float", "nhwc", "uint16", "float_labels"])
+def test_cifar_files_in_another_layout_are_refused_not_cast(tmp_path, what):
+    """A hand-written batch in another dtype or layout was cast and reshaped silently: float pixels in [0, 1]
+    became black images, (n, 32, 32, 3) rows scrambled channels, uint16 wrapped, float labels truncated."""
+    _write_cifar(str(tmp_path))
+    path = tmp_path / "cifar-10-batches-py" / "data_batch_2"
+    with open(path, "rb") as f:
+        batch = pickle.load(f)
+    x = batch["data"]
+    batch["data"] = {"float": x.astype(np.float32) / 255, "nhwc": x.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1),
+                     "uint16": x.astype(np.uint16), "float_labels": x}[what]
+    if what == "float_labels":
+        batch["labels"] = [float(v) + 0.5 for v in batch["labels"]]
+    with open(path, "wb") as f:
+        pickle.dump(batch, f)
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path)})
+    with pytest.raises(data.DataError, match=r"file data_batch_2 under .*(uint8 of shape \(n, 3072\)|a list of "
+                                             r"integers)"):
+        data.load(cfg.data)
+
+
+def test_a_data_root_that_is_the_batch_folder_itself_names_its_parent(tmp_path, monkeypatch):
+    """data.root pointing at cifar-10-batches-py/ itself tried a download into a folder nested inside it."""
+    import torchvision
+    _write_cifar(str(tmp_path))
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", lambda self: pytest.fail("downloaded"))
+    inner = tmp_path / "cifar-10-batches-py"
+    before = sorted(os.listdir(inner))
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(inner)})
+    with pytest.raises(data.DataError, match=f"batch folder itself .* here '{tmp_path}'"):
+        data.load(cfg.data)
+    assert sorted(os.listdir(inner)) == before    # no download lock left in the user's folder

@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import pickle
 import re
 import zlib
 
+import numpy as np
 import pytest
 import yaml
 
@@ -408,16 +410,35 @@ def test_a_missing_data_set_stops_a_local_search_before_ray(monkeypatch, capsys,
     fast = os.path.join(ROOT, "search_spaces", "cifar10_fast.yaml")
     folder = tmp_path / "data" / "cifar-10-batches-py"
     folder.mkdir(parents=True)
-    for f in ("data_batch_1", "data_batch_2", "batches.meta"):
-        (folder / f).write_bytes(b"")
+
+    def write(f, obj):
+        (folder / f).write_bytes(pickle.dumps(obj))
+    batch = {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1]}
+    write("batches.meta", {"label_names": [f"c{i}" for i in range(10)]})
+    for f in ("data_batch_1", "data_batch_2"):
+        write(f, batch)
     argv = ["search", fast, "--storage", str(tmp_path / "res"), "--mps", "off", "--set",
             f"data.root={tmp_path / 'data'}"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "data error: cifar10 files under" in err and "missing data_batch_3, data_batch_4" in err, err
     assert not started and not (tmp_path / "res").exists()
-    for f in ("data_batch_3", "data_batch_4", "data_batch_5", "test_batch"):
-        (folder / f).write_bytes(b"")
+    for f in ("data_batch_3", "data_batch_4", "data_batch_5"):
+        write(f, batch)
+    # a file that is there but cannot be read is found before Ray too (every trial failed on it)
+    (folder / "test_batch").write_bytes(b"")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "data error: cifar10 file test_batch under" in err and "cannot be read" in err, err
+    assert not started and not (tmp_path / "res").exists()
+    write("test_batch", batch)
+    # a relative data.root names another folder in each trial's own working folder: refused, the absolute
+    # path offered, nothing started (every trial failed on it after the driver's check had passed)
+    rel = argv[:-1] + ["data.root=data"]
+    assert cli.main(rel) == 2
+    err = capsys.readouterr().err
+    assert "data.root='data' is a relative path" in err and f"data.root={tmp_path / 'data'}" in err, err
+    assert not started and not (tmp_path / "res").exists()
     with pytest.raises(Started):
         run.search_command(cli.make_parser().parse_args(argv))
     assert started["spec"].name == "cifar10_fast"

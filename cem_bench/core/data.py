@@ -28,6 +28,9 @@ from . import realdata
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.247, 0.243, 0.261)
+# CIFAR-100's own training-set statistics, as the reference code's CIFAR-100 loaders normalise with
+CIFAR100_MEAN = (0.5070751592371323, 0.48654887331495095, 0.4409178433670343)
+CIFAR100_STD = (0.2673342858792401, 0.2564384629170883, 0.27615047132568404)
 SYNTHETIC_MEAN = (0.5, 0.5, 0.5)
 SYNTHETIC_STD = (0.25, 0.25, 0.25)
 SYNTHETIC_TRAIN = 4096
@@ -108,7 +111,7 @@ def load(cfg: DataConfig, device: torch.device | str = "cpu") -> Splits:
     elif cfg.dataset in ("cifar10", "cifar100"):
         train, test, num_classes = load_cifar(cfg.dataset, cfg.root)
         train, test = seeded_subsets(train, test, cfg)
-        mean, std = CIFAR_MEAN, CIFAR_STD
+        mean, std = (CIFAR_MEAN, CIFAR_STD) if cfg.dataset == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
     elif cfg.dataset == "digits":
         tr_x, tr_y, te_x, te_y = realdata.digits()
         train, test = seeded_subsets(Split(tr_x, tr_y), Split(te_x, te_y), cfg)
@@ -177,12 +180,12 @@ _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-pytho
 
 def check_available(name: str, root: str) -> None:
     """DataError unless the data set ``name`` can be read here: CIFAR's files under ``root`` (downloaded now
-    when missing and online, as ``load`` would), the files of digits and photos inside the installed wheels,
-    checked for presence only. The search's driver calls it before Ray starts, so that a missing data set is one
-    message instead of every trial's error. The synthetic set needs nothing."""
+    when missing and online, as ``load`` would) read once through, so that a truncated or foreign file is
+    found here too (about a second for CIFAR-10's 180 MB); the files of digits and photos inside the installed
+    wheels, checked for presence only. The search's driver calls it before Ray starts, so that a missing or
+    damaged data set is one message instead of every trial's error. The synthetic set needs nothing."""
     if name in _CIFAR_FOLDERS:
-        klass, folder = _cifar_folder(name, os.path.expanduser(root))
-        _check_cifar_files(name, klass, folder)
+        load_cifar(name, root)
     elif name == "digits":
         realdata.locate(realdata.DIGITS_FILE, name)
     elif name == "photos":
@@ -216,6 +219,11 @@ def _cifar_folder(name: str, root: str):
 
     klass = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
     folder = os.path.join(root, _CIFAR_FOLDERS[name])
+    if not os.path.isdir(folder) and os.path.isfile(os.path.join(root, klass.meta["filename"])):
+        # data.root names the batch folder itself: a download would put a second copy inside it
+        raise DataError(f"data.root={root!r} is {name}'s batch folder itself (it holds {klass.meta['filename']}); "
+                        f"set data.root to the folder that holds {_CIFAR_FOLDERS[name]}/, here "
+                        f"{os.path.dirname(os.path.abspath(root))!r}")
     if not os.path.isdir(folder):
         try:
             _download_once(klass, root, folder)
@@ -307,9 +315,18 @@ def _read_cifar_split(read, files: list) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
     for f, _ in files:
         entry = read(f)
-        images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        labels.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
-    return np.concatenate(images), np.asarray(labels, dtype=np.int64)
+        data = np.asarray(entry["data"])
+        # CIFAR's layout, and nothing a cast or reshape would silently turn into other images: float pixels in
+        # [0, 1] would become black, (n, 32, 32, 3) rows scrambled channels, uint16 wrapped modulo 256
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+            raise ValueError(f"its data is {data.dtype} of shape {data.shape}; CIFAR's is uint8 of shape (n, 3072), "
+                             f"each row the red, green and blue 32x32 planes")
+        lab = np.asarray(entry["labels"] if "labels" in entry else entry["fine_labels"])
+        if lab.ndim != 1 or (lab.size and lab.dtype.kind not in "iu"):
+            raise ValueError(f"its labels are {lab.dtype} of shape {lab.shape}; CIFAR's are a list of integers")
+        images.append(data.reshape(-1, 3, 32, 32))
+        labels.append(lab.astype(np.int64))
+    return np.concatenate(images), np.concatenate(labels)
 
 
 def load_cifar(name: str, root: str) -> tuple[Split, Split, int]:

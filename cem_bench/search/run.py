@@ -336,6 +336,18 @@ def check_data(spec) -> None:
             check_available(str(name), str(root))
 
 
+def check_data_root(spec) -> None:
+    """DataError (nothing started) where a space's ``data.root`` is a relative path: Ray runs each trial in a
+    folder of its own, so a relative root named another folder there than the one this driver checked, and
+    every trial failed (online, each downloaded CIFAR into its own folder). ``~`` is expanded on each node."""
+    from ..errors import DataError
+    for root in dict.fromkeys(str(r) for r in space_values(spec, "data.root")):
+        if not (root.startswith("~") or os.path.isabs(root) or is_uri(root)):
+            raise DataError(f"data.root={root!r} is a relative path, and a search's trials each run in a folder of "
+                            f"their own, where it names another folder; give it absolute, here "
+                            f"data.root={os.path.abspath(root)}")
+
+
 def space_values(spec, key: str) -> list:
     """The values ``key`` takes in a space's trials: its choices where searched, else the fixed value or the
     key's default."""
@@ -662,6 +674,7 @@ def search_command(args) -> dict:
         check_space_unchanged(spec, exp_path)   # before the banner's plan is trusted and before Ray starts
     else:
         check_storage(resolve_storage(args.storage))
+    check_data_root(spec)
     if args.address is None:
         check_data(spec)
         check_device(spec)
