@@ -100,6 +100,60 @@ def test_run_trial_resumes_from_a_saved_state():
     assert [h["epoch"] for h in res["info"]["history"]] == [1, 2]
 
 
+def _states_of(flat: dict, resume_state=None) -> tuple[list, dict]:
+    """(the state after each epoch, copied as the trainable's checkpoint copies it, the result) of one run_trial."""
+    import copy
+    states = []
+    res = run_trial(flat, lambda rec, final, state_fn=None: None if final else states.append(copy.deepcopy(state_fn())),
+                    resume_state=resume_state)
+    return states, res
+
+
+@pytest.mark.parametrize("surrogate", ["gmm", "slot_cross"])
+def test_a_resumed_trial_is_the_trial_that_never_stopped(surrogate):
+    """A trial resumed from its state after epoch 1 (a lost worker, ``--resume``) trains and attacks as the one
+    that ran through, to the bit: the global stream (the server's dropout) was not in the state, and the resume's
+    re-seeding replayed epoch 1's dropout masks (final train loss 2.32368 against 2.30707)."""
+    import torch
+    flat = {**TINY, "train.epochs": 3, "cem.surrogate": surrogate, "cem.lambd": 4.0, "cem.warmup_epochs": 1,
+            "attack.names": ["rmle"]}
+    whole, res_whole = _states_of(flat)
+    torch.manual_seed(12345)    # whatever the process's stream was before: the state decides
+    resumed, res_resumed = _states_of(flat, resume_state=whole[0])
+    keys = ("train_loss", "rob_loss", "test_acc", "feature_spread")
+    assert [[h[k] for k in keys] for h in res_resumed["info"]["history"]] == \
+        [[h[k] for k in keys] for h in res_whole["info"]["history"]]
+    for k, v in whole[-1]["client"].items():
+        assert torch.equal(v, resumed[-1]["client"][k]), k
+    assert res_resumed["attack_ssim"] == res_whole["attack_ssim"]
+
+
+def test_a_state_saved_on_another_kind_of_device_resumes_with_a_note(capsys):
+    """A CUDA generator's state (16 bytes) cannot be set on a CPU generator (5,056): the resume failed with
+    torch's RuntimeError, which Ray retried from the same checkpoint every time. Now the streams are seeded
+    again, a note says so, and the run goes on from its weights."""
+    import torch
+    flat = {**TINY, "train.epochs": 2, "attack.names": ["rmle"]}
+    states, _ = _states_of(flat)
+    cuda_like = {**states[0], "device_type": "cuda", "gen": torch.zeros(16, dtype=torch.uint8),
+                 "torch_rng": None, "cuda_rng": torch.zeros(16, dtype=torch.uint8)}
+    _, res = _states_of(flat, resume_state=cuda_like)
+    assert [h["epoch"] for h in res["info"]["history"]] == [1, 2] and res["epochs_done"] == 2
+    assert "saved on cuda and resumes on cpu" in capsys.readouterr().err
+    old = {k: v for k, v in states[0].items() if k not in ("device_type", "torch_rng", "cuda_rng")}
+    _, res = _states_of(flat, resume_state=old)      # a state from before the global streams were saved
+    assert res["epochs_done"] == 2 and "resumes on" not in capsys.readouterr().err
+
+
+def test_a_resumed_trials_train_s_holds_its_probes_before_the_resume():
+    """train_s holds the probes' time (run_trial's docstring); a resumed trial's summed only epoch_s before it."""
+    flat = {**TINY, "train.epochs": 2, "attack.names": ["rmle"], "attack.probe_epochs": [1, 2]}
+    states, _ = _states_of(flat)
+    _, res = _states_of(flat, resume_state=states[0])
+    hist = res["info"]["history"]
+    assert res["train_s"] >= sum(h["epoch_s"] + h["probe_s"] for h in hist) > 0
+
+
 def test_missing_run_dir_is_a_clear_error(tmp_path, capsys):
     assert main(["attack", str(tmp_path)]) == 2
     assert "checkpoint.pt" in capsys.readouterr().err

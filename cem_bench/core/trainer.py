@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import time
 from collections.abc import Callable
 
@@ -483,6 +484,11 @@ class Trainer:
             "surrogate_gen": (self.surrogate.rng(self.device).get_state() if self.surrogate is not None else None),
             "best": self.selection.best,
             "strength": self.matcher.state_dict(),
+            # the global streams too: the server's dropout draws from them, and a resume re-seeds them from the
+            # trial seed, so without these its epochs replayed epoch 1's dropout masks
+            "device_type": self.device.type,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -498,9 +504,35 @@ class Trainer:
         self._set_group_lr(self._lr_tensor if self._lr_tensor is not None else saved)
         if self.surrogate_opt is not None and state.get("surrogate_opt") is not None:
             self.surrogate_opt.load_state_dict(state["surrogate_opt"])
-        self.gen.set_state(state["gen"].cpu() if self.device.type != "cuda" else state["gen"])
-        if self.surrogate is not None and state.get("surrogate_gen") is not None:
-            self.surrogate.rng(self.device).set_state(state["surrogate_gen"].cpu())
         self.selection.load(state.get("best"), self.device)
         if state.get("strength") is not None:   # the scales it measured: a resume does not measure again
             self.matcher.load_state_dict(state["strength"])
+        self.load_streams(state)
+
+    def load_streams(self, state: dict) -> None:
+        """Put back the random streams of ``state``: the trainer's, the surrogate's and the global ones, so that
+        the resumed epochs are those of a run that never stopped. A state saved on another kind of device (a
+        CUDA generator's state is 16 bytes, a CPU one's 5,056: ``--resume`` may change ``train.device``) cannot
+        be set; its streams are seeded again from the trial seed and the epoch instead, and a note says that the
+        resumed epochs draw other numbers than an uninterrupted run would (the weights, optimisers and
+        everything else still continue)."""
+        # a state from before the device was saved: a CPU generator's state has the CPU's size
+        saved = state.get("device_type") or \
+            ("cpu" if state["gen"].numel() == torch.Generator().get_state().numel() else "cuda")
+        if saved != self.device.type:
+            seed = (self.cfg.seed * 1_000_003 + self.epoch) % 2 ** 62
+            self.gen.manual_seed(seed)
+            if self.surrogate is not None:
+                self.surrogate.rng(self.device).manual_seed(seed + 1)
+            torch.manual_seed(seed + 2)
+            print(f"cem-bench: note: this trial's state was saved on {saved} and resumes on {self.device.type}: its "
+                  f"random streams are seeded again from the trial seed and epoch {self.epoch}, so the epochs from "
+                  f"now on draw other numbers than an uninterrupted run's", file=sys.stderr, flush=True)
+            return
+        self.gen.set_state(state["gen"].cpu() if self.device.type != "cuda" else state["gen"])
+        if self.surrogate is not None and state.get("surrogate_gen") is not None:
+            self.surrogate.rng(self.device).set_state(state["surrogate_gen"].cpu())
+        if state.get("torch_rng") is not None:
+            torch.set_rng_state(state["torch_rng"].cpu())
+        if state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)

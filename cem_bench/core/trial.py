@@ -130,7 +130,8 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
         trainer.load_state_dict(resume_state)
         start = trainer.epoch + 1
     nan = float("nan")
-    prior_train_s = sum(r["epoch_s"] for r in trainer.history)
+    # the training loop's time before the resume: its epochs and their probes (train_s holds both)
+    prior_train_s = sum(r["epoch_s"] + r.get("probe_s", 0.0) for r in trainer.history)
 
     probe_epochs = set(cfg.attack.probe_epochs)
 
