@@ -453,3 +453,12 @@ def test_the_matched_scale_reaches_the_encoder_and_not_the_surrogates_own_gradie
     share_q = torch.cat([(eq - e0).flatten() for eq, e0 in zip(enc_q, enc_0)])
     assert share_1.norm() > 0       # the encoder's CEM share scales with the matched scale
     assert (share_q - 0.25 * share_1).norm() <= 0.05 * (0.25 * share_1).norm()
+
+
+def test_weights_that_overflow_in_the_last_step_are_a_divergence_not_a_run():
+    """Every step's loss finite, the last update overflowing the weights (rate 100, one epoch): the run was an
+    ``ok`` row at chance with a NaN checkpoint, which ``cem-bench attack`` then called diverged."""
+    t = make_trainer(**{"train.lr": 100.0, "cem.lambd": 0, "train.epochs": 1})
+    with pytest.raises(TrialDiverged, match="weights or features became non-finite in epoch 1"):
+        t.fit()
+    assert t.history == []

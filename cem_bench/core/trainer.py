@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -458,6 +459,7 @@ class Trainer:
             t0 = time.perf_counter()
             rec = self.train_epoch(epoch)
             rec.update(self.evaluate())
+            self.check_finite(epoch, rec)
             self.selection.track(rec, self.client, self.server)
             rec["epoch_s"] = time.perf_counter() - t0
             self.epoch = epoch
@@ -465,6 +467,17 @@ class Trainer:
             if on_epoch is not None:
                 on_epoch(rec)
         return self.history
+
+    def check_finite(self, epoch: int, rec: dict) -> None:
+        """TrialDiverged where the epoch left non-finite weights or features. Its steps' losses can all be finite
+        while the last update overflows the weights (a rate of 100 in one epoch): the run was then an ``ok`` row
+        at chance, its checkpoint NaN, and ``cem-bench attack`` refused the encoder that ``train`` had attacked.
+        One host sync per epoch."""
+        params = itertools.chain(self.client.parameters(), self.server.parameters())
+        if math.isfinite(rec["feature_spread"]) and bool(torch.stack([p.isfinite().all() for p in params]).all()):
+            return
+        raise TrialDiverged(f"the model's weights or features became non-finite in epoch {epoch} (train loss "
+                            f"{rec['train_loss']:.4g}); lower train.lr or cem.lambd")
 
     # ------------------------------------------------------------------------------------ test-set selection
     def select_best(self) -> int:
