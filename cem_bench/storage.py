@@ -353,8 +353,8 @@ class Dir:
         return self.fs.get_file_info(self.root).type == pafs.FileType.Directory
 
     def subdirs(self) -> list[str]:
-        if not self.uri:
-            return sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+        if not self.uri:   # a linked folder is not one of the experiment's: what it links to is never read
+            return sorted(e.name for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False))
         import pyarrow.fs as pafs
         infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=False))
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
@@ -376,9 +376,11 @@ class Dir:
 
     def read_bytes_or_raise(self, *parts: str) -> bytes:
         """The file's bytes; OSError (FileNotFoundError, IsADirectoryError, ...) as it comes; UnsafePath for a
-        named pipe, a device or a file larger than ``READ_LIMIT`` (read_regular)."""
+        named pipe, a device, a file larger than ``READ_LIMIT`` or a link anywhere below this folder
+        (read_regular): a link planted in a shared results folder copied its target into the tables and
+        the report (``read_bytes`` takes it as missing)."""
         if not self.uri:
-            return read_regular(self.join(*parts))
+            return read_regular(self.join(*parts), within=self.root)
         with self.fs.open_input_stream(self.join(*parts)) as fh:
             return fh.read()
 

@@ -141,7 +141,7 @@ def test_a_checkpoint_that_is_a_pipe_or_a_device_is_refused(tmp_path, capsys, sp
     else:
         os.symlink("/dev/zero", run / "checkpoint.pt")
     rc, out = run_cli(["attack", str(run)], capsys)
-    assert rc == 2 and ("named pipe" if special == "fifo" else "a device") in out
+    assert rc == 2 and ("named pipe" if special == "fifo" else "Remove the link") in out   # linked: refused as a link
     assert [p.name for p in run.iterdir()] == ["checkpoint.pt"]
 
 

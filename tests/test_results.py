@@ -360,3 +360,24 @@ def test_a_named_pipe_at_the_lock_s_name_is_not_waited_on(tmp_path):
     """The probe opens the lock file without blocking: a FIFO planted there made `cem-bench table` hang."""
     os.mkfifo(tmp_path / results.DRIVER_LOCK_FILE)
     assert results.running_driver(tmp_path) is None
+
+
+def test_files_linked_inside_the_experiment_are_never_read_into_the_tables(experiment, tmp_path):
+    """A link planted in a trial folder (its error.txt, its result) or as a trial folder copied the linked
+    file into trials.parquet and the report: the folders the tables read are read without following links."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:$6$SECRETHASH:19000\n")
+    err = next(experiment.glob("cem_trial_aaaa0005_*")) / "error.txt"
+    err.unlink()
+    os.symlink(secret, err)
+    res = next(experiment.glob("cem_trial_aaaa0003_*")) / results.RESULT_FILE
+    res.unlink()
+    os.symlink(secret, res)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    make_trial(elsewhere, "bbbb0001", 9, ours("bbbb0001", acc=0.99, ssim=0.01, error="SECRETHASH"))
+    os.symlink(next(elsewhere.iterdir()), experiment / "cem_trial_bbbb0001_9_linked")
+    trials, epochs = results.build_tables(experiment)
+    assert "bbbb0001" not in set(trials["trial_id"])
+    assert not trials.astype(str).apply(lambda c: c.str.contains("SECRETHASH")).any().any()
+    assert set(trials["trial_id"]) >= {"aaaa0003", "aaaa0005"}
