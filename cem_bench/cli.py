@@ -378,14 +378,15 @@ def cmd_report(args) -> int:
     from .analysis.report import write_report
     if args.out:   # before the results are read (a remote folder is fetched into --out/source first)
         check_out_folder(args.out, "the report", "Nothing was written")
-    from .storage import holder_text, is_uri, local
+    from .storage import is_uri, local
     results_dir = local(args.results_dir)   # file:// is a folder of this machine: write_report reads it in place
     path, res = write_report(results_dir, args.out)
     print(f"report: {path}")
     driver = res.running_driver   # the lock as the page read it: stderr and the page never disagree
     if driver is not None:   # the page says so first too (report.page.running_note)
-        print(f"cem-bench: a search is running on {results_dir}{holder_text(driver)}: this report holds the "
-              f"trials finished so far; the search writes the whole one when it ends", file=sys.stderr)
+        from .analysis.results import running_text
+        print(f"cem-bench: {running_text(results_dir, driver)}: this report holds the trials finished so far; the "
+              f"search writes the whole one when it ends", file=sys.stderr)
     print_hypotheses(path, os.path.join(args.out, "source") if is_uri(results_dir) else results_dir)
     return 0
 

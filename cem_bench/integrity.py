@@ -116,9 +116,10 @@ def read_manifest(folder: Dir) -> dict[str, list[str]] | None:
     return files
 
 
-def read_recorded(folder: Dir | str, name: str, what: str) -> bytes | None:
+def read_recorded(folder: Dir | str, name: str, what: str, rebuild: str | None = None) -> bytes | None:
     """The bytes of ``folder/name``, verified against the folder's manifest when it lists the file; None
-    when the file does not exist. ResultsError when it cannot be read or does not match."""
+    when the file does not exist. ResultsError when it cannot be read or does not match; ``rebuild`` says how
+    to get the file again where it can be rebuilt (a table: ``REBUILD_HINT``)."""
     folder = folder if isinstance(folder, Dir) else Dir(folder)
     data = read_strict(folder, name, what)
     if data is None:
@@ -127,7 +128,8 @@ def read_recorded(folder: Dir | str, name: str, what: str) -> bytes | None:
     if files is not None and name in files and sha256(data) not in files[name]:
         raise ResultsError(f"{folder.url(name)} is not the file cem-bench wrote there ({len(data):,} bytes, "
                            f"SHA-256 {sha256(data)[:12]}…, which {MANIFEST_FILE} does not list): it was "
-                           f"damaged or changed since. If you changed it on purpose, delete {MANIFEST_FILE} "
+                           f"damaged or changed since. " + (f"To get it back, {rebuild}. " if rebuild else "") +
+                           f"If you changed it on purpose, delete {MANIFEST_FILE} "
                            f"there to read the folder unverified (the list seals itself: an entry cannot be "
                            f"removed alone)")
     return data
@@ -146,7 +148,10 @@ def write_recorded(folder: Dir | str, name: str, data: bytes) -> str:
     folder = folder if isinstance(folder, Dir) else Dir(folder)
     files = read_manifest(folder) or {}
     new = sha256(data)
-    old = [d for d in files.get(name, []) if d != new][-1:]
+    # every digest still accepted stays so until the write is done: after two interrupted rewrites (a full
+    # disk that has room for the list but not the table) the file on disk is the first's, which keeping only
+    # the last listed digest refused
+    old = [d for d in files.get(name, []) if d != new]
     _write_manifest(folder, {**files, name: old + [new]})
     write_bytes(folder.url(name), data)
     _write_manifest(folder, {**files, name: [new]})
@@ -216,7 +221,7 @@ def parse_table(data: bytes, path: str, kind: str) -> pd.DataFrame:
 def read_table(folder: Dir | str, name: str, kind: str) -> pd.DataFrame | None:
     """``folder/name`` verified (manifest) and parsed (:func:`parse_table`); None when it does not exist."""
     folder = folder if isinstance(folder, Dir) else Dir(folder)
-    data = read_recorded(folder, name, f"the {kind} table (Parquet)")
+    data = read_recorded(folder, name, f"the {kind} table (Parquet)", rebuild=REBUILD_HINT)
     return None if data is None else parse_table(data, folder.url(name), kind)
 
 

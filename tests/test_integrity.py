@@ -233,6 +233,43 @@ def test_a_crash_between_the_writes_of_a_recorded_file_leaves_a_folder_that_veri
         integrity.read_recorded(str(tmp_path), "t.bin", "x")
 
 
+def test_two_interrupted_rewrites_in_a_row_leave_the_file_on_disk_verified(tmp_path, monkeypatch):
+    """A full disk with room for the checksum list but not the file, twice (two `search --resume` on it): the
+    list kept only the last listed old digest, so the untouched first file failed verification."""
+    integrity.write_recorded(str(tmp_path), "t.bin", b"A")
+    real = integrity.write_bytes
+
+    def full(path, data):
+        if not str(path).endswith(integrity.MANIFEST_FILE):
+            raise OSError(28, "No space left on device")
+        real(path, data)
+    monkeypatch.setattr(integrity, "write_bytes", full)
+    for attempt in (b"B", b"C"):
+        with pytest.raises(OSError):
+            integrity.write_recorded(str(tmp_path), "t.bin", attempt)
+    monkeypatch.setattr(integrity, "write_bytes", real)
+    assert integrity.read_recorded(str(tmp_path), "t.bin", "x") == b"A"
+    integrity.write_recorded(str(tmp_path), "t.bin", b"D")      # a write that completes accepts only itself
+    (tmp_path / "t.bin").write_bytes(b"A")
+    with pytest.raises(ResultsError, match="not the file cem-bench wrote"):
+        integrity.read_recorded(str(tmp_path), "t.bin", "x")
+
+
+def test_a_damaged_table_says_it_can_be_rebuilt(experiment, tmp_path):
+    """A truncated trials.parquet named the manifest as the only way out, which unverifies the whole folder;
+    a table is rebuilt from the trials' own files by deleting it, and doing so works."""
+    exp = tmp_path / "e"
+    shutil.copytree(experiment, exp)
+    path = exp / "trials.parquet"
+    whole = integrity.read_table(str(exp), "trials.parquet", "trials")
+    path.write_bytes(path.read_bytes()[:2000])
+    with pytest.raises(ResultsError, match="To get it back, delete it and run `cem-bench report`"):
+        integrity.read_table(str(exp), "trials.parquet", "trials")
+    path.unlink()
+    assert cli.main(["report", str(exp)]) == 0
+    assert sorted(integrity.read_table(str(exp), "trials.parquet", "trials")["trial_id"]) == sorted(whole["trial_id"])
+
+
 def test_the_advice_for_a_file_changed_on_purpose_works(tmp_path):
     """The refusal of a changed file says how to read it anyway; doing what it says reads it (removing the
     file's entry alone would break the list's seal: the advice must not be that)."""

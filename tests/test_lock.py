@@ -202,3 +202,91 @@ def test_a_readers_probe_does_not_refuse_a_resume_or_a_takeover(tmp_path, monkey
         os.close(reader)
     assert waits == [lock.LOCK_RETRY_S]
     assert (exp / "tuner.pkl").is_file()
+
+
+def test_every_file_a_start_leaves_before_ray_is_taken_over(tmp_path, holder, capsys):
+    """A driver killed after the searcher made the Optuna journal, or after Ray's storage marker, or inside an
+    atomic write, left a folder that neither a new search ("already exists") nor --resume ("no tuner.pkl")
+    accepted: only deleting it by hand got out."""
+    exp = tmp_path / "res" / "late"
+    p = holder(exp)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    for name in ("search_space.json", "optuna_journal.log", "optuna_journal.log.lock", ".validate_storage_marker",
+                 ".search_space.json.tmp4242.0123abcd"):
+        (exp / name).write_text("x")
+    with experiment_lock(str(exp), resume=False):
+        assert "this search takes it over" in capsys.readouterr().out
+        (exp / "tuner.pkl").write_bytes(b"x")
+
+
+def test_a_named_pipe_at_the_lock_is_refused_by_name_and_never_waited_on(tmp_path):
+    """A pipe at the lock's name: --resume ended in a bare "cem-bench: Invalid argument"; the takeover check of
+    a new search opened it for reading, which waits for a writer."""
+    exp = tmp_path / "res" / "p"
+    exp.mkdir(parents=True)
+    (exp / "tuner.pkl").write_bytes(b"x")
+    os.mkfifo(exp / LOCK_FILE)
+    with pytest.raises(SearchError, match=f"{LOCK_FILE} is not a regular file .*remove it"):
+        with experiment_lock(str(exp), resume=True):
+            pass
+    (exp / "tuner.pkl").unlink()
+    with pytest.raises(SearchError, match="already exists"):
+        with experiment_lock(str(exp), resume=False):
+            pass
+
+
+@pytest.fixture
+def bucket(tmp_path, monkeypatch):
+    """``test://`` URIs as object storage in tmp_path/bucket (pyarrow's local file system behind
+    storage.filesystem), the claim's wait shortened."""
+    import pyarrow.fs as pafs
+
+    from cem_bench import storage
+    from cem_bench.search import lock
+    real = storage.filesystem
+
+    def fake(path):
+        if str(path).startswith("test://"):
+            return pafs.LocalFileSystem(), str(tmp_path / "bucket" / str(path)[len("test://"):])
+        return real(path)
+    monkeypatch.setattr(storage, "filesystem", fake)
+    monkeypatch.setattr(lock, "CLAIM_WAIT_S", 0.01)
+    (tmp_path / "bucket" / "res").mkdir(parents=True)
+    return tmp_path / "bucket" / "res"
+
+
+def test_a_search_stopped_while_it_claims_object_storage_leaves_the_name_free(bucket, monkeypatch):
+    """Ctrl-C (or ``ray job stop``'s SIGTERM) in the claim's wait left the claim: the same command then said
+    "already exists", and with --resume "no tuner.pkl", for good."""
+    from cem_bench.search import lock
+
+    def interrupted(s):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(lock.time, "sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with experiment_lock("test://res/k", resume=False):
+            pass
+    assert not (bucket / "k" / lock.CLAIM_FILE).exists()
+    monkeypatch.undo()
+
+
+def test_a_stale_claim_on_object_storage_is_taken_over_and_a_young_one_explained(bucket, capsys):
+    """A driver killed (kill -9) during its claim or Ray's start left a claim and nothing resumable: refused
+    for ten minutes with a message that says so, then taken over; never a folder with an experiment in it."""
+    from cem_bench.search import lock
+    exp = bucket / "k"
+    exp.mkdir()
+    (exp / lock.CLAIM_FILE).write_text('{"token": "dead", "host": "h", "pid": 1}')
+    (exp / "search_space.json").write_text("{}")
+    with pytest.raises(SearchError, match="holds only the claim of a search that started"):
+        with experiment_lock("test://res/k", resume=False):
+            pass
+    old = time.time() - lock.CLAIM_STALE_S - 60
+    os.utime(exp / lock.CLAIM_FILE, (old, old))
+    with experiment_lock("test://res/k", resume=False):
+        assert "this search takes it over" in capsys.readouterr().out
+        (exp / "tuner.pkl").write_bytes(b"x")
+    with pytest.raises(SearchError, match="already exists"):
+        with experiment_lock("test://res/k", resume=False):
+            pass

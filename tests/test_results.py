@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from cem_bench.analysis import results
+from cem_bench.analysis.report.load import load_results
 
 CONFIG = {"seed": 0, "cem.lambd": 8.0, "cem.surrogate": "gmm", "train.epochs": 2, "train.milestones": [0.5]}
 
@@ -381,3 +382,53 @@ def test_files_linked_inside_the_experiment_are_never_read_into_the_tables(exper
     assert "bbbb0001" not in set(trials["trial_id"])
     assert not trials.astype(str).apply(lambda c: c.str.contains("SECRETHASH")).any().any()
     assert set(trials["trial_id"]) >= {"aaaa0003", "aaaa0005"}
+
+
+def test_a_report_of_object_storage_mid_search_writes_nothing_there(experiment, tmp_path, monkeypatch, capsys):
+    """`report s3://…` of a search that had written no tables built them and wrote them into the bucket: a
+    trial still running became an error there, and once that driver was killed the wrong table was read as
+    final by every later reader. Now they are built into the report's own copy only, and the page says why."""
+    import pyarrow.fs as pafs
+
+    from cem_bench import cli, storage
+    real = storage.filesystem
+
+    def fake(path):
+        if str(path).startswith("test://"):
+            return pafs.LocalFileSystem(), str(tmp_path / str(path)[len("test://"):])
+        return real(path)
+    monkeypatch.setattr(storage, "filesystem", fake)
+    make_trial(experiment, "aaaa0006", 6, None, lines=[{"status": "running", "trial_id": "aaaa0006", **hist(1)[0]}])
+    before = sorted(p.name for p in experiment.iterdir())
+    assert cli.main(["report", "test://handmade", "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert "has not written its tables: it is still running, or it was stopped before it could" in err, err
+    assert sorted(p.name for p in experiment.iterdir()) == before          # nothing written into the storage
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "Drawn from a folder on object storage whose search has not written its tables" in page
+    # aaaa0006 is running, not an error (aaaa0004 recorded its own error; aaaa0005 failed in Ray)
+    assert "6 trials so far (3 ok, 1 still running, 2 errored)" in page, page
+    cli.main(["table", "test://handmade"])   # (this hand-made folder's trials lack σ, which the table needs)
+    assert "has not written its tables" in capsys.readouterr().err
+    assert sorted(p.name for p in experiment.iterdir()) == before
+    results.write_tables(experiment)         # the search ended: its tables are read, and nothing is said
+    assert cli.main(["report", "test://handmade", "--out", str(tmp_path / "rep")]) == 0
+    assert "has not written" not in capsys.readouterr().err
+    assert "Drawn from a folder" not in (tmp_path / "rep" / "index.html").read_text()
+
+
+def test_a_resume_moves_the_tables_of_before_it_aside(experiment):
+    """A --resume killed before its end left the tables of before it as the folder's final ones: `report` and
+    `table` read them without a word, their interrupted rows long finished ok. The resume now moves them to
+    superseded_state/ (kept, not deleted), so a reader rebuilds the tables from the trial folders."""
+    from cem_bench.search.resume import SUPERSEDED_DIR, supersede_tables
+    results.write_tables(experiment)
+    before = {n: (experiment / n).read_bytes() for n in ("trials.parquet", "epochs.parquet", "configs.parquet")}
+    lines = supersede_tables(str(experiment))
+    assert len(lines) == 3 and all("written again when the search ends" in line for line in lines)
+    assert not any((experiment / n).exists() for n in before)
+    moved = {p.name: p.read_bytes() for p in (experiment / SUPERSEDED_DIR).rglob("*.parquet")}
+    assert moved == before
+    assert supersede_tables(str(experiment)) == []
+    res = load_results(experiment)        # rebuilt from the trial folders, as after a killed first run
+    assert len(res.trials) == 5

@@ -326,14 +326,30 @@ def mark_interrupted(row: dict, record: dict | None) -> dict:
 _LIVE_STATUSES = frozenset({"RUNNING", "PENDING", "PAUSED"})
 
 
+# ``running_driver`` of a folder on object storage whose search has written no tables: there is no lock there
+# to ask (search/lock.py), so whether its driver still runs or was stopped before its tables is not known
+UNSEEN_DRIVER: dict = {"unseen": True}
+
+
 def running_driver(experiment_dir: str | os.PathLike) -> dict | None:
     """The driver of a search running on this experiment folder now (its lock's record: ``pid``, ``host``,
     ``started``; ``storage.lock_holder``), or None: no driver holds it. On object storage there is no lock
-    (search/lock.py), so a running search there is not seen: None."""
+    (search/lock.py): a folder there without ``trials.parquet`` is read as one whose search may still run
+    (``UNSEEN_DRIVER``), its tables built in memory and never written there, since a table written while the
+    search runs would be read as final once it stopped; with the tables, None."""
     exp = _Dir(experiment_dir)
     if exp.uri:
-        return None
+        return None if exp.exists(TRIALS_FILE) else dict(UNSEEN_DRIVER)
     return lock_holder(os.path.join(exp.root, DRIVER_LOCK_FILE))
+
+
+def running_text(where: str, driver: dict) -> str:
+    """What a reader says of a folder ``running_driver`` found a search on, naming ``where``."""
+    from ..storage import holder_text
+    if driver.get("unseen"):
+        return (f"the search on {where} has not written its tables: it is still running, or it was stopped before "
+                f"it could (its --resume finishes it); object storage has no lock to tell which")
+    return f"a search is running on {where}{holder_text(driver)}"
 
 
 def mark_running(row: dict, ray_status: str | None) -> dict:

@@ -25,10 +25,10 @@ import pandas as pd
 from ..errors import ResultsError
 from ..integrity import read_table
 from ..schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
-from ..storage import Dir, holder_text
+from ..storage import Dir
 from .aggregate import CONFIG_ID, CONFIRMED, build_configs, config_ids
 from .noise import ALPHA, BETTER, MIN_RUNS, P_MIN, WORSE
-from .results import live_tables, running_driver
+from .results import live_tables, running_driver, running_text
 
 # a trial that is not ok, by its status (results.py), in the words of the report's run facts; every status but
 # "error" is not a failure (the scheduler stopped it, a signal interrupted it, or it has not finished yet)
@@ -291,7 +291,7 @@ def main(args) -> int:
     if "running" in configs.attrs:   # on stderr: the tables on stdout stay as a script reads them
         n = configs.attrs["statuses"]
         others = ", ".join(f"{n[status]} {word}" for status, word in NOT_OK_WORDS.items() if n.get(status))
-        print(f"cem-bench: a search is running on {args.results_dir}{holder_text(configs.attrs['running'])}: the "
+        print(f"cem-bench: {running_text(args.results_dir, configs.attrs['running'])}: the "
               f"table holds the {n.get('ok', 0)} trials that finished ok so far{f' ({others})' if others else ''}; "
               f"it is final when the search ends", file=sys.stderr)
     if "runs_ok" in configs and with_results(configs).empty:

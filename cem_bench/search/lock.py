@@ -30,15 +30,17 @@ import errno
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Iterator
 
 from ..errors import SearchError
 from ..integrity import MANIFEST_FILE
-from ..schema import DRIVER_LOCK_FILE, SPACE_FILE
+from ..schema import DRIVER_LOCK_FILE, JOURNAL_FILE, SPACE_FILE
 from ..storage import Dir, exists, holder_text, is_uri, join, write_bytes
 
 LOCK_FILE = DRIVER_LOCK_FILE
@@ -86,6 +88,10 @@ def _lock_local(exp_path: str) -> int:
             raise SearchError(f"{os.path.join(exp_path, LOCK_FILE)} is a symbolic link; cem-bench does not follow "
                               f"links inside an experiment folder: remove it") from e
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):   # a pipe or a device planted there: ftruncate's bare EINVAL
+        os.close(fd)
+        raise SearchError(f"{os.path.join(exp_path, LOCK_FILE)} is not a regular file (a named pipe or a device); "
+                          f"cem-bench keeps its driver lock there: remove it")
     try:
         _lock_exclusive(fd)
     except BlockingIOError:
@@ -102,17 +108,29 @@ def _lock_local(exp_path: str) -> int:
     return fd
 
 
+def _claim_token(exp_path: str) -> str | None:
+    data = Dir(exp_path).read_bytes(CLAIM_FILE) or b"{}"
+    try:
+        return json.loads(data.decode()).get("token")
+    except (ValueError, AttributeError):
+        return None
+
+
 def _claim_remote(exp_path: str) -> None:
     token = secrets.token_hex(16)
     path = join(exp_path, CLAIM_FILE)
     write_bytes(path, json.dumps({"token": token, "host": socket.gethostname(), "pid": os.getpid()}).encode())
-    time.sleep(CLAIM_WAIT_S)
-    data = Dir(exp_path).read_bytes(CLAIM_FILE) or b"{}"
     try:
-        if json.loads(data.decode()).get("token") == token:
+        time.sleep(CLAIM_WAIT_S)
+        if _claim_token(exp_path) == token:
             return
-    except ValueError:
-        pass
+    except BaseException:
+        # stopped while claiming (Ctrl-C, ``ray job stop``'s SIGTERM): a claim left behind made the name
+        # unusable, "already exists" for a new search and "no experiment" for --resume; it goes, if still ours
+        with contextlib.suppress(Exception):
+            if _claim_token(exp_path) == token:
+                _remove(exp_path)
+        raise
     raise _busy(exp_path, "")
 
 
@@ -127,8 +145,45 @@ def _remove(path: str) -> None:
 
 
 # What a new search writes into its folder before Ray writes tuner.pkl (and with it anything resumable): a folder
-# holding no more than these was left by a driver stopped while it started (search/run.py: _tuner)
-_STARTING_FILES = frozenset({LOCK_FILE, SPACE_FILE, MANIFEST_FILE})
+# holding no more than these (and the temporary files of their atomic writes) was left by a driver stopped while
+# it started (search/run.py: _tuner): the lock, the space and its checksum list, the Optuna journal the searcher
+# creates (and the lock Optuna takes on it), and the marker Ray's Tuner writes to check the storage
+_STARTING_FILES = frozenset({LOCK_FILE, SPACE_FILE, MANIFEST_FILE, JOURNAL_FILE, JOURNAL_FILE + ".lock",
+                             ".validate_storage_marker"})
+CLAIM_STALE_S = 600.0   # object storage: a claim this old with nothing resumable beside it is a stopped start's
+
+
+def _only_starting_files(names: set[str]) -> bool:
+    """Do ``names`` hold nothing but what a search leaves while it starts (``_STARTING_FILES``, their temporary
+    files ``.NAME.tmpPID.HEX``, the object storage claim)?"""
+    def starting(n: str) -> bool:
+        if n in _STARTING_FILES or n == CLAIM_FILE:
+            return True
+        m = re.fullmatch(r"\.(.+)\.tmp\d+\.[0-9a-f]{8}", n)
+        return m is not None and (m.group(1) in _STARTING_FILES or m.group(1) == CLAIM_FILE)
+    return all(starting(n) for n in names)
+
+
+def _abandoned_remote(exp_path: str) -> bool:
+    """An object storage folder left by a new search stopped while it started (killed during its claim or Ray's
+    start): nothing in it but what such a start leaves, and its claim older than ``CLAIM_STALE_S`` (a search
+    that is starting now is younger). There is no lock to ask there, so age stands in for it."""
+    import pyarrow.fs as pafs
+    d = Dir(exp_path)
+    try:
+        infos = d.fs.get_file_info(pafs.FileSelector(d.root, recursive=False))
+    except OSError:
+        return False
+    if any(i.type == pafs.FileType.Directory for i in infos) or not _only_starting_files({i.base_name for i in infos}):
+        return False
+    when = d.mtime(CLAIM_FILE)
+    if when is None or time.time() - when > CLAIM_STALE_S:
+        return True
+    raise SearchError(f"the experiment folder {exp_path} holds only the claim of a search that started "
+                      f"{time.time() - when:.0f} s ago and no Ray Tune experiment yet: a search starting now, or one "
+                      f"stopped while it started; if none is starting, a new search with this name takes the folder "
+                      f"over once the claim is {CLAIM_STALE_S / 60:g} min old (or remove {exp_path}); or start a new "
+                      f"experiment with --name NEW_NAME (nothing was changed)")
 
 
 def _abandoned(local: str) -> bool:
@@ -138,16 +193,17 @@ def _abandoned(local: str) -> bool:
         names = set(os.listdir(local))
     except OSError:
         return False
-    if not names <= _STARTING_FILES:
+    if not _only_starting_files(names) or CLAIM_FILE in names:
         return False
     if LOCK_FILE not in names:
         return False   # an empty folder is also a new search between its mkdir and its lock: never taken
     try:
-        fd = os.open(os.path.join(local, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # non-blocking: a named pipe planted at the lock's name would wait for a writer forever
+        fd = os.open(os.path.join(local, LOCK_FILE), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        if os.fstat(fd).st_size == 0:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_size == 0:
             return False   # made, not yet locked: a driver writes who it is once it holds the lock
         _lock_exclusive(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -171,8 +227,12 @@ def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
     if is_uri(key) and not key.startswith("file://"):
         if not resume:
             if exists(key):
-                raise SearchError(f"the experiment folder {key} already exists; continue it with --resume or start "
-                                  f"a new experiment with --name NEW_NAME (nothing was changed)")
+                if not _abandoned_remote(key):
+                    raise SearchError(f"the experiment folder {key} already exists; continue it with --resume or "
+                                      f"start a new experiment with --name NEW_NAME (nothing was changed)")
+                print(f"cem-bench: {key} holds only what a search stopped while starting leaves (no Ray Tune "
+                      f"experiment, its claim older than {CLAIM_STALE_S / 60:g} min): this search takes it over",
+                      flush=True)
             _claim_remote(key)
             made = True
     else:

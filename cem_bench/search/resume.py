@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from ..errors import SearchError
 from ..parsing import loads_json
 from ..provenance import now_iso as _now_iso
-from ..schema import CHECKPOINT_DIR, RESUME_STATE_FILE
+from ..schema import CHECKPOINT_DIR, CONFIGS_FILE, EPOCHS_FILE, RESUME_STATE_FILE, TRIALS_FILE
 from ..storage import filesystem, join, write_bytes
 
 SUPERSEDED_DIR = "superseded_state"
@@ -133,6 +133,24 @@ def repair_experiment_state(exp_path: str, trust_pickle: bool = False) -> list[s
                           f"the search again under a new --name")
     return done
 
+
+
+def supersede_tables(exp_path: str) -> list[str]:
+    """Move the tables of the search before this ``--resume`` (``trials.parquet``, ``epochs.parquet``,
+    ``configs.parquet``) to ``superseded_state/STAMP/``; return one line per table moved. This search writes them
+    again when it ends; until then `report` and `table` read its trial folders. Left in place, a resume killed
+    before its end (kill -9, a lost head node) left them as the folder's final tables, read without a word
+    though its trials had gone on (interrupted rows that had since finished ok)."""
+    import pyarrow.fs as pafs
+    fs, root = filesystem(exp_path)
+    root = root.rstrip("/")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    done = []
+    for name in (TRIALS_FILE, EPOCHS_FILE, CONFIGS_FILE):
+        if fs.get_file_info(f"{root}/{name}").type == pafs.FileType.File:
+            done.append(f"{name} (of before this resume) moved to {_move_aside(fs, root, name, stamp)}; "
+                        f"written again when the search ends")
+    return done
 
 
 def recorded_checkpoints(trial_run_metadata: dict) -> list[str]:

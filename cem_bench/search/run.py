@@ -36,7 +36,7 @@ from .interrupt import Interruption, resume_command
 from .lock import experiment_lock
 from .machine import detect_cpus as _detect_cpus  # names of run.py that tests replace
 from .machine import detect_gpus as _detect_gpus
-from .resume import repair_experiment_state, restore_removed_checkpoints
+from .resume import repair_experiment_state, restore_removed_checkpoints, supersede_tables
 from .trainable import make_trainable, trial_resources, with_resources
 
 # ----------------------------------------------------------------------------------- concurrency
@@ -232,6 +232,9 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
             raise
         if resume and exists(join(exp_path, INTERRUPTED_FILE)):   # this run continues the interrupted one
             remove_file(join(exp_path, INTERRUPTED_FILE))
+        if resume:   # the tables of before it are not this search's final ones (written when it ends)
+            for line in supersede_tables(exp_path):
+                print(f"--resume: {line}", flush=True)
         try:
             with one_line_when_full(guard), Interruption() as interruption:
                 grid = tuner.fit()

@@ -19,6 +19,7 @@ more than one run: the frontier plots and the front table then show configuratio
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from cem_bench.analysis.results import is_final
 from cem_bench.analysis.table import adjusted, describes
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
-from cem_bench.integrity import MANIFEST_FILE, read_table
+from cem_bench.integrity import MANIFEST_FILE, read_table, write_table
 from cem_bench.schema import (
     ATTACK_METRICS,
     CONFIGS_FILE,
@@ -181,27 +182,38 @@ class Results:
         return [o["metric"] for o in self.objectives]
 
 
-def fetch_remote(uri: str, local: Path) -> Path:
+def fetch_remote(uri: str, local: Path) -> tuple[Path, dict | None]:
     """Copy what the report reads from a results folder on object storage (``s3://``, ``gs://``: the tables,
-    ``search_space.json`` and each trial's ``recon.png``) into ``local``; build the tables there first (on the
-    storage, atomically) when the search could not. ResultsError when the folder is not a search's."""
+    ``search_space.json`` and each trial's ``recon.png``) into ``local``; return it and ``results.running_driver``
+    of the folder. Where the search wrote no tables (it still runs, or was stopped before), they are built from
+    its trial folders as they are (``results.live_tables``) into ``local`` only: written into the storage, a table
+    drawn mid-search was read as final there once the search stopped. ResultsError when the folder is not a
+    search's."""
+    from cem_bench.analysis.results import live_tables, running_driver
     from cem_bench.schema import GALLERY_FILE
     src = Dir(uri)
     if not src.is_dir():
         raise ResultsError(f"{uri}: no such folder; {VALID_FOLDER}")
-    if not src.exists(TRIALS_FILE):
-        from cem_bench.analysis.results import write_tables
+    driver = running_driver(uri)
+    live = None
+    if driver is not None:
         try:
-            write_tables(uri)
+            live = live_tables(uri)
         except Exception as exc:  # noqa: BLE001 - any failure means: nothing to report on
             raise ResultsError(f"{uri}: no {TRIALS_FILE} and none could be built ({exc}); {VALID_FOLDER}") from exc
-    trials = read_table(src, TRIALS_FILE, "trials")   # verified before anything is written here
+    trials = live[0] if live is not None else read_table(src, TRIALS_FILE, "trials")   # verified before writing
     local = Path(os.path.abspath(local))
     local.mkdir(parents=True, exist_ok=True)
-    for name in (TRIALS_FILE, EPOCHS_FILE, CONFIGS_FILE, SPACE_FILE, MANIFEST_FILE):
+    for name in ((SPACE_FILE,) if live is not None else
+                 (TRIALS_FILE, EPOCHS_FILE, CONFIGS_FILE, SPACE_FILE, MANIFEST_FILE)):
         data = src.read_bytes(name)
         if data is not None:
             write_bytes(str(local / name), data, within=local)
+    if live is not None:   # the copy's own tables (no configs.parquet: the report builds the configurations)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local / CONFIGS_FILE)   # an earlier fetch's, about other trials
+        for name, table, kind in ((TRIALS_FILE, live[0], "trials"), (EPOCHS_FILE, live[1], "epochs")):
+            write_table(Dir(local), name, table, kind)
     for d in trials.get("trial_dir", pd.Series(dtype=object)).dropna().astype(str):
         # a trial folder is a plain relative name: one from a table that leaves `local` is skipped
         rel = relative_inside(local, d) if not os.path.isabs(d) else None
@@ -210,7 +222,7 @@ def fetch_remote(uri: str, local: Path) -> Path:
         data = src.read_bytes(*rel.split(os.sep), GALLERY_FILE)
         if data is not None:
             write_bytes(str(local / rel / GALLERY_FILE), data, within=local)
-    return local
+    return local, driver
 
 
 def check_results_dir(results_dir: str | Path) -> Path:

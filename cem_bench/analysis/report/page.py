@@ -152,6 +152,11 @@ def running_note(res: Results) -> str | None:
     if res.running_driver is None:
         return None
     t = res.trials
+    if res.running_driver.get("unseen"):
+        return (f"Drawn from a folder on object storage whose search has not written its tables: it is still "
+                f"running, or it was stopped before it could (its --resume finishes it), which object storage has "
+                f"no lock to tell. {plural(len(t), 'trial')} so far {status_counts(t)}, so everything below is "
+                f"partial (a trial without a result is counted as running, not as an error).")
     return (f"Drawn while a cem-bench search was running on this folder{holder_text(res.running_driver)}: "
             f"{plural(len(t), 'trial')} so far {status_counts(t)}, so everything below is partial (a trial not "
             f"finished yet is still running, not an error). The search writes its tables and this report again "
@@ -186,8 +191,12 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         if out_dir is None:
             raise ResultsError(f"{results_dir}: the report of a folder on object storage is written locally; "
                                f"give --out DIR")
-        results_dir = fetch_remote(str(results_dir), Path(out_dir) / "source")
+        results_dir, remote_driver = fetch_remote(str(results_dir), Path(out_dir) / "source")
+    else:
+        remote_driver = None
     res = load_results(results_dir)  # first: it checks the folder before anything is written
+    if remote_driver is not None:    # read from the storage, not from the fetched copy (which has no lock)
+        res.running_driver = remote_driver
     results_dir = res.results_dir
     if out_dir is None:   # inside the results folder: nothing below it is trusted
         root, folders = results_dir, [REPORT_DIR]
