@@ -62,8 +62,9 @@ def clean_uri(uri: str, flag: str = "") -> str:
 
 def join(base: str, *parts: str) -> str:
     base = str(base)
-    if is_uri(base):
-        return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
+    if is_uri(base):   # a URI's options (?endpoint_override=…&scheme=http) stay at its end, after the path
+        head, q, query = base.partition("?")
+        return "/".join([head.rstrip("/"), *[p.strip("/") for p in parts]]) + q + query
     return os.path.join(base, *parts)
 
 
@@ -344,7 +345,7 @@ class Dir:
 
     def url(self, *parts: str) -> str:
         """A path for ``write_bytes`` and friends: the local path, or the URI."""
-        return "/".join([self.display, *parts]) if self.uri else self.join(*parts)
+        return join(self.display, *parts) if self.uri else self.join(*parts)
 
     def is_dir(self) -> bool:
         if not self.uri:

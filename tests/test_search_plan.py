@@ -567,3 +567,17 @@ def test_a_device_this_machine_lacks_stops_a_local_search_before_ray(fake_machin
 def test_a_long_list_of_seeds_is_shortened_in_the_first_line():
     """`baseline: {replicates: 5000}` printed every seed: a 29 KB first line (2026-12-06 audit)."""
     assert run.seed_list(range(5000)) == "0, 1, …, 4999 (5,000 seeds)" and run.seed_list([3, 4]) == "3, 4"
+
+
+def test_a_storage_uri_with_options_keeps_them_after_the_experiment_name():
+    """`--storage 's3://b/p?endpoint_override=…&scheme=http'` put the experiment's name after the options
+    (`…scheme=http/q1`), which pyarrow read as the scheme 'http/q1': every such search failed."""
+    from cem_bench.storage import join, resolve_storage
+    base = resolve_storage("s3://b/p/?endpoint_override=127.0.0.1:5917&scheme=http")
+    assert join(base, "q1") == "s3://b/p/q1?endpoint_override=127.0.0.1:5917&scheme=http"
+    assert join(base, "q1", "trials.parquet") == "s3://b/p/q1/trials.parquet?endpoint_override=127.0.0.1:5917&scheme=http"
+    assert join("s3://b/p", "q1") == "s3://b/p/q1" and join("/r", "q1") == "/r/q1"
+    from cem_bench.storage import Dir
+    d = Dir.__new__(Dir)       # a Dir of that folder, without connecting to the bucket
+    d.uri, d.display = True, join(base, "q1")
+    assert d.url("trials.parquet") == "s3://b/p/q1/trials.parquet?endpoint_override=127.0.0.1:5917&scheme=http"
