@@ -688,3 +688,15 @@ def test_a_cem_key_searched_with_lambda_fixed_at_zero_is_refused():
     parse_space(minimal(params={"cem.lambd": {"choice": [0, 8]}, "cem.num_clusters": {"choice": [2, 4]}}))
     parse_space(minimal(fixed={"cem.lambd": 0, "train.device": "cpu"}, baseline=False, num_samples=2,
                         params={"defense.noise_std": {"choice": [0.05, 0.1]}}))
+
+
+def test_a_searched_key_fixed_by_set_is_checked_only_at_its_pinned_value():
+    """`--set cem.surrogate=gmm --set train.epochs=4` on a space searching gmm and gated_attention was refused
+    for gated_attention's warm-up of 5 epochs, a surrogate no trial of the pinned search could draw."""
+    doc = minimal(num_samples=2, params={"cem.surrogate": {"choice": ["gmm", "gated_attention"]},
+                          "cem.lambd": {"choice": [8, 16]}},
+                  fixed={"train.device": "cpu", "train.epochs": 6})
+    spec = parse_space(doc, overrides={"fixed": {"cem.surrogate": "gmm", "train.epochs": 4}})
+    assert spec.fixed["cem.surrogate"] == "gmm" and [p.key for p in spec.params] == ["cem.lambd"]
+    msg = errors_of(doc, overrides={"fixed": {"cem.surrogate": "gated_attention", "train.epochs": 4}})
+    assert any("cem.warmup_epochs: 5 (surrogate 'gated_attention') is not below train.epochs 4" in m for m in msg), msg

@@ -150,9 +150,10 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
         fixed = self.fixed(doc.get("fixed") or {})
         params = self.params(doc.get("params"), fixed) if doc.get("params") is not None else ()
         seeds = self.seeds(doc.get("replicates"), doc.get("seeds"), fixed, params)
+        # pinned first: a key an override fixed is no longer searched, so its other values meet no trial
+        params = self.pin(params, fixed)
         if self.fixed_ok:
             self.check_combinations(fixed, params)
-        params = self.pin(params, fixed)
         # every check that reads one field, or the fields as parsed, runs before the first refusal, so that
         # one run lists them all; only those that count configurations (which a parameter left out by its own
         # error would change) wait for the rest to be clean
