@@ -700,3 +700,24 @@ def test_a_searched_key_fixed_by_set_is_checked_only_at_its_pinned_value():
     assert spec.fixed["cem.surrogate"] == "gmm" and [p.key for p in spec.params] == ["cem.lambd"]
     msg = errors_of(doc, overrides={"fixed": {"cem.surrogate": "gated_attention", "train.epochs": 4}})
     assert any("cem.warmup_epochs: 5 (surrogate 'gated_attention') is not below train.epochs 4" in m for m in msg), msg
+
+
+def test_two_searched_keys_that_disagree_are_refused_naming_the_cells():
+    """Each searched value was checked alone, the other searched keys at their defaults: a grid of
+    train.epochs [3, 20] x cem.warmup_epochs [0, 5], or slot_cross's num_heads [3, 4] x hidden_dim [64, 96],
+    passed, and its bad cells ended as error rows after Ray started."""
+    doc = minimal(sampler={"name": "grid"}, num_samples=None,
+                  params={"train.epochs": {"choice": [3, 20]}, "cem.warmup_epochs": {"choice": [0, 5]}})
+    msg = errors_of(doc)
+    assert len(msg) == 1 and msg[0].startswith("params: 1 of the 4 combinations of the searched values make no "
+                                               "valid configuration"), msg
+    assert "train.epochs=3, cem.warmup_epochs=5: cem.warmup_epochs: 5" in msg[0], msg
+    heads = minimal(num_samples=3, fixed={"train.device": "cpu", "cem.surrogate": "slot_cross"},
+                    params={"cem.num_heads": {"choice": [3, 4]}, "cem.hidden_dim": {"choice": [64, 96]}})
+    msg = errors_of(heads)
+    assert "1 of the 4 combinations" in msg[0] and "cem.num_heads=3, cem.hidden_dim=64" in msg[0], msg
+    # told how: search the key only where the other agrees
+    heads["params"] = {"cem.hidden_dim": {"choice": [64, 96]},
+                       "cem.num_heads": {"choice": [3], "when": {"cem.hidden_dim": [96]}}}
+    heads["num_samples"] = 2
+    assert parse_space(heads).params

@@ -154,6 +154,8 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
         params = self.pin(params, fixed)
         if self.fixed_ok:
             self.check_combinations(fixed, params)
+            if not self.errors:   # each value alone is valid: now the values together
+                self.check_cells(fixed, params)
         # every check that reads one field, or the fields as parsed, runs before the first refusal, so that
         # one run lists them all; only those that count configurations (which a parameter left out by its own
         # error would change) wait for the rest to be clean

@@ -42,6 +42,10 @@ def fmt_value(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else repr(v) if isinstance(v, str) else str(v)
 
 
+# the most configurations of a discrete space ``check_cells`` builds one by one (about 0.5 ms each)
+CELL_CHECK_LIMIT = 2000
+
+
 class ParamStages:
     """The params, when, order, combination and pin stages of ``parse._Parser`` (see the module docstring)."""
 
@@ -291,6 +295,35 @@ class ParamStages:
                             if tail not in seen:
                                 seen.add(tail)
                                 self.errors.append(line)
+
+    def check_cells(self, fixed: dict, params: list[Param]) -> None:
+        """Every configuration of a discrete space of at most ``CELL_CHECK_LIMIT`` (a grid, or choices a sampler
+        draws from) must make a valid config with the fixed keys. ``check_combinations`` tries one searched value
+        at a time, with the other searched keys at their defaults, so a rule between two searched keys
+        (``cem.warmup_epochs`` below ``train.epochs``, ``cem.num_heads`` dividing ``cem.hidden_dim``) passed it,
+        and its trials ended as error rows after Ray started. Refused here, naming a few of the cells."""
+        from .. import surrogates
+        from .parse_plan import as_choice, discrete_count
+        from .sampling import grid_cells
+        sizes = [discrete_count(p) for p in params]
+        if not params or any(n is None for n in sizes) or math.prod(sizes) > CELL_CHECK_LIMIT:
+            return
+        cells = grid_cells([as_choice(p) for p in params])
+        bad = []
+        for cell in cells:
+            try:
+                cfg = TrialConfig.from_flat({**fixed, **cell})
+                inactive = surrogates.never_active(surrogates.resolve(cfg))
+                if inactive:
+                    raise ConfigError(inactive)
+            except ConfigError as e:
+                bad.append((cell, str(e).splitlines()[0]))
+        if bad:
+            shown = "; ".join(f"{', '.join(f'{k}={v}' for k, v in cell.items())}: {why}" for cell, why in bad[:3])
+            self.err("params", f"{len(bad)} of the {len(cells)} combinations of the searched values make no valid "
+                     f"configuration with the fixed keys, e.g. {shown}. Every such trial would end as an error "
+                     f"row: leave those values out, fix one of the keys, or search a key only `when` the other "
+                     f"takes values it agrees with")
 
     def pin(self, params: list[Param], fixed: dict) -> list[Param]:
         """Drop searched keys that an override fixed; resolve `when` conditions on them statically."""
