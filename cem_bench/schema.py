@@ -6,6 +6,8 @@ of the project above ``frontier``/``storage``/``errors``. The columns are descri
 
 from __future__ import annotations
 
+import math
+
 import re
 from collections.abc import Sequence
 
@@ -135,6 +137,25 @@ MODES = ("max", "min")
 
 
 ACCURACY_METRICS = ("test_acc", "test_acc_clean")
+# the values a bounded metric can take: an objective's reference point must be one some value can beat
+METRIC_RANGES: dict[str, tuple[float, float]] = {"test_acc": (0.0, 1.0), "test_acc_clean": (0.0, 1.0),
+                                                 "attack_ssim": (-1.0, 1.0), "attack_ssim_paper": (-1.0, 1.0),
+                                                 "attack_mse": (0.0, math.inf)}
+
+
+def ref_problem(metric: str, mode: str, ref: float) -> str | None:
+    """Why no value of ``metric`` can beat the reference point ``ref`` in ``mode``, or None. Such a ref makes
+    every trial's hypervolume 0: the front's gains, the confirmation's choice and the scheduler's tie-break all
+    fall back to accuracy alone, and the report draws a hypervolume of 0 without a word."""
+    low, high = METRIC_RANGES.get(base_metric(metric), (-math.inf, math.inf))
+    if mode == "max" and ref >= high:
+        return (f"{ref:g} is not below {metric}'s best possible value {high:g}, so no trial can beat it (an accuracy "
+                f"is a fraction, not a percentage): a max objective's ref is a value every useful trial exceeds, "
+                f"e.g. chance accuracy, 0.1 for 10 classes")
+    if mode == "min" and ref <= low:
+        return (f"{ref:g} is not above {metric}'s best possible value {low:g}, so no trial can beat it: a min "
+                f"objective's ref is a value every useful trial stays below, e.g. 1.0 for an SSIM")
+    return None
 
 
 def objective_problems(objectives: Sequence[dict]) -> list[tuple[int, str]]:

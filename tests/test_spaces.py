@@ -721,3 +721,18 @@ def test_two_searched_keys_that_disagree_are_refused_naming_the_cells():
                        "cem.num_heads": {"choice": [3], "when": {"cem.hidden_dim": [96]}}}
     heads["num_samples"] = 2
     assert parse_space(heads).params
+
+
+def test_a_reference_point_no_trial_can_beat_is_refused():
+    """`ref: 10` for test_acc (a percentage where a fraction is meant) was accepted: every hypervolume was 0, the
+    confirmation fell back to the most accurate configurations and the report drew 0 without a word."""
+    for i, ref, said in ((0, 10, "10 is not below test_acc's best possible value 1"),
+                         (0, 1.0, "1 is not below test_acc's best possible value 1"),
+                         (1, -1.0, "-1 is not above attack_ssim's best possible value -1")):
+        doc = minimal()
+        doc["objectives"][i]["ref"] = ref
+        msg = errors_of(doc)
+        assert msg == [f"objectives[{i}].ref: {said}" + msg[0].split(said, 1)[1]], msg
+    doc = minimal()
+    doc["objectives"][0]["ref"], doc["objectives"][1]["ref"] = 0.0, 0.99
+    assert parse_space(doc).objectives[0].ref == 0.0

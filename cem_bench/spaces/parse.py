@@ -284,6 +284,12 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
                     self.err(f"{where}.ref", f"{ref!r} is not a finite number (or leave it out)")
                     ok = False
                 ref = None if r is None else float(r)
+            if ok and ref is not None:
+                from ..schema import ref_problem
+                problem = ref_problem(metric, mode, ref)
+                if problem:
+                    self.err(f"{where}.ref", problem)
+                    ok = False
             if ok:
                 out.append(Objective(metric, mode, ref))
         from ..schema import objective_problems
