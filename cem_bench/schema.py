@@ -7,7 +7,6 @@ of the project above ``frontier``/``storage``/``errors``. The columns are descri
 from __future__ import annotations
 
 import math
-
 import re
 from collections.abc import Sequence
 
