@@ -199,6 +199,7 @@ def select(ref: dict, patterns=(), plugins: dict[str, str] | None = None, datase
     if dataset is not None and dataset not in ref["datasets"]:
         raise ConfigError(f"unknown dataset {dataset!r}; known: {', '.join(ref['datasets'])}")
     out = []
+    others: dict[str, list[str]] = {}   # matched keys that only another plug-in reads: who reads them
     for r in ref["keys"]:
         if patterns and not any(p in r.name for p in patterns):
             continue
@@ -206,7 +207,8 @@ def select(ref: dict, patterns=(), plugins: dict[str, str] | None = None, datase
         chosen = plugins.get(r.kind)
         if chosen is not None and r.defaults_by is not None:
             if chosen not in r.defaults_by:
-                continue                                   # another plug-in's key
+                others[r.name] = list(r.defaults_by)       # another plug-in's key
+                continue
             r.defaults_by = {chosen: r.defaults_by[chosen]}
             r.applies_to = [chosen]
             if r.choices_by:
@@ -217,6 +219,10 @@ def select(ref: dict, patterns=(), plugins: dict[str, str] | None = None, datase
             one = _common(r.defaults_by.values())
             r.default = None if one is _MIXED else one
         out.append(r)
+    if patterns and not out and others:
+        chosen = ", ".join(f"{kind} {name}" for kind, name in plugins.items())
+        raise ConfigError(f"no key {chosen} reads contains {' or '.join(map(repr, patterns))}: "
+                          + "; ".join(f"{k} is read by {', '.join(v)}" for k, v in others.items()))
     if patterns and not out:
         raise ConfigError(f"no configuration key contains {' or '.join(map(repr, patterns))}; "
                           f"`cem-bench keys` lists them all")

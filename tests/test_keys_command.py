@@ -185,7 +185,13 @@ def test_one_surrogate_and_one_dataset(capsys):
 @pytest.mark.parametrize("args, says", [(["--surrogate", "nope"], "unknown surrogate 'nope'"),
                                         (["--attack", "nope"], "unknown attack 'nope'"),
                                         (["--dataset", "mnist"], "unknown dataset 'mnist'"),
-                                        (["no_such_key"], "no configuration key contains 'no_such_key'")])
+                                        (["no_such_key"], "no configuration key contains 'no_such_key'"),
+                                        # a key only other plug-ins read exists: said so, and who reads it
+                                        (["--surrogate", "gmm", "cem.num_slots"], "no key surrogate gmm reads "
+                                         "contains 'cem.num_slots': cem.num_slots is read by attention_centroid, "
+                                         "serial_enhanced, slot_cross"),
+                                        (["--attack", "decoder", "rmle_iterations"],
+                                         "attack.rmle_iterations is read by rmle")])
 def test_bad_filters_are_one_clear_error(args, says, capsys):
     assert main(["keys", *args]) == 2
     assert says in capsys.readouterr().err
