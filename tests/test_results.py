@@ -408,6 +408,7 @@ def test_a_report_of_object_storage_mid_search_writes_nothing_there(experiment, 
     assert "Drawn from a folder on object storage whose search has not written its tables" in page
     # aaaa0006 is running, not an error (aaaa0004 recorded its own error; aaaa0005 failed in Ray)
     assert "6 trials so far (3 ok, 1 still running, 2 errored)" in page, page
+    assert "from the trial folders of a search that has not written its tables" in page
     cli.main(["table", "test://handmade"])   # (this hand-made folder's trials lack σ, which the table needs)
     assert "has not written its tables" in capsys.readouterr().err
     assert sorted(p.name for p in experiment.iterdir()) == before

@@ -76,7 +76,9 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
         facts.append(("confirmation (planned in the space)", (
             f"the best {plan['top']} with {plan['replicates']} new seeds each; " + (
                 f"{n} confirmation run{'s' * (n != 1)} finished, none ok" if n else
-                "none yet: the search is still running" if res.running_driver is not None else
+                ("none yet: the search has not written its tables (still running, or stopped before)"
+                 if res.running_driver.get("unseen") else "none yet: the search is still running")
+                if res.running_driver is not None else
                 "none ran: no search configuration with λ ≠ 0 finished ok (stopped early, errored or NaN), or the "
                 "search ended before its last run"))))
     if res.configs is not None:
@@ -117,8 +119,10 @@ def configs_source_text(res: Results) -> str:
     if res.configs_stored:
         return "configs.parquet of the results folder; configs.csv beside this page is a copy"
     if res.running_driver is not None:
-        return ("built by this report from the trial folders of the search still running (its tables are written "
-                "when it ends); configs.csv beside this page holds the configurations")
+        return ("built by this report from the trial folders of "
+                + ("a search that has not written its tables (still running, or stopped before)"
+                   if res.running_driver.get("unseen") else "the search still running")
+                + " (its tables are written when it ends); configs.csv beside this page holds the configurations")
     return ("built from trials.parquet by this report: the results folder holds no configs.parquet about these "
             "trials, and this report wrote none there (it writes only its own folder); configs.csv beside this "
             "page holds the configurations, and `cem-bench table --csv` prints them")
