@@ -17,6 +17,20 @@ FOLDERS = sorted(p.name for p in FINDINGS.iterdir() if p.is_dir() and p.name != 
 FILES = {"trials.parquet", "epochs.parquet", "configs.parquet", "search_space.json", "cem_bench_files.json"}
 
 
+def doc_says(path: str, *quotes: str) -> None:
+    """Each quote stands in the doc ``path`` (whitespace as wrapped there does not matter): the numbers a test
+    computes from a folder are the numbers the doc prints, so a doc edited alone fails here."""
+    text = " ".join((ROOT / path).read_text().split())
+    missing = [q for q in quotes if " ".join(q.split()) not in text]
+    assert not missing, f"{path} no longer says: {missing}"
+
+
+def hypothesis_line(name: str, r) -> str:
+    """A tested hypothesis as the report prints its numbers (and the docs quote them)."""
+    return (f"{name}: … a - b = {r['diff']:.4g} (two-sided 95 %: {r['ci_low']:.4g} to {r['ci_high']:.4g}), "
+            f"adjusted p {r['p_adjusted']:.2g}: {r['verdict']}")
+
+
 def test_every_folder_is_complete_listed_and_reads_as_a_search(capsys):
     from cem_bench import cli
     listed = re.findall(r"^\| `([\w-]+)` \|", (FINDINGS / "README.md").read_text(), re.M)
@@ -198,6 +212,8 @@ def test_tradeoff_matched_digits_rerun_says_what_the_docs_say():
     # estimators.md's accuracy reading for these seeds on the rerun: Welch (the test's) and paired
     assert paired_by_seed(t, "test_acc", "attention_centroid", "gmm") == (-0.005, -0.020, 0.011)
     assert [f"{p:.2g}" for p in tested["p_adjusted"]] == ["0.0042", "0.059"]
+    doc_says("docs/estimators.md", *(hypothesis_line(n, r)
+                                     for n, r in tested.iterrows()))
 
 
 @pytest.mark.skipif("surrogates_digits_confirm" not in FOLDERS, reason="not shipped")
@@ -308,6 +324,7 @@ FOURTH_ROW = {
                    ("attack_ssim", "gmm"): (-0.077, -0.080, -0.073),
                    ("attack_ssim", "attention_centroid"): (-0.064, -0.068, -0.060)},
         scale=(0.0083, 0.0094),
+        walls="trials of {none} (λ = 0), {gmm} (gmm) and {attention_centroid} (attention_centroid)",
         tests={"D1": ("not shown", "0.01282", "0.009584", "0.01606", "1"),
                "D2": ("holds", "0.009838", "-0.003858", "0.02353", "0.00016"),
                "D3": ("holds", "-0.07657", "-0.07997", "-0.07316", "5.8e-24"),
@@ -320,6 +337,7 @@ FOURTH_ROW = {
                    ("attack_ssim", "gmm"): (-0.075, -0.078, -0.071),
                    ("attack_ssim", "attention_centroid"): (-0.052, -0.056, -0.049)},
         scale=(0.0087, 0.0093),
+        walls="trials of {none} (λ = 0), {gmm} (gmm), {attention_centroid} (attention_centroid)",
         tests={"W1": ("not shown", "0.02213", "0.01655", "0.02772", "1"),
                "W2": ("holds", "0.007986", "-0.008837", "0.02481", "0.0029"),
                "W3": ("holds", "-0.07456", "-0.07839", "-0.07074", "1.3e-16"),
@@ -343,6 +361,15 @@ def test_the_fourth_rows_converged_runs_say_what_the_docs_say(name):
     tested = evaluate(t, res.hypotheses).set_index("name")
     assert {n: (r["verdict"], *(f"{r[k]:.4g}" for k in ("diff", "ci_low", "ci_high")), f"{r['p_adjusted']:.2g}")
             for n, r in tested.iterrows()} == want["tests"]
+    doc_says("docs/estimators.md", *(hypothesis_line(n, r) for n, r in tested.iterrows()))
+    # the SSIM drops as shares of λ = 0's mean, as estimators.md prints them
+    zero = t.loc[t["config.cem.surrogate"] == "none", "attack_ssim"].mean()
+    drops = [f"{100 * (zero - t.loc[t['config.cem.surrogate'] == s, 'attack_ssim'].mean()) / zero:.1f} %"
+             for s in ("gmm", "attention_centroid")]
+    doc_says("docs/estimators.md", f"the drops are {drops[0]} and {drops[1]} of λ = 0's {zero:.3f}")
+    # the trials' wall times per cell, as performance.md prints them
+    walls = {s: f"{g['wall_s'].min():.0f}–{g['wall_s'].max():.0f} s" for s, g in t.groupby("config.cem.surrogate")}
+    assert want["walls"].format(**walls) in " ".join((ROOT / "docs/performance.md").read_text().split()), walls
 
 
 @pytest.mark.skipif("confirm_lambda16_photos" not in FOLDERS, reason="not shipped")
