@@ -84,6 +84,19 @@ def test_paper_table_rows_sigma_columns_lambda_by_surrogate():
     assert " ± " in table.loc["σ=0.1", "λ=0"]
 
 
+def test_a_cell_several_configurations_share_labels_each_part():
+    """Two configurations in one σ × λ × surrogate cell (they differ in cem.num_clusters) printed as
+    "0.x ± … / 0.y ± …" with nothing saying which was which; each part now names the keys it differs in."""
+    t = runs()
+    t["config.cem.num_clusters"] = np.where(t["config.seed"] == 1, 16, 8)
+    t.loc[t["config.cem.lambd"] == 0, "config.cem.num_clusters"] = np.nan
+    table = paper_table(build_configs(t, OBJ), "test_acc")
+    cell = table.loc["σ=0.1", "λ=16 gmm"]
+    parts = cell.split(" / ")
+    assert len(parts) == 2 and parts[0].startswith("cem.num_clusters=8: ") and parts[1].startswith("cem.num_clusters=16: ")
+    assert "cem.num_clusters" not in table.loc["σ=0.1", "λ=0"]       # one configuration: no label
+
+
 def test_table_command(tmp_path, capsys):
     t = runs()
     t["config.train.milestones"] = [[0.5]] * len(t)

@@ -196,8 +196,31 @@ def _numeric(configs: pd.DataFrame, metric: str) -> pd.DataFrame:
     return df
 
 
+def _label_shared_cells(df: pd.DataFrame) -> pd.DataFrame:
+    """Where several configurations fall in one cell, each part starts with the keys in which they differ
+    (``cem.strength_every=1: 0.610 ± 0.033 (16)``): the parts alone could not be told apart, nor matched with
+    the docs' rows."""
+    keys = [c for c in df.columns if c.startswith("config.") and c != "config.seed"]
+    for _, idx in df.groupby(["_row", "_col"]).groups.items():
+        if len(idx) < 2:
+            continue
+        part = df.loc[idx, keys]
+        differ = [c for c in keys if part[c].astype(str).nunique(dropna=False) > 1]
+
+        def fmt(v) -> str:
+            return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:g}" \
+                if isinstance(v, float) else str(v)
+        for i in idx:
+            label = ", ".join(f"{c[len('config.'):]}={fmt(df.at[i, c])}" for c in differ)
+            if label:
+                df.at[i, "_cell"] = f"{label}: {df.at[i, '_cell']}"
+    return df
+
+
 def _layout(df: pd.DataFrame, name: str) -> pd.DataFrame:
-    """``df["_cell"]`` laid out: rows σ ascending, columns λ=0 then by λ and name."""
+    """``df["_cell"]`` laid out: rows σ ascending, columns λ=0 then by λ and name; a cell several configurations
+    share is their parts joined by " / ", each labelled (``_label_shared_cells``)."""
+    df = _label_shared_cells(df)
     order = (df.sort_values(["_lam", "_col"]).drop_duplicates("_col")["_col"]).tolist()
     rows = df.sort_values("_sigma", kind="stable").drop_duplicates("_row")["_row"].tolist()
     cells = df.groupby(["_row", "_col"])["_cell"].agg(" / ".join).unstack("_col")
