@@ -84,8 +84,13 @@ def start() -> bool:
     if running():
         return False
     exe = control()
+    # the daemon sees every card, numbered as the driver numbers them: started with CUDA_VISIBLE_DEVICES=1, its
+    # server renumbers that card 0 (NVIDIA's MPS guide, 4.2.1), and a client that Ray gives
+    # CUDA_VISIBLE_DEVICES=1 finds no device: torch.cuda.is_available() is False and train.device=auto trains
+    # on the CPU without a word. The clients' own CUDA_VISIBLE_DEVICES still picks their card.
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     try:
-        proc = subprocess.run([exe, "-d"], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run([exe, "-d"], capture_output=True, text=True, timeout=30, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise MPSError(f"{CONTROL} -d failed: {e}") from None
     if proc.returncode != 0:

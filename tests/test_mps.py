@@ -67,3 +67,19 @@ def test_the_daemons_are_read_from_proc():
     import os
     pids = mps.daemons()
     assert pids is None or (isinstance(pids, list) and os.getpid() not in pids)
+
+
+def test_the_daemon_starts_seeing_every_card_whatever_the_driver_sees(monkeypatch, tmp_path):
+    """Started with CUDA_VISIBLE_DEVICES=1 the MPS server renumbers that card 0, and the trials Ray gives
+    CUDA_VISIBLE_DEVICES=1 found no GPU: they trained on the CPU without a word."""
+    seen = tmp_path / "seen"
+    exe = tmp_path / "nvidia-cuda-mps-control"
+    exe.write_text(f"#!/bin/sh\necho \"${{CUDA_VISIBLE_DEVICES-unset}}\" > {seen}\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setattr(mps.shutil, "which", lambda name: str(exe))
+    assert mps.start()
+    assert seen.read_text().strip() == "unset"
+    import os
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"     # this process (and Ray's workers) keep theirs
