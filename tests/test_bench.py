@@ -295,6 +295,19 @@ def test_a_pack_phase_without_mps_refuses_to_run_under_a_running_daemon(monkeypa
     assert after is None and len(rows) == 1 and "MPS control daemon is running" in rows[0]["error"]
 
 
+def test_the_pack_workers_train_on_the_card_the_row_names(monkeypatch):
+    """`bench --device cuda:1 --only pack` packed its workers on cuda:0 ("cuda" in each worker) and compared them
+    with cuda:1's ceiling."""
+    import torch
+
+    from cem_bench.bench import pack
+    from cem_bench.bench.harness import sizes_for
+    got = []
+    monkeypatch.setattr(pack, "pack_rows", lambda device, sizes, flat, ks: got.append((str(device), flat)) or [])
+    pack.bench_pack(torch.device("cuda:1"), sizes_for(torch.device("cuda:1"), quick=True, tiny=False))
+    assert got and all(d == "cuda:1" and f["train.device"] == "cuda:1" for d, f in got), got
+
+
 def test_gpu_pack_summary_takes_a_phase_that_measured_no_k(tmp_path, monkeypatch):
     """scripts/gpu_pack.py's summary.md with a phase whose only row is the phase's own (MPS could not start, the
     workers failed): such a row has no k, and the summary, written last, must not lose the run's figures."""

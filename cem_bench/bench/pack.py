@@ -57,12 +57,13 @@ PAPER_EPOCHS, PAPER_IMAGES = 240, 50000
 TARGET_CEILING_FRACTION = ("ge", 0.75)
 
 
-def worker_flat(images: int, amp: str = "off") -> dict:
-    """A worker's trial. ``train.epochs`` is only a horizon for the schedule (the workers train as many epochs
-    as their windows take, all at the first learning rate)."""
+def worker_flat(images: int, amp: str = "off", device: str = "cuda") -> dict:
+    """A worker's trial, on ``device`` (the card whose ceiling the rows compare with: ``cuda`` alone would be
+    ``cuda:0`` in every worker, whatever ``--device cuda:N`` asked for). ``train.epochs`` is only a horizon for
+    the schedule (the workers train as many epochs as their windows take, all at the first learning rate)."""
     return {"data.dataset": "synthetic", "data.train_size": images, "data.test_size": 1000, "model.width": 1.0,
             "train.batch_size": 128, "train.epochs": 100000, "train.amp": amp, "cem.surrogate": "gmm",
-            "cem.lambd": 16.0, "cem.warmup_epochs": 0, "train.device": "cuda", "seed": 0,
+            "cem.lambd": 16.0, "cem.warmup_epochs": 0, "train.device": device, "seed": 0,
             # the attacks as the paper grid runs them (cifar10_paper.yaml: its decoder on the training images),
             # for ``Workers.attack``; a scaled-down decoder run, measured as a ratio (``attack_packing``)
             "data.attack_split": "training", "attack.epochs": 20, "attack.blocks": 8, "attack.channels": 64,
@@ -242,7 +243,7 @@ def bench_pack(device: torch.device, sizes: Sizes, ks: tuple[int, ...] = PACK_K)
     images = PACK_IMAGES if sizes.label != "quick" else PACK_IMAGES // 2
     rows = []
     for amp in PRECISIONS:
-        rows.extend(pack_rows(device, sizes, worker_flat(images, amp), ks))
+        rows.extend(pack_rows(device, sizes, worker_flat(images, amp, str(device)), ks))
     return rows
 
 
