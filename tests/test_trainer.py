@@ -462,3 +462,27 @@ def test_weights_that_overflow_in_the_last_step_are_a_divergence_not_a_run():
     with pytest.raises(TrialDiverged, match="weights or features became non-finite in epoch 1"):
         t.fit()
     assert t.history == []
+
+
+def test_a_first_fit_before_the_steps_is_not_counted_as_steps(monkeypatch):
+    """gmm with CEM from epoch 1 is fitted in prepare_steps, inside the epoch's step timer: its images_per_s
+    counted that fit, though results.md says it excludes refits (the end-of-epoch one already was). A fake clock
+    that moves 1000 s during a fit and 1 ms per reading elsewhere: the steps' seconds hold no fit."""
+    from cem_bench.core import trainer as trainer_mod
+    t = make_trainer(**{"cem.surrogate": "gmm", "cem.lambd": 4.0, "cem.warmup_epochs": 0, "train.epochs": 1})
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.001
+        return now[0]
+    real_refit = t.surrogate.refit
+
+    def slow_refit(*a, **k):
+        now[0] += 1000.0
+        return real_refit(*a, **k)
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", clock)
+    monkeypatch.setattr(t.surrogate, "refit", slow_refit)
+    rec = t.train_epoch(1)
+    seen = len(t.splits.train) // t.cfg.train.batch_size * t.cfg.train.batch_size
+    assert seen / rec["images_per_s"] < 1000          # the steps' seconds, without the first fit's 1000
+    assert rec["train_s"] > 2000                        # the epoch's training part holds both fits

@@ -123,7 +123,8 @@ def count_params(m: nn.Module) -> int:
 
 # ------------------------------------------------------------------------------ running the client
 def amp_dtype(train_cfg, device: torch.device):
-    """The one autocast policy of training, evaluation and attacks: bf16 on a CUDA card with native bf16
+    """The one autocast policy of training, evaluation and the decoder attack (rmle runs the encoder without
+    autocast: fp32, TF32 as ``train.tf32`` sets it): bf16 on a CUDA card with native bf16
     (compute capability 8 and later; ``train.amp`` auto or on), none on the CPU unless ``train.amp`` is on,
     never with ``off``. ``auto`` on an older card runs fp32; ``on`` there is refused."""
     if train_cfg.amp == "off" or (train_cfg.amp == "auto" and device.type != "cuda"):

@@ -26,8 +26,8 @@ def resolve_device(name: str) -> torch.device:
 def set_tf32(mode: str) -> None:
     """``train.tf32``: the process's TF32 flags for cuDNN convolutions and cuBLAS matrix products (process-wide, as
     PyTorch keeps them; a trial is one process). ``auto`` restores PyTorch's defaults rather than leaving what an
-    earlier trial of the same process set. The legacy ``allow_tf32`` flags, as graphs.py uses: PyTorch refuses a
-    mix of these and the newer ``fp32_precision`` settings."""
+    earlier trial of the same process set. The legacy ``allow_tf32`` flags, which every other place in the project that
+    touches TF32 uses too: PyTorch refuses a mix of these and the newer ``fp32_precision`` settings."""
     conv, matmul = {"auto": (True, False), "on": (True, True), "off": (False, False)}[mode]
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, matmul
 

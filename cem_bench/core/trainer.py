@@ -340,10 +340,12 @@ class Trainer:
         if cem_on and self.matcher.due(epoch):
             self.matcher.match(epoch, lr, self.splits, self.client, self.server, self.surrogate,
                                self.encode(self.splits.train))
+        t_prep = time.perf_counter()   # a first fit of the surrogate and the FLOP count are not steps
         self.prepare_steps(cem_on)
         acc = self.epoch_acc()
         if self.device.type == "cuda" and self.step_flops is None:
             self.step_flops = self.count_step_flops()
+        prep_s = time.perf_counter() - t_prep
         it = data_mod.BatchIterator(self.splits.train, self.splits, self.cfg.train.batch_size,
                                     self.cfg.train.augment, self.gen)
         steps = 0
@@ -356,7 +358,8 @@ class Trainer:
             steps += 1
         # end of epoch: one host sync to read the logs
         vals = {k: float(v) for k, v in acc.items() if k != "surr"}
-        steps_s = time.perf_counter() - t0     # the steps alone (the sync above waited for the last one)
+        # the steps (and a strength match) alone: the sync above waited for the last one
+        steps_s = time.perf_counter() - t0 - prep_s
         if "surr" in acc:
             vals.update(zip(("surr_" + k for k in self.surr_log_names), acc["surr"].tolist()))
         if vals["ce_nonfinite"] > 0:
