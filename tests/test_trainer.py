@@ -486,3 +486,25 @@ def test_a_first_fit_before_the_steps_is_not_counted_as_steps(monkeypatch):
     seen = len(t.splits.train) // t.cfg.train.batch_size * t.cfg.train.batch_size
     assert seen / rec["images_per_s"] < 1000          # the steps' seconds, without the first fit's 1000
     assert rec["train_s"] > 2000                        # the epoch's training part holds both fits
+
+
+@pytest.mark.parametrize("mode", ["inject", "fused"])
+@pytest.mark.parametrize("fit", ["adversarial", "joint"])
+def test_the_trainer_moves_the_estimator_the_way_its_fit_says(mode, fit):
+    """Through the trainer's own step: under ``adversarial`` the surrogate's update climbs its loss (it maximises
+    what the encoder minimises, so it cannot switch itself off), under ``joint`` it descends with the encoder.
+    The estimator contract's tests drive the sign by hand; a trainer that trained every adversarial surrogate
+    the joint way passed the whole fast tier."""
+    from cem_bench.core.data import BatchIterator
+    t = make_trainer(**{"cem.surrogate": "slot_cross", "cem.grad_mode": mode, "cem.estimator_fit": fit,
+                        "cem.hidden_dim": 16, "cem.num_heads": 2})
+    x, y = next(iter(BatchIterator(t.splits.train, t.splits, 32, "none", t.gen)))
+    state = t.surrogate.rng(t.device).get_state()
+    loss = t.surrogate(t.client(x).float().detach(), y).loss
+    grads = torch.autograd.grad(loss, t.surrogate_params, allow_unused=True)
+    t.surrogate.rng(t.device).set_state(state)       # the step draws what the gradient above drew
+    before = [p.detach().clone() for p in t.surrogate_params]
+    t.step(x, y, True, 0.05, t.epoch_acc())
+    moved = sum(float(((p.detach() - b) * g).sum()) for p, b, g in zip(t.surrogate_params, before, grads)
+                if g is not None)
+    assert (moved > 0) == (fit == "adversarial") and moved != 0, moved
