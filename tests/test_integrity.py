@@ -434,14 +434,18 @@ test_unverified_corruption_never_escapes_long = pytest.mark.slow(
 
 
 def test_corrupted_cases_were_tried():
-    """Runs after the corruption tests of this module (pytest keeps file order): they tried cases."""
+    """Runs after the corruption tests of this module (pytest keeps file order): the verified test tried all its
+    cases (the unverified ones are counted apart: summed together, 15 verified cases of 40 passed). Skipped,
+    visibly, when run without them (alone, or a -k that left them out)."""
     print(f"corrupted inputs tried: {dict(sorted(TRIED.items()))}")
-    if TRIED:
-        assert sum(TRIED.values()) >= CORRUPTION_EXAMPLES["fast"]
+    verified = sum(n for key, n in TRIED.items() if "unverified" not in key)
+    if not verified:
+        pytest.skip("the verified corruption test did not run in this process before this one")
+    assert verified >= CORRUPTION_EXAMPLES["fast"], TRIED
 
 
 # ------------------------------------------------------------------------------------ the four reported inputs
-def test_the_reported_inputs_are_one_message_each(saved_run, tmp_path):
+def test_the_reported_inputs_are_one_message_each(tmp_path):
     # a truncated checkpoint.pt given to attack (in a folder from before the checksums)
     run = tmp_path / "run"
     shutil.copytree(FIXTURES / "run", run)

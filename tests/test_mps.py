@@ -62,11 +62,30 @@ def test_a_pipe_left_by_a_daemon_that_quit_is_not_a_running_daemon(monkeypatch, 
         assert s.started and s.state == "started"
 
 
-def test_the_daemons_are_read_from_proc():
-    """This test's own process is not a daemon; the reader answers a list wherever /proc exists."""
+def test_the_daemons_are_read_from_proc(tmp_path):
+    """A process whose program is named nvidia-cuda-mps-control is found in /proc, and this test's own is not:
+    a reader that found nothing (or read nothing) passed the test before."""
     import os
-    pids = mps.daemons()
-    assert pids is None or (isinstance(pids, list) and os.getpid() not in pids)
+    import shutil
+    import subprocess
+    if not os.path.isdir("/proc"):
+        assert mps.daemons() is None
+        return
+    fake = tmp_path / mps.CONTROL
+    shutil.copy(shutil.which("sleep"), fake)
+    proc = subprocess.Popen([str(fake), "30"])
+    try:
+        import time
+        for _ in range(500):        # until the child's exec shows in /proc (its cmdline is empty a moment)
+            pids = mps.daemons()
+            if proc.pid in pids:
+                break
+            time.sleep(0.01)
+        assert isinstance(pids, list) and proc.pid in pids and os.getpid() not in pids
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.pid not in mps.daemons()
 
 
 def test_the_daemon_starts_seeing_every_card_whatever_the_driver_sees(monkeypatch, tmp_path):

@@ -87,13 +87,8 @@ def reference_attention_centroid(sur, z, y, noise) -> torch.Tensor:
             k = int(d.argmin())
             clusters.setdefault(k, []).append((j, d[k]))
         loss_c = 0.0
-        for cell in clusters.values():
-            if sur.cfg.estimator_fit == "adversarial":             # spread around the cell's own mean embedding
-                fs = torch.stack([embeds[j] for j, _ in cell])
-                dists = list(((fs - fs.mean(0)) ** 2).sum(-1) / h)
-            else:                                                 # design note 000: distance to the slot centroid
-                dists = [d for _, d in cell]
-            var = torch.stack(dists).mean()
+        for cell in clusters.values():   # joint (design note 000): the distance to the slot centroid
+            var = torch.stack([d for _, d in cell]).mean()
             loss_c = loss_c + len(dists) / len(members) * torch.log(var + rho2)
         losses.append(loss_c)
     return torch.stack(losses).mean()
