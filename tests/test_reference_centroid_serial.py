@@ -89,7 +89,7 @@ def reference_attention_centroid(sur, z, y, noise) -> torch.Tensor:
         loss_c = 0.0
         for cell in clusters.values():   # joint (design note 000): the distance to the slot centroid
             var = torch.stack([d for _, d in cell]).mean()
-            loss_c = loss_c + len(dists) / len(members) * torch.log(var + rho2)
+            loss_c = loss_c + len(cell) / len(members) * torch.log(var + rho2)
         losses.append(loss_c)
     return torch.stack(losses).mean()
 
