@@ -20,6 +20,12 @@
 # time (2026-12-06). It exits 3 when check_summary.md is missing (the check got no time or failed): the pack's
 # files still come back.
 set -u
+usage="usage: OUT=/some/folder bash scripts/gpu_grid_cost.sh [TOTAL_SECONDS]   (a whole number of seconds, default 570)"
+case "${1:-570}" in
+    -h|--help) echo "$usage"; exit 0 ;;
+    ''|*[!0-9]*|0*) echo "gpu_grid_cost: TOTAL_SECONDS must be a positive whole number, not '${1}'; $usage" >&2
+                    exit 2 ;;   # checked before anything under \$OUT is removed
+esac
 total=${1:-570}
 out=${OUT:-/tmp/cem_gpu_grid_cost}
 # the checkout: cem_bench is in no site-packages on a lent machine (both scripts also put it on sys.path)

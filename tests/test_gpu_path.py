@@ -243,6 +243,21 @@ def test_an_unknown_equivalence_configuration_is_refused_before_any_stage(monkey
     assert asked and set(asked) <= known, set(asked) - known
 
 
+@pytest.mark.parametrize("arg", ["-h", "5m", "0", "300x"])
+def test_the_prepared_device_run_checks_its_argument_before_removing_anything(tmp_path, arg):
+    """`gpu_grid_cost.sh -h` (or 5m) removed the files of an earlier run under $OUT, then failed on its
+    arithmetic: on a lent machine, the rows a cut-off call had brought back."""
+    import os
+    import subprocess
+    (tmp_path / "pack").mkdir()
+    (tmp_path / "pack" / "pack.jsonl").write_text("{}\n")
+    (tmp_path / "check_summary.md").write_text("kept\n")
+    p = subprocess.run(["bash", "scripts/gpu_grid_cost.sh", arg], env={**os.environ, "OUT": str(tmp_path)},
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == (0 if arg == "-h" else 2) and "usage: OUT=" in p.stdout + p.stderr
+    assert (tmp_path / "pack" / "pack.jsonl").read_text() == "{}\n" and (tmp_path / "check_summary.md").exists()
+
+
 @pytest.mark.slow
 def test_the_prepared_device_run_dry_runs_on_the_cpu(tmp_path):
     """scripts/gpu_grid_cost.sh on the CPU: the trials phase and the equivalence stage run, and what a device call
