@@ -581,8 +581,10 @@ def options(run: Run) -> None:
 def bench(run: Run) -> None:
     groups = list(run.bench_groups or (["data", "step", "flops", "kernels", "refit", "attack", "epoch"] if run.cuda
                                        else ["step", "kernels"]))
-    run.cli(["bench", "--device", run.device, "--quick", "--json", run.path("bench.json"), "--only", *groups],
-            timeout=min(run.left() - 10, 380), log="bench.txt")
+    rc = run.cli(["bench", "--device", run.device, "--quick", "--json", run.path("bench.json"), "--only", *groups],
+                 timeout=min(run.left() - 10, 380), log="bench.txt")
+    if rc != 0:   # bench.error.txt, which the summary shows (the Targets table alone stayed empty, without a word)
+        raise RuntimeError(f"cem-bench bench exited {rc}; its output is in bench.txt")
 
 
 def trial(run: Run) -> None:
@@ -785,6 +787,14 @@ def summary(run: Run) -> None:
     lines += _table("Profile (one eager step)", run.load("profile.json"), ["CUDA kernels", "busy µs", "ops counted"],
                     lambda r: [r["kernels_per_step"], f"{r['kernel_busy_us_per_step']:.0f}",
                                r["ops_counted_per_step"]])
+    # the stages that failed or were skipped, by name: an empty table above reads otherwise as nothing to report
+    notes = sorted(f for f in os.listdir(run.out) if f.endswith((".error.txt", ".skipped.txt")))
+    if notes:
+        lines += ["", "## Stages that failed or were skipped", ""]
+        for f in notes:
+            with open(os.path.join(run.out, f)) as fh:
+                text = fh.read().strip().splitlines()
+            lines.append(f"- {f}: {text[-1] if text else ''}")
     run.write("summary.md", "\n".join(lines) + "\n")
 
 
@@ -821,6 +831,11 @@ def main(argv: list[str] | None = None) -> None:
     wrong = [c for c in (a.equivalence_configs or []) if c not in known]
     if wrong:          # a misspelt one would be dropped without a word, and its check never run
         ap.error(f"unknown --equivalence-configs {wrong}: choose from {sorted(known)}")
+    if a.bench_groups:   # checked here, before the stages spend the budget (the bench found it at its turn)
+        from cem_bench.bench.harness import group_names
+        bad = [g for g in a.bench_groups if g not in group_names()]
+        if bad:
+            ap.error(f"unknown --bench-groups {bad}: choose from {list(group_names())}")
     by_name = {v.name: v for v in PAPER_VARIANTS}
     unknown = [v for v in (a.paper_variants or []) if v not in by_name]
     if unknown:

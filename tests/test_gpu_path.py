@@ -183,6 +183,26 @@ def options_without_trainers(monkeypatch):
     return load_gpu_check(monkeypatch), asked
 
 
+def test_a_failed_bench_and_a_misspelt_group_are_said_not_left_empty(monkeypatch, tmp_path, capsys):
+    """`--bench-groups stpe` ran every stage before it and exited 0 with an empty Targets table; a bench that
+    exited non-zero left no error file. Now the group is refused at once, and a failed bench is named in the
+    summary."""
+    import time
+
+    gpu_check = load_gpu_check(monkeypatch)
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--stages", "env", "summary", "--bench-groups", "stpe"])
+    assert "unknown --bench-groups ['stpe']" in capsys.readouterr().err
+    run = gpu_check.Run(out=str(tmp_path), budget_s=600, t0=time.perf_counter(), device="cpu",
+                        bench_groups=("step",))
+    monkeypatch.setattr(gpu_check.Run, "cli", lambda self, args, timeout, log: 2)
+    gpu_check.run_stage(run, "bench", gpu_check.bench)
+    gpu_check.run_stage(run, "summary", gpu_check.summary)
+    text = (tmp_path / "summary.md").read_text()
+    assert "## Stages that failed or were skipped" in text and "bench.error.txt: RuntimeError: cem-bench bench " \
+        "exited 2; its output is in bench.txt" in text, text
+
+
 def test_the_tf32_option_rows_ask_the_trainer_for_tf32(monkeypatch, tmp_path):
     """The options stage's "tf32 matmuls" settings put train.tf32: on in the trainers' config: the trainer sets
     the process's TF32 flags from that key on CUDA, so the global flag the stage used to set was put back to
