@@ -4,7 +4,8 @@ A search's privacy number is the worst case over the attacks each trial ran. Whe
 stronger attack is a question of the same trained encoders: this script runs `cem-bench attack TRIAL_DIR --set
 ...` on every ok trial of an experiment folder (JOBS at a time, each at the trial's own torch threads unless
 --threads says; a trial that
-already has an attack folder of exactly these settings is skipped, so the script can be stopped and run again),
+already has an attack folder of exactly these settings, every attack.* key as `cem-bench attack` resolves it, is
+skipped, so the script can be stopped and run again),
 then joins each new attack.json to the trial's row of trials.parquet as ``re_<column>`` and takes the worst case
 over the trial's attacks and the new ones (``worst_attack_ssim``: the highest SSIM).
 
@@ -17,9 +18,10 @@ over the trial's attacks and the new ones (``worst_attack_ssim``: the highest SS
 ``--summarise`` prints, per value of ``--by``, the runs' mean ± std of the accuracy, of each attack's SSIM (the
 trial's and the new) and of the worst case, with which attack set it; then each test: ``--paired NAME METRIC
 CLAIM A B`` is the paired t over the seeds both configurations ran (A and B: KEY=VALUE of trials.parquet's
-columns), ``--within NAME COLUMN CLAIM OTHER SIDE`` the paired t of two columns over the runs of one
-configuration; CLAIM is lower or higher, one-sided; the family of every test given is adjusted together (Holm,
-the project's own). ``--where KEY=VALUE`` keeps the trials of that configuration only (repeatable: any of
+columns; each side one configuration), ``--within NAME COLUMN CLAIM OTHER SIDE`` the paired t of two columns
+over the runs of one configuration; CLAIM is lower or higher, one-sided; each is the report's test of a
+hypothesis (``hypotheses.one_test``: at least 3 pairs, none without spread) and the family of every test given
+is adjusted together as the report adjusts it (Holm; an untested member counts). ``--where KEY=VALUE`` keeps the trials of that configuration only (repeatable: any of
 them), for the re-attack and the summary alike. ``--out FILE.parquet`` writes the joined rows (nothing is
 written into the experiment folder but the trials' own attack-<time>/ folders, which `cem-bench attack`
 writes).
@@ -36,30 +38,38 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cem_bench.analysis.noise import holm  # noqa: E402
+from cem_bench.analysis.hypotheses import MIN_RUNS, adjust, one_test  # noqa: E402
+from cem_bench.config import ConfigError, parse_set  # noqa: E402
 from cem_bench.parsing import load_yaml  # noqa: E402
 
 
-def overrides(sets: list[str]) -> dict:
-    """The --set values as cem-bench parses them (a YAML scalar or list each)."""
-    out = {}
-    for s in sets:
-        key, _, value = s.partition("=")
-        out[key] = load_yaml(value)
-    return out
+def wanted(trial: Path, sets: list[str]) -> dict:
+    """The attack.* keys a re-attack of ``trial`` with ``--set sets`` runs with, as `cem-bench attack` resolves
+    and records them (its config, the overrides coerced by the config's own rules: ``1e-3`` a float,
+    ``attack.names=decoder`` a list), JSON-normalised as attack.json holds them."""
+    from cem_bench.core.trial import build_config
+    flat = build_config({**trial_config(trial), **parse_set(sets)}).to_flat()
+    return json.loads(json.dumps({k: v for k, v in flat.items() if k.startswith("attack.")}))
+
+
+def trial_config(trial: Path) -> dict:
+    """The trial's own resolved config, read as `cem-bench attack` reads it (weights only, nothing run)."""
+    from cem_bench.core import checkpoint
+    return checkpoint.load_attackable(str(trial))[0]
 
 
 def matches(attack_json: Path, want: dict) -> bool:
+    """An earlier re-attack of exactly these settings: every attack.* key equal (one given by --set alone
+    matched an attack that differed in the others, and --summarise reported that other attack as this one)."""
     try:
         config = json.loads(attack_json.read_text())["config"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return False
-    return all(config.get(k) == v for k, v in want.items())
+    return {k: v for k, v in config.items() if k.startswith("attack.")} == want
 
 
 def done_attack(trial: Path, want: dict) -> Path | None:
@@ -68,12 +78,13 @@ def done_attack(trial: Path, want: dict) -> Path | None:
     return found[-1] if found else None
 
 
-def run(exp: Path, trials: pd.DataFrame, sets: list[str], jobs: int, threads: int | None) -> None:
-    want = overrides(sets)
-    todo = [exp / d for d in trials["trial_dir"] if done_attack(exp / d, want) is None]
+def run(exp: Path, trials: pd.DataFrame, sets: list[str], jobs: int, threads: int | None) -> int:
+    """Re-attack the trials not yet re-attacked with these settings; the number that failed."""
+    todo = [exp / d for d in trials["trial_dir"] if done_attack(exp / d, wanted(exp / d, sets)) is None]
     each = f"{threads} torch thread(s)" if threads else "the trial's own torch threads"
     print(f"{len(trials)} ok trials, {len(trials) - len(todo)} already re-attacked with these settings, "
           f"{len(todo)} to go ({jobs} at a time, {each} each)", flush=True)
+    failed = []
 
     def one(trial: Path) -> None:
         # cem-bench attack sets the trial's own torch threads (what it recorded) unless --threads is given
@@ -83,21 +94,25 @@ def run(exp: Path, trials: pd.DataFrame, sets: list[str], jobs: int, threads: in
             cmd += ["--set", s]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if r.returncode != 0:
+            failed.append(trial.name)
             print(f"FAILED {trial.name}: {r.stderr.strip()[-600:]}", flush=True)
         else:
             print(f"done {trial.name[:40]}", flush=True)
 
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(one, todo))
+    if failed:
+        print(f"{len(failed)} of {len(todo)} re-attacks failed", flush=True)
+    return len(failed)
 
 
 def joined(exp: Path, trials: pd.DataFrame, sets: list[str]) -> pd.DataFrame:
-    want = overrides(sets)
     rows = []
     for _, row in trials.iterrows():
+        want = wanted(exp / row["trial_dir"], sets)
         found = done_attack(exp / row["trial_dir"], want)
         if found is None:
-            raise SystemExit(f"{row['trial_dir']} has no attack folder with {want}: run without --summarise first")
+            raise SystemExit(f"{row['trial_dir']} has no attack folder with {sets}: run without --summarise first")
         new = json.loads(found.read_text())
         rows.append({**row.to_dict(), **{f"re_{k}": v for k, v in new.items() if k not in ("config", "history")}})
     df = pd.DataFrame(rows)
@@ -116,30 +131,39 @@ def side(df: pd.DataFrame, text: str) -> pd.DataFrame:
     return df[mask]
 
 
+def one_configuration(rows: pd.DataFrame, text: str) -> pd.DataFrame:
+    """A side's rows, which must be one configuration's runs: two (gmm and attention_centroid both at
+    ``config.cem.lambd=16``) would be pooled, and a paired test reuse the other side's runs for each."""
+    if "config_id" in rows and rows["config_id"].nunique() > 1:
+        raise SystemExit(f"{text} matches {rows['config_id'].nunique()} configurations: name the keys that tell "
+                         f"them apart (KEY=VALUE,KEY=VALUE)")
+    return rows
+
+
 def tests(df: pd.DataFrame, paired: list[str], within: list[str]) -> pd.DataFrame:
+    """Each test as the report tests a hypothesis (``hypotheses.one_test``: paired t over the seeds both sides
+    ran, one-sided, no test below ``MIN_RUNS`` pairs or without spread), the family adjusted as the report
+    adjusts it (Holm; an untested member counts, with p = 1)."""
     out = []
     for spec in paired:
         name, metric, claim, a, b = spec.split()
-        ra = side(df, a).set_index("config.seed")[metric]
-        rb = side(df, b).set_index("config.seed")[metric]
-        seeds = ra.index.intersection(rb.index)
-        d = (ra[seeds] - rb[seeds]).to_numpy()
-        out.append({"name": name, "test": f"{metric}: {a} {claim} than {b}", "n": len(d), "claim": claim, "d": d})
+        h = {"metric": metric, "paired": True, "a_is": claim, "margin": 0.0}
+        res = one_test(h, one_configuration(side(df, a), a), one_configuration(side(df, b), b))
+        out.append({"name": name, "test": f"{metric}: {a} {claim} than {b}", **res})
     for spec in within:
         name, column, claim, other, where = spec.split()
-        rows = side(df, where)
-        d = (rows[column] - rows[other]).to_numpy()
-        out.append({"name": name, "test": f"{column} {claim} than {other} at {where}", "n": len(d), "claim": claim,
-                    "d": d})
-    for t in out:
-        d = t.pop("d")
-        t["mean"], t["std"] = d.mean(), d.std(ddof=1)
-        half = stats.t.ppf(0.975, len(d) - 1) * t["std"] / np.sqrt(len(d))
-        t["ci_low"], t["ci_high"] = t["mean"] - half, t["mean"] + half
-        t["p"] = stats.ttest_1samp(d, 0.0, alternative="less" if t["claim"] == "lower" else "greater").pvalue
+        rows = one_configuration(side(df, where), where)
+        h = {"metric": "_v", "paired": True, "a_is": claim, "margin": 0.0}
+        res = one_test(h, rows.assign(_v=rows[column]), rows.assign(_v=rows[other]))
+        out.append({"name": name, "test": f"{column} {claim} than {other} at {where}", **res})
     table = pd.DataFrame(out)
     if len(table):
-        table["p_holm"] = holm(table["p"].to_numpy())
+        table["p_holm"] = adjust(table["p"].to_numpy(float), "holm")
+        table["verdict"] = [
+            f"not tested: {min(t['n_a'], t['n_b'])} seeds both sides ran (needs {MIN_RUNS})"
+            if min(t["n_a"], t["n_b"]) < MIN_RUNS else "not tested: the runs do not vary"
+            if not np.isfinite(t["p"]) else "holds" if t["p_holm"] <= 0.05 else "not shown"
+            for _, t in table.iterrows()]
     return table
 
 
@@ -168,23 +192,42 @@ def main(argv: list[str] | None = None) -> int:
                    help="KEY=VALUE[,KEY=VALUE]: only the trials of this configuration (repeatable: any of them)")
     p.add_argument("--out", type=Path, help="with --summarise: write the joined rows to this Parquet file")
     args = p.parse_args(argv)
-    trials = pd.read_parquet(args.experiment / "trials.parquet")
+    from cem_bench.errors import ResultsError
+    from cem_bench.integrity import read_table
+    try:
+        parse_set(args.set)
+        trials = read_table(str(args.experiment), "trials.parquet", "trials")   # verified against its checksums
+    except (ConfigError, ResultsError) as e:
+        print(f"reattack: {e}", file=sys.stderr)
+        return 2
+    if trials is None:
+        print(f"reattack: {args.experiment} holds no trials.parquet: give the experiment folder of a finished "
+              f"`cem-bench search` (or run `cem-bench report` on it first)", file=sys.stderr)
+        return 2
     trials = trials[trials["status"] == "ok"]
     if args.where:   # only the trials of these configurations (any of them)
         trials = pd.concat([side(trials, w) for w in args.where]).drop_duplicates("trial_dir")
     trials = trials.reset_index(drop=True)
+    missing = [d for d in trials["trial_dir"] if not (args.experiment / d).is_dir()]
+    if missing:   # before any attack starts: each would fail on its own after the others' work
+        print(f"reattack: {len(missing)} trial folder(s) of trials.parquet are not in {args.experiment} (e.g. "
+              f"{missing[0]}): the tables were copied without the trial folders", file=sys.stderr)
+        return 2
     if not args.summarise:
-        run(args.experiment, trials, args.set, args.jobs, args.threads)
-        return 0
+        try:
+            return 1 if run(args.experiment, trials, args.set, args.jobs, args.threads) else 0
+        except (ConfigError, ResultsError) as e:
+            print(f"reattack: {e}", file=sys.stderr)
+            return 2
     df = joined(args.experiment, trials, args.set)
     if args.out:
         df.to_parquet(args.out)
     summarise(df, args.by)
     table = tests(df, args.paired, args.within)
     for _, t in table.iterrows():
-        print(f"{t['name']}: {t['test']}: {t['mean']:+.3f} ± {t['std']:.3f} ({t['ci_low']:+.3f} to {t['ci_high']:+.3f}), "
-              f"n {t['n']}, p {t['p']:.2g}, Holm over {len(table)} {t['p_holm']:.2g}: "
-              f"{'holds' if t['p_holm'] <= 0.05 else 'not shown'}")
+        print(f"{t['name']}: {t['test']}: {t['diff']:+.3f} ({t['ci_low']:+.3f} to {t['ci_high']:+.3f}), "
+              f"n {min(t['n_a'], t['n_b'])}, p {t['p']:.2g}, Holm over {len(table)} {t['p_holm']:.2g}: "
+              f"{t['verdict']}")
     return 0
 
 

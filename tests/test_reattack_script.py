@@ -24,6 +24,19 @@ def reattack():
     return module
 
 
+def attack_config(seed: int, **keys) -> dict:
+    """What `cem-bench attack` records in attack.json: the trial's config with the --set keys, resolved."""
+    from cem_bench.core.trial import build_config
+    return build_config({"seed": seed, **keys}).to_flat()
+
+
+@pytest.fixture(autouse=True)
+def trial_configs(reattack, monkeypatch):
+    """Each fake trial's own config (the seed in its folder's name; every other key a default), where the script
+    reads a real trial's from its checkpoint."""
+    monkeypatch.setattr(reattack, "trial_config", lambda trial: {"seed": int(str(trial).rsplit("_", 1)[1])})
+
+
 def experiment(tmp_path):
     """6 ok trials (λ 0 and 64, seeds 1-3) and one error row; each ok trial re-attacked once at 16 decoder epochs
     and once at 2, the 16-epoch decoder stronger than rmle at λ 64 only."""
@@ -34,6 +47,7 @@ def experiment(tmp_path):
             d = f"cem_trial_{int(lam)}_{seed}"
             dec, rml = 0.40 - lam / 2000 + rng.normal(0, 0.005), 0.42 - lam / 4000 + rng.normal(0, 0.005)
             rows.append({"trial_dir": d, "status": "ok", "config.cem.lambd": lam, "config.seed": seed,
+                         "config_id": f"c{int(lam)}",
                          "test_acc": 0.8 + rng.normal(0, 0.01), "attack_ssim__decoder": dec,
                          "attack_ssim__rmle": rml, "attack_ssim": max(dec, rml)})
             for i, epochs in enumerate((16, 2)):
@@ -42,7 +56,7 @@ def experiment(tmp_path):
                 strong = dec + (0.04 if epochs == 16 else -0.1)
                 out.joinpath("attack.json").write_text(json.dumps(
                     {"attack_ssim__decoder": strong, "attack_ssim": strong,
-                     "config": {"attack.names": ["decoder"], "attack.epochs": epochs, "seed": seed}}))
+                     "config": attack_config(seed, **{"attack.names": ["decoder"], "attack.epochs": epochs})}))
     rows.append({"trial_dir": "cem_trial_err", "status": "error", "config.cem.lambd": 0.0, "config.seed": 9})
     pd.DataFrame(rows).to_parquet(tmp_path / "trials.parquet")
     return pd.DataFrame(rows[:-1])
@@ -89,3 +103,73 @@ def test_trials_re_attacked_with_these_settings_are_skipped(reattack, tmp_path, 
 
 def cmd_sets(cmd):
     return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+
+
+def test_an_attack_of_other_settings_is_not_this_one_and_set_values_are_read_as_the_cli_reads_them(
+        reattack, tmp_path, capsys, monkeypatch):
+    """An earlier attack matched when the --set keys alone agreed (one with 64 channels passed for this 32-channel
+    re-attack, and --summarise reported it), and `attack.lr=1e-3` (a YAML string) never matched the float that
+    attack.json holds, so every run re-attacked every trial again."""
+    experiment(tmp_path)
+    for d in tmp_path.glob("cem_trial_*_*"):
+        for f in d.glob("attack-*/attack.json"):
+            doc = json.loads(f.read_text())
+            if doc["config"]["attack.epochs"] == 16:
+                doc["config"] = attack_config(int(d.name.rsplit("_", 1)[1]), **{
+                    "attack.names": ["decoder"], "attack.epochs": 16, "attack.channels": 64})
+                f.write_text(json.dumps(doc))
+    ran = []
+    monkeypatch.setattr(reattack.subprocess, "run",
+                        lambda cmd, **kw: ran.append(cmd) or type("R", (), {"returncode": 0, "stderr": ""})())
+    sets = ["--set", "attack.names=[decoder]", "--set", "attack.epochs=16"]
+    assert reattack.main([str(tmp_path), *sets]) == 0
+    assert len(ran) == 6 and "0 already re-attacked" in capsys.readouterr().out
+    assert reattack.main([str(tmp_path), *sets, "--set", "attack.channels=64"]) == 0
+    assert "6 already re-attacked" in capsys.readouterr().out
+    ran.clear()
+    for d in tmp_path.glob("cem_trial_*_*"):
+        out = d / "attack-20261202-000000"
+        out.mkdir()
+        out.joinpath("attack.json").write_text(json.dumps({"attack_ssim__decoder": 0.5, "attack_ssim": 0.5, "config":
+            attack_config(int(d.name.rsplit("_", 1)[1]), **{"attack.names": ["decoder"], "attack.lr": 0.001})}))
+    assert reattack.main([str(tmp_path), "--set", "attack.names=decoder", "--set", "attack.lr=1e-3"]) == 0
+    assert ran == [] and "6 already re-attacked" in capsys.readouterr().out
+
+
+def test_failed_attacks_exit_1_and_missing_trial_folders_stop_it_before_any(reattack, tmp_path, capsys, monkeypatch):
+    experiment(tmp_path)
+    ran = []
+    monkeypatch.setattr(reattack.subprocess, "run",
+                        lambda cmd, **kw: ran.append(cmd) or type("R", (), {"returncode": 2, "stderr": "boom"})())
+    assert reattack.main([str(tmp_path), "--set", "attack.epochs=3"]) == 1
+    assert "6 of 6 re-attacks failed" in capsys.readouterr().out
+    ran.clear()
+    import shutil
+    shutil.rmtree(tmp_path / "cem_trial_0_2")
+    assert reattack.main([str(tmp_path), "--set", "attack.epochs=3"]) == 2
+    assert ran == [] and "1 trial folder(s) of trials.parquet are not in" in capsys.readouterr().err
+    assert reattack.main([str(tmp_path / "nope"), "--set", "attack.epochs=3"]) == 2
+    assert "holds no trials.parquet" in capsys.readouterr().err
+
+
+def test_the_tests_are_the_reports_a_side_of_two_configurations_is_refused(reattack):
+    """Its own t-tests pooled two configurations matching a side (each λ = 0 run reused twice), tested 2 pairs,
+    and called a constant difference p 0 "holds"; they are now hypotheses.one_test's, adjusted as the report's."""
+    rows = []
+    for surr in ("gmm", "attention_centroid"):
+        for seed in (0, 1, 2, 3):
+            rows.append({"config.cem.lambd": 16.0, "config.cem.surrogate": surr, "config.seed": seed,
+                         "config_id": surr, "m": 0.5 - 0.01 * seed, "n": 0.4})
+    for seed in (0, 1, 2, 3):
+        rows.append({"config.cem.lambd": 0.0, "config.cem.surrogate": "none", "config.seed": seed,
+                     "config_id": "zero", "m": 0.6 + 0.01 * seed, "n": 0.4})
+    df = pd.DataFrame(rows)
+    with pytest.raises(SystemExit, match="matches 2 configurations"):
+        reattack.tests(df, ["R1 m lower config.cem.lambd=16 config.cem.lambd=0"], [])
+    t = reattack.tests(df, ["R1 m lower config.cem.lambd=16,config.cem.surrogate=gmm config.cem.lambd=0"],
+                       ["R2 n higher n config.cem.lambd=0"])
+    assert t.loc[0, "verdict"] == "holds" and t.loc[1, "verdict"] == "not tested: the runs do not vary"
+    assert t.loc[1, "p_holm"] == 1.0       # an untested member counts in the family, as the report counts it
+    few = reattack.tests(df[df["config.seed"] < 2], ["R1 m lower config.cem.lambd=16,config.cem.surrogate=gmm "
+                                                     "config.cem.lambd=0"], [])
+    assert few.loc[0, "verdict"] == "not tested: 2 seeds both sides ran (needs 3)"
