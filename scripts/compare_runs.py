@@ -77,7 +77,9 @@ def compare_trials(a: pd.DataFrame, b: pd.DataFrame, metrics=METRICS) -> tuple[p
         y = ok_b.loc[both, m].to_numpy(dtype=float)
         same = (x == y) | (np.isnan(x) & np.isnan(y))
         diff = np.abs(x - y)
-        rows.append({"metric": m, "pairs": len(both), "identical": int(same.sum()),
+        # a value on one side and none on the other: no difference can be taken, and it is not 0 (it printed so)
+        one_side = int((np.isnan(x) != np.isnan(y)).sum())
+        rows.append({"metric": m, "pairs": len(both), "identical": int(same.sum()), "one_side": one_side,
                      "max_abs_diff": float(np.nanmax(diff)) if np.isfinite(diff).any() else 0.0,
                      "mean_diff": float(np.nanmean(y - x)) if np.isfinite(diff).any() else 0.0})
     return pd.DataFrame(rows), len(ok_a.index.difference(ok_b.index)), len(ok_b.index.difference(ok_a.index))
@@ -96,10 +98,11 @@ def _one_sided_config(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
 def compare_hypotheses(res_a, res_b) -> pd.DataFrame:
     """The space's hypotheses tested on each run: name, verdict, difference and adjusted p of each side."""
     from cem_bench.analysis.hypotheses import evaluate
-    if not res_a.hypotheses or not res_b.hypotheses:
+    if not res_a.hypotheses and not res_b.hypotheses:
         return pd.DataFrame()
-    ta = evaluate(res_a.trials, res_a.hypotheses).set_index("name")
-    tb = evaluate(res_b.trials, res_b.hypotheses).set_index("name")
+    # a run whose space states none is tested on the other's (and the difference of the spaces is said by main)
+    ta = evaluate(res_a.trials, res_a.hypotheses or res_b.hypotheses).set_index("name")
+    tb = evaluate(res_b.trials, res_b.hypotheses or res_a.hypotheses).set_index("name")
     rows = []
     for name in ta.index.union(tb.index, sort=False):
         row = {"name": name}
@@ -138,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     differs = False
     for line in _one_sided_config(a, b):
         print(f"config key {line}")
-    one_sided = [f"{m} ({'a' if m in a else 'b'} only)" for m in metrics if (m in a) != (m in b)]
+    def has(t, m):   # a metric a run has: a column with a value (the loader adds a missing one as all NaN)
+        return m in t and pd.to_numeric(t[m], errors="coerce").notna().any()
+    one_sided = [f"{m} ({'a' if has(a, m) else 'b'} only)" for m in metrics if has(a, m) != has(b, m)]
     if one_sided:
         print(f"metrics only one run has: {', '.join(one_sided)}")
         differs = True
@@ -148,10 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trials that ended ok in one run only (paired by configuration and seed): {only_a} in a, {only_b} in b"
               + ("; no pair at all: are these runs of one search space?" if not pairs else ""))
         differs = True
-    print("\n| metric | pairs | identical | largest abs difference | mean b - a |\n|---|---|---|---|---|")
+    print("\n| metric | pairs | identical | a value on one side only | largest abs difference | mean b - a |\n"
+          "|---|---|---|---|---|---|")
     for r in table.itertuples():
-        print(f"| {r.metric} | {r.pairs} | {r.identical} | {r.max_abs_diff:.3g} | {r.mean_diff:+.3g} |")
+        print(f"| {r.metric} | {r.pairs} | {r.identical} | {r.one_side} | {r.max_abs_diff:.3g} | {r.mean_diff:+.3g} |")
         differs |= r.identical < r.pairs
+    if bool(res_a.hypotheses) != bool(res_b.hypotheses) or (res_a.hypotheses and res_a.hypotheses != res_b.hypotheses):
+        print(f"\nthe spaces state different hypotheses ({'a' if res_a.hypotheses else 'b'}'s "
+              f"{'only' if not (res_a.hypotheses and res_b.hypotheses) else 'and b' + chr(39) + 's differ'}): each "
+              f"run is tested on its own, or on the other's where it states none")
+        differs = True
     hyp = compare_hypotheses(res_a, res_b)
     if len(hyp):
         print("\n| hypothesis | a: verdict, a - b of its cells, adjusted p | b: the same |\n|---|---|---|")

@@ -45,7 +45,7 @@ def test_an_identical_rerun_passes_and_a_changed_trial_or_verdict_is_named(tmp_p
     shutil.rmtree(tmp_path / "rerun")
     assert cmp.main([str(RUN), str(_rerun(tmp_path, one_trial))]) == 1
     out = capsys.readouterr().out
-    assert "| attack_ssim | 16 | 15 | 0.001 | +6.25e-05 |" in out and "| test_acc | 16 | 16 | 0 |" in out
+    assert "| attack_ssim | 16 | 15 | 0 | 0.001 | +6.25e-05 |" in out and "| test_acc | 16 | 16 | 0 |" in out
     assert "the runs differ" in out
 
     def verdict(t):   # attention_centroid's SSIM 0.02 higher everywhere: G1 (it is lower than gmm's) not shown
@@ -88,6 +88,36 @@ def test_pairs_survive_a_new_key_a_repeated_trial_and_name_what_one_run_lacks(tm
     assert "metrics only one run has: attack_ssim__rmle (a only)" in capsys.readouterr().out
     assert cmp.main([str(RUN), str(RUN), "--metrics", "attack_sim"]) == 2   # a typo is not "identical"
     assert "neither run has the metric(s) attack_sim" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not RUN.is_dir(), reason="findings/decoder_tradeoff_digits not shipped")
+def test_a_value_on_one_side_only_and_hypotheses_of_one_space_are_differences(tmp_path, capsys):
+    """A metric one run lacks came back from the loader as an all-NaN column and printed "largest difference 0";
+    one NaN against a value likewise; hypotheses only one space states were dropped, and the runs "identical"."""
+    import json
+    import numpy as np
+    cmp = _script()
+
+    def no_psnr(t):
+        t["attack_psnr"] = np.nan
+    assert cmp.main([str(RUN), str(_rerun(tmp_path, no_psnr)), "--metrics", "attack_psnr"]) == 1
+    out = capsys.readouterr().out
+    assert "metrics only one run has: attack_psnr (a only)" in out and "| attack_psnr | 16 | 0 | 16 |" in out, out
+
+    def one_nan(t):
+        t.loc[t.index[2], "attack_psnr"] = np.nan
+    shutil.rmtree(tmp_path / "rerun")
+    assert cmp.main([str(RUN), str(_rerun(tmp_path, one_nan)), "--metrics", "attack_psnr"]) == 1
+    assert "| attack_psnr | 16 | 15 | 1 |" in capsys.readouterr().out
+    shutil.rmtree(tmp_path / "rerun")
+    b = _rerun(tmp_path)
+    space = json.loads((b / "search_space.json").read_text())
+    space.pop("hypotheses")
+    integrity.write_recorded_json(str(b), "search_space.json", space)
+    assert cmp.main([str(RUN), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "the spaces state different hypotheses (a's only)" in out
+    assert "| G1 | holds, -0.007149, 0.012 | holds, -0.007149, 0.012 |" in out   # b tested on a's
 
 
 def test_a_folder_that_is_not_a_run_is_exit_2_and_nothing_is_written(tmp_path, capsys):
