@@ -95,6 +95,7 @@ def test_a_value_on_one_side_only_and_hypotheses_of_one_space_are_differences(tm
     """A metric one run lacks came back from the loader as an all-NaN column and printed "largest difference 0";
     one NaN against a value likewise; hypotheses only one space states were dropped, and the runs "identical"."""
     import json
+
     import numpy as np
     cmp = _script()
 
