@@ -21,8 +21,8 @@ CLAIM A B`` is the paired t over the seeds both configurations ran (A and B: KEY
 columns; each side one configuration), ``--within NAME COLUMN CLAIM OTHER SIDE`` the paired t of two columns
 over the runs of one configuration; CLAIM is lower or higher, one-sided; each is the report's test of a
 hypothesis (``hypotheses.one_test``: at least 3 pairs, none without spread) and the family of every test given
-is adjusted together as the report adjusts it (Holm; an untested member counts). ``--where KEY=VALUE`` keeps the trials of that configuration only (repeatable: any of
-them), for the re-attack and the summary alike. ``--out FILE.parquet`` writes the joined rows (nothing is
+is adjusted together as the report adjusts it (Holm; an untested member counts). ``--where KEY=VALUE`` keeps
+the trials of that configuration only (repeatable: any of them), for the re-attack and the summary alike. ``--out FILE.parquet`` writes the joined rows (nothing is
 written into the experiment folder but the trials' own attack-<time>/ folders, which `cem-bench attack`
 writes).
 """
