@@ -22,9 +22,9 @@ columns; each side one configuration), ``--within NAME COLUMN CLAIM OTHER SIDE``
 over the runs of one configuration; CLAIM is lower or higher, one-sided; each is the report's test of a
 hypothesis (``hypotheses.one_test``: at least 3 pairs, none without spread) and the family of every test given
 is adjusted together as the report adjusts it (Holm; an untested member counts). ``--where KEY=VALUE`` keeps
-the trials of that configuration only (repeatable: any of them), for the re-attack and the summary alike. ``--out FILE.parquet`` writes the joined rows (nothing is
-written into the experiment folder but the trials' own attack-<time>/ folders, which `cem-bench attack`
-writes).
+the trials of that configuration only (repeatable: any of them), for the re-attack and the summary alike.
+``--out FILE.parquet`` writes the joined rows (nothing is written into the experiment folder but the trials' own
+attack-<time>/ folders, which `cem-bench attack` writes).
 """
 
 from __future__ import annotations
