@@ -6,8 +6,9 @@ without MPS, in the grid's fp32 and in bf16, and the attacks of k = 2 packed tri
 
 Each phase appends its rows to ``$OUT/pack.jsonl`` as soon as it ends (a run cut short keeps what it measured)
 and starts only when its estimated time is left in the budget; the order is the grid's fp32 first (ceiling,
-packed, the attacks packed), then bf16. ``summary.md`` at the end: every figure and the grid's whole trials
-per GPU-hour at its own packing (``cifar10_paper.yaml``: 2 to a GPU, 2 CPUs each). ``--phases attacks``: only
+packed, the attacks packed), then bf16. ``summary.md`` at the end: every figure and, from the fp32 phase's k = 2
+without MPS (where the attacks are measured packed), the grid's whole trials per GPU-hour at its own packing
+(``cifar10_paper.yaml``: 2 to a GPU, 2 CPUs each; ``--phases trials`` measures them under MPS). ``--phases attacks``: only
 the attacks of 2 packed trials (alone and together, warmed up), without and under MPS (about 2 min on an H100).
 ``--phases trials`` (not in the default list, about 7 min on an H100 with ``--trials-no-mps``): whole paper
 trials, ``cem-bench train`` on a 10-epoch slice with both attacks at full size, alone and then 2 at once under

@@ -48,6 +48,8 @@ def run(args) -> None:
 def summarise(args) -> None:
     out = Path(args.out)
     rows = []
+    if not sorted(out.glob("*.json")):
+        raise SystemExit(f"lambda_states: no state files (*.json) in {out}: run it without --summarise first")
     for f in sorted(out.glob("*.json")):
         dataset, w, s, seed = f.stem.split("_")
         for r in json.loads(f.read_text()):
@@ -84,8 +86,10 @@ def summarise(args) -> None:
     outside = int(np.sum((matched_all < 2 / 3) | (matched_all > 1.5)))
     print(f"matched: ratio to gmm on held-out batches {matched_all.min():.2f}-{matched_all.max():.2f}; "
           f"{outside} of {len(matched_all)} cells outside [0.67, 1.5]")
-    drift = df.drift_ratio.to_numpy(float)
-    print(f"drift of a match made at the first warm-up: {np.nanmin(drift):.2f}-{np.nanmax(drift):.2f}")
+    # the later warm-ups only: at the first, drift_ratio is the match's own held-out error, not a drift
+    drift = df.loc[df.warmup > df.warmup.min(), "drift_ratio"].to_numpy(float)
+    if len(drift) and np.isfinite(drift).any():
+        print(f"drift of a match made at the first warm-up: {np.nanmin(drift):.2f}-{np.nanmax(drift):.2f}")
     gmm = pd.DataFrame([r for r in rows if r["surrogate"] == "gmm"])
     for key, g in gmm.groupby(["dataset", "width", "warmup"]):
         print(f"gmm strength per unit λ, {key}: " + ", ".join(
