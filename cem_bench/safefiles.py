@@ -89,6 +89,14 @@ def _link_message(shown: str, name: str, dir_fd: int) -> str:
             f"a results folder, which may be shared. Remove the link (or give --out a folder of your own)")
 
 
+def _reading(message: str) -> str:
+    """A link refusal as a reader says it: no --out helps a reader (`table` and `attack` have none, and `report
+    --out` reads the same link)."""
+    return message.replace("write or read", "read").replace(
+        "Remove the link (or give --out a folder of your own)",
+        "Remove the link, or put the file it points to in its place")
+
+
 def open_dir(root: str, folders: list[str], *, create: bool) -> int:
     """A descriptor of ``root/folders...``: ``root`` as given (links followed: the user named it), each
     folder below it opened with ``O_NOFOLLOW`` (made when missing and ``create``). UnsafePath when one of
@@ -162,14 +170,17 @@ def read_regular(path: str | os.PathLike, *, within: str | os.PathLike | None = 
     if rel.startswith(os.pardir) or os.path.isabs(rel) or rel == os.curdir:
         raise UnsafePath(f"{path} lies outside {root}; cem-bench reads only files inside the results folder")
     *folders, name = rel.split(os.sep)
-    dfd = open_dir(root, folders, create=False)
+    try:
+        dfd = open_dir(root, folders, create=False)
+    except UnsafePath as e:   # a linked folder on the way: said as a reader says it
+        raise UnsafePath(_reading(str(e))) from e
     try:
         flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if within is not None else 0)
         try:
             fd = os.open(name, flags, dir_fd=dfd)
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise UnsafePath(_link_message(path, name, dfd).replace("write or read", "read")) from e
+                raise UnsafePath(_reading(_link_message(path, name, dfd))) from e
             raise
     finally:
         os.close(dfd)

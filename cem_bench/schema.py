@@ -139,7 +139,9 @@ ACCURACY_METRICS = ("test_acc", "test_acc_clean")
 # the values a bounded metric can take: an objective's reference point must be one some value can beat
 METRIC_RANGES: dict[str, tuple[float, float]] = {"test_acc": (0.0, 1.0), "test_acc_clean": (0.0, 1.0),
                                                  "attack_ssim": (-1.0, 1.0), "attack_ssim_paper": (-1.0, 1.0),
-                                                 "attack_mse": (0.0, math.inf)}
+                                                 "attack_mse": (0.0, math.inf),
+                                                 # of images clamped to [0, 1]: an MSE of at most 1
+                                                 "attack_psnr": (0.0, math.inf), "attack_psnr_batch": (0.0, math.inf)}
 
 
 def ref_problem(metric: str, mode: str, ref: float) -> str | None:
@@ -148,9 +150,10 @@ def ref_problem(metric: str, mode: str, ref: float) -> str | None:
     fall back to accuracy alone, and the report draws a hypervolume of 0 without a word."""
     low, high = METRIC_RANGES.get(base_metric(metric), (-math.inf, math.inf))
     if mode == "max" and ref >= high:
-        return (f"{ref:g} is not below {metric}'s best possible value {high:g}, so no trial can beat it (an accuracy "
-                f"is a fraction, not a percentage): a max objective's ref is a value every useful trial exceeds, "
-                f"e.g. chance accuracy, 0.1 for 10 classes")
+        return (f"{ref:g} is not below {metric}'s best possible value {high:g}, so no trial can beat it"
+                + (" (an accuracy is a fraction, not a percentage)" if metric in ACCURACY_METRICS else "")
+                + ": a max objective's ref is a value every useful trial exceeds, e.g. chance accuracy, 0.1 for 10 "
+                  "classes")
     if mode == "min" and ref <= low:
         return (f"{ref:g} is not above {metric}'s best possible value {low:g}, so no trial can beat it: a min "
                 f"objective's ref is a value every useful trial stays below, e.g. 1.0 for an SSIM")

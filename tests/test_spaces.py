@@ -736,3 +736,21 @@ def test_a_reference_point_no_trial_can_beat_is_refused():
     doc = minimal()
     doc["objectives"][0]["ref"], doc["objectives"][1]["ref"] = 0.0, 0.99
     assert parse_space(doc).objectives[0].ref == 0.0
+
+
+def test_the_cells_are_counted_with_when_and_a_continuous_range_does_not_turn_the_check_off():
+    """The cell check compared the product of every key's values with its limit: a space whose keys are searched
+    only `when` a surrogate is drawn (19,200 nominal cells, 84 real ones) was not checked, and one continuous
+    range anywhere turned the check off for the choices beside it."""
+    params = {"cem.surrogate": {"choice": ["gmm", "attention_centroid", "slot_cross"]},
+              "cem.num_clusters": {"int": [2, 41], "when": {"cem.surrogate": ["gmm"]}},
+              "cem.num_slots": {"int": [2, 41], "when": {"cem.surrogate": ["slot_cross"]}},
+              "cem.num_heads": {"choice": [4, 3], "when": {"cem.surrogate": ["attention_centroid"]}},
+              "cem.hidden_dim": {"choice": [64, 96], "when": {"cem.surrogate": ["attention_centroid"]}}}
+    msg = errors_of(minimal(num_samples=20, params=params))
+    assert "of the 84 combinations" in msg[0] and "cem.num_heads=3, cem.hidden_dim=64" in msg[0], msg
+    heads = minimal(num_samples=3, fixed={"train.device": "cpu", "cem.surrogate": "slot_cross"},
+                    params={"cem.num_heads": {"choice": [3, 4]}, "cem.hidden_dim": {"choice": [64, 96]},
+                            "cem.lambd": {"uniform": [4, 32]}})
+    msg = errors_of(heads)
+    assert "cem.num_heads=3, cem.hidden_dim=64" in msg[0], msg

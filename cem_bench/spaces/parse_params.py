@@ -42,8 +42,32 @@ def fmt_value(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else repr(v) if isinstance(v, str) else str(v)
 
 
-# the most configurations of a discrete space ``check_cells`` builds one by one (about 0.5 ms each)
+# the most configurations of a space ``check_cells`` builds one by one (about 0.5 ms each)
 CELL_CHECK_LIMIT = 2000
+
+
+def bounded_cells(params: list[Param], limit: int) -> list[dict] | None:
+    """The configurations ``check_cells`` builds: every value of each finitely-valued key and the two bounds of
+    each continuous range, ``when`` applied as the sampler applies it (a key is in a cell only where its
+    conditions hold); None when they are more than ``limit`` (counted as they are built, so a space of 10⁹
+    nominal cells costs no more than one of ``limit``)."""
+    from .parse_plan import as_choice, discrete_count
+    cells: list[dict[str, Any]] = [{}]
+    for p in params:
+        n = discrete_count(p)   # counted, not listed: an int range of 10⁹ values is never made
+        if n is not None and n > limit:
+            return None
+        values = as_choice(p).choices if n is not None else (p.low, p.high)
+        out = []
+        for cell in cells:
+            if p.active(cell):
+                out.extend({**cell, p.key: v} for v in values)
+            else:
+                out.append(cell)
+            if len(out) > limit:
+                return None
+        cells = out
+    return cells
 
 
 class ParamStages:
@@ -303,12 +327,9 @@ class ParamStages:
         (``cem.warmup_epochs`` below ``train.epochs``, ``cem.num_heads`` dividing ``cem.hidden_dim``) passed it,
         and its trials ended as error rows after Ray started. Refused here, naming a few of the cells."""
         from .. import surrogates
-        from .parse_plan import as_choice, discrete_count
-        from .sampling import grid_cells
-        sizes = [discrete_count(p) for p in params]
-        if not params or any(n is None for n in sizes) or math.prod(sizes) > CELL_CHECK_LIMIT:
+        cells = bounded_cells(params, CELL_CHECK_LIMIT)
+        if cells is None:
             return
-        cells = grid_cells([as_choice(p) for p in params])
         bad = []
         for cell in cells:
             try:
