@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 
 import pandas as pd
 import pytest
@@ -416,6 +417,19 @@ def test_a_report_of_object_storage_mid_search_writes_nothing_there(experiment, 
     assert cli.main(["report", "test://handmade", "--out", str(tmp_path / "rep")]) == 0
     assert "has not written" not in capsys.readouterr().err
     assert "Drawn from a folder" not in (tmp_path / "rep" / "index.html").read_text()
+    # a folder that is no search's (the storage root, say) is refused, not read as a search that has not ended
+    (tmp_path / "root" / "stray").mkdir(parents=True)
+    assert cli.main(["report", "test://root", "--out", str(tmp_path / "rep2")]) == 2
+    err = capsys.readouterr().err
+    assert "holds neither trials.parquet nor a Ray experiment" in err and "has not written" not in err, err
+    # the same --out for another experiment that has no tables yet: the first fetch's checksum list is not kept
+    other = tmp_path / "other"
+    shutil.copytree(experiment, other)
+    for name in ("trials.parquet", "epochs.parquet", "configs.parquet", "cem_bench_files.json"):
+        (other / name).unlink(missing_ok=True)
+    space = json.loads((other / "search_space.json").read_text())
+    (other / "search_space.json").write_text(json.dumps({**space, "name": "other"}))
+    assert cli.main(["report", "test://other", "--out", str(tmp_path / "rep")]) == 0, capsys.readouterr().err
 
 
 def test_a_resume_moves_the_tables_of_before_it_aside(experiment):
@@ -433,3 +447,19 @@ def test_a_resume_moves_the_tables_of_before_it_aside(experiment):
     assert supersede_tables(str(experiment)) == []
     res = load_results(experiment)        # rebuilt from the trial folders, as after a killed first run
     assert len(res.trials) == 5
+
+
+def test_a_resume_killed_before_its_end_leaves_its_unfinished_trials_interrupted(experiment):
+    """The resume removed the interrupted run's record as it started: killed before its end (its tables moved
+    aside), the next report rebuilt the tables with the trial that was only interrupted as an error, and wrote
+    them into the folder. The record now stays until the resumed search ends."""
+    from cem_bench.schema import INTERRUPTED_FILE
+    from cem_bench.search.resume import supersede_tables
+    make_trial(experiment, "aaaa0006", 6, None, lines=[{"status": "running", "trial_id": "aaaa0006", **hist(1)[0]}])
+    (experiment / INTERRUPTED_FILE).write_text(json.dumps({"signal": "SIGINT", "at": "2026-12-06T16:00:00",
+                                                           "resume": "cem-bench search s.yaml --resume"}) + "\n")
+    results.write_tables(experiment)
+    statuses = lambda t: dict(zip(t["trial_id"], t["status"]))   # noqa: E731
+    assert statuses(load_results(experiment).trials)["aaaa0006"] == "interrupted"
+    supersede_tables(str(experiment))     # what a resume does before Ray runs its trials; then it is killed
+    assert statuses(load_results(experiment).trials)["aaaa0006"] == "interrupted"

@@ -339,8 +339,15 @@ def running_driver(experiment_dir: str | os.PathLike) -> dict | None:
     search runs would be read as final once it stopped; with the tables, None."""
     exp = _Dir(experiment_dir)
     if exp.uri:
-        return None if exp.exists(TRIALS_FILE) else dict(UNSEEN_DRIVER)
+        if exp.exists(TRIALS_FILE) or not is_experiment(exp):   # a folder that is no search's: none runs there
+            return None
+        return dict(UNSEEN_DRIVER)
     return lock_holder(os.path.join(exp.root, DRIVER_LOCK_FILE))
+
+
+def is_experiment(exp: _Dir) -> bool:
+    """Does ``exp`` hold a Ray experiment of `cem-bench search` (an experiment state, or a trial folder)?"""
+    return ray_trials(exp) is not None or any(is_trial_dir(exp, d) for d in exp.subdirs())
 
 
 def running_text(where: str, driver: dict) -> str:

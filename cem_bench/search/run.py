@@ -230,8 +230,6 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
             if is_enospc(e):
                 raise StorageFull(full_message(storage)) from e
             raise
-        if resume and exists(join(exp_path, INTERRUPTED_FILE)):   # this run continues the interrupted one
-            remove_file(join(exp_path, INTERRUPTED_FILE))
         if resume:   # the tables of before it are not this search's final ones (written when it ends)
             for line in supersede_tables(exp_path):
                 print(f"--resume: {line}", flush=True)
@@ -248,6 +246,10 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
             stats["interrupted"] = interruption.signal.name
             record = {"signal": interruption.signal.name, "at": interruption.at, "resume": stats.get("resume_command")}
             write_bytes(join(exp_path, INTERRUPTED_FILE), (json.dumps(record) + "\n").encode())
+        elif exists(join(exp_path, INTERRUPTED_FILE)):
+            # the interrupted run this one continued has ended; kept until here, so that a resume killed before
+            # its end (its tables moved aside) is rebuilt with its unfinished trials interrupted, not errors
+            remove_file(join(exp_path, INTERRUPTED_FILE))
         stats["trials_s"] = time.perf_counter() - t1
         ok = err = stopped = 0
         for r in grid:

@@ -202,16 +202,22 @@ def fetch_remote(uri: str, local: Path) -> tuple[Path, dict | None]:
         except Exception as exc:  # noqa: BLE001 - any failure means: nothing to report on
             raise ResultsError(f"{uri}: no {TRIALS_FILE} and none could be built ({exc}); {VALID_FOLDER}") from exc
     trials = live[0] if live is not None else read_table(src, TRIALS_FILE, "trials")   # verified before writing
+    if trials is None:
+        raise ResultsError(f"{uri} holds neither {TRIALS_FILE} nor a Ray experiment written by `cem-bench search` "
+                           f"(no experiment_state-*.json, no trial folder); {VALID_FOLDER}")
     local = Path(os.path.abspath(local))
     local.mkdir(parents=True, exist_ok=True)
+    for name in (TRIALS_FILE, EPOCHS_FILE, CONFIGS_FILE, SPACE_FILE, MANIFEST_FILE):
+        # an earlier fetch's (another experiment's, or of before its tables): its checksum list would refuse
+        # this fetch's files, and its tables be read as this experiment's
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local / name)
     for name in ((SPACE_FILE,) if live is not None else
                  (TRIALS_FILE, EPOCHS_FILE, CONFIGS_FILE, SPACE_FILE, MANIFEST_FILE)):
         data = src.read_bytes(name)
         if data is not None:
             write_bytes(str(local / name), data, within=local)
     if live is not None:   # the copy's own tables (no configs.parquet: the report builds the configurations)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(local / CONFIGS_FILE)   # an earlier fetch's, about other trials
         for name, table, kind in ((TRIALS_FILE, live[0], "trials"), (EPOCHS_FILE, live[1], "epochs")):
             write_table(Dir(local), name, table, kind)
     for d in trials.get("trial_dir", pd.Series(dtype=object)).dropna().astype(str):

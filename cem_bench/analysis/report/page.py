@@ -129,7 +129,8 @@ def attack_rows(row: pd.Series) -> list[str]:
 # ================================================================= the report
 def interrupted_note(res: Results) -> str | None:
     """What the page says first when a signal stopped the search (search/interrupt.py), else None; None too
-    while a search runs on the folder (a --resume removes the record only once Ray has restored the run)."""
+    while a search runs on the folder (a --resume keeps the record until it ends, and removes it then unless a
+    signal stops it too)."""
     if res.running_driver is not None:
         return None
     try:
