@@ -57,9 +57,19 @@ def wanted(trial: Path, sets: list[str]) -> dict:
 
 
 def trial_config(trial: Path) -> dict:
-    """The trial's own resolved config, read as `cem-bench attack` reads it (weights only, nothing run)."""
-    from cem_bench.core import checkpoint
-    return checkpoint.load_attackable(str(trial))[0]
+    """The trial's own resolved config: ``info.config`` of its ``trial_result.json`` (what `cem-bench attack`
+    builds on; the checkpoint's weights are not read here). ValueError, naming the file, when it has none."""
+    from cem_bench.parsing import loads_json
+    from cem_bench.schema import RESULT_FILE
+    from cem_bench.storage import Dir
+    try:
+        record = loads_json(Dir(str(trial)).read_bytes_or_raise(RESULT_FILE))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{trial / RESULT_FILE} cannot be read ({type(e).__name__}: {e})") from e
+    config = (record.get("info") or {}).get("config") if isinstance(record, dict) else None
+    if not isinstance(config, dict):
+        raise ValueError(f"{trial / RESULT_FILE} has no resolved config (info.config)")
+    return config
 
 
 def matches(attack_json: Path, want: dict) -> bool:
@@ -79,12 +89,20 @@ def done_attack(trial: Path, want: dict) -> Path | None:
 
 
 def run(exp: Path, trials: pd.DataFrame, sets: list[str], jobs: int, threads: int | None) -> int:
-    """Re-attack the trials not yet re-attacked with these settings; the number that failed."""
-    todo = [exp / d for d in trials["trial_dir"] if done_attack(exp / d, wanted(exp / d, sets)) is None]
+    """Re-attack the trials not yet re-attacked with these settings; the number that failed (a trial whose
+    record cannot be read counts as one, and the others still run)."""
+    todo, unreadable = [], []
+    for d in trials["trial_dir"]:
+        try:
+            if done_attack(exp / d, wanted(exp / d, sets)) is None:
+                todo.append(exp / d)
+        except (ValueError, ConfigError) as e:
+            unreadable.append(d)
+            print(f"FAILED {d}: {e}", flush=True)
     each = f"{threads} torch thread(s)" if threads else "the trial's own torch threads"
-    print(f"{len(trials)} ok trials, {len(trials) - len(todo)} already re-attacked with these settings, "
-          f"{len(todo)} to go ({jobs} at a time, {each} each)", flush=True)
-    failed = []
+    print(f"{len(trials)} ok trials, {len(trials) - len(todo) - len(unreadable)} already re-attacked with these "
+          f"settings, {len(todo)} to go ({jobs} at a time, {each} each)", flush=True)
+    failed = list(unreadable)
 
     def one(trial: Path) -> None:
         # cem-bench attack sets the trial's own torch threads (what it recorded) unless --threads is given
@@ -102,14 +120,17 @@ def run(exp: Path, trials: pd.DataFrame, sets: list[str], jobs: int, threads: in
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(one, todo))
     if failed:
-        print(f"{len(failed)} of {len(todo)} re-attacks failed", flush=True)
+        print(f"{len(failed)} of {len(todo) + len(unreadable)} re-attacks failed", flush=True)
     return len(failed)
 
 
 def joined(exp: Path, trials: pd.DataFrame, sets: list[str]) -> pd.DataFrame:
     rows = []
     for _, row in trials.iterrows():
-        want = wanted(exp / row["trial_dir"], sets)
+        try:
+            want = wanted(exp / row["trial_dir"], sets)
+        except (ValueError, ConfigError) as e:
+            raise SystemExit(f"reattack: {e}: leave its configuration out with --where") from None
         found = done_attack(exp / row["trial_dir"], want)
         if found is None:
             raise SystemExit(f"{row['trial_dir']} has no attack folder with {sets}: run without --summarise first")

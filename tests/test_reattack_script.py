@@ -173,3 +173,41 @@ def test_the_tests_are_the_reports_a_side_of_two_configurations_is_refused(reatt
     few = reattack.tests(df[df["config.seed"] < 2], ["R1 m lower config.cem.lambd=16,config.cem.surrogate=gmm "
                                                      "config.cem.lambd=0"], [])
     assert few.loc[0, "verdict"] == "not tested: 2 seeds both sides ran (needs 3)"
+
+
+def test_a_trial_whose_record_cannot_be_read_fails_alone(reattack, tmp_path, capsys, monkeypatch):
+    """Reading every trial's settings first, one unreadable trial (no trial_result.json, say) stopped every
+    re-attack with rc 2; it now fails alone (rc 1), the others run, and --summarise says which to leave out."""
+    experiment(tmp_path)
+    real = reattack.trial_config
+
+    def one_broken(trial):
+        if trial.name == "cem_trial_64_2":
+            raise ValueError(f"{trial}/trial_result.json cannot be read")
+        return real(trial)
+    monkeypatch.setattr(reattack, "trial_config", one_broken)
+    ran = []
+    monkeypatch.setattr(reattack.subprocess, "run",
+                        lambda cmd, **kw: ran.append(cmd) or type("R", (), {"returncode": 0, "stderr": ""})())
+    assert reattack.main([str(tmp_path), "--set", "attack.epochs=3"]) == 1
+    out = capsys.readouterr().out
+    assert len(ran) == 5 and "FAILED cem_trial_64_2" in out and "1 of 6 re-attacks failed" in out, out
+    with pytest.raises(SystemExit, match="leave its configuration out with --where"):
+        reattack.main([str(tmp_path), "--set", "attack.names=[decoder]", "--set", "attack.epochs=16", "--summarise"])
+
+
+def test_the_trials_own_config_is_read_from_its_record(reattack, tmp_path):
+    """From trial_result.json's info.config, not the checkpoint (whose weights were read for every trial, and
+    which a trial run with train.select_best_last cannot give)."""
+    d = tmp_path / "cem_trial_0_1"
+    d.mkdir()
+    (d / "trial_result.json").write_text(json.dumps({"status": "ok", "info": {"config": {"seed": 1,
+                                                                                          "attack.epochs": 7}}}))
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("reattack_fresh", "scripts/reattack.py")
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    assert fresh.trial_config(d) == {"seed": 1, "attack.epochs": 7}
+    (d / "trial_result.json").write_text("{}")
+    with pytest.raises(ValueError, match="has no resolved config"):
+        fresh.trial_config(d)
