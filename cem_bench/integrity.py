@@ -50,6 +50,18 @@ REBUILD_HINT = ("delete it and run `cem-bench report` on the experiment folder t
                 "own files")
 
 
+def rebuild_hint(kind: str) -> str:
+    """How to get a damaged table back: `report` rebuilds the three tables where trials.parquet is missing (a
+    missing epochs.parquet alone is only not drawn; configs.parquet is built from the trials where missing)."""
+    if kind == "epochs":
+        return ("delete it and trials.parquet beside it, and run `cem-bench report` on the experiment folder to "
+                "rebuild both from the trials' own files")
+    if kind == "configs":
+        return ("delete it: `cem-bench report` and `table` build the configurations from trials.parquet where it is "
+                "missing")
+    return REBUILD_HINT
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -187,7 +199,7 @@ def parse_table(data: bytes, path: str, kind: str) -> pd.DataFrame:
     import pyarrow.parquet as pq
     what = f"the {kind} table"
     if not data:
-        raise ResultsError(f"{path} is empty (0 bytes): it should be {what} (Parquet); {REBUILD_HINT}")
+        raise ResultsError(f"{path} is empty (0 bytes): it should be {what} (Parquet); {rebuild_hint(kind)}")
     try:
         table = pq.read_table(io.BytesIO(data), page_checksum_verification=True)
         meta = table.schema.metadata or {}
@@ -197,31 +209,31 @@ def parse_table(data: bytes, path: str, kind: str) -> pd.DataFrame:
         msg = " ".join(str(e).split())[:300]
         raise ResultsError(f"{path} is not a readable Parquet table ({type(e).__name__}: {msg}): it should be "
                            f"{what}, written by cem-bench; it is truncated, damaged or of another format. "
-                           f"{REBUILD_HINT[0].upper()}{REBUILD_HINT[1:]}") from e
+                           f"{rebuild_hint(kind)[0].upper()}{rebuild_hint(kind)[1:]}") from e
     if info is not None:
         try:
             info = loads_json(info)
             other, version = info["table"], info["format"]
         except (UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
-            raise ResultsError(f"{path}: its cem-bench metadata is damaged; {REBUILD_HINT}") from e
+            raise ResultsError(f"{path}: its cem-bench metadata is damaged; {rebuild_hint(kind)}") from e
         if other != kind:
             raise ResultsError(f"{path} holds the {other} table, not {what}: a file was copied over another; "
-                               f"{REBUILD_HINT}")
+                               f"{rebuild_hint(kind)}")
         if version != TABLE_VERSION:
             newer = isinstance(version, int) and version > TABLE_VERSION
             raise ResultsError(f"{path} is {what} in format {version!r}; this cem-bench reads format "
                                f"{TABLE_VERSION} (and format 1, from before formats were versioned): "
-                               + ("upgrade cem-bench to read it" if newer else REBUILD_HINT))
+                               + ("upgrade cem-bench to read it" if newer else rebuild_hint(kind)))
         missing = [c for c in TABLE_REQUIRED.get(kind, ()) if c not in df.columns]
         if missing:
-            raise ResultsError(f"{path} lacks the column(s) {', '.join(missing)} of {what}; {REBUILD_HINT}")
+            raise ResultsError(f"{path} lacks the column(s) {', '.join(missing)} of {what}; {rebuild_hint(kind)}")
     return df
 
 
 def read_table(folder: Dir | str, name: str, kind: str) -> pd.DataFrame | None:
     """``folder/name`` verified (manifest) and parsed (:func:`parse_table`); None when it does not exist."""
     folder = folder if isinstance(folder, Dir) else Dir(folder)
-    data = read_recorded(folder, name, f"the {kind} table (Parquet)", rebuild=REBUILD_HINT)
+    data = read_recorded(folder, name, f"the {kind} table (Parquet)", rebuild=rebuild_hint(kind))
     return None if data is None else parse_table(data, folder.url(name), kind)
 
 

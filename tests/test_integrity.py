@@ -270,6 +270,28 @@ def test_a_damaged_table_says_it_can_be_rebuilt(experiment, tmp_path):
     assert sorted(integrity.read_table(str(exp), "trials.parquet", "trials")["trial_id"]) == sorted(whole["trial_id"])
 
 
+@pytest.mark.parametrize("name, kind", [("epochs.parquet", "epochs"), ("configs.parquet", "configs")])
+def test_the_advice_for_a_damaged_epochs_or_configs_table_works(experiment, tmp_path, name, kind):
+    """Deleting a damaged epochs.parquet and running `report`, as the hint said, rebuilt nothing (report rebuilds
+    only where trials.parquet is missing); each table's hint now says what does."""
+    exp = tmp_path / "e"
+    shutil.copytree(experiment, exp)
+    path = exp / name
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(ResultsError) as e:
+        integrity.read_table(str(exp), name, kind)
+    hint = integrity.rebuild_hint(kind)
+    assert hint in str(e.value)
+    path.unlink()
+    if kind == "epochs":
+        (exp / "trials.parquet").unlink()
+    assert cli.main(["report", str(exp)]) == 0
+    if kind == "epochs":
+        assert integrity.read_table(str(exp), name, kind) is not None
+    else:
+        assert cli.main(["table", str(exp)]) == 0
+
+
 def test_the_advice_for_a_file_changed_on_purpose_works(tmp_path):
     """The refusal of a changed file says how to read it anyway; doing what it says reads it (removing the
     file's entry alone would break the list's seal: the advice must not be that)."""
