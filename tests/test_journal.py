@@ -112,3 +112,38 @@ def test_drop_unfinished_line(tmp_path, content, kept):
     assert drop_unfinished_line(str(path)) == len(content) - len(kept)
     assert path.read_bytes() == kept
     assert drop_unfinished_line(str(tmp_path / "missing.log")) == 0 and not os.path.exists(tmp_path / "missing.log")
+
+
+def test_a_trial_that_errored_runs_again_after_resume_and_counts_as_it_ends(tmp_path):
+    """--resume runs Ray's errored trials again (resume_errored). The restored searcher had them finished and
+    failed: the confirmation was planned while the rerun ran (and without it), and the rerun's result never
+    reached the study (Ray's OptunaSearch drops a second completion), so the journal kept FAIL where the tables
+    said ok. Now the rerun is waited for, chosen on, and recorded as a trial of its own beside the failure."""
+    import ray.cloudpickle as cloudpickle
+
+    from cem_bench.search.searcher import make_searcher
+    from cem_bench.spaces import load_space
+    spec = load_space(write_space(tmp_path, "rerun", num_samples=3, confirm={"top": 1, "replicates": 3}))
+    exp = tmp_path / "exp"
+    generator = make_searcher(spec, str(exp))
+    pickled = cloudpickle.dumps(generator)
+    first = generator.searcher.searcher
+    configs = {tid: first.suggest(tid) for tid in ("a", "b", "c")}
+    first.on_trial_complete("a", {"test_acc": 0.80, "attack_ssim": 0.50, "status": "ok"})
+    first.on_trial_complete("b", {"test_acc": 0.70, "attack_ssim": 0.60, "status": "ok"})
+    first.on_trial_complete("c", None, error=True)           # its retries used up: Ray's ERROR
+    first.save(str(tmp_path / "searcher.pkl"))
+    second = cloudpickle.loads(pickled).searcher.searcher    # --resume
+    second.restore(str(tmp_path / "searcher.pkl"))
+    assert second.suggest("d") is None                       # c runs again: the confirmation waits for it
+    second.on_trial_complete("c", {"test_acc": 0.95, "attack_ssim": 0.10, "status": "ok"})
+    confirm = second.suggest("d")
+    assert confirm["role"] == "confirm" and confirm["cem.lambd"] == configs["c"]["cem.lambd"], (confirm, configs)
+    second.on_trial_complete("d", {"test_acc": 0.9, "attack_ssim": 0.1, "status": "ok"})
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name="rerun",
+                              storage=JournalStorage(JournalFileBackend(str(exp / "optuna_journal.log"))))
+    c = [(t.state.name, t.values) for t in study.get_trials() if t.user_attrs["ray_trial_id"] == "c"]
+    assert c == [("FAIL", None), ("COMPLETE", [0.95, 0.10])], c

@@ -214,6 +214,20 @@ class RunQueue:
         order = np.lexsort((first, -gain, ranks))[: self._confirm_top]
         return [{**configs[i], "seed": s, "role": "confirm"} for i in order for s in self._confirm_seeds]
 
+    def reopen_errored(self) -> list[str]:
+        """After a restore (``--resume``, which Ray runs with ``resume_errored``): the search runs that had ended
+        in a Ray error run again, so they are not finished any more. Without this the confirmation was planned
+        while they ran (it waits for every search run), on results without them, and a replicate group's mean
+        was told without them. Returns the trial ids reopened."""
+        reopened = sorted(getattr(self, "_ray_errored", set()))
+        for tid in reopened:
+            self._search_results.pop(tid, None)
+            leader = self._leader_of.get(tid)
+            if leader is not None and len(self._seeds) > 1:
+                self._groups[leader]["runs"].pop(tid, None)
+        self._ray_errored = set()
+        return reopened
+
     def run_finished(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """Record a finished run; tell the sampler a configuration's result once all its replicates finished
         (the mean, or a failure when none finished). Baseline and confirmation runs tell it nothing."""
@@ -221,6 +235,8 @@ class RunQueue:
             return                         # a baseline or confirmation run: nothing to tell the sampler
         if trial_id in getattr(self, "_search_config", {}):
             self._search_results[trial_id] = dict(result) if _ok(result, error) else None
+            errored = getattr(self, "_ray_errored", set())
+            self._ray_errored = errored | {trial_id} if error else errored - {trial_id}
         leader = self._leader_of.get(trial_id)
         if leader is None or len(self._seeds) <= 1:
             self._tell(trial_id, result, error)

@@ -91,11 +91,16 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
         import ray.cloudpickle as cloudpickle
         with open(checkpoint_path, "rb") as fh:
             self.__dict__.update(cloudpickle.load(fh))
+        self.reopen_errored()   # only --resume restores, and it runs the errored trials again
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
         self.run_finished(trial_id, result, error)
 
     def _tell(self, trial_id: str, result: dict | None = None, error: bool = False):
+        if trial_id in self._completed_trials:
+            self._tell_rerun(trial_id, result, error)
+            self._mirror_journal()
+            return
         if stopped(result, error):
             # a scheduler stopped it: PRUNED (Optuna's samplers leave it out of their model and of the Pareto
             # front), never COMPLETE with a half-trained trial's values (docs/search.md)
@@ -114,6 +119,26 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
         else:
             super().on_trial_complete(trial_id, result, error)
         self._mirror_journal()
+
+    def _tell_rerun(self, trial_id: str, result: dict | None, error: bool) -> None:
+        """A trial Ray ran again after ``--resume`` (it had errored; its Optuna trial was told FAIL, and Ray's
+        OptunaSearch drops a second completion): its outcome is a trial of its own in the study, with the same
+        parameters, and the journal gets it beside the failure (both carry the Ray trial id)."""
+        ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is None:
+            return
+        frozen = self._ot_study.get_trials(deepcopy=False)[ot_trial.number]
+        values = None
+        if not stopped(result, error) and not error and result and result.get("status") != "error":
+            vals = [result.get(m) for m in self._metrics]
+            if all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals):
+                values = [float(v) for v in vals]
+        state = optuna.trial.TrialState.COMPLETE if values is not None else \
+            optuna.trial.TrialState.PRUNED if stopped(result, error) else optuna.trial.TrialState.FAIL
+        self._ot_study.add_trial(optuna.trial.create_trial(
+            state=state, values=values, params=frozen.params, distributions=frozen.distributions,
+            user_attrs={**frozen.user_attrs, "rerun_of": frozen.number}))
+        self._ot_trials[trial_id] = self._ot_study.get_trials(deepcopy=False)[-1]
 
     def _mirror_journal(self, init: bool = False) -> None:
         # where this driver mirrors the study (driver.py: after a restore, the pickled searcher may point at an
@@ -152,11 +177,14 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
             if init and not study.user_attrs.get("metrics"):
                 study.set_user_attr("metrics", list(self._metric) if isinstance(self._metric, list)
                                     else [self._metric])
-            done = {t.user_attrs.get("ray_trial_id") for t in study.get_trials(deepcopy=False)}
+            # keyed by Ray's trial id and Optuna's number: a trial Ray ran again after --resume is a second
+            # Optuna trial of the same Ray trial, mirrored beside its failure
+            done = {(t.user_attrs.get("ray_trial_id"), t.user_attrs.get("optuna_number"))
+                    for t in study.get_trials(deepcopy=False)}
             by_number = {t.number: t for t in self._ot_study.get_trials(deepcopy=False)}
             added = 0
             for tid, ot_trial in list(self._ot_trials.items()):
-                if tid in done or tid not in self._completed_trials:
+                if (tid, ot_trial.number) in done or tid not in self._completed_trials:
                     continue
                 ft = by_number.get(ot_trial.number)
                 if ft is None or not ft.state.is_finished():
