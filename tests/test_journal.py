@@ -147,3 +147,24 @@ def test_a_trial_that_errored_runs_again_after_resume_and_counts_as_it_ends(tmp_
                               storage=JournalStorage(JournalFileBackend(str(exp / "optuna_journal.log"))))
     c = [(t.state.name, t.values) for t in study.get_trials() if t.user_attrs["ray_trial_id"] == "c"]
     assert c == [("FAIL", None), ("COMPLETE", [0.95, 0.10])], c
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_discrete_space_runs_every_configuration_once_before_any_copy(tmp_path, seed):
+    """num_samples equal to a discrete space's 36 configurations: the replacement of a duplicate proposal was up
+    to 20 random draws, which miss the last unseen cell more often than not, so a copy ran (a repeat of the same
+    seed) and a configuration never did, on every TPE seed tried. The last cells are now taken from the list."""
+    from cem_bench.search.searcher import make_searcher
+    from cem_bench.spaces import load_space
+    noise = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4]
+    spec = load_space(write_space(tmp_path, "full", num_samples=36, sampler={"name": "tpe", "seed": seed},
+                                  params={"cem.lambd": {"choice": [4, 8, 16, 32]},
+                                          "defense.noise_std": {"choice": noise}}))
+    searcher = make_searcher(spec, str(tmp_path / "exp")).searcher.searcher
+    seen = []
+    for i in range(36):
+        c = searcher.suggest(f"t{i}")
+        seen.append((c["cem.lambd"], c["defense.noise_std"]))
+        searcher.on_trial_complete(f"t{i}", {"test_acc": c["cem.lambd"] / 40, "attack_ssim": c["defense.noise_std"],
+                                             "status": "ok"})
+    assert len(set(seen)) == 36

@@ -38,9 +38,12 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
     def __init__(self, *args, journal: tuple[str, str | None] | None = None, seeds: tuple[int, ...] = (),
                  baseline: list[dict] | None = None, search_runs: int | None = None, confirm_top: int = 0,
                  confirm_seeds: tuple[int, ...] = (), fixed_lambd: float | None = None,
-                 refs: list[float | None] | None = None, **kwargs):
+                 refs: list[float | None] | None = None, discrete: tuple | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._journal = journal
+        # a space of finitely many configurations: its parameters, to list the ones not yet run when the sampler
+        # keeps proposing copies (None: a continuous range, where a new one is always a draw away)
+        self._discrete = discrete
         self._init_queue(seeds=seeds, baseline=baseline, search_runs=search_runs, confirm_top=confirm_top,
                          confirm_seeds=confirm_seeds, fixed_lambd=fixed_lambd, refs=refs)
         self._mirror_journal(init=True)
@@ -72,10 +75,34 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
         try:
             config, skipped = first_new(lambda: super(JournalOptunaSearch, self).suggest(trial_id),
                                         lambda: self._params_key(self._ot_trials[trial_id]), seen, reject)
+            if config is not None and trial_id in self._ot_trials and \
+                    self._params_key(self._ot_trials[trial_id]) in seen:
+                # the random draws missed what is left of a discrete space (1 cell of 36 left: 20 draws miss it
+                # 57 % of the time, and a copy ran while a configuration never did): the first one not run yet
+                unseen = self._unseen_cell(seen)
+                if unseen is not None:
+                    reject()
+                    self._ot_study.enqueue_trial(unseen)
+                    config = super().suggest(trial_id)
+                else:
+                    logger.warning("cem-bench: every configuration of the space has been proposed; %s runs one "
+                                   "again", trial_id)
         finally:
             self._ot_study.sampler = sampler
         self._duplicates_skipped = getattr(self, "_duplicates_skipped", 0) + skipped
         return config
+
+    def _unseen_cell(self, seen: set, limit: int = 100_000) -> dict | None:
+        """The first configuration of a discrete space (file order, ``when`` applied) no trial has proposed; None
+        for a continuous space, one of more than ``limit`` configurations, or one with none left."""
+        from ..spaces.parse_plan import as_choice, discrete_count
+        params = getattr(self, "_discrete", None)
+        if not params or math.prod(discrete_count(p) for p in params) > limit:
+            return None
+        for cell in grid_cells([as_choice(p) for p in params]):
+            if tuple(sorted((k, repr(v)) for k, v in cell.items())) not in seen:
+                return cell
+        return None
 
     @staticmethod
     def _params_key(ot_trial) -> tuple:
@@ -297,6 +324,14 @@ def journal_target(experiment_path: str, name: str) -> tuple[str, str | None]:
     return os.path.join(experiment_path, JOURNAL_FILE), None
 
 
+def discrete_params(spec) -> tuple | None:
+    """The space's parameters where each takes finitely many values (a grid, choices, int and stepped ranges);
+    None where one is continuous."""
+    from ..spaces.parse_plan import discrete_count
+    params = tuple(spec.params)
+    return params if params and all(discrete_count(p) is not None for p in params) else None
+
+
 def make_searcher(spec, experiment_path: str):
     points = grid_cells(spec.params) if spec.sampler.get("name") == "grid" else None
     searcher = JournalOptunaSearch(space=define_by_run(spec), metric=spec.metric_names, mode=spec.modes,
@@ -304,7 +339,8 @@ def make_searcher(spec, experiment_path: str):
                                    journal=journal_target(experiment_path, spec.name), seeds=spec.seeds,
                                    baseline=spec.baseline_configs(), search_runs=spec.runs,
                                    confirm_top=spec.confirm_top, confirm_seeds=spec.confirm_seeds,
-                                   fixed_lambd=spec.fixed.get("cem.lambd"), refs=[o.ref for o in spec.objectives])
+                                   fixed_lambd=spec.fixed.get("cem.lambd"), refs=[o.ref for o in spec.objectives],
+                                   discrete=discrete_params(spec))
     # the generator is built here (not by Tune) so that it can bundle the experiment state; Tune applies
     # max_concurrent_trials only to a bare Searcher, so the limiter is added here too
     limited = ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)
