@@ -754,3 +754,18 @@ def test_the_cells_are_counted_with_when_and_a_continuous_range_does_not_turn_th
                             "cem.lambd": {"uniform": [4, 32]}})
     msg = errors_of(heads)
     assert "cem.num_heads=3, cem.hidden_dim=64" in msg[0], msg
+
+
+def test_the_confirmation_is_what_the_search_can_run():
+    """A grid of 8 λ ≠ 0 cells with confirm top 20 promised "the best 20 again" (86 trials at most; 50 could run);
+    with λ fixed at 0 the default confirmation was promised and then "nothing to confirm: none with λ ≠ 0
+    finished" blamed runs that had all finished ok."""
+    grid = minimal(sampler={"name": "grid"}, num_samples=None, confirm={"top": 20, "replicates": 3},
+                   params={"cem.lambd": {"choice": [0, 4, 8, 16, 32]}, "cem.surrogate": {"choice": ["gmm", "slot_cross"]}})
+    spec = parse_space(grid)
+    assert spec.confirm_top == 8 and spec.confirm_runs == 24
+    zero = minimal(fixed={"train.device": "cpu", "cem.lambd": 0}, baseline=False, num_samples=2,
+                   params={"defense.noise_std": {"choice": [0.05, 0.1]}})
+    assert parse_space(zero).confirm_top == 0                      # the default: off, not promised
+    msg = errors_of({**zero, "confirm": {"top": 1, "replicates": 3}})
+    assert any(m.startswith("confirm: ") and "with cem.lambd fixed at 0" in m for m in msg), msg

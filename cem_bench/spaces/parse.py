@@ -175,6 +175,8 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
         elif num_samples:
             self.distinct(params, num_samples)
         baseline, cells = self.baseline(baseline_n, fixed, params, grid, seeds)
+        if top:
+            top = self.confirmable(top, doc.get("confirm"), fixed, params, grid, num_samples)
         if hypotheses and not self.errors:
             from .sampling import grid_cells
             self.hypotheses_cells(hypotheses, fixed, grid_cells(params), cells, baseline)

@@ -222,6 +222,27 @@ class PlanStages:
             return 0, 0
         return (top, reps) if top else (0, 0)
 
+    def confirmable(self, top: int, given, fixed: dict, params, grid: bool, num_samples: int) -> int:
+        """``confirm.top`` as the search can run it: at most its configurations with λ ≠ 0 (a grid's cells with
+        λ ≠ 0, a sampler's ``num_samples``), so that the banner's count is one the search can reach. With λ fixed
+        at 0 there is nothing to confirm: the default is then off, and a ``confirm`` given is refused (the
+        banner promised runs the end of the search said were "none with λ ≠ 0")."""
+        if lambda_fixed_at_zero(fixed, params):
+            if given not in (None, True):
+                self.err("confirm", f"{given!r} with cem.lambd fixed at 0: the confirmation runs the best λ ≠ 0 "
+                         f"configurations again, and there are none; set confirm: false, or search cem.lambd")
+            elif given is True:
+                self.err("confirm", "true with cem.lambd fixed at 0: the confirmation runs the best λ ≠ 0 "
+                         "configurations again, and there are none; set confirm: false, or search cem.lambd")
+            return 0
+        if grid:
+            from .sampling import grid_cells
+            default = fixed.get("cem.lambd", key_specs()["cem.lambd"].default)
+            cap = sum(1 for c in grid_cells(params) if float(c.get("cem.lambd", default)) != 0)
+        else:
+            cap = num_samples
+        return min(top, cap)
+
     def grid_kinds(self, params) -> None:
         """Sampler grid enumerates discrete values: every parameter must be a choice."""
         for p in params:
