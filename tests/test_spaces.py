@@ -769,3 +769,15 @@ def test_the_confirmation_is_what_the_search_can_run():
     assert parse_space(zero).confirm_top == 0                      # the default: off, not promised
     msg = errors_of({**zero, "confirm": {"top": 1, "replicates": 3}})
     assert any(m.startswith("confirm: ") and "with cem.lambd fixed at 0" in m for m in msg), msg
+
+
+def test_a_grids_lambda_zero_cells_and_its_baseline_share_no_seed():
+    """A single-seed grid with λ = 0 cells and the default baseline ran (σ, λ = 0, seed 0) twice per σ: the
+    baseline's seeds began with the search's. They now begin after them."""
+    spec = parse_space(minimal(sampler={"name": "grid"}, num_samples=None, confirm=False,
+                               params={"defense.noise_std": {"choice": [0.05, 0.1]}, "cem.lambd": {"choice": [0, 8]},
+                                       "cem.surrogate": {"choice": ["gmm", "slot_cross"],
+                                                         "when": {"cem.lambd": [8]}}}))
+    assert spec.search_seeds == (0,) and spec.baseline_seeds == (1, 2, 3)
+    plain = parse_space(minimal(num_samples=2, confirm=False, params={"cem.lambd": {"choice": [4, 8]}}))
+    assert plain.baseline_seeds == (0, 1, 2)        # no λ = 0 cells: the search's seed first, as before

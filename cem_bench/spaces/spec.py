@@ -185,10 +185,15 @@ class SearchSpec:
     @property
     def baseline_seeds(self) -> tuple[int, ...]:
         """The baseline's seeds: the search's first, then the next integers (so a single-seed search shares
-        its seed with one baseline run)."""
+        its seed with one baseline run). In a grid whose λ choices include 0, only the integers after the
+        search's: its λ = 0 cells already run the search's seeds, and a baseline run at one of them was the
+        same configuration at the same seed, run twice (the statistics then keep one)."""
         if not self.baseline_replicates:
             return ()
-        seeds = list(self.search_seeds[: self.baseline_replicates])
+        zero_cells = self.sampler.get("name") == "grid" and any(
+            p.key == "cem.lambd" and p.choices is not None and any(float(v) == 0 for v in p.choices)
+            for p in self.params)
+        seeds = [] if zero_cells else list(self.search_seeds[: self.baseline_replicates])
         nxt = max(self.search_seeds) + 1
         while len(seeds) < self.baseline_replicates:
             seeds.append(nxt)
