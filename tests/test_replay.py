@@ -102,6 +102,23 @@ def test_the_default_grace_on_a_short_search_skips_what_does_not_fit(monkeypatch
     assert rc == 2 and "give --grace below 2" in err
 
 
+def test_a_search_its_scheduler_stopped_is_refused_and_rungs_without_probe_are_skipped(monkeypatch, capsys):
+    """A MOASHA search's survivors were replayed as if they were the whole search (a sample its scheduler chose),
+    and a setting whose rungs had no probe ranked there on accuracy alone (NaN as the worst): both silently."""
+    trials, epochs = recorded()
+    stopped = trials.copy()
+    stopped.loc[[5, 6], "status"] = "stopped"
+    rc, out, err = _main(monkeypatch, stopped, epochs, ["--orders", "2"], capsys)
+    assert rc == 2 and "2 of its 12 search trials were stopped early" in err and out == ""
+    sparse = epochs.copy()
+    sparse.loc[~sparse["epoch"].isin([2, 4, 6]), "probe_ssim"] = np.nan      # probed at 2, 4 and 6 only
+    rc, out, err = _main(monkeypatch, trials, sparse, ["--orders", "2", "--grace", "1", "2", "--eta", "2"], capsys)
+    assert rc == 0, err
+    assert "--grace 1 --eta 2 skipped: no trial recorded probe_ssim at epoch 1 (a rung" in out, out
+    table = out.split("Scheduler replayed")[1]
+    assert "[2, 4]" in table and "[1, 2, 4]" not in table
+
+
 @pytest.mark.parametrize("argv, says", [(["--workers", "0"], "--workers 0"), (["--eta", "1"], "--eta 1"),
                                         (["--grace", "0"], "--grace 0"), (["--orders", "0"], "--orders 0")])
 def test_settings_no_replay_can_run_are_refused_first(monkeypatch, capsys, argv, says):

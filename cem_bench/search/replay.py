@@ -207,6 +207,17 @@ def main(args) -> int:
     if not ids:
         raise ResultsError(f"{args.results_dir}: no search trial ran to the end ({len(trials)} trial(s) recorded); the "
                            f"replay judges the trials that finished")
+    search = trials[trials.get("role", pd.Series("search", index=trials.index)).fillna("search") == "search"]
+    n_stopped = int((search["status"] == "stopped").sum())
+    if n_stopped:   # the survivors of a scheduler are a sample it chose: replaying them says nothing of the whole
+        raise ResultsError(f"{args.results_dir}: {n_stopped} of its {len(search)} search trials were stopped early by "
+                           f"its scheduler, so only the ones it kept ran to the end, a sample it chose; the replay "
+                           f"needs every trial run to the end: replay a search run with `scheduler: fifo` and the "
+                           f"probe on (docs/search.md)")
+    n_other = len(search) - len(ids)
+    if n_other:
+        print(f"note: {n_other} of the {len(search)} search trials did not finish ok (errors, or still running); "
+              f"the replay judges the {len(ids)} that did")
     missing = [RUNG_METRICS[o["metric"]] for o in objectives
                if not any(np.isfinite(float(v.get(RUNG_METRICS[o["metric"]], math.nan)))
                           for rec in by_trial.values() for v in rec.values())]
@@ -222,6 +233,18 @@ def main(args) -> int:
         raise ResultsError(f"{args.results_dir}: every --grace ({' '.join(map(str, args.grace))}) is at or past the "
                            f"trials' {length} epochs; give --grace below {length}")
     args.grace = settings
+    stand_ins = [RUNG_METRICS[o["metric"]] for o in objectives]
+
+    def unrecorded(epoch: int) -> list[str]:   # the stand-ins no trial has a value of at this epoch
+        return [m for m in stand_ins
+                if not any(np.isfinite(float(rec.get(epoch, {}).get(m, math.nan))) for rec in by_trial.values())]
+    unprobed = {(g, eta): {r: unrecorded(r) for r in rung_epochs(length, g, eta) if unrecorded(r)}
+                for g in args.grace for eta in args.eta}
+    for (g, eta), gaps in unprobed.items():
+        if gaps:   # its rungs would rank a NaN as the worst value: on the other objective alone, without a word
+            print(f"note: --grace {g} --eta {eta:g} skipped: no trial recorded "
+                  + "; ".join(f"{' or '.join(ms)} at epoch {r}" for r, ms in gaps.items())
+                  + " (a rung of that setting: the probe's attack.probe_epochs)")
     corr = correlations(trials, epochs, objectives)
     print(f"{args.results_dir}: {int(corr['trials'].iloc[0]) if len(corr) else 0} finished search trials")
     print("\nSpearman rank correlation of the per-epoch value with the final objective:")
@@ -229,6 +252,8 @@ def main(args) -> int:
     rows = []
     for g in args.grace:
         for eta in args.eta:
+            if unprobed[(g, eta)]:
+                continue
             r = replay(trials, epochs, objectives, g, eta, orders=args.orders, workers=args.workers, seed=args.seed)
             rows.append({"grace": g, "eta": eta, "rungs": list(r.rungs),
                          "epochs run (share of FIFO)": f"{r.epochs_share:.2f} ± {r.epochs_share_std:.2f}",
