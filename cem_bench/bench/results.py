@@ -39,7 +39,8 @@ OBJECTIVES = [{"metric": "test_acc", "mode": "max", "ref": 0.1}, {"metric": "att
 
 def synthetic_results(n: int, folder: Path, seed: int = 0) -> Path:
     """A results folder of ``n`` trials: configurations of three seeds (every tenth a λ = 0 baseline), a
-    continuous λ, 8 epochs each, both attacks' SSIM and the strongest; 1 % errored."""
+    continuous λ, 8 epochs each, both attacks' SSIM and the strongest; 1 % errored; every column a search's
+    tables have (the config's keys, lists among them, the other metrics, the provenance)."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     n_cfg = max(1, n // 3)
@@ -63,10 +64,35 @@ def synthetic_results(n: int, folder: Path, seed: int = 0) -> Path:
         "config.defense.noise_std": 0.1, "config.train.epochs": 8,
         "config.cem.num_slots": np.where(surrogate == "slot_cross", (cfg % 7 + 2).astype(float), np.nan),
     })
+    # as wide as a search's: every other config key at its default (the list-valued ones among them: a table
+    # of 25 columns instead of a real one's ~140 timed the report 2.5x too fast), the other metrics, the λ scale's
+    # and the provenance's columns
+    from ..config import TrialConfig
+    extra = {}
+    for key, value in TrialConfig.from_flat({}).to_flat().items():
+        col = f"config.{key}"
+        if col not in trials:
+            extra[col] = [list(value) for _ in range(n)] if isinstance(value, (list, tuple)) else value
+    for col in ("test_acc_clean", "feature_spread", "attack_ssim_paper", "attack_psnr_batch", "final_train_loss",
+                "final_train_acc", "cem_loss_scale", "cem_strength", "attack_mse__decoder", "attack_mse__rmle",
+                "attack_psnr__decoder", "attack_psnr__rmle", "attack_s__decoder", "attack_s__rmle"):
+        extra[col] = rng.random(n)
+    for col, value in (("epochs_done", 8), ("rob_nonfinite", 0), ("resumed_from_epoch", 0), ("failures", 0),
+                       ("selected_epoch", 8), ("torch_threads", 1), ("attack_skipped", ""),
+                       ("git_sha", "0" * 40), ("package_version", "0.0"), ("torch_version", torch.__version__),
+                       ("device", "cpu (x86_64, 2 cores)"), ("node_id", "n" * 56), ("hostname", "node-1")):
+        extra[col] = value
+    trials = pd.concat([trials, pd.DataFrame(extra, index=trials.index)], axis=1)
+    trials["started_at"] = trials["finished_at"]
     trials.to_parquet(folder / "trials.parquet")
-    epochs = pd.DataFrame({"trial_id": np.repeat(trials["trial_id"].to_numpy(), 8), "epoch": np.tile(np.arange(1, 9), n),
-                           "test_acc": rng.random(8 * n), "train_loss": rng.random(8 * n),
-                           "feature_spread": rng.random(8 * n), "epoch_s": 3.0})
+    m = 8 * n
+    epochs = pd.DataFrame({"experiment": "synthetic", "trial_id": np.repeat(trials["trial_id"].to_numpy(), 8),
+                           "epoch": np.tile(np.arange(1, 9), n), "train_loss": rng.random(m), "train_acc": rng.random(m),
+                           "rob_loss": rng.random(m), "test_acc": rng.random(m), "test_acc_clean": rng.random(m),
+                           "feature_spread": rng.random(m), "epoch_s": 3.0, "images_per_s": 1000.0, "tflops": np.nan,
+                           "cem_active": True, "cem_loss_scale": 1.0, "lr": 0.05, "rob_nonfinite": 0,
+                           "surr_active_slots": rng.random(m), "surr_cluster_var": rng.random(m),
+                           "surr_embed_intra_mse": rng.random(m), "surr_intra_mse": rng.random(m), "train_s": 2.5})
     epochs.to_parquet(folder / "epochs.parquet")
     (folder / "search_space.json").write_text(json.dumps({"name": "synthetic", "objectives": OBJECTIVES}))
     return folder

@@ -9,7 +9,7 @@ import pandas as pd
 from cem_bench.analysis.aggregate import SEED_COLUMN
 from cem_bench.analysis.table import NOT_ERRORS, NOT_OK_WORDS
 
-from .formatting import format_value
+from .formatting import format_value, varies
 from .load import MAIN_PARAMS, REPORTED_METRICS, SKIP_COL, SURROGATE_COL, Results
 
 
@@ -17,7 +17,7 @@ from .load import MAIN_PARAMS, REPORTED_METRICS, SKIP_COL, SURROGATE_COL, Result
 def searched_columns(res: Results) -> list[str]:
     """The config columns that vary across trials (else the surrogate and the main parameters present)."""
     cfg = [c for c in res.trials.columns if c.startswith("config.")]
-    varying = [c for c in cfg if res.trials[c].dropna().astype(str).nunique() >= 2]
+    varying = [c for c in cfg if varies(res.trials[c])]
     if varying:
         return varying
     return [c for c in [SURROGATE_COL, *MAIN_PARAMS] if c in res.trials]
@@ -196,7 +196,7 @@ def config_searched_columns(res: Results) -> list[str]:
     """The config columns (the seed excepted) that vary across configurations, else the main ones present."""
     c = res.configs
     cfg = [col for col in c.columns if col.startswith("config.") and col != SEED_COLUMN]
-    varying = [col for col in cfg if c[col].dropna().astype(str).nunique() >= 2]
+    varying = [col for col in cfg if varies(c[col])]
     return varying or [col for col in [SURROGATE_COL, *MAIN_PARAMS] if col in c]
 
 

@@ -23,6 +23,18 @@ def is_missing(value) -> bool:
         return False
 
 
+def varies(series: pd.Series) -> bool:
+    """Does a column hold two or more distinct values (missing ones aside)? Lists and arrays (milestones,
+    attack.names) compared by their items: ``astype(str)`` printed every array of a 100,000-row column, most
+    of a report's time on a search's wide table."""
+    s = series.dropna()
+    try:
+        return s.nunique() >= 2
+    except TypeError:   # unhashable cells: lists, arrays
+        return s.map(lambda v: tuple(np.ravel(v).tolist()) if isinstance(v, (list, tuple, np.ndarray)) else v
+                     ).nunique() >= 2
+
+
 def format_value(value, column: str = "") -> str:
     """Human formatting: seconds with one decimal, counts as ints, other floats with 4 significant digits."""
     if is_missing(value):

@@ -17,7 +17,7 @@ from cem_bench.analysis.hypotheses import summary_text as hypotheses_summary
 from cem_bench.schema import DEFAULT_UTILITY_TOLERANCE
 
 from .facts import config_searched_columns, status_counts
-from .formatting import few_on, format_value, interval, is_missing, ms, p_text, plural, short
+from .formatting import few_on, format_value, interval, is_missing, ms, p_text, plural, short, varies
 from .load import LAMBD_COL, NOISE_COL, SURROGATE_COL, Results
 
 # ================================================================= the summary sentence
@@ -405,6 +405,6 @@ def _params_text(res: Results, row: pd.Series) -> str:
     c = res.configs
     own = c[c["_surrogate"] == row.get("_surrogate")]
     varying = [col for col in config_searched_columns(res)
-               if col == LAMBD_COL or own[col].dropna().astype(str).nunique() >= 2]
+               if col == LAMBD_COL or varies(own[col])]
     cols = [col for col in varying if col != SURROGATE_COL and not is_missing(row.get(col))]
     return ", ".join(f"{short(col).split('.')[-1]} {format_value(row.get(col))}" for col in cols) or "fixed keys"
