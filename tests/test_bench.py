@@ -436,3 +436,15 @@ def test_the_results_group_keeps_its_rows_without_optuna(monkeypatch):
     rows = bench_results.sampler_rows(type("Sizes", (), {"sampler_trials": (10,)})())
     assert [r["name"] for r in rows] == [f"results at scale: {s} ask+tell, 10 completed trials"
                                          for s in ("tpe", "nsga2", "gp")] and all(r["value"] > 0 for r in rows)
+
+
+def test_absolute_targets_read_in_their_unit_and_the_report_target_is_the_rows_own():
+    """The CUDA λ = 0 step's 1.73 ms printed as "0.002 s/step … 1.73x <= 2x", the paper trial's minutes as "x";
+    the report's ≤ 10 s target lived only in a note, with target and met empty in the JSON."""
+    from cem_bench.bench.harness import format_table, make_row
+    rows = [make_row("train step: lambda=0", 0.00173, "s/step", ratio=1.73, ratio_name="ms", target=("le", 2.0)),
+            make_row("results at scale: report, 10,000 trials", 12.0, "s", ratio=12.0, ratio_name="s",
+                     target=("le", 10.0))]
+    text = format_table({"header": {}, "rows": rows})
+    assert "0.00173 s/step" in text and "1.73 ms" in text and "<= 2 ms" in text and "1.73x" not in text
+    assert rows[1]["met"] is False and "12.00 s" in text and "<= 10 s" in text

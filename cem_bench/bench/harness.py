@@ -348,7 +348,8 @@ def _num(v: float | None, unit: str = "") -> str:
     if unit in ("img/s", "ops"):
         s = f"{v:,.0f}"
     elif unit in ("s", "s/step", "s/epoch", "s/trial"):
-        s = f"{v:.3f}" if v < 10 else f"{v:.1f}"
+        # three significant digits below 0.1 s: a 1.73 ms step printed as 0.002
+        s = f"{v:.3g}" if v < 0.1 else f"{v:.3f}" if v < 10 else f"{v:.1f}"
     else:
         s = f"{v:.3g}"
     return f"{s} {unit}".strip()
@@ -359,7 +360,13 @@ def _target_text(row: dict) -> str:
     if not t:
         return "-"
     sym = ">=" if t["op"] == "ge" else "<="
-    return f"{sym} {t['value']:g}x"
+    return f"{sym} {t['value']:g}{_ratio_unit(row)}"
+
+
+def _ratio_unit(row: dict) -> str:
+    """What the ratio column is in: "x" for a ratio, else its unit (an absolute target's ms, s or min)."""
+    name = row.get("ratio_name") or ""
+    return f" {name}" if name else "x"
 
 
 HEADER_LINES = (("device", "device"), ("CPU count", "cpu_count"), ("torch threads", "torch_threads"),
@@ -401,7 +408,7 @@ def format_table(result: dict) -> str:
             table.append((row["name"], "ERROR", row["error"][:80], "-", _target_text(row), "error"))
             notes.append(f"{row['name']}: {row['error']}")
             continue
-        ratio = "-" if row.get("ratio") is None else f"{row['ratio']:.2f}x"
+        ratio = "-" if row.get("ratio") is None else f"{row['ratio']:.2f}{_ratio_unit(row)}"
         if row.get("overhead") is not None:
             ratio += f" ({row['overhead']:+.0%})"
         met = {True: "yes", False: "NO", None: "-" if not row.get("target") else "n/a"}[row.get("met")]
