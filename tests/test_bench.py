@@ -448,3 +448,19 @@ def test_absolute_targets_read_in_their_unit_and_the_report_target_is_the_rows_o
     text = format_table({"header": {}, "rows": rows})
     assert "0.00173 s/step" in text and "1.73 ms" in text and "<= 2 ms" in text and "1.73x" not in text
     assert rows[1]["met"] is False and "12.00 s" in text and "<= 10 s" in text
+
+
+def test_an_rmle_failure_keeps_the_decoder_rows_and_no_trial_is_estimated_without_it(monkeypatch):
+    """rmle raising made the whole attack group one error row (the decoder rows measured before it lost), and
+    the epoch group then estimated a paper trial with 0 s of rmle, without a word."""
+    from cem_bench.attacks.rmle import RMLEAttack
+    from cem_bench.bench import run_bench
+
+    def broken(*a, **k):
+        raise RuntimeError("rmle broke")
+    monkeypatch.setattr(RMLEAttack, "invert", broken)
+    rows = run_bench(device="cpu", tiny=True, only=["attack", "epoch"])["rows"]
+    names = {r["name"]: r for r in rows}
+    assert any(n.startswith("attack epoch (cached features)") and not r.get("error") for n, r in names.items())
+    assert names["attack: rmle"]["error"].startswith("RuntimeError: rmle broke")
+    assert "measured no rmle time" in names["epoch-based estimate: one paper trial"]["error"]

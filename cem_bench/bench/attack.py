@@ -12,7 +12,7 @@ import statistics
 
 import torch
 
-from .harness import MEASURED, Sizes, make_row, median_time, round_robin, row, step_config, synthetic_splits
+from .harness import MEASURED, Sizes, error_row, make_row, median_time, round_robin, row, step_config, synthetic_splits
 
 PAPER_ATTACK_EPOCHS = 50
 PAPER_TRAIN_IMAGES = 50000
@@ -87,8 +87,13 @@ def bench_attack(device: torch.device, sizes: Sizes) -> list[dict]:
                          note=f"{PAPER_ATTACK_EPOCHS} x {PAPER_TRAIN_IMAGES} x the epoch's {med / n * 1e6:.1f} us per "
                               f"image (the paper's attacker: 50 epochs; a decoder trained on a training set's worth "
                               f"of images)"))
-    rows.extend(_rmle_rows(device, client, splits, cfg))
-    rows.extend(_probe_rows(device, client, cfg, sizes))
+    # each part on its own: an rmle or probe failure keeps the decoder's rows measured above
+    for name, part in (("attack: rmle", lambda: _rmle_rows(device, client, splits, cfg)),
+                       ("attack: probe", lambda: _probe_rows(device, client, cfg, sizes))):
+        try:
+            rows.extend(part())
+        except Exception as e:  # noqa: BLE001 - the other rows stand
+            rows.append(error_row(name, e))
     return rows
 
 
