@@ -103,3 +103,19 @@ def direct_trainable(monkeypatch, tmp_path, gpu, run_trial, fixed=None, checkpoi
     spec = types.SimpleNamespace(metric_names=("test_acc",), fixed=dict(fixed or {}))
     # the worker's thread count as it is: the trainable sets it from resources.cpu
     return trainable.make_trainable(str(tmp_path), spec, {"cpu": torch.get_num_threads(), "gpu": gpu})
+
+
+def fake_object_storage(monkeypatch, root) -> None:
+    """``test://PATH`` URIs read and written as object storage (``storage.filesystem``'s pyarrow file system) in
+    the local folder ``root/PATH``: the remote code paths (no lock, no links, one PUT per write) without a
+    bucket. Any other path resolves as before."""
+    import pyarrow.fs as pafs
+
+    from cem_bench import storage
+    real = storage.filesystem
+
+    def fake(path):
+        if str(path).startswith("test://"):
+            return pafs.LocalFileSystem(), str(root / str(path)[len("test://"):])
+        return real(path)
+    monkeypatch.setattr(storage, "filesystem", fake)

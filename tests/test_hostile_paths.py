@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import pytest
-from conftest import alarm_after
+from conftest import alarm_after, fake_object_storage
 from test_report import write_results
 
 from cem_bench import storage
@@ -120,13 +119,7 @@ def test_a_remote_report_keeps_every_file_under_out(tmp_path, monkeypatch):
     t.to_parquet(bucket / "trials.parquet")
     (bucket.parent / "x" / "PLANT").mkdir(parents=True)
     (bucket.parent / "x" / "PLANT" / "recon.png").write_bytes(SECRET)
-    real = storage.filesystem
-
-    def fake(path):
-        if str(path).startswith("test://"):
-            return pafs.LocalFileSystem(), str(tmp_path / "bucket" / str(path)[len("test://"):])
-        return real(path)
-    monkeypatch.setattr(storage, "filesystem", fake)
+    fake_object_storage(monkeypatch, tmp_path / "bucket")
     out = tmp_path / "o1" / "o2" / "o3"
     build_report("test://res", out)
     written = [p for p in (tmp_path / "o1").rglob("*") if p.is_file()]

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import fake_object_storage
 
 from cem_bench import cli
 from cem_bench.errors import SearchError
@@ -240,17 +241,8 @@ def test_a_named_pipe_at_the_lock_is_refused_by_name_and_never_waited_on(tmp_pat
 def bucket(tmp_path, monkeypatch):
     """``test://`` URIs as object storage in tmp_path/bucket (pyarrow's local file system behind
     storage.filesystem), the claim's wait shortened."""
-    import pyarrow.fs as pafs
-
-    from cem_bench import storage
     from cem_bench.search import lock
-    real = storage.filesystem
-
-    def fake(path):
-        if str(path).startswith("test://"):
-            return pafs.LocalFileSystem(), str(tmp_path / "bucket" / str(path)[len("test://"):])
-        return real(path)
-    monkeypatch.setattr(storage, "filesystem", fake)
+    fake_object_storage(monkeypatch, tmp_path / "bucket")
     monkeypatch.setattr(lock, "CLAIM_WAIT_S", 0.01)
     (tmp_path / "bucket" / "res").mkdir(parents=True)
     return tmp_path / "bucket" / "res"

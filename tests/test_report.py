@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import fake_object_storage
 from matplotlib.image import imsave
 
 from cem_bench import surrogates
@@ -639,17 +640,8 @@ def test_a_new_surrogate_needs_no_edit_in_report_to_get_its_keys_drawn_and_table
 def test_report_of_a_folder_on_object_storage(tmp_path, monkeypatch):
     """An s3/gs results folder is read through pyarrow.fs (here a local folder behind a fake scheme): the
     tables, the search space and the galleries are fetched into out/source and the report is written in out."""
-    import pyarrow.fs as pafs
-
-    from cem_bench import storage
     write_results(tmp_path / "bucket" / "res")
-    real = storage.filesystem
-
-    def fake(path):
-        if str(path).startswith("test://"):
-            return pafs.LocalFileSystem(), str(tmp_path / "bucket" / str(path)[len("test://"):])
-        return real(path)
-    monkeypatch.setattr(storage, "filesystem", fake)
+    fake_object_storage(monkeypatch, tmp_path / "bucket")
     with pytest.raises(ResultsError, match="--out"):
         build_report("test://res")
     index = build_report("test://res", tmp_path / "out")

@@ -9,6 +9,7 @@ import shutil
 
 import pandas as pd
 import pytest
+from conftest import fake_object_storage
 
 from cem_bench.analysis import results
 from cem_bench.analysis.report.load import load_results
@@ -389,16 +390,8 @@ def test_a_report_of_object_storage_mid_search_writes_nothing_there(experiment, 
     """`report s3://…` of a search that had written no tables built them and wrote them into the bucket: a
     trial still running became an error there, and once that driver was killed the wrong table was read as
     final by every later reader. Now they are built into the report's own copy only, and the page says why."""
-    import pyarrow.fs as pafs
-
-    from cem_bench import cli, storage
-    real = storage.filesystem
-
-    def fake(path):
-        if str(path).startswith("test://"):
-            return pafs.LocalFileSystem(), str(tmp_path / str(path)[len("test://"):])
-        return real(path)
-    monkeypatch.setattr(storage, "filesystem", fake)
+    from cem_bench import cli
+    fake_object_storage(monkeypatch, tmp_path)
     make_trial(experiment, "aaaa0006", 6, None, lines=[{"status": "running", "trial_id": "aaaa0006", **hist(1)[0]}])
     before = sorted(p.name for p in experiment.iterdir())
     assert cli.main(["report", "test://handmade", "--out", str(tmp_path / "rep")]) == 0
