@@ -123,23 +123,25 @@ def test_a_trial_that_errored_runs_again_after_resume_and_counts_as_it_ends(tmp_
 
     from cem_bench.search.searcher import make_searcher
     from cem_bench.spaces import load_space
-    spec = load_space(write_space(tmp_path, "rerun", num_samples=3, confirm={"top": 1, "replicates": 3}))
+    spec = load_space(write_space(tmp_path, "rerun", num_samples=3, max_concurrent=3,
+                                  confirm={"top": 1, "replicates": 3}))
     exp = tmp_path / "exp"
     generator = make_searcher(spec, str(exp))
     pickled = cloudpickle.dumps(generator)
-    first = generator.searcher.searcher
-    configs = {tid: first.suggest(tid) for tid in ("a", "b", "c")}
+    configs = {tid: generator.searcher.suggest(tid) for tid in ("a", "b", "c")}   # through the limiter, as Tune
+    first = generator.searcher
     first.on_trial_complete("a", {"test_acc": 0.80, "attack_ssim": 0.50, "status": "ok"})
     first.on_trial_complete("b", {"test_acc": 0.70, "attack_ssim": 0.60, "status": "ok"})
     first.on_trial_complete("c", None, error=True)           # its retries used up: Ray's ERROR
-    first.save(str(tmp_path / "searcher.pkl"))
-    second = cloudpickle.loads(pickled).searcher.searcher    # --resume
-    second.restore(str(tmp_path / "searcher.pkl"))
-    assert second.suggest("d") is None                       # c runs again: the confirmation waits for it
-    second.on_trial_complete("c", {"test_acc": 0.95, "attack_ssim": 0.10, "status": "ok"})
-    confirm = second.suggest("d")
+    generator.save_to_dir(str(tmp_path), "s1")               # the experiment checkpoint: the limiter's state too
+    restored = cloudpickle.loads(pickled)                    # --resume, through the generator Tune drives
+    restored.restore_from_dir(str(tmp_path))
+    limiter = restored.searcher
+    assert limiter.suggest("d") is None                      # c runs again: the confirmation waits for it
+    limiter.on_trial_complete("c", {"test_acc": 0.95, "attack_ssim": 0.10, "status": "ok"})
+    confirm = limiter.suggest("d")
     assert confirm["role"] == "confirm" and confirm["cem.lambd"] == configs["c"]["cem.lambd"], (confirm, configs)
-    second.on_trial_complete("d", {"test_acc": 0.9, "attack_ssim": 0.1, "status": "ok"})
+    limiter.on_trial_complete("d", {"test_acc": 0.9, "attack_ssim": 0.1, "status": "ok"})
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -168,3 +170,28 @@ def test_a_discrete_space_runs_every_configuration_once_before_any_copy(tmp_path
         searcher.on_trial_complete(f"t{i}", {"test_acc": c["cem.lambd"] / 40, "attack_ssim": c["defense.noise_std"],
                                              "status": "ok"})
     assert len(set(seen)) == 36
+
+
+def test_a_replicate_rerun_does_not_count_its_configuration_twice(tmp_path):
+    """A group whose replicate errored was told the mean of its other runs (COMPLETE); its rerun after --resume
+    added a second COMPLETE trial of the same parameters, counted twice by the sampler and the dashboard."""
+    import ray.cloudpickle as cloudpickle
+
+    from cem_bench.search.searcher import make_searcher
+    from cem_bench.spaces import load_space
+    spec = load_space(write_space(tmp_path, "group", num_samples=1, max_concurrent=3, replicates=3))
+    exp = tmp_path / "exp"
+    generator = make_searcher(spec, str(exp))
+    pickled = cloudpickle.dumps(generator)
+    limiter = generator.searcher
+    for tid in ("a", "b", "c"):
+        assert limiter.suggest(tid) is not None
+    limiter.on_trial_complete("a", {"test_acc": 0.7, "attack_ssim": 0.4, "status": "ok"})
+    limiter.on_trial_complete("b", {"test_acc": 0.7, "attack_ssim": 0.4, "status": "ok"})
+    limiter.on_trial_complete("c", None, error=True)
+    generator.save_to_dir(str(tmp_path), "s1")
+    restored = cloudpickle.loads(pickled)
+    restored.restore_from_dir(str(tmp_path))
+    restored.searcher.on_trial_complete("c", {"test_acc": 0.9, "attack_ssim": 0.1, "status": "ok"})
+    study = restored.searcher.searcher._ot_study
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE"]

@@ -581,3 +581,25 @@ def test_a_storage_uri_with_options_keeps_them_after_the_experiment_name():
     d = Dir.__new__(Dir)       # a Dir of that folder, without connecting to the bucket
     d.uri, d.display = True, join(base, "q1")
     assert d.url("trials.parquet") == "s3://b/p/q1/trials.parquet?endpoint_override=127.0.0.1:5917&scheme=http"
+
+
+def test_resume_of_an_experiment_saved_by_an_older_cem_bench_is_not_refused_for_derived_values():
+    """An older cem-bench saved the baseline's seeds from the search's and confirm.top as written; the same space
+    now derives other seeds (a grid with λ = 0 cells) and a top cut to the configurations it can have: --resume
+    refused the very file it was started with. What the space says is still compared."""
+    import json
+
+    from cem_bench.spaces import parse_space
+    doc = {"name": "old", "sampler": {"name": "grid"}, "confirm": {"top": 20, "replicates": 3},
+           "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.1},
+                          {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
+           "fixed": {"train.device": "cpu"},
+           "params": {"cem.lambd": {"choice": [0, 4, 8]}, "cem.surrogate": {"choice": ["gmm", "slot_cross"]}}}
+    spec = parse_space(doc)
+    saved = json.loads(json.dumps(spec.to_dict()))
+    saved["baseline"]["seeds"] = [0, 1, 2]          # as the older code derived them
+    saved["confirm"]["top"] = 20                     # as written, before the cut to 4 cells
+    assert run.space_changes(spec, saved) == ([], [])
+    saved["confirm"]["top"] = 2                      # a space that asked for fewer: changed
+    refused, _ = run.space_changes(spec, saved)
+    assert refused and refused[0].startswith("confirm")

@@ -118,7 +118,9 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
         import ray.cloudpickle as cloudpickle
         with open(checkpoint_path, "rb") as fh:
             self.__dict__.update(cloudpickle.load(fh))
-        self.reopen_errored()   # only --resume restores, and it runs the errored trials again
+        # only --resume restores, and it runs the errored trials again (the generator tells the concurrency
+        # limiter around this searcher that they run: SnapshotSearchGenerator.restore_from_dir)
+        self._reopened = self.reopen_errored()
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
         self.run_finished(trial_id, result, error)
@@ -155,6 +157,10 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
         if ot_trial is None:
             return
         frozen = self._ot_study.get_trials(deepcopy=False)[ot_trial.number]
+        if frozen.state == optuna.trial.TrialState.COMPLETE:
+            # a replicate group told the mean of its other runs: a second COMPLETE trial of the same parameters
+            # would count the configuration twice in the sampler's model; the tables hold the rerun
+            return
         values = None
         if not stopped(result, error) and not error and result and result.get("status") != "error":
             vals = [result.get(m) for m in self._metrics]
@@ -252,6 +258,20 @@ class SnapshotSearchGenerator(SearchGenerator):
             print(f"--resume: the experiment was in {self._experiment.storage.experiment_fs_path}; its new trials "
                   f"are made in {ctx.experiment_fs_path}", flush=True)
             self._experiment.storage = self._experiment.spec["storage"] = ctx
+
+    def restore_from_dir(self, dirpath: str):
+        """Ray's restore, then the trials the searcher reopened (errored ones ``--resume`` runs again) made live
+        in the ConcurrencyLimiter around it: it forwards only the completions of trials it handed out since its
+        state was saved, so a rerun's completion never reached the searcher, which then waited for it forever."""
+        super().restore_from_dir(dirpath)
+        limiter, base = self.searcher, self.searcher
+        while hasattr(base, "searcher"):
+            base = base.searcher
+        if isinstance(limiter, ConcurrencyLimiter):
+            for tid in getattr(base, "_reopened", ()):
+                if tid not in limiter.live_trials:
+                    limiter.live_trials.add(tid)
+                    limiter.num_unfinished_live_trials += 1
 
     def save_to_dir(self, dirpath: str, session_str: str):
         super().save_to_dir(dirpath, session_str)
