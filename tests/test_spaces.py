@@ -781,3 +781,13 @@ def test_a_grids_lambda_zero_cells_and_its_baseline_share_no_seed():
     assert spec.search_seeds == (0,) and spec.baseline_seeds == (1, 2, 3)
     plain = parse_space(minimal(num_samples=2, confirm=False, params={"cem.lambd": {"choice": [4, 8]}}))
     assert plain.baseline_seeds == (0, 1, 2)        # no λ = 0 cells: the search's seed first, as before
+
+
+def test_a_stepped_range_lists_the_values_a_sampler_draws():
+    """0 + 7·0.1 is 0.7000000000000001: listed so, the last value of [0, 0.7] step 0.1 lay outside the range,
+    and a valid space was refused for it (defense.noise_std=10.000000000000002 of [1.05, 10] step 0.05)."""
+    from cem_bench.spaces.parse_plan import as_choice
+    spec = parse_space(minimal(num_samples=4, baseline=False, params={"defense.noise_std": {"uniform": [1.05, 10], "step": 0.05},
+                                                      "cem.lambd": {"choice": [4, 8]}}))
+    values = as_choice(next(p for p in spec.params if p.key == "defense.noise_std")).choices
+    assert max(values) == 10.0 and len(values) == 180

@@ -41,7 +41,9 @@ def as_choice(p):
     if p.kind == "int":
         values = tuple(range(int(p.low), int(p.high) + 1, int(p.step or 1)))
     elif p.kind == "uniform":
-        values = tuple(float(p.low) + i * float(p.step) for i in range(discrete_count(p)))
+        # as Optuna draws them: low + i·step, never past high (0 + 7·0.1 is 0.7000000000000001, outside the
+        # range: a cell no sampler proposes, refused by the config, and a near-copy of one that ran)
+        values = tuple(min(float(p.low) + i * float(p.step), float(p.high)) for i in range(discrete_count(p)))
     else:
         return p
     return dataclasses.replace(p, kind="choice", choices=values)
