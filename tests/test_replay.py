@@ -117,6 +117,8 @@ def test_a_search_its_scheduler_stopped_is_refused_and_rungs_without_probe_are_s
     assert "--grace 1 --eta 2 skipped: no trial recorded probe_ssim at epoch 1 (a rung" in out, out
     table = out.split("Scheduler replayed")[1]
     assert "[2, 4]" in table and "[1, 2, 4]" not in table
+    rc, out, err = _main(monkeypatch, trials, sparse, ["--orders", "2", "--grace", "1", "3", "--eta", "2"], capsys)
+    assert rc == 2 and "every setting has a rung at an epoch no trial probed (probed: 2, 4, 6)" in err, err
 
 
 @pytest.mark.parametrize("argv, says", [(["--workers", "0"], "--workers 0"), (["--eta", "1"], "--eta 1"),

@@ -455,4 +455,7 @@ def test_a_resume_killed_before_its_end_leaves_its_unfinished_trials_interrupted
     statuses = lambda t: dict(zip(t["trial_id"], t["status"]))   # noqa: E731
     assert statuses(load_results(experiment).trials)["aaaa0006"] == "interrupted"
     supersede_tables(str(experiment))     # what a resume does before Ray runs its trials; then it is killed
-    assert statuses(load_results(experiment).trials)["aaaa0006"] == "interrupted"
+    rebuilt = statuses(load_results(experiment).trials)
+    assert rebuilt["aaaa0006"] == "interrupted"
+    # a trial that recorded its own error (TrialDiverged) ended: never relabelled by a signal's record
+    assert rebuilt["aaaa0004"] == "error"

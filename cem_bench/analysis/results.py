@@ -311,10 +311,14 @@ def interruption(exp: _Dir) -> dict | None:
 
 def mark_interrupted(row: dict, record: dict | None) -> dict:
     """A trial that was in flight (or waiting) when a signal stopped the search: status "interrupted", not
-    "error" (``--resume`` continues it from its last checkpoint). An error Ray recorded before the signal
-    stays an error."""
+    "error" (``--resume`` continues it from its last checkpoint). Stays an error: a trial's own recorded error
+    (its ``trial_result.json``: it ended, a diverged run, say, which no resume runs again), and an error Ray
+    recorded before the signal. (One Ray recorded after it, in a resumed run killed before its end, is
+    "interrupted": the next ``--resume`` runs it again, as it runs every errored trial.)"""
     error_at = row.pop("_error_at", None)
     if record is None or row.get("status") != "error":
+        return row
+    if error_at is None and not row.get("_partial"):
         return row
     at = record.get("at")
     if error_at is not None and isinstance(at, (int, float)) and error_at < at - INTERRUPT_SLACK_S:

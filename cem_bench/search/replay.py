@@ -240,6 +240,12 @@ def main(args) -> int:
                 if not any(np.isfinite(float(rec.get(epoch, {}).get(m, math.nan))) for rec in by_trial.values())]
     unprobed = {(g, eta): {r: unrecorded(r) for r in rung_epochs(length, g, eta) if unrecorded(r)}
                 for g in args.grace for eta in args.eta}
+    if all(unprobed.values()):
+        probed = sorted({e for rec in by_trial.values() for e, v in rec.items()
+                         if all(np.isfinite(float(v.get(m, math.nan))) for m in stand_ins)})
+        raise ResultsError(f"{args.results_dir}: every setting has a rung at an epoch no trial probed (probed: "
+                           f"{', '.join(map(str, probed)) or 'none'}); give --grace and --eta whose rungs fall on "
+                           f"those epochs, or search with the probe at every epoch (attack.probe_epochs)")
     for (g, eta), gaps in unprobed.items():
         if gaps:   # its rungs would rank a NaN as the worst value: on the other objective alone, without a word
             print(f"note: --grace {g} --eta {eta:g} skipped: no trial recorded "
