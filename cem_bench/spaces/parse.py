@@ -175,7 +175,7 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
         elif num_samples:
             self.distinct(params, num_samples)
         baseline, cells = self.baseline(baseline_n, fixed, params, grid, seeds)
-        if top:
+        if top and not self.errors:   # (a grid refused for its size is never listed)
             top = self.confirmable(top, doc.get("confirm"), fixed, params, grid, num_samples)
         if hypotheses and not self.errors:
             from .sampling import grid_cells

@@ -239,6 +239,8 @@ class PlanStages:
             return 0
         if grid:
             from .sampling import grid_cells
+            if math.prod(len(p.choices) for p in params) > MAX_CELLS:
+                return top   # refused by ``grid`` already; never listed
             default = fixed.get("cem.lambd", key_specs()["cem.lambd"].default)
             cap = sum(1 for c in grid_cells(params) if float(c.get("cem.lambd", default)) != 0)
         else:
