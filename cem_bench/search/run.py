@@ -435,9 +435,9 @@ def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
         if key in RESUME_UNCOMPARED or key not in saved or saved[key] == value:
             continue
         if key in ("baseline", "confirm") and isinstance(value, dict) and isinstance(saved[key], dict):
-            # their seeds follow from the search's (and confirm.top is cut to what the search can have, since
-            # 2026-12-06): an experiment started by an older cem-bench saved other derived values for the same
-            # space. Compared: what the space says; a lower top is what the restored plan can run anyway
+            # their seeds follow from the search's, and confirm.top is cut to what the search can have: derived
+            # values, which an experiment started by an older cem-bench saved otherwise for the same space.
+            # Compared: what the space says; a lower top is what the restored plan can run anyway
             was = {k: v for k, v in saved[key].items() if k != "seeds"}
             is_ = {k: v for k, v in value.items() if k != "seeds"}
             if key == "confirm" and isinstance(was.get("top"), int) and isinstance(is_.get("top"), int) and \
