@@ -95,11 +95,10 @@ class JournalOptunaSearch(RunQueue, OptunaSearch):
     def _unseen_cell(self, seen: set, limit: int = 100_000) -> dict | None:
         """The first configuration of a discrete space (file order, ``when`` applied) no trial has proposed; None
         for a continuous space, one of more than ``limit`` configurations, or one with none left."""
-        from ..spaces.parse_plan import as_choice, discrete_count
+        from ..spaces.parse_params import bounded_cells
         params = getattr(self, "_discrete", None)
-        if not params or math.prod(discrete_count(p) for p in params) > limit:
-            return None
-        for cell in grid_cells([as_choice(p) for p in params]):
+        cells = bounded_cells(list(params), limit) if params else None   # the loader's cells, never past limit
+        for cell in cells or ():
             if tuple(sorted((k, repr(v)) for k, v in cell.items())) not in seen:
                 return cell
         return None
