@@ -230,12 +230,10 @@ class PlanStages:
         at 0 there is nothing to confirm: the default is then off, and a ``confirm`` given is refused (the
         banner promised runs the end of the search said were "none with λ ≠ 0")."""
         if lambda_fixed_at_zero(fixed, params):
-            if given not in (None, True):
-                self.err("confirm", f"{given!r} with cem.lambd fixed at 0: the confirmation runs the best λ ≠ 0 "
+            if given is not None:   # (false never reaches here: its top is 0)
+                shown = "true" if given is True else repr(given)
+                self.err("confirm", f"{shown} with cem.lambd fixed at 0: the confirmation runs the best λ ≠ 0 "
                          f"configurations again, and there are none; set confirm: false, or search cem.lambd")
-            elif given is True:
-                self.err("confirm", "true with cem.lambd fixed at 0: the confirmation runs the best λ ≠ 0 "
-                         "configurations again, and there are none; set confirm: false, or search cem.lambd")
             return 0
         if grid:
             from .sampling import grid_cells
