@@ -349,6 +349,10 @@ def test_workers_start_on_demand_pack_as_claimed_and_end_when_idle(tmp_path, aut
 
     def poll() -> None:
         nonlocal peak, peak_alive
+        # the held resources first, then the nodes: a trial's resources are held on a node only once the node has
+        # registered, so every worker the count includes is in a listing taken after it. (Listed before it, a worker
+        # that came up between the two calls was counted but not seen alive: the CI run of cebdc12 failed so.)
+        held = reserved()
         now = time.time()
         nodes = {node: alive for node, alive in worker_nodes().items() if node not in known}
         for node, alive in nodes.items():
@@ -356,7 +360,6 @@ def test_workers_start_on_demand_pack_as_claimed_and_end_when_idle(tmp_path, aut
                 up.setdefault(node, now)
             elif node in up:
                 gone.setdefault(node, now)
-        held = reserved()
         if held > peak:
             peak, peak_alive = held, {node for node, alive in nodes.items() if alive}
 
