@@ -209,12 +209,45 @@ def test_a_search_trial_is_re_attacked_from_its_latest_checkpoint(tmp_path, caps
 
     import shutil
     refused(rewrite(status="error", error="ValueError: x"), "ended 'error'", "no trained encoder")
-    refused(rewrite(selected_epoch=1), "encoder of epoch 1 (train.select_best_last)", "cem-bench train --out")
+    refused(rewrite(selected_epoch=1), "encoder of epoch 1 (train.select_best_last)", "selected copy of epoch None")
+    refused(rewrite(selected_epoch=7), "selected_epoch 7, not an epoch of the run (1..2)")
+    history = record["info"]["history"]
+    refused(rewrite(info={**record["info"], "history": [{**h, "test_acc": h["test_acc"] + 0.01} for h in history]}),
+            "are not those", "the checkpoint is another run's")
     refused(lambda d: shutil.rmtree(d / "checkpoint_000001"), "is the state of epoch 1", "attacked at epoch 2")
     refused(lambda d: [shutil.rmtree(c) for c in d.glob("checkpoint_*")], "holds no checkpoint_NNNNNN/ folder")
     refused(lambda d: (d / "checkpoint_000001" / "state.pt").write_bytes(b"junk"), "state.pt is not a readable")
     refused(lambda d: (d / "trial_result.json").write_text("{"), "trial_result.json is not valid JSON")
     refused(rewrite(info={}), "has no resolved config")
+
+
+def test_a_select_best_last_trial_is_re_attacked_at_its_selected_epoch(tmp_path, capsys):
+    """`train.select_best_last` attacks an earlier epoch's encoder than the last; every per-epoch state holds that
+    copy (the trainer's ``best``), so the re-attack of the trial gives the trial's own numbers (it was refused,
+    and the paper's protocol, select_best_last 40, could not be re-attacked). A checkpoint of another trial of
+    the same width copied into the folder is refused (it was attacked, its numbers under this trial's config)."""
+    flat = {**TINY, "train.epochs": 3, "train.select_best_last": 3, "train.lr": 0.2}
+    for seed in range(10):   # a seed whose best epoch is not the last, so the selected copy is what is attacked
+        trial = tmp_path / f"cem_trial_{seed}"
+        result = _trial_folder(trial, {**flat, "seed": seed})
+        if result["selected_epoch"] != result["epoch"]:
+            break
+    assert result["selected_epoch"] < result["epoch"], "no seed selected an earlier epoch"
+    capsys.readouterr()
+    assert main(["attack", str(trial)]) == 0
+    again = json.loads((trial / next(d for d in os.listdir(trial) if d.startswith("attack-")) / "attack.json").read_text())
+    for k in ("attack_ssim__decoder", "attack_ssim__rmle", "attack_mse"):
+        assert again[k] == pytest.approx(result[k], rel=1e-6, abs=1e-7), k
+    import shutil
+    other = tmp_path / "other"
+    _trial_folder(other, {**flat, "seed": 99, "cem.lambd": 4.0})
+    for c in trial.glob("checkpoint_*"):
+        shutil.rmtree(c)
+    for c in other.glob("checkpoint_*"):
+        shutil.copytree(c, trial / c.name)
+    capsys.readouterr()
+    assert main(["attack", str(trial)]) == 2
+    assert "the checkpoint is another run's" in capsys.readouterr().err
 
 
 def test_a_re_attack_runs_at_the_trial_s_own_torch_threads_unless_told(tmp_path, capsys):

@@ -127,10 +127,10 @@ def _state_of(obj: dict, path: str) -> dict:
 
 def load_trial(trial_dir: str) -> tuple[dict, dict]:
     """``(config, trainer_state)`` of a finished search trial: the resolved config of its ``trial_result.json``
-    and the state of its latest Ray checkpoint, which is the encoder the trial attacked. ResultsError (before
-    anything is written) when the trial did not finish, or when that checkpoint is not of the attacked encoder:
-    a run with ``train.select_best_last`` attacked an earlier epoch's, and a trial whose last checkpoint is of an
-    earlier epoch than its result (a folder copied in part) would be attacked as another run."""
+    and the state of its latest Ray checkpoint with the encoder the trial attacked as its ``client`` (with
+    ``train.select_best_last`` the selected epoch's copy that state holds). ResultsError (before anything is
+    written) when the trial did not finish, or when that checkpoint is not of the attacked encoder: a trial whose
+    last checkpoint is of an earlier epoch than its result (a folder copied in part), or another run's."""
     folder = Dir(trial_dir)
     if folder.kind() != "dir":
         raise ResultsError(f"{trial_dir} is not a folder: {WHERE}")
@@ -154,10 +154,9 @@ def load_trial(trial_dir: str) -> tuple[dict, dict]:
     epoch, selected = record.get("epoch"), record.get("selected_epoch", record.get("epoch"))
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
         raise ResultsError(f"{path} records no final epoch (epoch: {epoch!r}): it is not a finished trial's record")
-    if selected != epoch:
-        raise ResultsError(f"{path}: the trial attacked the encoder of epoch {selected} (train.select_best_last), "
-                           f"and a search keeps only the latest checkpoints, of epoch {epoch} and the one before: "
-                           f"re-attack it from a `cem-bench train --out` run of the same config instead")
+    if not isinstance(selected, int) or isinstance(selected, bool) or not 1 <= selected <= epoch:
+        raise ResultsError(f"{path} records selected_epoch {selected!r}, not an epoch of the run (1..{epoch}): it "
+                           f"is not a finished trial's record")
     kept = sorted((int(m.group(1)), name) for name in folder.subdirs() if (m := CHECKPOINT_DIR.fullmatch(name)))
     if not kept:
         raise ResultsError(f"{folder.url()} holds no checkpoint_NNNNNN/ folder: the trial's trained encoder is "
@@ -173,10 +172,38 @@ def load_trial(trial_dir: str) -> tuple[dict, dict]:
     if state["epoch"] != epoch:
         raise ResultsError(f"{state_path} is the state of epoch {state['epoch']}, and the trial finished and was "
                            f"attacked at epoch {epoch}: it is not the encoder the trial attacked")
+    _same_run(state, record, state_path, path)
+    if selected != epoch:
+        # train.select_best_last: the trial attacked the selected epoch's encoder, which every per-epoch state
+        # holds beside the latest one (the trainer's ``best``)
+        best = state.get("best")
+        if not isinstance(best, dict) or best.get("epoch") != selected:
+            raise ResultsError(f"{state_path}: the trial attacked the encoder of epoch {selected} "
+                               f"(train.select_best_last), and its latest state holds the selected copy of epoch "
+                               f"{best.get('epoch') if isinstance(best, dict) else None}: it is not the encoder "
+                               f"the trial attacked")
+        state = {**state, "client": best.get("client")}
     client = state["client"]
     if not isinstance(client, dict) or not all(isinstance(v, torch.Tensor) for v in client.values()):
         raise ResultsError(f"{state_path} holds no client encoder (trainer.client): it is not a trial's state")
     return config, state
+
+
+def _same_run(state: dict, record: dict, state_path: str, path: str) -> None:
+    """ResultsError when the state's epoch history is not the record's: a checkpoint of another trial of the same
+    width copied into the folder would be attacked, and its numbers reported under this trial's config. Compared
+    on each epoch's noisy test accuracy (both written from the same float); a record without a history (an older
+    cem-bench's) is not compared."""
+    ours = (record.get("info") or {}).get("history")
+    theirs = state.get("history")
+    if not isinstance(ours, list) or not isinstance(theirs, list):
+        return
+    def acc(rows: list) -> list:   # NaN (an epoch without a test pass) reads as None, as the JSON record holds it
+        values = [r.get("test_acc") if isinstance(r, dict) else None for r in rows]
+        return [None if v is None or (isinstance(v, float) and v != v) else float(v) for v in values]
+    if acc(ours) != acc(theirs):
+        raise ResultsError(f"{state_path}: its epochs' test accuracies are not those {path} records: the "
+                           f"checkpoint is another run's (copied in?), not the encoder this trial attacked")
 
 
 def recorded_threads(run_dir: str) -> int | None:
