@@ -208,7 +208,35 @@ def _positive_int(text: str) -> int:
     return n
 
 
-ATTACK_ALSO = ("train.device", "train.eval_batch_size")   # the keys `attack --set` takes besides attack.*
+# the keys `attack --set` takes besides attack.*: none changes the split or the encoder (data.root: where the
+# run's data set is on this machine, when the run recorded another machine's folder)
+ATTACK_ALSO = ("train.device", "train.eval_batch_size", "data.root")
+# attack.* keys only training reads (the privacy probe's): a re-attack would take them and change nothing
+TRAINING_ONLY_ATTACK_KEYS = ("attack.probe_epochs", "attack.probe_images", "attack.probe_iterations")
+
+
+def unread_attack_keys(overrides: dict, cfg) -> list[str]:
+    """``--set`` keys of ``cem-bench attack`` that the attacks it runs never read, each with who would: a key of
+    an attack not in ``attack.names`` (``--set attack.names=[decoder] --set attack.rmle_iterations=500`` ran the
+    decoder alone, the user believing rmle strengthened), or a key only training reads."""
+    import dataclasses
+
+    from . import attacks
+    from .config import AttackConfig
+    common = {f.name for f in dataclasses.fields(AttackConfig)} - {"params"}
+    problems = []
+    for key in overrides:
+        if key in TRAINING_ONLY_ATTACK_KEYS:
+            problems.append(f"{key} is read only while training (the privacy probe)")
+            continue
+        name = key.removeprefix("attack.")
+        if not key.startswith("attack.") or name in common or name in cfg.attack.params:
+            continue
+        readers = [a for a in attacks.names() if attacks.get(a).Keys is not None
+                   and name in {f.name for f in dataclasses.fields(attacks.get(a).Keys)}]
+        problems.append(f"{key} is read by {', '.join(readers) or 'no attack'}, which "
+                        f"attack.names={cfg.attack.names} does not run")
+    return problems
 
 
 def cmd_attack(args) -> int:
@@ -238,13 +266,10 @@ def cmd_attack(args) -> int:
         raise ResultsError(f"{source}: its config is not valid for this "
                            f"cem-bench ({' '.join(str(e).split())})") from e
     cfg = build_config({**config, **overrides})
-    device = resolve_device(cfg.train.device)
-    splits, trainer = build(cfg, device)          # the same data and models as the trial
-    try:
-        trainer.client.load_state_dict(state["client"])
-    except (RuntimeError, KeyError, TypeError) as e:
-        raise ResultsError(f"{source}: its encoder does not fit the model "
-                           f"its config builds ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
+    unread = unread_attack_keys(overrides, cfg)
+    if unread:
+        raise ConfigError(f"cem-bench attack: {'; '.join(unread)}: the key would change nothing. Add the attack to "
+                          f"attack.names, or leave the key out. Nothing was attacked")
     import torch
     broken = [k for k, v in state["client"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if broken:   # every feature would be NaN: the attack would measure nothing and report all-null metrics
@@ -252,6 +277,16 @@ def cmd_attack(args) -> int:
                            f"weights ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): the run "
                            f"diverged, and there is nothing to attack. Train it again (a lower train.lr, or "
                            f"train.amp off)")
+    # the attack folder is made beside the run after the attack: a folder this user cannot write is refused now,
+    # not after the attack's minutes (hours on CIFAR)
+    check_writable_under("RUN_DIR", os.path.join(args.run_dir, "attack-"), "Nothing was attacked")
+    device = resolve_device(cfg.train.device)
+    splits, trainer = build(cfg, device)          # the same data and models as the trial
+    try:
+        trainer.client.load_state_dict(state["client"])
+    except (RuntimeError, KeyError, TypeError) as e:
+        raise ResultsError(f"{source}: its encoder does not fit the model "
+                           f"its config builds ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
     # the run's own torch threads unless told: on the CPU the thread count changes the order of float sums, so
     # a re-attack at another count gives other (close) SSIMs than the trial recorded
     own = checkpoint.recorded_threads(args.run_dir)
@@ -271,7 +306,13 @@ def cmd_attack(args) -> int:
     # it after makedirs is refused, not followed)
     res.save_gallery(os.path.join(out, "recon.png"), within=args.run_dir)
     metrics = {**res.metrics(), "attack_s": res.seconds, "torch_threads": torch.get_num_threads()}
-    write_bytes(os.path.join(out, "attack.json"), json_bytes({**metrics, "config": cfg.to_flat(),
+    # what ran it, as a trial records it: bf16 autocast on a GPU is another attack than fp32 on the CPU, and the
+    # config's train.device may only say "auto"
+    from . import __version__
+    from .provenance import device_name, git_sha
+    info = {"device": device_name(device), "torch_version": torch.__version__, "package_version": __version__,
+            "git_sha": git_sha()}
+    write_bytes(os.path.join(out, "attack.json"), json_bytes({**metrics, "config": cfg.to_flat(), "info": info,
                                                               "history": res.history()}), within=args.run_dir)
     print(json.dumps(metrics, indent=2))
     print(f"attack results: {out} (recon.png: the originals, then a row per attack: {', '.join(cfg.attack.names)})")

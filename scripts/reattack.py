@@ -4,7 +4,8 @@ A search's privacy number is the worst case over the attacks each trial ran. Whe
 stronger attack is a question of the same trained encoders: this script runs `cem-bench attack TRIAL_DIR --set
 ...` on every ok trial of an experiment folder (JOBS at a time, each at the trial's own torch threads unless
 --threads says; a trial that
-already has an attack folder of exactly these settings, every attack.* key as `cem-bench attack` resolves it, is
+already has an attack folder of exactly these settings (every attack.* key as `cem-bench attack` resolves it, and
+the evaluation batch size and device it takes) is
 skipped, so the script can be stopped and run again),
 then joins each new attack.json to the trial's row of trials.parquet as ``re_<column>`` and takes the worst case
 over the trial's attacks and the new ones (``worst_attack_ssim``: the highest SSIM).
@@ -48,12 +49,19 @@ from cem_bench.parsing import load_yaml  # noqa: E402
 
 
 def wanted(trial: Path, sets: list[str]) -> dict:
-    """The attack.* keys a re-attack of ``trial`` with ``--set sets`` runs with, as `cem-bench attack` resolves
+    """The ``attack_setting`` keys a re-attack of ``trial`` with ``--set sets`` runs with, as `cem-bench attack` resolves
     and records them (its config, the overrides coerced by the config's own rules: ``1e-3`` a float,
     ``attack.names=decoder`` a list), JSON-normalised as attack.json holds them."""
     from cem_bench.core.trial import build_config
     flat = build_config({**trial_config(trial), **parse_set(sets)}).to_flat()
-    return json.loads(json.dumps({k: v for k, v in flat.items() if k.startswith("attack.")}))
+    return json.loads(json.dumps({k: v for k, v in flat.items() if attack_setting(k)}))
+
+
+def attack_setting(key: str) -> bool:
+    """A key that changes what a re-attack measures: every attack.* key, and the train.* keys `cem-bench attack`
+    takes (the evaluation batch sets attack_ssim_paper's and attack_psnr_batch's batches; the device sets bf16
+    autocast). data.root, which it takes too, only says where the same images are."""
+    return key.startswith("attack.") or key in ("train.eval_batch_size", "train.device")
 
 
 def trial_config(trial: Path) -> dict:
@@ -73,13 +81,14 @@ def trial_config(trial: Path) -> dict:
 
 
 def matches(attack_json: Path, want: dict) -> bool:
-    """An earlier re-attack of exactly these settings: every attack.* key equal (one given by --set alone
-    matched an attack that differed in the others, and --summarise reported that other attack as this one)."""
+    """An earlier re-attack of exactly these settings: every key of ``attack_setting`` equal (one given by --set
+    alone matched an attack that differed in the others, and --summarise reported that other attack as this
+    one)."""
     try:
         config = json.loads(attack_json.read_text())["config"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return {k: v for k, v in config.items() if k.startswith("attack.")} == want
+    return {k: v for k, v in config.items() if attack_setting(k)} == want
 
 
 def done_attack(trial: Path, want: dict) -> Path | None:

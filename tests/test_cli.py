@@ -284,11 +284,52 @@ def test_a_re_attack_runs_at_the_trial_s_own_torch_threads_unless_told(tmp_path,
         torch.set_num_threads(before)
 
 
+def test_attack_refuses_keys_its_attacks_never_read_and_checks_before_the_data(tmp_path, capsys):
+    """`--set attack.names=[decoder] --set attack.rmle_iterations=500` ran the decoder alone, the user believing
+    rmle strengthened; a diverged encoder of a CIFAR run got the data set's error (or its download) first; the
+    run's data.root could not be changed, where the data error itself said to set it; attack.json recorded no
+    device, so a bf16 GPU re-attack and an fp32 CPU one could not be told apart."""
+    from cem_bench.core import checkpoint
+    from cem_bench.schema import STATE_FILE
+    trial = tmp_path / "cem_trial_1"
+    _trial_folder(trial, TINY)
+
+    def attacked():
+        return sorted(d for d in os.listdir(trial) if d.startswith("attack-"))
+
+    capsys.readouterr()
+    assert main(["attack", str(trial), "--set", "attack.names=[decoder]", "--set", "attack.rmle_iterations=5"]) == 2
+    err = capsys.readouterr().err
+    assert "attack.rmle_iterations is read by rmle, which attack.names=['decoder'] does not run" in err, err
+    assert main(["attack", str(trial), "--set", "attack.probe_epochs=[1]"]) == 2
+    assert "attack.probe_epochs is read only while training" in capsys.readouterr().err
+    assert attacked() == []
+    assert main(["attack", str(trial), "--set", "attack.names=[rmle]", "--set", "attack.rmle_iterations=2",
+                 "--set", f"data.root={tmp_path / 'elsewhere'}"]) == 0
+    doc = json.loads((trial / attacked()[0] / "attack.json").read_text())
+    assert doc["info"]["device"] and doc["info"]["package_version"] and "git_sha" in doc["info"]
+    assert doc["config"]["data.root"] == str(tmp_path / "elsewhere")
+    # a diverged encoder is refused before the data set is read: a CIFAR config without its files
+    record = json.loads((trial / "trial_result.json").read_text())
+    record["info"]["config"].update({"data.dataset": "cifar10", "data.root": str(tmp_path / "no_cifar")})
+    (trial / "trial_result.json").write_text(json.dumps(record))
+    latest = sorted(trial.glob("checkpoint_*"))[-1] / STATE_FILE
+    state = checkpoint.load_state(str(latest))
+    key = next(k for k, v in state["client"].items() if v.is_floating_point())
+    state["client"][key] = state["client"][key] * float("nan")
+    checkpoint.save_state(str(latest), state)
+    capsys.readouterr()
+    assert main(["attack", str(trial)]) == 2
+    err = capsys.readouterr().err
+    assert "NaN or infinite weights" in err and "cifar10" not in err, err
+    assert len(attacked()) == 1 and not (tmp_path / "no_cifar").exists()
+
+
 def test_attack_refusal_names_every_key_it_takes(tmp_path, capsys):
     """The refusal said attack.* and train.device, leaving out train.eval_batch_size, which it takes."""
     assert main(["attack", str(tmp_path), "--set", "cem.lambd=8"]) == 2
     err = capsys.readouterr().err
-    assert "train.device, train.eval_batch_size" in err and "cem.lambd" in err, err
+    assert "train.device, train.eval_batch_size, data.root" in err and "cem.lambd" in err, err
 
 
 @pytest.mark.parametrize("bad", [["--set", "data.dataset=imagenet"], ["--set", "train.epochs=0"]])

@@ -134,6 +134,10 @@ def test_an_attack_of_other_settings_is_not_this_one_and_set_values_are_read_as_
             attack_config(int(d.name.rsplit("_", 1)[1]), **{"attack.names": ["decoder"], "attack.lr": 0.001})}))
     assert reattack.main([str(tmp_path), "--set", "attack.names=decoder", "--set", "attack.lr=1e-3"]) == 0
     assert ran == [] and "6 already re-attacked" in capsys.readouterr().out
+    # the evaluation batch sets attack_ssim_paper's and attack_psnr_batch's batches: another one is another attack
+    assert reattack.main([str(tmp_path), "--set", "attack.names=decoder", "--set", "attack.lr=1e-3",
+                          "--set", "train.eval_batch_size=4"]) == 0
+    assert len(ran) == 6 and "0 already re-attacked" in capsys.readouterr().out
 
 
 def test_failed_attacks_exit_1_and_missing_trial_folders_stop_it_before_any(reattack, tmp_path, capsys, monkeypatch):
