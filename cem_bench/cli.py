@@ -83,8 +83,16 @@ def cmd_train(args) -> int:
     if is_uri(out):   # its checks looked at the URI as a local name, and the run went to a local "s3:" folder
         raise ConfigError(f"train --out {out}: a run is written to a local folder; give one, and copy it to object "
                           f"storage afterwards (a search writes there itself: search --storage). Nothing was trained")
-    check_run_out(out)   # before training: a run is never trained only to be discarded or to replace another
-    # the folder is created only once there is something to put in it (a missing dataset writes nothing)
+    # before training: a run is never trained only to be discarded or to replace another. A named folder is
+    # created only once there is something to put in it (a missing dataset writes nothing); the default one is
+    # claimed now (two runs started in the same second wrote into one folder, the first lost), and removed again
+    # when the run ends before writing into it
+    claimed = None
+    if args.out:
+        check_run_out(out)
+    else:
+        check_out_folder(out, "the run", "Nothing was trained")
+        out = claimed = claim_run_folder(out)
     print(f"cem-bench train: {cfg.cem.surrogate if cfg.cem.lambd > 0 else 'no CEM (lambda=0)'} on "
           f"{cfg.data.dataset}, {cfg.train.epochs} epochs, output in {out}", flush=True)
     state = {}
@@ -97,7 +105,12 @@ def cmd_train(args) -> int:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    result = run_trial(cfg, report, out_dir=out)
+    try:
+        result = run_trial(cfg, report, out_dir=out)
+    except BaseException:
+        if claimed and not os.listdir(claimed):
+            os.rmdir(claimed)
+        raise
     os.makedirs(out, exist_ok=True)
     ckpt = checkpoint.save_run(out, cfg.to_flat(), state.get("final"))
     summary = {k: v for k, v in result.items() if k != "info"}
@@ -106,6 +119,21 @@ def cmd_train(args) -> int:
     gallery = result["info"]["gallery"] or f"none (attack not run: {result.get('attack_skipped') or 'no images'})"
     print(f"metrics: {metrics}\ngallery: {gallery}\ncheckpoint: {ckpt}")
     return 0
+
+
+def claim_run_folder(out: str) -> str:
+    """Make ``out`` (or ``out-2``, ``out-3``, ... when another run made it first) and return the name made: the
+    default ``results/runs/<time>`` of runs started in the same second (``for s in 1 2 3; do cem-bench train
+    --set seed=$s & done``) named one folder, and each replaced the other's files."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    name, k = out, 1
+    while True:
+        try:
+            os.mkdir(name)
+            return name
+        except FileExistsError:
+            k += 1
+            name = f"{out}-{k}"
 
 
 def check_run_out(out: str) -> None:

@@ -75,6 +75,37 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     assert "NaN or infinite weights" in err and key in err
 
 
+def test_train_runs_started_in_the_same_second_keep_their_own_folders(tmp_path, monkeypatch, capsys):
+    """The default --out is results/runs/<time to the second>: runs started together (`for s in 1 2; do
+    cem-bench train --set seed=$s & done`) wrote into one folder, each replacing the other's files. Each now
+    claims its own folder as it starts, and one that fails before writing leaves none behind."""
+    import cem_bench.cli as cli
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli.time, "strftime", lambda fmt, *a: "20261206-120000")
+    flat = {**TINY, "cem.lambd": 0.0, "train.epochs": 1, "attack.names": ["rmle"], "attack.rmle_iterations": 2}
+    started = []
+    real = cli.claim_run_folder
+
+    def claim(out):   # the second run claims while the first has its folder but has written nothing yet
+        made = real(out)
+        if not started:
+            started.append(made)
+            assert main(["train", *_sets({**flat, "seed": 2})]) == 0
+        return made
+
+    monkeypatch.setattr(cli, "claim_run_folder", claim)
+    assert main(["train", *_sets({**flat, "seed": 1})]) == 0
+    runs = tmp_path / "results" / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["20261206-120000", "20261206-120000-2"]
+    seeds = {p.name: json.loads((p / "metrics.json").read_text())["info"]["config"]["seed"] for p in runs.iterdir()}
+    assert seeds == {"20261206-120000": 1, "20261206-120000-2": 2}
+    import cem_bench.core.trial as trial_mod
+    monkeypatch.setattr(trial_mod, "run_trial", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no data")))
+    with pytest.raises(RuntimeError):
+        main(["train", *_sets(flat)])
+    assert len(list(runs.iterdir())) == 2
+
+
 def test_run_trial_reports_every_objective_key_each_epoch():
     records = []
     result = run_trial(TINY, lambda rec, final, **kw: records.append((rec, final)))
