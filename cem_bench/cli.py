@@ -349,13 +349,12 @@ def cmd_attack(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from . import calibrate
-    from .core.trial import build_config
     from .storage import write_bytes, write_json
+    calibrate.check_files(args.config, args.json, args.yaml)
     flat = {}
     if args.config:
         flat.update(load_yaml_config(args.config))
     flat.update(parse_set(args.set))
-    build_config(flat)   # a bad key is reported before the reference run trains
     twice = sorted({s for s in args.seeds or [] if args.seeds.count(s) > 1})
     if twice:   # one reference state per seed: a repeat is the same measurement counted twice in the medians
         raise ConfigError(f"--seeds: {', '.join(map(str, twice))} given more than once; give distinct seeds, one "
@@ -363,23 +362,27 @@ def cmd_calibrate(args) -> int:
     check_out_file("--json", args.json, "Nothing was measured")
     check_out_file("--yaml", args.yaml, "Nothing was measured")
     surrogates = args.surrogates or None
-    print(f"cem-bench calibrate: the λ = 0 encoder after {', '.join(map(str, args.warmup))} epoch(s), "
-          f"{args.batches} held-out batch(es) per surrogate", flush=True)
+    # every seed's configuration, the warm-ups and the batches are checked here, before the first reference run
+    plans = calibrate.plan(flat, surrogates, args.warmup, args.batches, seeds=args.seeds)
+    print("cem-bench calibrate: " + "\n  ".join(calibrate.describe(plans)), flush=True)
     t0 = time.perf_counter()
     records = calibrate.table(calibrate.measure(flat, surrogates, args.warmup, args.batches, seeds=args.seeds))
     print(calibrate.format_table(records))
-    print(f"({time.perf_counter() - t0:.1f} s) λ means: cem.strength of a trial of this configuration (matched: "
+    print(f"({time.perf_counter() - t0:.1f} s) own: the surrogate's cem.warmup_epochs (where a trial of it matches). "
+          f"λ means: cem.strength of a trial of this configuration (matched: "
           f"its loss scale measured on its own encoder at its first CEM epoch, the attention surrogates' default; "
           f"fixed: cem.loss_scale); ÷ gmm: its strength over gmm's as that trial applies it (matched: on held-out "
           f"batches). The fixed loss_scale: strength/λ = ‖∂(CEM term)/∂z‖ ÷ ‖∂CE/∂z‖ per unit λ, its ratio to gmm, "
           f"the λ with gmm's strength at λ = 16, the batch spread. matched ÷ gmm, scale: the match at this state; "
-          f"drift: the ratio here of the scale matched at the first warm-up")
+          f"drift: the ratio here of the scale matched at the surrogate's first warm-up measured")
+    measured = calibrate.measured_config(plans) if args.json or args.yaml else None
     if args.json:
-        write_json(args.json, records)
+        write_json(args.json, {"configuration": measured, "records": records})
         print(f"json: {args.json}")
     if args.yaml:
-        write_bytes(args.yaml, calibrate.yaml_fragment(records).encode())
-        print(f"yaml: {args.yaml} (cem.loss_scale per surrogate)")
+        write_bytes(args.yaml, calibrate.yaml_fragment(records, measured).encode())
+        print(f"yaml: {args.yaml} (one entry per surrogate: cem.surrogate, cem.strength, cem.loss_scale, "
+              f"cem.warmup_epochs; use one entry, not the whole file)")
     return 0
 
 
@@ -590,12 +593,15 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)")
     c.add_argument("--surrogates", nargs="+", metavar="NAME", help="which surrogates (default: all; gmm is always "
                    "measured, as the reference)")
-    c.add_argument("--warmup", type=int, nargs="+", default=[2], help="epochs of the λ = 0 reference run; several "
-                   "(2 3 5) measure after each from one run (default 2)")
-    c.add_argument("--batches", type=int, default=32, help="held-out batches averaged per surrogate (default 32)")
+    c.add_argument("--warmup", type=int, nargs="+", help="epochs of the λ = 0 reference run before every "
+                   "surrogate is measured; several (2 3 5) measure after each from one run (default: each surrogate "
+                   "after its own cem.warmup_epochs, where a matched trial of it measures its scale)")
+    c.add_argument("--batches", type=int, default=32, help="held-out batches averaged per surrogate (default 32, "
+                   "at most 256: each is kept in memory)")
     c.add_argument("--seeds", type=int, nargs="+", help="one reference state per seed, strengths averaged "
                    "geometrically (default: the config's seed alone)")
-    c.add_argument("--json", type=_path, help="also write the table here (one record per surrogate)")
+    c.add_argument("--json", type=_path, help="also write the table here: {configuration: what was measured, "
+                   "records: one per surrogate and warm-up}")
     c.add_argument("--yaml", type=_path, help="also write the matching cem.loss_scale of each surrogate here (YAML)")
     c.set_defaults(func=cmd_calibrate)
 

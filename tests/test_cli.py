@@ -405,7 +405,7 @@ def test_calibrate_measures_every_surrogate_against_gmm(tmp_path, capsys):
                    "train.batch_size=64", "--set", "train.device=cpu", "--set", "cem.strength_batches=4", "--warmup",
                    "1", "--batches", "2", "--json", str(out_json), "--yaml", str(out_yaml)])
     assert rc == 0, capsys.readouterr().err
-    records = json.loads(out_json.read_text())
+    records = json.loads(out_json.read_text())["records"]
     from cem_bench import surrogates
     assert [r["surrogate"] for r in records][0] == "gmm"
     assert sorted(r["surrogate"] for r in records) == sorted(surrogates.names())
@@ -420,14 +420,15 @@ def test_calibrate_measures_every_surrogate_against_gmm(tmp_path, capsys):
                   "train.batch_size=64", "--set", "train.device=cpu", "--set", "cem.strength=fixed", "--warmup", "1",
                   "--batches", "2", "--surrogates", "slot_cross", "--json", str(tmp_path / "fixed.json")])
     assert fixed == 0
-    as_fixed = json.loads((tmp_path / "fixed.json").read_text())[1]     # cem.strength=fixed: the fixed ratio
+    as_fixed = json.loads((tmp_path / "fixed.json").read_text())["records"][1]   # cem.strength=fixed: fixed ratio
     assert as_fixed["strength_mode"] == "fixed" and as_fixed["ratio_to_gmm"] == as_fixed["fixed_ratio_to_gmm"]
     for r in records:    # cem.strength=matched: the scale measured on the match's batches, checked on others
         assert 0.5 < r["matched_ratio"] < 2 and r["matched_loss_scale"] > 0
     assert records[0]["matched_ratio"] == 1.0
     scales = yaml.safe_load(out_yaml.read_text())
     assert set(scales) == set(surrogates.names())
-    assert scales["gmm"] == {"cem.strength": "fixed", "cem.loss_scale": 1}
+    assert scales["gmm"] == {"cem.surrogate": "gmm", "cem.strength": "fixed", "cem.loss_scale": 1,
+                             "cem.warmup_epochs": 1}
 
 
 @pytest.mark.parametrize("argv, says", [

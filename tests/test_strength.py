@@ -189,6 +189,6 @@ def test_calibrate_says_when_gmm_has_no_pull_and_writes_no_infinite_scale():
                                     {**rec, "surrogate": "slot_cross"},
                                     {**rec, "surrogate": "gated_attention", "strength": math.nan,
                                      "matching_loss_scale": math.nan}])
-    assert "gmm: {cem.strength: fixed, cem.loss_scale: 1}" in text
+    assert "gmm: {cem.surrogate: gmm, cem.strength: fixed, cem.loss_scale: 1, cem.warmup_epochs: 1}" in text
     assert "loss_scale: inf" not in text and "loss_scale: nan" not in text
     assert "# slot_cross: no scale matches" in text and "# gated_attention: no scale matches" in text
