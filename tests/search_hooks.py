@@ -73,10 +73,21 @@ class WaitFor(TrialHooks):
             time.sleep(0.1)
 
 
+def held_markers(release) -> list[str]:
+    """The trials ``HoldAfter(release)`` holds now: each wrote ``<release>.held.<trial id>`` as it began to wait."""
+    import glob
+    return sorted(glob.glob(glob.escape(str(release)) + ".held.*"))
+
+
 class HoldAfter(TrialHooks):
-    """Each trial, once epoch ``epoch``'s result and checkpoint are reported (the checkpoint is in the storage
-    then), waits until the file ``release`` exists (at most ``timeout`` seconds): every trial is held mid-run,
-    its checkpoint saved, for as long as a test needs (a node can be lost under a trial known to be running)."""
+    """Each trial, once epoch ``epoch``'s result and checkpoint are reported, writes ``<release>.held.<trial id>``
+    and waits until the file ``release`` exists (at most ``timeout`` seconds): every trial is held mid-run, its
+    checkpoint saved, for as long as a test needs (a node can be lost under a trial known to be running).
+
+    The marker, not the checkpoint's file in the storage, says the checkpoint is the trial's: the file is
+    uploaded inside ``tune.report``, before the driver records it as the trial's checkpoint, and ``report``
+    returns (this hook runs) only after the driver has. A node killed in between retried its trial from
+    scratch."""
 
     def __init__(self, release: str, epoch: int = 1, timeout: float = 600.0):
         _by_value()
@@ -86,6 +97,8 @@ class HoldAfter(TrialHooks):
         import time
         if record.get("epoch") != self.epoch:
             return
+        with open(f"{self.release}.held.{trial_id}", "w"):
+            pass
         deadline = time.monotonic() + self.timeout
         while not os.path.exists(self.release) and time.monotonic() < deadline:
             time.sleep(0.1)

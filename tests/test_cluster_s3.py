@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import pandas as pd
 import pytest
+from search_hooks import held_markers
 from test_search import RAY_BIN, _alive_nodes, _free_port, _ray_status, cli_cmd, hooks_cmd, hooks_env, subprocess_env, write_space
 
 from cem_bench import schema
@@ -301,12 +302,16 @@ def s3_cluster(s3, tmp_path_factory):
             time.sleep(1)
         workers = {}
         for i, name in enumerate(("a", "b")):
-            before = _node_ids(address, env)
+            # each read from the loop that saw it: `ray status` that does not answer in 30 s reads as no nodes, and
+            # a lone read of that kind made the head (or nothing) this worker's id
+            while len(before := _node_ids(address, env)) < i + 1:   # the head and the workers before this one
+                assert time.time() < deadline, (logs / "head.log").read_text()[-3000:]
+                time.sleep(1)
             p = start([f"--address={address}", "--num-cpus=1"], f"worker_{name}.log", env)
-            while len(_node_ids(address, env)) < i + 2:
+            while len(now := _node_ids(address, env)) < i + 2:
                 assert time.time() < deadline, (logs / f"worker_{name}.log").read_text()[-3000:]
                 time.sleep(1)
-            (node,) = _node_ids(address, env) - before
+            (node,) = now - before
             workers[name] = (node, p)
         yield Cluster(address, env, workers)
     finally:
@@ -372,10 +377,9 @@ def test_a_worker_node_lost_mid_search_costs_no_trial(tmp_path, s3_cluster):
                               start_new_session=True)
     try:
         deadline = time.time() + 240
-        while True:   # both trials (one per node: the head has no CPU) have a checkpoint on S3
+        while True:   # both trials (one per node: the head has no CPU) are held, their checkpoints recorded
             files = s3_files(exp)
-            dirs = {f.split("/", 1)[0] for f in files if "/checkpoint_" in f and f.endswith(".pt")}
-            if len(dirs) == 2:
+            if len(held_markers(release)) == 2:
                 seen = sorted(f.split("/")[0][:18] + "/" + f.split("/")[1] for f in files
                               if "/checkpoint_" in f and f.endswith(".pt"))
                 break
