@@ -1,10 +1,12 @@
 """Where the λ scale moves (issue 36): `cem-bench calibrate` over σ × width × warm-up × seed × data set.
 
 Each state is one `cem-bench calibrate` run (one seed, the λ = 0 reference run measured after each warm-up),
-written to OUT/<dataset>_w<width>_s<sigma>_seed<seed>.json and skipped when that file exists, so the script
-can be stopped and run again. ``--summarise`` reads every file and prints the table of docs/estimators.md
-("One λ scale across states") and draws OUT/lambda_states.png: each surrogate's fixed-default ratio to gmm
-and the matched ratio against σ, the spread over seeds as bars.
+written to OUT/<dataset>_w<width>_s<sigma>_seed<seed>.json (with the arguments it was measured for) and skipped
+when that file exists for the same arguments, so the script can be stopped and run again; one measured for other
+--warmups, --batches or --set is refused before any work (``--redo`` measures it again). ``--summarise`` reads
+every file and prints the table of docs/estimators.md ("One λ scale across states") and draws
+OUT/lambda_states.png: each surrogate's fixed-default ratio to gmm and the matched ratio against σ, the spread
+over seeds as bars.
 
     python scripts/lambda_states.py --out /tmp/lambda-states --datasets synthetic --widths 1.0 0.25 \\
         --sigmas 0.01 0.025 0.05 0.1 0.15 --warmups 2 3 5 --seeds 0 1 2
@@ -24,25 +26,52 @@ from pathlib import Path
 import numpy as np
 
 
+def request(args, dataset, width, sigma, seed) -> dict:
+    """What a state file is asked to hold: the state and the measurement's arguments, stored in the file so that
+    a later run with other --warmups, --batches or --set does not take it for its own."""
+    return {"dataset": dataset, "width": width, "sigma": sigma, "seed": seed, "warmups": sorted(set(args.warmups)),
+            "batches": args.batches, "set": sorted(args.set)}
+
+
+def stored_request(f: Path) -> dict | None:
+    """The request a state file was measured for (None: a file written before the request was stored)."""
+    doc = json.loads(f.read_text())
+    return doc.get("lambda_states") if isinstance(doc, dict) else None
+
+
 def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for dataset in args.datasets:
-        for width in args.widths:
-            for sigma in args.sigmas:
-                for seed in args.seeds:
-                    f = out / f"{dataset}_w{width}_s{sigma}_seed{seed}.json"
-                    if f.exists():
-                        continue
-                    cmd = [sys.executable, "-m", "cem_bench.cli", "calibrate", "--set", f"data.dataset={dataset}",
-                           "--set", f"model.width={width}", "--set", f"defense.noise_std={sigma}",
-                           "--set", f"seed={seed}", "--set", "train.device=cpu",
-                           "--warmup", *map(str, args.warmups), "--batches", str(args.batches),
-                           "--json", str(f) + ".part", *sum((["--set", s] for s in args.set), [])]
-                    t0 = time.perf_counter()
-                    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-                    Path(str(f) + ".part").rename(f)
-                    print(f"{f.name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    states = [(out / f"{dataset}_w{width}_s{sigma}_seed{seed}.json", request(args, dataset, width, sigma, seed))
+              for dataset in args.datasets for width in args.widths for sigma in args.sigmas for seed in args.seeds]
+    # every existing file checked before the first state is measured: one measured for other arguments is not
+    # reused (it would enter the table as if measured for these), and not replaced without --redo
+    stale = []
+    for f, req in states:
+        if f.exists() and stored_request(f) != req:
+            old = stored_request(f)
+            differ = ("no arguments stored (written before they were)" if old is None else
+                      ", ".join(f"{k} {old.get(k)} (now {v})" for k, v in req.items() if old.get(k) != v))
+            stale.append(f"{f}: {differ}")
+    if stale and not args.redo:
+        raise SystemExit("lambda_states: state files measured for other arguments than these:\n  "
+                         + "\n  ".join(stale) + "\ngive --redo to measure them again with these arguments, or "
+                         "another --out. Nothing was measured")
+    for f, req in states:
+        if f.exists() and stored_request(f) == req:
+            continue
+        part = Path(str(f) + ".part")
+        cmd = [sys.executable, "-m", "cem_bench.cli", "calibrate", "--set", f"data.dataset={req['dataset']}",
+               "--set", f"model.width={req['width']}", "--set", f"defense.noise_std={req['sigma']}",
+               "--set", f"seed={req['seed']}", "--set", "train.device=cpu",
+               "--warmup", *map(str, args.warmups), "--batches", str(args.batches),
+               "--json", str(part), *sum((["--set", s] for s in args.set), [])]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        doc = json.loads(part.read_text())
+        part.write_text(json.dumps({**doc, "lambda_states": req}, indent=2))
+        part.rename(f)
+        print(f"{f.name}: {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def summarise(args) -> None:
@@ -52,7 +81,10 @@ def summarise(args) -> None:
         raise SystemExit(f"lambda_states: no state files (*.json) in {out}: run it without --summarise first")
     for f in sorted(out.glob("*.json")):
         dataset, w, s, seed = f.stem.split("_")
-        for r in json.loads(f.read_text()):
+        doc = json.loads(f.read_text())
+        # calibrate's --json: {configuration, records} (files written before it recorded the configuration: the
+        # records alone)
+        for r in (doc["records"] if isinstance(doc, dict) else doc):
             rows.append({"dataset": dataset, "width": float(w[1:]), "sigma": float(s[1:]), "seed": int(seed[4:]),
                          **r})
     import pandas as pd
@@ -177,6 +209,8 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--batches", type=int, default=8)
     p.add_argument("--set", action="append", default=[], help="another config key for every state")
+    p.add_argument("--redo", action="store_true", help="measure again the state files in --out that were "
+                   "measured for other --warmups, --batches or --set (without it they are refused)")
     p.add_argument("--summarise", action="store_true")
     args = p.parse_args()
     summarise(args) if args.summarise else run(args)

@@ -1,0 +1,79 @@
+"""scripts/lambda_states.py: a state file is reused only for the arguments it was measured for. `cem-bench
+calibrate` itself is replaced by a stand-in that writes its --json (the measurement has its own tests)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cem_bench import calibrate
+
+
+@pytest.fixture(scope="module")
+def states():
+    spec = importlib.util.spec_from_file_location(
+        "lambda_states_under_test", Path(__file__).resolve().parent.parent / "scripts" / "lambda_states.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def records(warmups) -> list[dict]:
+    """calibrate's records for gmm and slot_cross at each warm-up (built by hand: no training)."""
+    rows = []
+    for w in warmups:
+        rows += [calibrate.Strength("gmm", 1.0, 1.0, "inject", 0.1, (1.0,), w, (1.0,), (1.0,), (1.0,)),
+                 calibrate.Strength("slot_cross", 2.0, 0.93, "inject", 0.1, (2.0,), w, (1.1,), (1.2,), (0.5,),
+                                    "matched", 3)]
+    return calibrate.table(rows)
+
+
+@pytest.fixture
+def calls(states, monkeypatch):
+    """The calibrate commands run; each writes a --json as calibrate does."""
+    made = []
+
+    def fake_run(cmd, check, stdout):
+        made.append(cmd)
+        warmups = [int(a) for a in cmd[cmd.index("--warmup") + 1:] if a.isdigit()]
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"configuration": {}, "records": records(warmups)}))
+    monkeypatch.setattr(states.subprocess, "run", fake_run)
+    return made
+
+
+def args(out, **kw):
+    return SimpleNamespace(**{"out": str(out), "datasets": ["synthetic"], "widths": [0.25], "sigmas": [0.1],
+                              "warmups": [2, 3], "seeds": [0, 1], "batches": 8, "set": [], "redo": False, **kw})
+
+
+def test_a_state_file_measured_for_other_arguments_is_refused_before_any_work_or_redone(states, calls, tmp_path):
+    """A file measured at --batches 8 was taken for a --batches 4 run's (and a --warmups or --set one's) without
+    a word; now every file is checked first, refused with what differs, or measured again with --redo."""
+    states.run(args(tmp_path))
+    assert len(calls) == 2
+    f0, f1 = tmp_path / "synthetic_w0.25_s0.1_seed0.json", tmp_path / "synthetic_w0.25_s0.1_seed1.json"
+    assert json.loads(f0.read_text())["lambda_states"]["batches"] == 8
+    states.run(args(tmp_path))                                  # the same arguments: both reused
+    assert len(calls) == 2
+    f1.write_text(json.dumps(records([2, 3])))                  # a file from before the arguments were stored
+    for changed, says in (({"batches": 4}, "batches 8 (now 4)"), ({"warmups": [2, 3, 5]}, "warmups [2, 3] (now"),
+                          ({"set": ["cem.strength_batches=8"]}, "set [] (now ['cem.strength_batches=8'])")):
+        with pytest.raises(SystemExit) as e:
+            states.run(args(tmp_path, **changed))
+        assert f"{f0}: {says}" in str(e.value) and f"{f1}: no arguments stored" in str(e.value), str(e.value)
+        assert "--redo" in str(e.value) and len(calls) == 2
+    states.run(args(tmp_path, batches=4, redo=True))
+    assert len(calls) == 4 and all(json.loads(f.read_text())["lambda_states"]["batches"] == 4 for f in (f0, f1))
+
+
+def test_the_summary_reads_calibrate_s_files_with_and_without_the_configuration(states, tmp_path, capsys):
+    (tmp_path / "synthetic_w0.25_s0.1_seed0.json").write_text(json.dumps(records([2, 3])))
+    (tmp_path / "synthetic_w0.25_s0.1_seed1.json").write_text(
+        json.dumps({"configuration": {}, "records": records([2, 3]), "lambda_states": {}}))
+    states.summarise(args(tmp_path))
+    out = capsys.readouterr().out
+    assert "| synthetic | 0.25 | 0.1 | 2 | slot_cross | 2.00 ×/÷ 1.00 | 1.10 ×/÷ 1.00 | 1.20 | 2 |" in out, out
