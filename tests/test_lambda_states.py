@@ -77,3 +77,34 @@ def test_the_summary_reads_calibrate_s_files_with_and_without_the_configuration(
     states.summarise(args(tmp_path))
     out = capsys.readouterr().out
     assert "| synthetic | 0.25 | 0.1 | 2 | slot_cross | 2.00 ×/÷ 1.00 | 1.10 ×/÷ 1.00 | 1.20 | 2 |" in out, out
+
+
+def test_the_doc_s_width_and_schedule_ranges_are_its_table_s():
+    """docs/estimators.md "What it says" quoted 1.2–2.5× at σ 0.025–0.1 where its own table gives 4.8 and 5.2 at
+    σ 0.025, and 4.6–5.3× for the fused pair, which only attention_centroid's column gives. The ranges are read
+    from the table (the fixed default's ratio to gmm, in brackets) and must be the ones the text quotes."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "estimators.md").read_text()
+    head = next(line for line in text.splitlines() if line.startswith("| data set | width | σ | seeds |"))
+    names = [c.split(":")[0].strip() for c in head.strip("|").split("|")[4:]]
+    cells = {}
+    for line in text.split(head, 1)[1].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        dataset, width, sigma, _, *rest = [c.strip() for c in line.strip("|").split("|")]
+        for name, cell in zip(names, rest):
+            cells[dataset, float(width), float(sigma), name] = float(cell.rsplit("(", 1)[1].rstrip(")"))
+
+    def span(surrogates, widths, sigmas=None):
+        """min–max of the synthetic shapes' cells of ``surrogates`` at ``widths`` (and ``sigmas``), as printed."""
+        values = [v for (d, w, s, n), v in cells.items() if d == "synthetic" and n in surrogates and w in widths
+                  and (sigmas is None or s in sigmas)]
+        return f"{min(values):.2g}–{max(values):.2g}×"
+    inject = ("gated_attention", "slot_cross")
+    sentence = " ".join(text.split("What moves it,", 1)[1].split("the **data set**", 1)[0].split())
+    quoted = [span(inject, [1.0], [0.025]) + " at σ 0.025", span(inject, [1.0], [0.05, 0.1]) + " at σ 0.05–0.1",
+              span(inject, [1.0], [0.15]) + " at σ 0.15", span(inject, [0.25]) + " at width 0.25",
+              "attention_centroid pulls " + span(("attention_centroid",), [0.25, 1.0]),
+              "serial_enhanced " + span(("serial_enhanced",), [0.25, 1.0])]
+    assert span(inject, [1.0], [0.01]) == "20–20×" and "pull 20× gmm at width 1.0, σ 0.01" in sentence
+    for q in quoted:
+        assert q in sentence, (q, sentence)
