@@ -230,20 +230,16 @@ def describe(plans: list[Plan]) -> list[str]:
     return lines
 
 
-def measured_config(plans: list[Plan], device: str | None = None) -> dict:
-    """What was measured, for the ``--json`` and ``--yaml`` files: the keys given and the full configuration of
-    the λ = 0 reference run (its seed the first of ``seeds``), seeds, warm-ups, batches, and where and with which
-    code (the provenance every trial result records)."""
-    from . import __version__
-    from .provenance import device_name, git_sha, now_iso
+def measured_config(plans: list[Plan], provenance: dict) -> dict:
+    """What was measured, for the ``--json`` and ``--yaml`` files: where and with which code (``provenance``: the
+    ``package_version``, ``git_sha``, ``time`` and ``device`` every trial result records, which the command
+    line gathers), the keys given and the full configuration of the λ = 0 reference run (its seed the first of
+    the seeds), seeds, warm-ups and batches."""
     p = plans[0]
-    dev = resolve_device(device or p.ref_cfg.train.device)
-    return {"command": "cem-bench calibrate", "package_version": __version__, "git_sha": git_sha(),
-            "time": now_iso(), "device": device_name(dev), "torch_version": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "keys": {k: v for k, v in p.keys.items() if k != "seed"},
-            "config": p.run_cfg.to_flat(), "seeds": [q.run_cfg.seed for q in plans],
-            "warmup_given": p.given, "warmups": p.at, "own_warmups": p.own, "batches": p.batches,
-            "strength_batches": p.ref_cfg.cem.strength_batches,
+    return {"command": "cem-bench calibrate", **provenance,
+            "keys": {k: v for k, v in p.keys.items() if k != "seed"}, "config": p.run_cfg.to_flat(),
+            "seeds": [q.run_cfg.seed for q in plans], "warmup_given": p.given, "warmups": p.at, "own_warmups": p.own,
+            "batches": p.batches, "strength_batches": p.ref_cfg.cem.strength_batches,
             "reference": {"surrogate": REFERENCE, "cem.var_threshold": p.ref_cfg.cem.var_threshold,
                           "cem.var_eps": p.ref_cfg.cem.var_eps, "not_applied": sorted(p.not_applied)}}
 

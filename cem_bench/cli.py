@@ -375,7 +375,17 @@ def cmd_calibrate(args) -> int:
           f"batches). The fixed loss_scale: strength/λ = ‖∂(CEM term)/∂z‖ ÷ ‖∂CE/∂z‖ per unit λ, its ratio to gmm, "
           f"the λ with gmm's strength at λ = 16, the batch spread. matched ÷ gmm, scale: the match at this state; "
           f"drift: the ratio here of the scale matched at the surrogate's first warm-up measured")
-    measured = calibrate.measured_config(plans) if args.json or args.yaml else None
+    measured = None
+    if args.json or args.yaml:   # what was measured, with the provenance every trial result records
+        import torch
+
+        from . import __version__
+        from .core.runtime import resolve_device
+        from .provenance import device_name, git_sha, now_iso
+        measured = calibrate.measured_config(plans, {
+            "package_version": __version__, "git_sha": git_sha(), "time": now_iso(),
+            "device": device_name(resolve_device(plans[0].run_cfg.train.device)), "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads()})
     if args.json:
         write_json(args.json, {"configuration": measured, "records": records})
         print(f"json: {args.json}")
