@@ -219,7 +219,9 @@ def load_objectives(results_dir) -> tuple[list[dict], str | None]:
 
 def rank_table(trials: pd.DataFrame, objectives: Sequence[dict], ok: np.ndarray | None = None) -> np.ndarray:
     """Pareto rank of each row over ``objectives`` among the ``ok`` rows (default: ``status == "ok"``);
-    0 = on the front; -1 for rows that are not ok or have a NaN objective."""
+    0 = on the front; -1 for rows that are not ok or have a missing objective: NaN, or ±inf, a run that
+    measured nothing (a diverged attack's MSE). ``aggregate.build_configs`` counts an infinite metric as missing
+    and the report draws none, so a front that ranked it would hold a trial no plot shows and no mean counts."""
     ranks = np.full(len(trials), -1, dtype=np.int64)
     if not len(trials):
         return ranks
@@ -228,5 +230,6 @@ def rank_table(trials: pd.DataFrame, objectives: Sequence[dict], ok: np.ndarray 
     if ok.any():
         values = np.column_stack([pd.to_numeric(trials[o["metric"]], errors="coerce").to_numpy(dtype=float)
                                   for o in objectives])
+        values[~np.isfinite(values)] = np.nan    # pareto_ranks leaves NaN rows out (rank -1)
         ranks[ok] = pareto_ranks(values[ok], [o["mode"] for o in objectives])
     return ranks
