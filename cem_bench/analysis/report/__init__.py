@@ -11,6 +11,10 @@ writes into ``results_dir/report``:
 * ``training_curves.png``: per-epoch curves of the front's trials
 * ``galleries/<trial>.png``: reconstruction galleries of the front and of the best λ=0 baseline
 * ``frontier.csv``: the front's trials (all columns); with replicates also ``frontier_configs.csv``
+* ``lambda_curves.png``: a replicated λ sweep's trade-off, a curve per surrogate whose other keys stay fixed
+
+With confirmation the front of all of these is the confirmed front (``Results.front_configs``, and its runs:
+``Results.front_trials``), the one the page's table lists.
 * ``configs.csv``: every configuration (``configs.parquet``, or the table the report built from a
   ``trials.parquet`` it was given without one: it writes no ``configs.parquet`` there, and its run facts say
   which it used)

@@ -40,7 +40,9 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
     facts = [
         ("experiment", res.experiment),
         ("trials", trials_text(t)),
-        ("trials on the front", str(int((t["pareto_rank"] == 0).sum()))),
+        # with confirmation the page's front is of configurations (below): this one, of every trial, is not it
+        ("trials on the front of all trials (search runs included)" if res.confirmed else "trials on the front",
+         str(int((t["pareto_rank"] == 0).sum()))),
     ]
     stopped = stopped_text(t)
     if stopped:

@@ -1,9 +1,10 @@
 """The frontier plots: the first objective against each privacy metric, one point per trial (or, with
-replicates, per configuration at its means with 95 % CI error bars), the fronts, and the λ = 0 baseline's mean
-and 95 % band of one run on both axes."""
+replicates, per configuration at its means with 95 % CI error bars), the fronts, and each λ = 0 baseline's mean
+and 95 % band of one run on both axes (one band per baseline: per σ on a σ grid)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -12,21 +13,25 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from cem_bench.analysis.aggregate import CONFIG_ID
+from cem_bench.analysis.aggregate import BASELINE, CONFIG_ID, CONFIRMED
 from cem_bench.analysis.noise import WITHIN, band_of
 
-from .formatting import better, plural
-from .load import BASELINE_LABEL, Results, front_of, is_attack_metric, numeric
-from .plots import bars, clip_interval, new_figure, no_data, save
+from .formatting import better, format_value, plural
+from .load import BASELINE_LABEL, NOISE_COL, Results, front_of, is_attack_metric, numeric
+from .plots import bars, clip_interval, legend_below, new_figure, no_data, save, title_text
 
 
-def _front_line(ax, df: pd.DataFrame, x: str, y: str, x_mode: str, y_mode: str, **kw) -> None:
-    front = front_of(df, [x, y], [x_mode, y_mode])
+def _step(ax, front: pd.DataFrame, x: str, y: str, x_mode: str, **kw) -> None:
+    """The attainment boundary of the points ``front`` (mutually non-dominated): with x maximised, the point
+    covering (x_{i-1}, x_i] is point i."""
     if front.empty:
         return
     front = front.sort_values([x, y])
-    # attainment boundary: with x maximised, the point covering (x_{i-1}, x_i] is point i
     ax.step(front[x], front[y], where="pre" if x_mode == "max" else "post", **kw)
+
+
+def _front_line(ax, df: pd.DataFrame, x: str, y: str, x_mode: str, y_mode: str, **kw) -> None:
+    _step(ax, front_of(df, [x, y], [x_mode, y_mode]), x, y, x_mode, **kw)
 
 
 def plot_frontier(res: Results, y_metric: str, y_mode: str, path: Path) -> Path:
@@ -34,63 +39,120 @@ def plot_frontier(res: Results, y_metric: str, y_mode: str, path: Path) -> Path:
     return save(frontier_figure(res, y_metric, y_mode), path)
 
 
+def eligible(res: Results, df: pd.DataFrame) -> np.ndarray:
+    """Per row of ``df`` (configurations or trials): may it be on the page's front? With confirmation only the
+    baselines and the confirmed configurations (docs/protocol.md §8: a configuration the search chose on one
+    lucky run is not on the front the page states); else every row."""
+    if not (res.confirmed and res.replicated) or "role" not in df:   # configurations' roles, not trials
+        return np.ones(len(df), dtype=bool)
+    return df["role"].isin([BASELINE, CONFIRMED]).to_numpy()
+
+
+def on_page_front(res: Results, df: pd.DataFrame) -> np.ndarray:
+    """Per row of ``df``: is it on the front the page's table lists? With replicates the configurations of
+    ``Results.front_configs`` (``final_front``: the confirmed front when confirmation ran); else the trials of
+    ``pareto_rank`` 0. Over all the search's objectives, which a plot of two of them may not show."""
+    if res.replicated:
+        ids = set(res.front_configs[CONFIG_ID].astype(str)) if len(res.front_configs) else set()
+        return df[CONFIG_ID].astype(str).isin(ids).to_numpy() if CONFIG_ID in df else np.zeros(len(df), bool)
+    return (df["pareto_rank"] == 0).to_numpy() if "pareto_rank" in df else np.zeros(len(df), dtype=bool)
+
+
+def front_labels(res: Results, x_metric: str, y_metric: str) -> tuple[str, str | None]:
+    """The legend's words for the black step line and for the ringed points. Where the page's objectives are
+    these two metrics, both are the page's front: one entry. Else (a third objective, or a privacy metric that
+    is no objective) the line is the front of the two metrics alone, which is not the page's, and the rings
+    mark the page's front."""
+    what = ("baseline and confirmed means" if res.confirmed else "configuration means" if res.replicated
+            else "all trials")
+    if len(res.metrics) == 2 and {x_metric, y_metric} == set(res.metrics):
+        return (f"{'confirmed front' if res.confirmed else 'front'} ({what})", None)
+    page = "the confirmed front" if res.confirmed else "the front of all objectives"
+    return (f"front of {x_metric} and {y_metric} alone ({what})", f"on {page} ({', '.join(res.metrics)})")
+
+
 def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
     """First objective (x) against ``y_metric``: one point per trial, or, when the search has replicates, one
     point per configuration at its means with the 95 % CI as error bars (``configs_drawn``); coloured by
-    surrogate, the overall front (black step line, ``gid="front"``) and each surrogate's own front."""
+    surrogate, each surrogate's own front, the front of the two metrics (black step line, ``gid="front"``) and
+    the page's front ringed (``on_page_front``; ``gid="page-front"``): the same points where the page's
+    objectives are these two metrics (``front_labels``). With confirmation, the configurations not confirmed
+    are drawn faded, on no front. The legend lies under the axes (``plots.legend_below``)."""
     x_metric, x_mode = res.objectives[0]["metric"], res.objectives[0]["mode"]
     if res.replicated:
         data = configs_drawn(res, y_metric)
-        points = lambda ax, df, color, label, base: _errorbar(  # noqa: E731
-            ax, df, x_metric, y_metric, marker="X" if base else "o", markersize=9 if base else 7, color=color,
-            alpha=1.0 if base else 0.8, zorder=4 if base else 3, label=label)
-        front_label, empty = "front (configuration means)", "no configuration with an ok run and these metrics"
+
+        def points(ax, df, color, label, base, faded=False):
+            _errorbar(ax, df, x_metric, y_metric, marker="X" if base else "o",
+                      markersize=9 if base else 6 if faded else 7, color=color,
+                      alpha=0.35 if faded else 1.0 if base else 0.8, zorder=2 if faded else 4 if base else 3,
+                      label=label)  # fmt: skip
+        empty = "no configuration with an ok run and these metrics"
         title = f"{plural(len(data), 'configuration')}, {replicate_caption(res, y_metric)}"
     else:
         data = trials_drawn(res, y_metric)
-        points = lambda ax, df, color, label, base: ax.scatter(  # noqa: E731
-            df[x_metric], df[y_metric], s=80 if base else 28, marker="X" if base else "o", color=color,
-            alpha=1.0 if base else 0.75, edgecolors="none", zorder=4 if base else 3)
-        front_label, empty, title = "front (all trials)", None, plural(len(data), "ok trial")
+
+        def points(ax, df, color, label, base, faded=False):
+            ax.scatter(df[x_metric], df[y_metric], s=80 if base else 28, marker="X" if base else "o", color=color,
+                       alpha=1.0 if base else 0.75, edgecolors="none", zorder=4 if base else 3)
+        empty, title = None, plural(len(data), "ok trial")
+    front_label, ring_label = front_labels(res, x_metric, y_metric)
     fig = new_figure(7.5, 5.0)
     ax = fig.add_subplot()
     handles = []
     dense = len(data) > DENSE_POINTS
+    can = eligible(res, data)
+    shown, faded = data[can], data[~can]
     if dense:   # thousands of points: their density, and each surrogate's own front drawn on top
         rest = data[~data["_baseline"]]
         ax.hexbin(rest[x_metric].to_numpy(dtype=float), rest[y_metric].to_numpy(dtype=float), gridsize=70,
                   cmap="Greys", bins="log", mincnt=1, linewidths=0, zorder=1)
         handles.append(Patch(facecolor="0.45", label=f"density of all {len(rest):,} points (log)"))
     for s in res.surrogates:
-        sub = data[(data["_surrogate"] == s) & ~data["_baseline"]]
-        if sub.empty:
+        sub = shown[(shown["_surrogate"] == s) & ~shown["_baseline"]]
+        pale = faded[(faded["_surrogate"] == s) & ~faded["_baseline"]] if not dense else faded.iloc[0:0]
+        if sub.empty and pale.empty:
             continue
         color = res.colors[s]
-        points(ax, front_of(sub, [x_metric, y_metric], [x_mode, y_mode]) if dense else sub, color, s, False)
-        _front_line(ax, sub, x_metric, y_metric, x_mode, y_mode, color=color, lw=1.0, alpha=0.8, zorder=2)
+        if len(sub):
+            points(ax, front_of(sub, [x_metric, y_metric], [x_mode, y_mode]) if dense else sub, color, s, False)
+            _front_line(ax, sub, x_metric, y_metric, x_mode, y_mode, color=color, lw=1.0, alpha=0.8, zorder=2)
+        if len(pale):
+            points(ax, pale, color, f"{s} (not confirmed)", False, faded=True)
         handles.append(Line2D([], [], color=color, marker="o", lw=1.0, label=s))
-    base = data[data["_baseline"]]
+    if len(faded) and not dense:
+        handles.append(Line2D([], [], color="0.5", marker="o", markersize=6, alpha=0.4, lw=0,
+                              label=f"not confirmed ({plural(len(faded), 'configuration')}: the search's runs "
+                                    f"only), on no front"))
+    base = shown[shown["_baseline"]]
     if not base.empty:
         points(ax, base, "black", BASELINE_LABEL, True)
         handles.append(Line2D([], [], color="black", marker="X", lw=0, markersize=8, label=BASELINE_LABEL))
     if not data.empty:
-        _front_line(ax, data, x_metric, y_metric, x_mode, y_mode, color="black", lw=2.2, alpha=0.9, zorder=5,
-                    gid="front")  # fmt: skip
-        front = front_of(data, [x_metric, y_metric], [x_mode, y_mode])
-        ax.scatter(front[x_metric], front[y_metric], s=90, facecolors="none", edgecolors="black", lw=1.3, zorder=6)
-        handles.append(Line2D([], [], color="black", lw=2.2, label=front_label))
+        ring = data[on_page_front(res, data)]
+        line = ring if ring_label is None else front_of(shown, [x_metric, y_metric], [x_mode, y_mode])
+        _step(ax, line, x_metric, y_metric, x_mode, color="black", lw=2.2, alpha=0.9, zorder=5, gid="front")
+        ax.scatter(ring[x_metric], ring[y_metric], s=90, facecolors="none", edgecolors="black", lw=1.3, zorder=6,
+                   gid="page-front")  # fmt: skip
+        if ring_label is None:
+            handles.append(Line2D([], [], color="black", lw=2.2, marker="o", markersize=9, markerfacecolor="none",
+                                  label=front_label))  # fmt: skip
+        else:
+            handles.append(Line2D([], [], color="black", lw=2.2, label=front_label))
+            handles.append(Line2D([], [], color="black", lw=0, marker="o", markersize=9, markerfacecolor="none",
+                                  label=ring_label))  # fmt: skip
     else:
         no_data(ax, empty) if empty else no_data(ax)
     inside_x = inside_y = False
     if not data.empty:
-        inside_x, inside_y = _draw_noise(ax, res, data, x_metric, y_metric, handles)
+        inside_x, inside_y = _draw_noise(ax, res, data, shown, x_metric, y_metric, handles)
     ax.set_xlabel(better(x_metric, x_mode) + (" →" if x_mode == "max" else " ←")
                   + (f"\n{ALL_WITHIN}" if inside_x else ""))
     ax.set_ylabel(better(y_metric, y_mode) + (f"\n{ALL_WITHIN}" if inside_y else ""))
-    ax.set_title(f"{res.experiment}: {x_metric} vs {y_metric} ({title})", fontsize=9 if res.replicated else None)
+    ax.set_title(title_text(f"{res.experiment}: {x_metric} vs {y_metric} ({title})", name=res.experiment),
+                 fontsize=9)
     ax.grid(alpha=0.3)
-    if handles:
-        ax.legend(handles=handles, fontsize=8, loc="best", framealpha=0.85)
+    legend_below(fig, ax, handles)
     return fig
 
 
@@ -147,36 +209,53 @@ def within_noise(res: Results, df: pd.DataFrame, metric: str) -> np.ndarray:
     return ids.map(verdict).fillna("").eq(WITHIN).to_numpy()
 
 
-def _draw_noise(ax, res: Results, data: pd.DataFrame, x: str, y: str, handles: list) -> tuple[bool, bool]:
-    """The baselines' means (dashed) and 95 % bands of one run on both axes: a light fill with its edges
-    drawn (dotted, ``gid="band-edge"``) and the axes widened to show both edges, so a band wider than the
-    points never fills the plot without showing where it ends; the legend gives each band's range. The points
-    within the noise on both axes (``within_noise``) are redrawn hollow. Returns whether every non-baseline
-    point is within the noise on x, on y."""
+def band_names(res: Results, ids) -> dict[str, str]:
+    """Per baseline configuration (its id): ``σ=0.05``, its ``defense.noise_std``, which tells the bands of a
+    σ grid apart; with its id where σ is unknown or two bands share one (they differ in another key)."""
+    c = res.configs.set_index(res.configs[CONFIG_ID].astype(str)) if res.configs is not None else pd.DataFrame()
+    sigma = numeric(c[NOISE_COL]) if NOISE_COL in c else pd.Series(np.nan, index=c.index)
+    out = {i: (f"σ={format_value(float(sigma[i]))}" if i in sigma.index and pd.notna(sigma[i]) else "") for i in ids}
+    seen = Counter(out.values())
+    return {i: name if name and seen[name] == 1 else f"{name} ({i})".strip() for i, name in out.items()}
+
+
+def _draw_noise(ax, res: Results, data: pd.DataFrame, shown: pd.DataFrame, x: str, y: str,
+                handles: list) -> tuple[bool, bool]:
+    """Each baseline's mean (dashed) and 95 % band of one run on both axes: a light fill with its edges
+    drawn (dotted, ``gid="band-edge"``), one shade of grey per baseline, and the axes widened to show both
+    edges, so a band wider than the points never fills the plot without showing where it ends; the legend has
+    one entry per band, named by its σ (``band_names``), with its ranges. The points of ``shown`` (those
+    drawn in full) within the noise on both axes (``within_noise``) are redrawn hollow. Returns whether every
+    non-baseline point of ``data`` is within the noise on x, on y."""
     bx, by = baseline_bands(res, x), baseline_bands(res, y)
     if not bx and not by:
         return False, False
     xlim, ylim = ax.get_xlim(), ax.get_ylim()
-    edge = dict(color="0.35", ls=":", lw=1.1, zorder=1, gid="band-edge")
-    for mean, lo, hi in bx.values():
-        ax.axvspan(lo, hi, color="0.5", alpha=0.07, lw=0, zorder=0)
-        ax.axvline(lo, **edge)
-        ax.axvline(hi, **edge)
-        ax.axvline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
-    for mean, lo, hi in by.values():
-        ax.axhspan(lo, hi, color="0.5", alpha=0.07, lw=0, zorder=0)
-        ax.axhline(lo, **edge)
-        ax.axhline(hi, **edge)
-        ax.axhline(mean, color="0.3", ls="--", lw=0.9, zorder=1)
+    ids = list(dict.fromkeys([*bx, *by]))
+    names = band_names(res, ids)
+    handles.append(Line2D([], [], color="0.3", ls="--", lw=0.9,
+                          label="λ=0 baseline: mean (dashed), 95 % band of one run (dotted edges)"))
+    for k, cid in enumerate(ids):
+        shade = str(round(0.2 + 0.45 * k / max(len(ids) - 1, 1), 3))
+        # the dots' spacing differs too: greys alone are hard to tell apart
+        edge = dict(color=shade, ls=(0, (1, 1.5 + k % 4)), lw=1.1, zorder=1, gid="band-edge")
+        for bands, span, line in ((bx, ax.axvspan, ax.axvline), (by, ax.axhspan, ax.axhline)):
+            if cid not in bands:
+                continue
+            mean, lo, hi = bands[cid]
+            span(lo, hi, color=shade, alpha=0.07, lw=0, zorder=0)
+            line(lo, **edge)
+            line(hi, **edge)
+            line(mean, color=shade, ls="--", lw=0.9, zorder=1)
+        ranges = [f"{m} {_band_range(bands[cid])}" for m, bands in ((x, bx), (y, by)) if cid in bands]
+        handles.append(Patch(facecolor=shade, alpha=0.2, edgecolor=shade, linestyle=edge["ls"],
+                             label=f"{BASELINE_LABEL} {names[cid]}: {', '.join(ranges)}"))
     ax.set_xlim(_widened(xlim, [v for b in bx.values() for v in b[1:]]))
     ax.set_ylim(_widened(ylim, [v for b in by.values() for v in b[1:]]))
-    ranges = [f"{m} {_band_range(b)}" for m, bands in ((x, bx), (y, by)) for b in bands.values()]
-    handles.append(Patch(facecolor="0.5", alpha=0.15, edgecolor="0.35", linestyle=":",
-                         label="λ=0 baseline: mean (dashed), 95 % band of one run (dotted edges)\n"
-                               + ", ".join(ranges)))
     cem = data[~data["_baseline"]]
     in_x, in_y = within_noise(res, cem, x), within_noise(res, cem, y)
-    both = cem[in_x & in_y]
+    drawn = shown[~shown["_baseline"]]
+    both = drawn[within_noise(res, drawn, x) & within_noise(res, drawn, y)]
     if len(cem) > DENSE_POINTS:   # only the drawn fronts are redrawn hollow
         both = both.iloc[0:0]
     if len(both):

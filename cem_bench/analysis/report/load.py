@@ -174,6 +174,27 @@ class Results:
         return front.sort_values(first["metric"], ascending=first["mode"] == "min", kind="stable")
 
     @property
+    def front_trials(self) -> pd.DataFrame:
+        """The trials of the front the page states, which its galleries, its training curves and
+        ``frontier.csv`` show. With confirmation, the runs behind the confirmed front's statistics
+        (``front_configs``; docs/protocol.md §8): each confirmed configuration's ok confirmation runs (not the
+        search's run it was chosen on) and every ok run of a baseline on it, by their configuration's mean
+        first objective; else ``front`` (the trials of ``pareto_rank`` 0)."""
+        if not self.confirmed or CONFIG_ID not in self.trials:
+            return self.front
+        first = self.objectives[0]
+        configs = self.front_configs
+        place = {c: i for i, c in enumerate(configs[CONFIG_ID].astype(str))}
+        role = dict(zip(configs[CONFIG_ID].astype(str), configs["role"]))
+        ok = self.ok
+        ids = ok[CONFIG_ID].astype(str)
+        runs = ok[ids.isin(place) & (ids.map(role).ne(CONFIRMED) | ok[ROLE_COLUMN].eq(CONFIRM))]
+        order = runs[CONFIG_ID].astype(str).map(place)
+        return runs.assign(_place=order).sort_values(
+            ["_place", first["metric"]], ascending=[True, first["mode"] == "min"], kind="stable"
+        ).drop(columns="_place")
+
+    @property
     def modes(self) -> list[str]:
         return [o["mode"] for o in self.objectives]
 

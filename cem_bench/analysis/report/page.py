@@ -34,7 +34,7 @@ from .facts import metric_columns, run_facts, searched_columns, status_counts
 from .formatting import format_value, plural, safe_name, short, tail
 from .frontier_plot import plot_frontier, replicate_caption
 from .hypervolume_plot import plot_hypervolume
-from .lambda_plot import plot_lambda_curves
+from .lambda_plot import lambda_curves_note, plot_lambda_curves
 from .load import (
     BASELINE_LABEL,
     REPORTED_METRICS,
@@ -78,12 +78,13 @@ def _recon_path(res: Results, row: pd.Series) -> Path | None:
 
 
 def copy_galleries(res: Results, out_dir: Path) -> list[dict]:
-    """Copy recon.png of the front's trials and of the best baseline to out_dir/galleries/.
+    """Copy recon.png of the front's trials (``Results.front_trials``: with confirmation, the confirmed front's
+    runs) and of the best baseline to out_dir/galleries/.
 
     Returns one dict per shown trial: ``row`` and ``src`` (relative path, or None when recon.png is missing,
     or is a link, a pipe or a device: only the results folder's own regular files are copied)."""
     gallery_dir = out_dir / "galleries"
-    rows = [r for _, r in res.front.head(MAX_GALLERY).iterrows()]
+    rows = [r for _, r in res.front_trials.head(MAX_GALLERY).iterrows()]
     base = best_baseline(res)
     if base is not None and base["trial_id"] not in {r["trial_id"] for r in rows}:
         rows.append(base)
@@ -230,10 +231,11 @@ def _draw(res: Results, out_dir: Path) -> None:
     curves = plot_training_curves(res, out_dir / "training_curves.png")
     lam_curves = plot_lambda_curves(res, out_dir / "lambda_curves.png")
     if lam_curves is not None:   # a λ sweep with replicates: its curves lead the parameter effects
-        params.insert(0, _figure(lam_curves.name, "trade-off over λ per surrogate (mean ± std over the seeds)"))
+        params.insert(0, _figure(lam_curves.name, "trade-off over λ per surrogate (mean ± std over the seeds)",
+                                 lambda_curves_note(res)))
     gallery = copy_galleries(res, out_dir)
 
-    front = res.front
+    front = res.front_trials
     public_cols = [c for c in res.trials.columns if not c.startswith("_")]
     front[public_cols].to_csv(out_dir / "frontier.csv", index=False)
     aliases = set(REPORTED_METRICS) | set(res.metrics)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .formatting import better, short
 from .load import BASELINE_LABEL, LAMBD_COL, MAIN_PARAMS, Results
-from .plots import lambda_axis, new_figure, save, uses_param, wrapped
+from .plots import lambda_axis, legend_below, new_figure, save, uses_param, wrapped
 
 
 def param_columns(res: Results) -> list[str]:
@@ -41,6 +41,6 @@ def plot_param_effects(res: Results, param: str, path: Path) -> Path:
         ax.set_xlabel(short(param) + (" (log)" if param == LAMBD_COL else ""))
         ax.set_ylabel(wrapped(better(obj["metric"], obj["mode"])), fontsize=8)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="best")
+    legend_below(fig, axes[0], axes[0].get_legend_handles_labels()[0], fontsize=7, max_cols=6)
     fig.suptitle(f"effect of {short(param)}", fontsize=10)
     return save(fig, path)

@@ -3,8 +3,9 @@ rather than through pyplot, so the report never touches the process-wide backend
 registry and no figure outlives its function.
 
 This module holds what the figures share: which parameters each trial's surrogate uses (``uses_param``), a
-new figure and its margins (``new_figure``, ``fit_margins``, ``save``), the range of a bounded metric
-(``metric_bounds``, ``clip_interval``, ``bars``), the λ axis and a small panel's label (``wrapped``). Each
+new figure, its legend under the axes and its margins (``new_figure``, ``legend_below``, ``fit_margins``,
+``save``), a title of bounded length (``title_text``), the range of a bounded metric (``metric_bounds``,
+``clip_interval``, ``bars``), the λ axis and a small panel's label (``wrapped``). Each
 family of figures is one module beside it (a new plot is one file plus its test):
 ``frontier_plot`` (the frontier plots and the baseline's noise bands), ``hypervolume_plot``, ``param_plot``
 (each objective against one parameter), ``lambda_plot`` (the trade-off over λ) and ``training_plot`` (the
@@ -12,6 +13,7 @@ front's training curves)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
+
+from cem_bench.schema import METRIC_RANGES, base_metric
 
 from .formatting import format_value
 from .load import LAMBD_COL, NOISE_COL, Results
@@ -76,12 +80,71 @@ def new_figure(width: float, height: float, top_in: float = 0.45) -> Figure:
 
 
 MARGIN_PX = 4  # the blank strip every label keeps from the image's edge
+# The least share of the figure's width (height) the panels keep, whatever the labels ask: margins that would
+# leave less are shrunk in proportion (a label may then be cut at the edge), never past each other.
+MIN_AXES_FRACTION = 0.3
+BELOW = "legend-below"   # the gid of a legend that ``legend_below`` put under the axes
+MIN_LEGEND_WRAP = 45   # characters of a legend line: narrower columns cut a band's range into three lines
+
+
+def legend_below(fig: Figure, ax, handles: list, fontsize: float = 8, max_cols: int = 3) -> None:
+    """``ax``'s legend under the panels, centred on the figure: of 1 to ``max_cols`` columns, each label
+    wrapped to its column's width (``MIN_LEGEND_WRAP`` characters at least), the layout that fits the
+    figure's width in the fewest lines; the figure is made taller by the legend's height, so the panels keep
+    their size however many entries there are (one per surrogate, per noise band, ...) and the legend never
+    covers a point. ``fit_margins`` keeps the axes' labels above it."""
+    if not handles:
+        return
+    renderer = fig.canvas.get_renderer()
+    room = fig.bbox.width - 2 * MARGIN_PX
+    char_px = 0.62 * fontsize * fig.dpi / 72     # a wide character of the legend's font
+    best = None
+    for ncol in range(1, min(max_cols, len(handles)) + 1):
+        wrap = int(room / ncol / char_px) - 6   # less the handle and the space between columns
+        if ncol > 1 and wrap < MIN_LEGEND_WRAP:
+            break
+        labels = ["\n".join(textwrap.fill(line, wrap) for line in h.get_label().split("\n")) for h in handles]
+        leg = ax.legend(handles=handles, labels=labels, loc="lower center", bbox_to_anchor=(0.5, 0.0),
+                        bbox_transform=fig.transFigure, ncol=ncol, fontsize=fontsize, frameon=False)
+        box = leg.get_window_extent(renderer)
+        if best is None or (box.width <= room and box.height < best[1]):
+            best = (ncol, box.height, labels)
+    ncol, _, labels = best
+    leg = ax.legend(handles=handles, labels=labels, loc="lower center", bbox_to_anchor=(0.5, 0.0),
+                    bbox_transform=fig.transFigure, ncol=ncol, fontsize=fontsize, frameon=False)
+    leg.set_gid(BELOW)
+    extra = (leg.get_window_extent(renderer).height + MARGIN_PX) / fig.dpi
+    w, h = fig.get_size_inches()
+    sp = fig.subplotpars
+    bottom_in, top_in = sp.bottom * h, (1 - sp.top) * h
+    fig.set_size_inches(w, h + extra)
+    fig.subplots_adjust(bottom=(bottom_in + extra) / (h + extra), top=1 - top_in / (h + extra))
+
+
+def _measure(ax, renderer):
+    """The box of ``ax``'s labels, tick labels, title and other artists, less a ``legend_below`` legend (which
+    has its own strip under the panels), and the top of that legend's strip in pixels (0 without one)."""
+    leg = ax.get_legend()
+    if leg is None or leg.get_gid() != BELOW:
+        return ax.get_tightbbox(renderer), 0.0
+    extra = [a for a in ax.get_default_bbox_extra_artists() if a is not leg]
+    return ax.get_tightbbox(renderer, bbox_extra_artists=extra), leg.get_window_extent(renderer).y1
+
+
+def _kept(lo: float, hi: float) -> tuple[float, float]:
+    """Margins ``lo`` (from 0) and ``hi`` (from 1) shrunk in proportion where they would leave the panels less
+    than ``MIN_AXES_FRACTION``: ``subplots_adjust`` refuses left >= right, and a panel of no width shows nothing."""
+    if hi - lo >= MIN_AXES_FRACTION:
+        return lo, hi
+    scale = (1 - MIN_AXES_FRACTION) / max(lo + (1 - hi), 1e-9)
+    return lo * scale, 1 - (1 - hi) * scale
 
 
 def fit_margins(fig: Figure) -> None:
     """Widen the figure's margins (and the space between its panels) until every axes' labels, tick labels
-    and title lie inside the image: the extents of their text are measured, no drawing is done. A
-    two-line y label or a long tick label (0.0001) no longer runs off the left edge."""
+    and title lie inside the image, above a ``legend_below`` legend: the extents of their text are measured,
+    no drawing is done. A two-line y label or a long tick label (0.0001) no longer runs off the left edge.
+    The panels keep at least ``MIN_AXES_FRACTION`` of the figure either way (``_kept``)."""
     axes = [ax for ax in fig.axes if ax.get_visible()]
     if not axes:
         return
@@ -89,16 +152,18 @@ def fit_margins(fig: Figure) -> None:
     width, height = fig.bbox.width, fig.bbox.height
     sp = fig.subplotpars
     for _ in range(3):   # a wider margin narrows the panels, which may move their labels again
-        by_axes = [ax.get_tightbbox(renderer) for ax in axes]   # one measurement serves margins and gaps
+        measured = [_measure(ax, renderer) for ax in axes]   # one measurement serves margins and gaps
+        by_axes = [b for b, _ in measured]
+        floor = max(y for _, y in measured) + MARGIN_PX
         boxes = [b for b in by_axes if b is not None]
         if not boxes:
             return
         x0, y0 = min(b.x0 for b in boxes), min(b.y0 for b in boxes)
         x1, y1 = max(b.x1 for b in boxes), max(b.y1 for b in boxes)
-        left = sp.left + max(0.0, MARGIN_PX - x0) / width
-        right = sp.right - max(0.0, x1 - (width - MARGIN_PX)) / width
-        bottom = sp.bottom + max(0.0, MARGIN_PX - y0) / height
-        top = sp.top - max(0.0, y1 - (height - MARGIN_PX - _suptitle_px(fig, renderer))) / height
+        left, right = _kept(sp.left + max(0.0, MARGIN_PX - x0) / width,
+                            sp.right - max(0.0, x1 - (width - MARGIN_PX)) / width)
+        bottom, top = _kept(sp.bottom + max(0.0, floor - y0) / height,
+                            sp.top - max(0.0, y1 - (height - MARGIN_PX - _suptitle_px(fig, renderer))) / height)
         wspace = sp.wspace
         if len(axes) > 1:    # a panel's y label must not run into its left neighbour
             for ba, bb in zip(by_axes, by_axes[1:]):
@@ -119,6 +184,14 @@ def _suptitle_px(fig: Figure, renderer) -> float:
     return title.get_window_extent(renderer).height + MARGIN_PX
 
 
+def title_text(text: str, width: int = 95, max_name: int = 60, name: str | None = None) -> str:
+    """``text`` wrapped at ``width`` characters, at most three lines; ``name`` (an experiment's name, which
+    the user chose and may be any length) is first cut to ``max_name`` characters with an ellipsis."""
+    if name is not None and len(name) > max_name:
+        text = text.replace(name, name[: max_name - 1] + "…", 1)
+    return textwrap.fill(text, width, max_lines=3, placeholder=" …")
+
+
 def save(fig: Figure, path: Path) -> Path:
     fit_margins(fig)
     fig.savefig(path, format="png")
@@ -129,14 +202,16 @@ def save(fig: Figure, path: Path) -> Path:
 # ================================================================= bounded metrics
 def metric_bounds(metric: str, values=None) -> tuple[float, float] | None:
     """The range a metric cannot leave, where it has one: accuracy in [0, 1] (in [0, 100] when the values are
-    percentages), SSIM in [-1, 1] (docs/results.md §3.2: "≤ 1"); None for MSE, PSNR and the rest. An interval
-    or a band of a bounded metric is drawn and printed clipped to it."""
+    percentages), SSIM in [-1, 1] (docs/results.md §3.2: "≤ 1"), MSE and PSNR at or above 0
+    (``schema.METRIC_RANGES``: the attack's images are clamped to [0, 1]); None for the rest. An interval or a
+    band of a bounded metric is drawn and printed clipped to it: a baseline's MSE band of one run otherwise
+    printed a negative lower end."""
     if metric.startswith("test_acc"):
         v = pd.to_numeric(pd.Series(values), errors="coerce").abs() if values is not None else pd.Series(dtype=float)
         return (0.0, 100.0) if len(v.dropna()) and v.max() > 1.0 else (0.0, 1.0)
-    if metric.startswith(("attack_ssim", "probe_ssim")):
+    if metric.startswith("probe_ssim"):
         return (-1.0, 1.0)
-    return None
+    return METRIC_RANGES.get(base_metric(metric))
 
 
 def clip_interval(metric: str, lo, hi, values=None):

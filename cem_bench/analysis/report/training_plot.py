@@ -7,16 +7,17 @@ from pathlib import Path
 from matplotlib.ticker import MaxNLocator
 
 from .load import BASELINE_LABEL, Results, numeric
-from .plots import new_figure, save
+from .plots import legend_below, new_figure, save
 
 MAX_CURVES = 12  # front trials drawn in the training curves
 
 
 def plot_training_curves(res: Results, path: Path) -> Path | None:
-    """test_acc and feature_spread per epoch for the front's trials; None without epoch data."""
+    """test_acc and feature_spread per epoch for the front's trials (``Results.front_trials``: with
+    confirmation, the confirmed front's runs); None without epoch data."""
     if res.epochs is None:
         return None
-    front = res.front.head(MAX_CURVES)
+    front = res.front_trials.head(MAX_CURVES)
     epochs = res.epochs[res.epochs["trial_id"].isin(front["trial_id"])]
     panels = [c for c in ("test_acc", "feature_spread") if c in epochs and epochs[c].notna().any()]
     if epochs.empty or not panels:
@@ -37,6 +38,7 @@ def plot_training_curves(res: Results, path: Path) -> Path | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(col)
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7, loc="best")
-    fig.suptitle("training curves of the front's trials", fontsize=10)
+    legend_below(fig, axes[-1], axes[-1].get_legend_handles_labels()[0], fontsize=7, max_cols=4)
+    fig.suptitle("training curves of the confirmed front's runs" if res.confirmed else
+                 "training curves of the front's trials", fontsize=10)
     return save(fig, path)

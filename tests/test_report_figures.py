@@ -1,0 +1,307 @@
+"""The report's figures on the shapes that broke them: a σ grid's many noise bands and a long experiment name (the
+legend and the margins), a confirmed front (what the plot, frontier.csv, the galleries and the training curves
+call the front), a λ curve along which another key varies, an infinite metric, three objectives, and a noise
+band of a metric that cannot be negative."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.image import imsave
+from test_report import THREE_OBJECTIVES, write_results
+
+from cem_bench.analysis.report import build_report, frontier_figure, load_results
+from cem_bench.analysis.report.frontier_plot import baseline_bands
+from cem_bench.analysis.report.plots import fit_margins
+from cem_bench.schema import rank_table
+
+SURROGATES5 = ["gmm", "gated_attention", "slot_cross", "attention_centroid", "serial_enhanced"]
+SIGMAS = [0.01, 0.025, 0.05, 0.1, 0.15]
+
+
+def _rows_to(root: Path, rows: list[dict], objectives=None, name: str = "fig") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(root / "trials.parquet")
+    spec = {"name": name, **({"objectives": objectives} if objectives else {})}
+    (root / "search_space.json").write_text(json.dumps(spec))
+    return root
+
+
+def paper_grid(root: Path) -> Path:
+    """cifar10_paper.yaml's shape: 5 σ x 3 seeds x (λ=0, and λ 8 and 16 for 5 surrogates)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for sigma in SIGMAS:
+        for seed in (125, 126, 127):
+            for sur, lam in [(None, 0.0)] + [(s, lam) for s in SURROGATES5 for lam in (8.0, 16.0)]:
+                st = np.log1p(lam) / np.log(65)
+                rows.append({"trial_id": f"t{len(rows):03d}", "status": "ok", "config.seed": seed,
+                             "config.defense.noise_std": sigma, "config.cem.lambd": lam, "config.cem.surrogate": sur,
+                             "test_acc": 0.92 - 0.08 * st - 0.5 * sigma + rng.normal(0, 0.01),
+                             "attack_ssim": 0.85 - 0.5 * st - 2 * sigma + rng.normal(0, 0.02),
+                             "attack_mse": 0.01 + 0.05 * st + rng.normal(0, 0.003)})
+    return _rows_to(root, rows, name="cifar10_paper")
+
+
+def _legend(fig) -> tuple[list[str], object]:
+    leg = fig.axes[0].get_legend()
+    return [t.get_text().replace("\n", " ") for t in leg.get_texts()], leg
+
+
+def _inside_and_clear(fig) -> None:
+    """The legend lies inside the image and under the axes (never over a point), the axes keep a usable size."""
+    fit_margins(fig)
+    r = fig.canvas.get_renderer()
+    (_, leg), ax = _legend(fig), fig.axes[0]
+    box, axes_box = leg.get_window_extent(r), ax.get_window_extent(r)
+    assert leg.get_gid() == "legend-below"   # plots.BELOW
+    assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height
+    assert box.y1 < axes_box.y0                     # below the axes: it covers no data
+    assert axes_box.width > 0.3 * fig.bbox.width and axes_box.height > 0.3 * (fig.bbox.height - box.height)
+
+
+def test_a_sigma_grid_renders_one_legend_entry_per_band_named_by_its_sigma(tmp_path):
+    """The paper grid's 5 λ=0 baselines with replicates made one legend line of every band's range, wider than
+    the figure: fit_margins set left >= right and `cem-bench report` stopped with a ValueError. Each band is now
+    its own entry, named by its σ, under the axes."""
+    root = paper_grid(tmp_path / "grid")
+    index = build_report(root)
+    assert (index.parent / "frontier_attack_ssim.png").is_file()
+    res = load_results(root)
+    for metric, mode in (("attack_ssim", "min"), ("attack_mse", "max")):
+        fig = frontier_figure(res, metric, mode)
+        texts, _ = _legend(fig)
+        bands = [t for t in texts if t.startswith("λ=0 baseline σ=")]
+        assert len(bands) == len(SIGMAS)
+        for sigma, text in zip(SIGMAS, bands):
+            assert text.startswith(f"λ=0 baseline σ={sigma:g}: test_acc ") and f", {metric} " in text, text
+        _inside_and_clear(fig)
+
+
+def test_a_long_experiment_name_renders_with_its_title_inside_the_image(tmp_path):
+    """An experiment name of 90 characters or more stopped the report (the title alone was wider than the
+    figure): the name is cut, the title wrapped, and the axes keep their width."""
+    root = write_results(tmp_path / "long", n=5, baseline=1, errors=0, vary_params=False, epochs=False, recon=False)
+    spec = json.loads((root / "search_space.json").read_text())
+    spec["name"] = "x" * 120
+    (root / "search_space.json").write_text(json.dumps(spec))
+    assert (build_report(root).parent / "frontier_attack_ssim.png").is_file()
+    fig = frontier_figure(load_results(root), "attack_ssim", "min")
+    _inside_and_clear(fig)
+    r, ax = fig.canvas.get_renderer(), fig.axes[0]
+    title = ax.title.get_window_extent(r)
+    assert title.x0 >= 0 and title.x1 <= fig.bbox.width and "…" in ax.get_title()
+
+
+def test_fit_margins_keeps_the_axes_when_a_label_is_wider_than_the_figure():
+    """A label no margin can hold: the panel keeps a share of the figure instead of a ValueError."""
+    from cem_bench.analysis.report.plots import new_figure
+    fig = new_figure(4.0, 3.0)
+    ax = fig.add_subplot()
+    ax.set_ylabel("y" * 400)
+    ax.set_xlabel("x" * 400)
+    fit_margins(fig)
+    sp = fig.subplotpars
+    assert sp.right - sp.left >= 0.29 and sp.top - sp.bottom >= 0.29
+
+
+# ---------------------------------------------------------------- the confirmed front
+def confirmed_search(root: Path) -> Path:
+    """A baseline of 3 seeds; gmm λ=32 and slot_cross λ=8 searched once and confirmed with 3 new seeds each (gmm
+    looked better on its search run than on its confirmation); gated_attention λ=4, never confirmed, best on
+    its one lucky run. Each trial has a recon.png and epochs."""
+    rows, epochs = [], []
+
+    def row(sur, lam, seed, role, acc, ssim):
+        tid = f"t{len(rows):03d}"
+        rows.append({"trial_id": tid, "status": "ok", "role": role, "config.seed": seed, "trial_dir": f"exp/{tid}",
+                     "config.defense.noise_std": 0.1, "config.cem.lambd": lam, "config.cem.surrogate": sur,
+                     "test_acc": acc, "attack_ssim": ssim, "wall_s": 10.0,
+                     "finished_at": (pd.Timestamp("2026-01-01T00:00:00Z") + pd.Timedelta(minutes=len(rows))
+                                     ).isoformat()})
+        (root / "exp" / tid).mkdir(parents=True)
+        imsave(root / "exp" / tid / "recon.png", np.random.default_rng(len(rows)).random((8, 16, 3)))
+        epochs.extend({"trial_id": tid, "epoch": e, "test_acc": acc * e / 2, "feature_spread": 1.0 / e}
+                      for e in (1, 2))
+
+    for s, (a, b) in enumerate([(0.90, 0.75), (0.91, 0.76), (0.89, 0.74)]):
+        row(None, 0.0, s, "baseline", a, b)
+    row("gmm", 32.0, 0, "search", 0.90, 0.40)
+    row("slot_cross", 8.0, 0, "search", 0.90, 0.50)
+    row("gated_attention", 4.0, 0, "search", 0.895, 0.45)
+    for s in (3, 4, 5):
+        row("gmm", 32.0, s, "confirm", 0.86 + 0.005 * s, 0.60 + 0.01 * s)
+        row("slot_cross", 8.0, s, "confirm", 0.87, 0.62 + 0.01 * s)
+    pd.DataFrame(epochs).to_parquet(root / "epochs.parquet")
+    return _rows_to(root, rows, THREE_OBJECTIVES[:2], name="conf")
+
+
+def test_with_confirmation_every_front_on_the_page_is_the_confirmed_one(tmp_path, monkeypatch):
+    """The table listed the confirmed front (the baseline and gmm, on the means of their confirmation runs)
+    while the plot's front, frontier.csv, the galleries and the training curves showed the front of every
+    configuration, led by a lucky run never confirmed (docs/protocol.md §8). All of them now show the confirmed
+    front, and the unconfirmed configuration is drawn apart as "not confirmed"."""
+    from cem_bench.analysis.report import training_plot
+
+    root = confirmed_search(tmp_path / "conf")
+    res = load_results(root)
+    assert res.confirmed
+    front = res.front_configs
+    assert sorted(front["_label"]) == ["gmm", "λ=0 baseline"]
+    trials = res.trials.set_index("trial_id")
+    # the runs behind the confirmed front: the baseline's and gmm's confirmation runs, not its search run
+    want = set(trials[(trials["role"] == "baseline") | ((trials["role"] == "confirm")
+                                                         & (trials["config.cem.surrogate"] == "gmm"))].index)
+
+    fig = frontier_figure(res, "attack_ssim", "min")
+    ax = fig.axes[0]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_gid() == "front"]
+    drawn = {(round(x, 9), round(y, 9)) for x, y in line.get_xydata()}
+    assert drawn == {(round(a, 9), round(s, 9)) for a, s in zip(front["test_acc"], front["attack_ssim"])}
+    (ring,) = [c for c in ax.collections if c.get_gid() == "page-front"]
+    assert {tuple(np.round(p, 9)) for p in ring.get_offsets()} == drawn
+    texts, _ = _legend(fig)
+    assert "confirmed front (baseline and confirmed means)" in texts
+    assert any(t.startswith("not confirmed (1 configuration") for t in texts)
+    assert [c.get_label() for c in ax.containers if "not confirmed" in c.get_label()] == [
+        "gated_attention (not confirmed)"]
+
+    curves = {}
+    real_save = training_plot.save
+
+    def keep(fig, path):
+        curves["labels"] = {t.get_text().split(" ")[0] for t in fig.axes[-1].get_legend().get_texts()}
+        curves["title"] = fig._suptitle.get_text()
+        return real_save(fig, path)
+
+    monkeypatch.setattr(training_plot, "save", keep)
+    index = build_report(root)
+    text = index.read_text(encoding="utf-8")
+    assert set(pd.read_csv(index.parent / "frontier.csv")["trial_id"]) == want
+    gallery = text[text.index('id="galleries"'):text.index('id="front-table"')]
+    assert {p.stem for p in (index.parent / "galleries").glob("*.png")} == want
+    assert all(f"galleries/{t}.png" in gallery for t in want)
+    assert curves["labels"] == want and "confirmed front" in curves["title"]
+    assert "Training curves of the confirmed front" in text
+
+
+# ---------------------------------------------------------------- λ curves
+def _sweep(root: Path, extra_rows=()) -> Path:
+    """gmm over λ 2, 8 with everything else fixed; slot_cross at λ 2 with 2 slots and λ 8 with 8 slots."""
+    rows = []
+
+    def run(sur, lam, slots, s, acc, ssim):
+        rows.append({"trial_id": f"t{len(rows):03d}", "status": "ok", "config.seed": s,
+                     "config.defense.noise_std": 0.1, "config.cem.lambd": lam, "config.cem.surrogate": sur,
+                     "config.cem.num_slots": slots, "test_acc": acc, "attack_ssim": ssim, "feature_spread": 0.1})
+    for s in range(3):
+        run(None, 0.0, None, s, 0.9, 0.8)
+        run("gmm", 2.0, None, s, 0.88, 0.6)
+        run("gmm", 8.0, None, s, 0.86, 0.5)
+        run("slot_cross", 2.0, 2.0, s, 0.85, 0.5)
+        run("slot_cross", 8.0, 8.0, s, 0.89, 0.7)
+        for lam, acc, ssim in extra_rows:
+            run("gated_attention", lam, None, s, acc, ssim)
+    return _rows_to(root, rows, name="sweep")
+
+
+def test_a_lambda_curve_is_drawn_only_where_lambda_alone_varies(tmp_path):
+    """slot_cross's num_slots changes with λ: its "curve" joined λ=2 with 2 slots to λ=8 with 8 slots as if λ
+    alone moved. It gets no curve and the page says why; gmm's, and the page's figure, stay. A surrogate with
+    more λ values than a grid has (a random search's draws) gets none either."""
+    from cem_bench.analysis.report.lambda_plot import lambda_curves
+
+    many = [(float(2 ** (k / 3)), 0.87, 0.6) for k in range(21)]   # lambda_plot.MAX_CURVE_LAMBDAS + 1
+    root = _sweep(tmp_path / "sweep", many)
+    res = load_results(root)
+    cfg = lambda_curves(res)
+    assert cfg is not None
+    assert sorted(set(cfg["_label"])) == ["gmm", "λ=0 baseline"]
+    from cem_bench.analysis.report.lambda_plot import MAX_CURVE_LAMBDAS, lambda_curves_note
+    assert MAX_CURVE_LAMBDAS == 20
+    note = lambda_curves_note(res)
+    assert "slot_cross: cem.num_slots also varies along its λ values" in note
+    assert "gated_attention: its 21 λ values are not a grid" in note
+    text = build_report(root).read_text(encoding="utf-8")
+    assert 'src="lambda_curves.png"' in text and "cem.num_slots also varies" in text
+    # slot_cross alone: no curve at all
+    alone = _sweep(tmp_path / "alone")
+    pd.read_parquet(alone / "trials.parquet").query("`config.cem.surrogate` != 'gmm'").to_parquet(
+        alone / "trials.parquet")
+    assert lambda_curves(load_results(alone)) is None
+
+
+# ---------------------------------------------------------------- infinite metrics
+def test_an_infinite_objective_is_on_no_front(tmp_path):
+    """A diverged attack's MSE of inf was ranked as the best MSE: the table's front held a trial that no plot
+    drew and no mean counted. rank_table (the writer's, and the report's for an older table) now treats ±inf as
+    missing, like build_configs."""
+    objectives = [THREE_OBJECTIVES[0], THREE_OBJECTIVES[2]]   # test_acc max, attack_mse max
+    table = pd.DataFrame({"status": "ok", "test_acc": [0.9, 0.8, 0.85], "attack_mse": [0.01, 0.02, np.inf]})
+    assert rank_table(table, objectives).tolist() == [0, 0, -1]
+    assert rank_table(table.assign(attack_mse=[0.01, 0.02, -np.inf]), objectives).tolist() == [0, 0, -1]
+
+    root = write_results(tmp_path / "inf", n=10, baseline=1, errors=0, nan_ok=False, objectives=objectives,
+                         vary_params=False, epochs=False, recon=False)
+    t = pd.read_parquet(root / "trials.parquet")
+    t.loc[3, "attack_mse"] = np.inf
+    t.to_parquet(root / "trials.parquet")
+    res = load_results(root)
+    assert "t003" not in set(res.front["trial_id"])
+    fig = frontier_figure(res, "attack_mse", "max")
+    (line,) = [ln for ln in fig.axes[0].get_lines() if ln.get_gid() == "front"]
+    front = res.front
+    assert {(round(a, 9), round(m, 9)) for a, m in line.get_xydata()} == {
+        (round(a, 9), round(m, 9)) for a, m in zip(front["test_acc"], front["attack_mse"])}
+
+    from cem_bench.analysis.results import final_trials  # the search's writer ranks with the same function
+    written = final_trials(t.drop(columns="pareto_rank"), objectives).set_index("trial_id")
+    assert written.loc["t003", "pareto_rank"] == -1
+
+
+# ---------------------------------------------------------------- three objectives
+def test_a_plot_of_two_of_three_objectives_names_its_front_and_marks_the_pages(tmp_path):
+    """With three objectives each plot drew the front of its two metrics as "front (all trials)", which is not
+    the page's front. Its line is now the front of the two metrics alone, so labelled, and the page's front
+    (all three objectives) is ringed."""
+    root = write_results(tmp_path / "three", baseline=1, objectives=THREE_OBJECTIVES, vary_params=False, seed=3,
+                         epochs=False, recon=False)   # one run per configuration: a point per trial
+    res = load_results(root)
+    assert not res.replicated
+    page = res.front
+    for metric, mode in (("attack_ssim", "min"), ("attack_mse", "max")):
+        fig = frontier_figure(res, metric, mode)
+        ax = fig.axes[0]
+        texts, _ = _legend(fig)
+        assert f"front of test_acc and {metric} alone (all trials)" in texts
+        assert "on the front of all objectives (test_acc, attack_ssim, attack_mse)" in texts
+        assert not any("front (all trials)" == t for t in texts)
+        (ring,) = [c for c in ax.collections if c.get_gid() == "page-front"]
+        shown = page.dropna(subset=[metric])
+        assert {tuple(np.round(p, 9)) for p in ring.get_offsets()} == {
+            (round(a, 9), round(m, 9)) for a, m in zip(shown["test_acc"], shown[metric])}
+
+
+# ---------------------------------------------------------------- bands of a metric that cannot be negative
+def test_an_mse_band_is_drawn_and_printed_from_zero(tmp_path):
+    """The baseline's band of one run of attack_mse printed "-0.006 to 0.022": an MSE is never negative, so
+    the band is drawn and printed clipped at 0 (an SSIM's at -1, an accuracy's at 0 and 1)."""
+    root = write_results(tmp_path / "mse", objectives=THREE_OBJECTIVES, vary_params=False, seed=3, epochs=False,
+                         recon=False)
+    res = load_results(root)
+    (mean, lo, hi), = baseline_bands(res, "attack_mse").values()
+    assert lo == 0.0 < mean < hi
+    texts, _ = _legend(frontier_figure(res, "attack_mse", "max"))
+    (band,) = [t for t in texts if t.startswith("λ=0 baseline σ=")]
+    assert "attack_mse 0.000 to " in band and "-" not in band and "−" not in band
+
+
+@pytest.mark.parametrize("metric", ["attack_ssim", "test_acc"])
+def test_bounded_metrics_keep_their_own_ranges(metric):
+    from cem_bench.analysis.report.plots import metric_bounds
+    assert metric_bounds(metric) == {"attack_ssim": (-1.0, 1.0), "test_acc": (0.0, 1.0)}[metric]
+    assert metric_bounds("attack_psnr")[0] == 0.0 and metric_bounds("attack_mse__rmle")[0] == 0.0
