@@ -424,21 +424,14 @@ def yaml_fragment(records: list[dict], measured: dict | None = None) -> str:
 
 
 def calibrate_file(path: str) -> str | None:
-    """Why ``path``, given as ``--config``, is a whole ``calibrate --yaml`` file (one entry per surrogate, not
-    config keys), with how to use one entry; None when it is not one (or cannot be read: the config's own
-    loading then says why)."""
-    from .config import read_yaml
+    """Why ``path``, given as ``--config``, is a whole ``calibrate --yaml`` file (``config.calibrate_file_problem``);
+    None when it is not one (or cannot be read: the config's own loading then says why)."""
+    from .config import calibrate_file_problem, read_yaml
     try:
         doc = read_yaml(path, "config file")
     except ConfigError:
         return None
-    if not (isinstance(doc, dict) and doc and set(doc) <= set(surrogate_names())
-            and all(isinstance(v, dict) for v in doc.values())):
-        return None
-    name = next((n for n in doc if n != REFERENCE), next(iter(doc)))
-    sets = " ".join(f"--set {k}={v}" for k, v in {"cem.surrogate": name, **doc[name]}.items())
-    return (f"--config {path} is a cem-bench calibrate file (one entry per surrogate: {', '.join(doc)}), not "
-            f"config keys. Use one entry: its keys as --set ({sets}), or its mapping alone in a --config file")
+    return calibrate_file_problem(doc, path)
 
 
 def check_files(config: str | None, json_path: str | None, yaml_path: str | None) -> None:

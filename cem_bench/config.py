@@ -433,7 +433,23 @@ def load_yaml_config(path: str) -> dict[str, Any]:
     if len(space) >= 2:   # each of a search space's sections would be listed as an unknown key
         raise ConfigError(f"config file {path!r} is a search space ({', '.join(space)}), not config keys: run it "
                           f"with `cem-bench search {path}`, or give --config a file of keys (`cem-bench keys`)")
+    why = calibrate_file_problem(doc, path)
+    if why:   # each surrogate's entry would be listed as an unknown key
+        raise ConfigError(why)
     return flatten(doc)
+
+
+def calibrate_file_problem(doc: Any, path: str) -> str | None:
+    """Why ``doc`` (a --config file's mapping) is a whole ``cem-bench calibrate --yaml`` file, one entry of
+    ``cem.*`` keys per surrogate, with how to use one entry; None when it is not one."""
+    if not (isinstance(doc, dict) and doc and all(isinstance(k, str) and "." not in k for k in doc)
+            and all(isinstance(v, dict) and v and all(str(k).startswith("cem.") for k in v) for v in doc.values())
+            and any("cem.loss_scale" in v or "cem.strength" in v for v in doc.values())):
+        return None
+    name = next((n for n in doc if n != "gmm"), next(iter(doc)))   # gmm: the reference, at its own scale
+    sets = " ".join(f"--set {k}={v}" for k, v in {"cem.surrogate": name, **doc[name]}.items())
+    return (f"--config {path} is a cem-bench calibrate file (one entry per surrogate: {', '.join(doc)}), not "
+            f"config keys. Use one entry: its keys as --set ({sets}), or its mapping alone in a --config file")
 
 
 def flatten(doc: dict, prefix: str = "", errors: list[str] | None = None) -> dict[str, Any]:

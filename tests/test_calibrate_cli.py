@@ -98,6 +98,18 @@ def test_a_whole_calibrate_file_as_config_is_named_with_how_to_use_one_entry(tmp
     assert "--set cem.surrogate=slot_cross --set cem.strength=fixed --set cem.loss_scale=4.892" in err
 
 
+def test_a_whole_calibrate_file_given_to_train_is_named_too(tmp_path, capsys):
+    """`train --config cal.yaml` (the file calibrate wrote) listed each surrogate as an unknown config key."""
+    whole = tmp_path / "cal.yaml"
+    whole.write_text("gmm: {cem.surrogate: gmm, cem.strength: fixed, cem.loss_scale: 1}\n"
+                     "slot_cross: {cem.surrogate: slot_cross, cem.strength: fixed, cem.loss_scale: 4.892}\n")
+    assert main(["train", "--config", str(whole), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "is a cem-bench calibrate file (one entry per surrogate: gmm, slot_cross)" in err, err
+    assert "--set cem.surrogate=slot_cross" in err and "unknown config key" not in err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--json", "{d}/x", "--yaml", "{d}/x"], "--json and --yaml name one file, {d}/x"),
     (["--json", "{d}/x", "--yaml", "{d}/./x"], "--json and --yaml name one file"),
