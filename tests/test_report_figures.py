@@ -189,6 +189,39 @@ def test_with_confirmation_every_front_on_the_page_is_the_confirmed_one(tmp_path
     assert "Training curves of the confirmed front" in text
 
 
+def test_with_replicates_the_front_s_files_are_the_runs_of_the_front_s_configurations(tmp_path):
+    """With replicates and no confirmation, the table and plot state the front of the configurations' means,
+    while frontier.csv, the galleries and the training curves took the front of single trials: gated_attention's
+    one lucky run (its mean far off the front) was there, and the front's configurations' other runs were not."""
+    rows = []
+
+    def row(sur, lam, seed, acc, ssim):
+        tid = f"t{len(rows):03d}"
+        rows.append({"trial_id": tid, "status": "ok", "role": "baseline" if lam == 0 else "search",
+                     "config.seed": seed, "trial_dir": f"exp/{tid}", "config.defense.noise_std": 0.1,
+                     "config.cem.lambd": lam, "config.cem.surrogate": sur, "test_acc": acc, "attack_ssim": ssim,
+                     "wall_s": 10.0, "finished_at": (pd.Timestamp("2026-01-01T00:00:00Z")
+                                                     + pd.Timedelta(minutes=len(rows))).isoformat()})
+        (tmp_path / "exp" / tid).mkdir(parents=True)
+        imsave(tmp_path / "exp" / tid / "recon.png", np.random.default_rng(len(rows)).random((8, 16, 3)))
+
+    for s, (a, b) in enumerate([(0.90, 0.75), (0.91, 0.76), (0.89, 0.74)]):
+        row(None, 0.0, s, a, b)
+    for s, (a, b) in enumerate([(0.88, 0.60), (0.87, 0.61), (0.88, 0.62)]):
+        row("gmm", 32.0, s, a, b)
+    for s, (a, b) in enumerate([(0.905, 0.30), (0.70, 0.80), (0.70, 0.80)]):   # one lucky run, a poor mean
+        row("gated_attention", 4.0, s, a, b)
+    root = _rows_to(tmp_path, rows, THREE_OBJECTIVES[:2], name="reps")
+    res = load_results(root)
+    assert res.replicated and not res.confirmed
+    assert sorted(res.front_configs["_label"]) == ["gmm", "λ=0 baseline"]
+    trials = res.trials.set_index("trial_id")
+    want = set(trials[trials["config.cem.surrogate"].fillna("none").isin(["none", "gmm"])].index)
+    index = build_report(root)
+    assert set(pd.read_csv(index.parent / "frontier.csv")["trial_id"]) == want
+    assert {p.stem for p in (index.parent / "galleries").glob("*.png")} == want
+
+
 # ---------------------------------------------------------------- λ curves
 def _sweep(root: Path, extra_rows=()) -> Path:
     """gmm over λ 2, 8 with everything else fixed; slot_cross at λ 2 with 2 slots and λ 8 with 8 slots."""

@@ -179,8 +179,10 @@ class Results:
         ``frontier.csv`` show. With confirmation, the runs behind the confirmed front's statistics
         (``front_configs``; docs/protocol.md §8): each confirmed configuration's ok confirmation runs (not the
         search's run it was chosen on) and every ok run of a baseline on it, by their configuration's mean
-        first objective; else ``front`` (the trials of ``pareto_rank`` 0)."""
-        if not self.confirmed or CONFIG_ID not in self.trials:
+        first objective. With replicates and no confirmation, every ok run of the configurations on the front of
+        the means (the page's table and plot: a lone lucky run of a configuration whose mean is off the front is
+        not the page's front). Else ``front`` (the trials of ``pareto_rank`` 0)."""
+        if not (self.confirmed or self.replicated) or CONFIG_ID not in self.trials:
             return self.front
         first = self.objectives[0]
         configs = self.front_configs
