@@ -55,6 +55,39 @@ def test_p_values_are_welchs_and_the_adjustments_are_holm_and_benjamini_hochberg
     assert noise.compare([25.0, 26.0, 27.0], [0.0, 1.0], "max").verdict == noise.NO_FLOOR   # 2 baseline runs
 
 
+def test_the_search_s_own_comparisons_take_hsu_s_degrees_of_freedom_and_confirmed_ones_welch_s():
+    """Welch's degrees of freedom are estimated from the spreads the test weighs: among many configurations
+    spreading more than the baseline, the best-looking have both a small spread and high degrees of freedom,
+    and Holm passed pure noise in 5.8-12.2 % of reports (docs/protocol.md §9). The search's own comparisons now
+    take Hsu's, the smaller side's runs less one (interval and p alike, so p <= 0.05 still exactly where the
+    interval excludes 0); a confirmed configuration's, on new runs, keep Welch's."""
+    rng = np.random.default_rng(4)
+    xs, ys = [rng.normal(0, 8, 3) for _ in range(40)], [rng.normal(0, 1, 4) for _ in range(40)]
+    r = noise.compare_many(noise.packed(xs), noise.packed(ys), "max", conservative=True)
+    assert (r["dof"] == 2.0).all()
+    t = [stats.ttest_ind(x, y, equal_var=False).statistic for x, y in zip(xs, ys)]
+    assert r["p"] == pytest.approx([2 * stats.t.sf(abs(v), 2) for v in t])
+    welch = noise.compare_many(noise.packed(xs), noise.packed(ys), "max")
+    assert (r["p"] >= welch["p"] - 1e-12).all() and (welch["dof"] >= 2.0).all()
+    half = [stats.t.ppf(0.975, 2) * np.sqrt(np.var(x, ddof=1) / 3 + np.var(y, ddof=1) / 4) for x, y in zip(xs, ys)]
+    assert [p <= 0.05 for p in r["p"]] == [abs(np.mean(x) - np.mean(y)) > h for x, y, h in zip(xs, ys, half)]
+    # in the tables: the search's configurations on Hsu's, the confirmed ones on Welch's
+    c = build_configs(simulated_trials(np.random.default_rng(11), 12, spread=8.0, confirm=3), OBJ)
+    search, conf = c[c["role"] == "search"], c[c["role"] == "confirmed"]
+    n = search["attack_ssim_n"].to_numpy(float)
+    assert search["attack_ssim_dof"].to_numpy(float) == pytest.approx(np.minimum(n, 4) - 1)
+    assert (conf["attack_ssim_dof"] > np.minimum(conf["attack_ssim_n"], 4) - 1).all()
+
+
+def test_pure_noise_at_8x_the_baseline_s_spread_is_claimed_no_more_than_5_percent():
+    """The design that passed Holm's correction on Welch's degrees of freedom (5.8 % at 12 configurations, 12.2 %
+    at 100, on 400 reports; docs/protocol.md §9): configurations of 3 runs spreading 8x the baseline's 4."""
+    rng = np.random.default_rng(8)
+    judged = [judge(simulated_trials(rng, 100, spread=8.0)) for _ in range(40)]
+    assert sum(j.named is not None for j in judged) <= most_false(40, 0.01), [j.named for j in judged]
+    assert all(j.consistent for j in judged)
+
+
 def test_configs_carry_the_single_test_and_the_adjusted_values_per_family():
     """Twelve pure-noise configurations and one clearly better one: p, q and Holm side by side; a single-test
     verdict that does not survive the correction is "within noise" in ``<m>_verdict``; the confirmed
@@ -95,8 +128,8 @@ def test_pure_noise_names_no_winner_in_more_than_5_percent_of_reports(configs, t
 def test_a_real_drop_is_found_once_confirmed_and_only_hinted_at_before():
     """One configuration lowers SSIM by 5 baseline spreads among 11 null ones, 3 seeds each: with the top 3
     confirmed on 4 new seeds the summary claims it in >= 80 % of reports (docs/protocol.md §9: 99 %); without
-    confirmation the correction over 12 loses some (55 %), and a report that claims nothing says how many
-    confirmation seeds would resolve it."""
+    confirmation the conservative test over 12 seldom claims it (3.5 %) and never another, and a report that
+    claims nothing says how many confirmation seeds would resolve it."""
     rng = np.random.default_rng(5)
     effect = {0: (0.0, -5 * SSIM[1])}
     confirmed = [judge(simulated_trials(rng, 12, effect=effect, confirm=3)) for _ in range(40)]
@@ -104,7 +137,7 @@ def test_a_real_drop_is_found_once_confirmed_and_only_hinted_at_before():
     assert sum(j.named not in (None, 0) for j in confirmed) <= 2
     assert all(j.consistent for j in confirmed)
     alone = [judge(simulated_trials(rng, 12, effect=effect)) for _ in range(30)]
-    assert sum(j.named == 0 for j in alone) >= 0.3 * 30
+    assert sum(j.named not in (None, 0) for j in alone) <= 2
     assert all(j.consistent for j in alone)
     silent = [j.sentence for j in alone if j.named is None]
     assert silent and all("new seeds would resolve a difference of this size" in s for s in silent)

@@ -127,7 +127,10 @@ def test_decoder_digits_says_what_the_docs_say():
     drops = -tested["diff"].to_numpy()[:2] / t.loc[t["config.cem.surrogate"] == "none", "attack_ssim"].mean()
     assert [f"{100 * x:.1f}" for x in drops] == ["1.2", "4.5"] and f"{drops[1] / drops[0]:.1f}" == "3.6"
     c = res.configs.set_index("config.cem.surrogate")
-    assert [round(c.loc["attention_centroid", k], 3) for k in ("test_acc_p", "test_acc_q")] == [0.049, 0.098]
+    assert [round(c.loc["attention_centroid", k], 3) for k in ("test_acc_p", "test_acc_q", "test_acc_dof",
+                                                                "test_acc_delta_lo", "test_acc_delta_hi")] == \
+        [0.062, 0.124, 7.0, -0.127, 0.004]
+    doc_says("docs/estimators.md", "p 0.062 on Hsu's 7 degrees of freedom, q 0.124; interval", "−0.127 to +0.004")
     ac = t.loc[t["config.cem.surrogate"] == "attention_centroid", "cem_loss_scale"]
     assert (round(ac.min(), 4), round(ac.max(), 4)) == (0.0083, 0.0089)
 
@@ -180,9 +183,10 @@ def test_decoder_surrogates_digits_says_what_the_docs_say():
     assert paired_by_seed(t, "test_acc", "slot_cross") == (-0.028, -0.040, -0.017)
     c = res.configs.set_index("config.cem.surrogate").drop("none")
     assert [round(c.loc["serial_enhanced", k], 3) for k in ("test_acc_delta", "test_acc_delta_lo", "test_acc_delta_hi",
-                                                            "test_acc_q")] == [-0.080, -0.125, -0.034, 0.011]
+                                                            "test_acc_q")] == [-0.080, -0.129, -0.030, 0.033]
     others = c.drop("serial_enhanced")["test_acc_q"]
-    assert (round(others.min(), 2), round(others.max(), 2)) == (0.14, 0.72)
+    assert (round(others.min(), 2), round(others.max(), 2)) == (0.19, 0.73)
+    doc_says("docs/estimators.md", "(−0.080, −0.129 to −0.030, q 0.033)", "(q 0.19–0.73)")
     base = t.loc[t["config.cem.surrogate"] == "none", "attack_ssim"].mean()
     drops = -tested["diff"].to_numpy()[:5] / base
     assert (f"{100 * drops.min():.1f}", f"{100 * drops.max():.1f}") == ("1.3", "4.8")

@@ -334,7 +334,7 @@ def _final_front(means: pd.DataFrame, objectives: Sequence[dict], ok: np.ndarray
 def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: pd.DataFrame,
                             compared: Sequence[str], objectives: Sequence[dict]) -> None:
     """In place: ``baseline_id`` and, per compared metric, ``_noise``, ``_delta``, ``_delta_lo``,
-    ``_delta_hi``, ``_p_better``, ``_p``, ``_verdict_single`` (``noise.compare_many``, all configurations at
+    ``_delta_hi``, ``_p_better``, ``_p``, ``_dof``, ``_verdict_single`` (``noise.compare_many``, all configurations at
     once), their adjusted ``_q``, ``_holm`` and ``_verdict`` (``adjust_comparisons``), ``_few`` (fewer than
     ``noise.MIN_RUNS`` runs with a value of the metric: no interval, p or verdict on it), and ``few_runs`` (so on
     any compared metric)."""
@@ -348,6 +348,8 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
     rows = np.flatnonzero((bidx >= 0) & (bidx != np.arange(len(configs))))
     few = np.zeros(len(configs), dtype=bool)
     ids = used[CONFIG_ID].map(row_of).to_numpy(dtype=np.int64)
+    # the search's own comparisons on Hsu's degrees of freedom, a confirmed configuration's on Welch's (noise.py)
+    conservative = comparison_families(configs)[rows] != CONFIRMED
     for m in compared:
         mode = metric_mode(m, objectives)
         v = values[m].to_numpy(dtype=float)
@@ -356,19 +358,20 @@ def _compare_with_baselines(configs: pd.DataFrame, used: pd.DataFrame, values: p
         runs = np.full((len(configs), max(1, int(slot.max()) + 1 if len(slot) else 1)), np.nan)
         runs[ids[keep], slot] = v[keep]
         out = {k: np.full(len(configs), np.nan)
-               for k in ("noise", "delta", "delta_lo", "delta_hi", "p_better", "p")}
+               for k in ("noise", "delta", "delta_lo", "delta_hi", "p_better", "p", "dof")}
         verdict = np.full(len(configs), "", dtype=object)
         has_base = bidx >= 0
         out["noise"][has_base] = configs[f"{m}_std"].to_numpy(dtype=float)[bidx[has_base]]   # the floor
         few_m = np.zeros(len(configs), dtype=bool)
         if len(rows):
-            c = noise.compare_many(runs[rows], runs[bidx[rows]], mode)
+            c = noise.compare_many(runs[rows], runs[bidx[rows]], mode, conservative=conservative)
             sign = 1.0 if mode == "max" else -1.0    # the delta columns are in the metric's own direction
             out["delta"][rows] = sign * c["diff"]
             lo, hi = sign * c["lo"], sign * c["hi"]
             out["delta_lo"][rows], out["delta_hi"][rows] = np.minimum(lo, hi), np.maximum(lo, hi)
             out["p_better"][rows] = c["p_better"]
             out["p"][rows] = c["p"]
+            out["dof"][rows] = c["dof"]
             verdict[rows] = c["verdict"]
             few_m[rows] = c["few"]
             few |= few_m

@@ -95,12 +95,14 @@ def describes(configs: pd.DataFrame, ids: pd.Series) -> bool:
 
 def adjusted(configs: pd.DataFrame) -> bool:
     """Are a stored configurations table's verdicts this code's: each ``<m>_verdict`` with its family's
-    adjustment (``<m>_q``, ``_holm``, ``_verdict_single``), and no ``spread_borrowed`` (written before a
-    comparison needed 3 runs a side, when one run was judged by the baseline's spread)? Older tables are
-    rebuilt from the trials (here and by the report); without the trials, shown without marks."""
+    adjustment (``<m>_q``, ``_holm``, ``_verdict_single``) and the degrees of freedom of its test (``<m>_dof``:
+    a table without them tested the search's own comparisons on Welch's, which let pure noise through the
+    correction, noise.py), and no ``spread_borrowed`` (written before a comparison needed 3 runs a side, when one
+    run was judged by the baseline's spread)? Older tables are rebuilt from the trials (here and by the
+    report); without the trials, shown without marks."""
     metrics = [c[: -len("_verdict")] for c in configs.columns if c.endswith("_verdict")]
     return "spread_borrowed" not in configs and all(
-        {f"{m}_q", f"{m}_holm", f"{m}_verdict_single"} <= set(configs.columns) for m in metrics)
+        {f"{m}_q", f"{m}_holm", f"{m}_verdict_single", f"{m}_dof"} <= set(configs.columns) for m in metrics)
 
 
 def _mark(row: pd.Series, metric: str) -> str:
@@ -166,10 +168,12 @@ def legend(configs: pd.DataFrame, metric: str) -> str:
         f"{n_search} of the search's own runs" if n_search else "",
         f"{n_conf} confirmed (new seeds after the choice; corrected among themselves)" if n_conf else "") if x)
     head = (f"[+] / [−]: better / worse than the λ=0 baseline of the same row beyond its noise — the 95 % "
-            f"interval of the difference (a percentile bootstrap widened to Welch's) excludes 0, the probability "
+            f"interval of the difference (a percentile bootstrap widened to Welch's t interval, on Hsu's degrees "
+            f"of freedom for the search's own runs) excludes 0, the probability "
             f"of improvement is ≥ {P_MIN:g} / ≤ {1 - P_MIN:g}, and the difference survives Benjamini-Hochberg's "
             f"correction over the {int(p.notna().sum())} comparisons of this metric ({families}): q ≤ {ALPHA:g}. "
-            f"p is a comparison's own Welch p-value, q the adjusted one (the p / q table). An unmarked cell "
+            f"p is a comparison's own p-value (Welch's statistic), q the adjusted one (the p / q table). An "
+            f"unmarked cell "
             f"claims no difference. (n confirmed): the statistics of the confirmation runs; other cells are the "
             f"search's own runs, exploratory. A cell of fewer than {MIN_RUNS} runs is compared with nothing.")
     return head + ("" if claims else " No cell differs from its baseline beyond the noise.")

@@ -109,6 +109,8 @@ def rates(design: str, tables: int, seed: int = 0) -> dict:
         "null 12, 3x spread": dict(configs=12, spread=3.0),
         "null 12, 3x spread, baseline 3 runs": dict(configs=12, spread=3.0, baseline_runs=3),
         "null 12, 8x spread, baseline 3 runs": dict(configs=12, spread=8.0, baseline_runs=3),
+        "null 12, 8x spread": dict(configs=12, spread=8.0),
+        "null 100, 8x spread": dict(configs=100, spread=8.0),
         "null 12, 2 runs, 3x spread": dict(configs=12, runs=2, spread=3.0),
         "null 12, 1 run, 8x spread": dict(configs=12, runs=1, spread=8.0),
         "null 12, 3x spread, skewed": dict(configs=12, spread=3.0, skewed=True),
@@ -141,7 +143,8 @@ def rates(design: str, tables: int, seed: int = 0) -> dict:
 
 
 DESIGNS = ("null 12", "null 100", "null 12, 3x spread", "null 12, 3x spread, baseline 3 runs",
-           "null 12, 8x spread, baseline 3 runs", "null 12, 2 runs, 3x spread", "null 12, 1 run, 8x spread",
+           "null 12, 8x spread, baseline 3 runs", "null 12, 8x spread", "null 100, 8x spread",
+           "null 12, 2 runs, 3x spread", "null 12, 1 run, 8x spread",
            "null 12, 3x spread, skewed", "null 12, 3x spread, skewed, top 3 confirmed",
            "null 12, 3x spread, skewed, top 3 confirmed with 8 seeds",
            "null 12, top 3 confirmed", "null 100, top 3 confirmed",

@@ -167,12 +167,14 @@ def config_front_table(res: Results) -> str:
 def comparison_note(res: Results) -> str:
     """What the front and per-surrogate tables' verdicts mean (the note above the front table)."""
     return (f"Against the λ=0 baseline: the difference of the means, its 95 % interval (percentile bootstrap, "
-            f"widened to Welch's t interval where that is wider) and the probability that a run beats a baseline "
+            f"widened to Welch's t interval where that is wider; for the search's own runs on Hsu's degrees of "
+            f"freedom, the smaller side's runs less one) and the probability that a run beats a baseline "
             f"run, given {noise.MIN_RUNS} or more runs a side (fewer: the difference alone, no verdict); "
             f"\"beyond the noise\" needs the interval to exclude 0, that probability to be at least "
             f"{noise.P_MIN:g}, and the difference to survive Benjamini-Hochberg's correction over the page's "
             f"comparisons of that metric (q ≤ {noise.ALPHA:g}; the confirmed configurations are corrected among "
-            f"themselves). p is the comparison's own Welch p-value, q the adjusted one; a confirmed role means "
+            f"themselves). p is the comparison's own p-value (Welch's statistic, on those degrees of freedom), "
+            f"q the adjusted one; a confirmed role means "
             f"the statistics are confirmation runs (new seeds after the choice), a search role the search's own "
             f"runs, exploratory (docs/protocol.md §9).")
 
