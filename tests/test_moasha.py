@@ -218,6 +218,25 @@ def state_file():
     assert driver.lookup("exp") is None
 
 
+def test_a_search_resumed_under_another_name_keeps_its_scheduler_state(tmp_path):
+    """The pickled scheduler carries the name the search first ran under; resumed under another --name (its folder
+    renamed), the driver registers the new one: the scheduler found no state file, forgot its rung records and
+    wrote its later stops nowhere. It now uses the one search's, and decides as one never stopped."""
+    path = tmp_path / "moasha_state.json"
+    stream = _stream(5)
+    first = MOASHA(ranker(eta=2), state_key="exp_a")
+    at_start = pickle.dumps(first)
+    with driver.active("exp_a", driver.DriverPaths(scheduler_state=str(path))):
+        _feed(first, stream[:80])
+    with driver.active("exp_b", driver.DriverPaths(scheduler_state=str(path))):
+        resumed = pickle.loads(at_start)
+        assert resumed.state_path == str(path)
+        _restore_trials(resumed, stream[:80])
+        assert resumed.decisions == first.decisions and first.decisions
+        assert _feed(resumed, stream[80:]) == _feed(first, stream[80:])
+        assert resumed.stopped == first.stopped
+
+
 def test_state_survives_a_killed_driver_through_the_state_file(tmp_path, state_file):
     state_file(tmp_path / "sub" / "moasha_state.json")
     stream = _stream(5)

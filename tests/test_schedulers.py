@@ -139,3 +139,25 @@ def test_a_plugin_whose_default_fails_its_own_check_is_refused():
     with pytest.raises(ValueError, match="the default of 'g', 0, fails its own check"):
         schedulers.register("bad_test", {"g": Option("an integer >= 1", lambda v: v >= 1, 0)}, rungs=None)
     assert schedulers.get("bad_test") is None
+
+
+def test_a_searched_seed_is_refused_with_a_stopping_scheduler_and_the_probe_kept_on_resume():
+    """A searched seed is a configuration's replicates (its id leaves the seed out): the scheduler stopped them one
+    by one and the configuration's mean was over the seeds it kept, as replicates: 2 would (refused since). And a
+    --resume that changes the probe's strength ranked the later rungs against records of another probe."""
+    import json
+
+    from cem_bench.search import run
+    from cem_bench.storage import json_bytes
+    doc = space("moasha", params={**SPACE["params"], "seed": {"choice": [0, 1, 2]}})
+    assert any(e.startswith("scheduler: seed is searched: its values are replicates") for e in errors_of(doc))
+    parse_space(space("fifo", params={**SPACE["params"], "seed": {"choice": [0, 1, 2]}}))   # nothing stops them
+    for sched, refused_words in (("moasha", "the scheduler's rungs rank on the probe"), ("fifo", None)):
+        spec = parse_space(space(sched))
+        saved = json.loads(json_bytes(spec.to_dict()))
+        changed = parse_space(space(sched, fixed={**SPACE["fixed"], "attack.probe_iterations": 300}))
+        refused, allowed = run.space_changes(changed, saved)
+        if refused_words:
+            assert len(refused) == 1 and refused_words in refused[0] and "attack.probe_iterations" in refused[0]
+        else:
+            assert refused == [] and allowed == ["fixed.attack.probe_iterations (30 -> 300)"]

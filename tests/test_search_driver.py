@@ -57,12 +57,15 @@ def test_active_registers_for_the_block_and_puts_back_what_was_there():
     outer, inner = driver.DriverPaths(snapshot="a"), driver.DriverPaths(snapshot="b")
     assert driver.lookup("exp") is None and driver.lookup(None) is None
     with driver.active("exp", outer):
-        assert driver.lookup("exp") is outer and driver.sole() is outer and driver.lookup("other") is None
+        # a name not registered is the one search running (its pickled objects carry the name it first ran
+        # under: a search resumed under another --name lost its scheduler state, journal and guard)
+        assert driver.lookup("exp") is outer and driver.sole() is outer and driver.lookup("other") is outer
         with driver.active("exp", inner):
             assert driver.lookup("exp") is inner
         assert driver.lookup("exp") is outer
         with driver.active("other", inner):
             assert driver.sole() is None                   # two searches: no single one
+            assert driver.lookup("third") is None and driver.lookup("other") is inner
     assert driver.lookup("exp") is None and driver.sole() is None
     with pytest.raises(RuntimeError), driver.active("exp", outer):
         raise RuntimeError("a failed search")

@@ -419,6 +419,11 @@ RESUME_KEPT = ("max_failures", "utility_tolerance")
 RESUME_UNCOMPARED = ("name", "path", "max_concurrent")
 
 
+# the privacy probe's keys: execution keys (a trial's final metrics do not read them), but a stopping scheduler
+# ranks its rungs on the probe's SSIM
+PROBE_KEYS = frozenset(("attack.probe_iterations", "attack.probe_images"))
+
+
 def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
     """(refused, allowed): how ``spec`` differs from an experiment's saved ``search_space.json``. ``fixed`` is
     compared key by key with each key's default standing in for a missing one, and its ``EXECUTION_KEYS`` (the
@@ -458,6 +463,12 @@ def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
                 if was == is_:
                     continue
                 words = f"fixed.{k} ({_shown(was, missing)} -> {_shown(is_, missing)})"
+                if k in PROBE_KEYS and saved.get("scheduler"):
+                    # the scheduler ranks each rung on the probe: records from before and after the change
+                    # would be two measurements on one scale (30 and 300 iterations gave SSIM 0.14 and 0.26)
+                    refused.append(f"{words}: the scheduler's rungs rank on the probe, and its records from "
+                                   f"before the resume were measured with the old one")
+                    continue
                 (allowed if k in EXECUTION_KEYS else refused).append(words)
         elif not isinstance(value, (dict, list)) and not isinstance(saved[key], (dict, list)):
             refused.append(f"{key} ({json.dumps(saved[key])} -> {json.dumps(value)})")

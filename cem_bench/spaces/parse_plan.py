@@ -97,6 +97,13 @@ class PlanStages:
             self.err("scheduler", f"replicates: {len(seeds)} with a scheduler would stop a configuration's "
                      "seeds one by one on their own noise; use replicates: 1 (the confirmation runs re-measure the "
                      "best configurations with new seeds)")
+        if any(p.key == "seed" for p in params):
+            # a configuration's id leaves the seed out: searched seeds are its replicates, and the scheduler would
+            # stop them one by one, its mean then over the seeds it kept
+            self.err("scheduler", "seed is searched: its values are replicates of one configuration, and a "
+                     "scheduler would stop them one by one on their own noise, the configuration's mean then "
+                     "over the seeds it kept; fix the seed (or use replicates: 1 and the confirmation's new seeds), "
+                     "or leave the scheduler out")
         for o in objectives:
             if o.metric not in RUNG_METRICS:
                 self.err("scheduler", f"objective {o.metric} has no per-epoch value to rank by at a rung; the "
