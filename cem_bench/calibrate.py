@@ -182,9 +182,10 @@ def _plan(flat: dict, surrogates_, warmup, batches) -> Plan:
     not_applied = {k: [n for n in names[1:] if k[4:] in fields or k[4:] in cfgs[n].cem.params]
                    for k in flat if k.startswith("cem.") and k not in _REFERENCE_READS}
     if given is None:
+        # gmm at the others' warm-ups (their ratios to it), and at its own only where it is all that is measured
         others = {own[n] for n in names[1:]}
         at = {n: [own[n]] for n in names[1:]}
-        at = {REFERENCE: sorted(others | {own[REFERENCE]}), **at}
+        at = {REFERENCE: sorted(others or {own[REFERENCE]}), **at}
     else:
         at = {n: list(given) for n in names}
     epochs = ref_cfg.train.epochs
@@ -414,9 +415,11 @@ def yaml_fragment(records: list[dict], measured: dict | None = None) -> str:
             lines.append(f"# not applied to gmm, the reference: {', '.join(measured['reference']['not_applied'])}")
     for r in _entry_rows(records):
         v = r["matching_loss_scale"]
+        # gmm's scale is 1 at every state (the reference): its entry keeps its own warm-up, wherever measured
+        warmup = r.get("own_warmup", r["warmup"]) if r["surrogate"] == REFERENCE else r["warmup"]
         if math.isfinite(v) and v > 0:
             lines.append(f"{r['surrogate']}: {{cem.surrogate: {r['surrogate']}, cem.strength: fixed, "
-                         f"cem.loss_scale: {v:.4g}, cem.warmup_epochs: {r['warmup']}}}")
+                         f"cem.loss_scale: {v:.4g}, cem.warmup_epochs: {warmup}}}")
         else:   # a loss_scale of inf or NaN is refused when the file is read: say why instead
             lines.append(f"# {r['surrogate']}: no scale matches (its pull was {r['strength']:.3g}: not finite "
                          f"and positive)")

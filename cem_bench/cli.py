@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -92,6 +93,7 @@ def cmd_train(args) -> int:
         check_run_out(out)
     else:
         check_out_folder(out, "the run", "Nothing was trained")
+        parents = missing_parents(out)
         out = claimed = claim_run_folder(out)
     print(f"cem-bench train: {cfg.cem.surrogate if cfg.cem.lambd > 0 else 'no CEM (lambda=0)'} on "
           f"{cfg.data.dataset}, {cfg.train.epochs} epochs, output in {out}", flush=True)
@@ -108,8 +110,10 @@ def cmd_train(args) -> int:
     try:
         result = run_trial(cfg, report, out_dir=out)
     except BaseException:
-        if claimed and not os.listdir(claimed):
-            os.rmdir(claimed)
+        if claimed and not os.listdir(claimed):   # and results/runs/ where this run made them: nothing written
+            for folder in [claimed, *parents]:
+                with contextlib.suppress(OSError):   # another run's folder in it now: kept
+                    os.rmdir(folder)
         raise
     os.makedirs(out, exist_ok=True)
     ckpt = checkpoint.save_run(out, cfg.to_flat(), state.get("final"))
@@ -122,9 +126,10 @@ def cmd_train(args) -> int:
 
 
 def claim_run_folder(out: str) -> str:
-    """Make ``out`` (or ``out-2``, ``out-3``, ... when another run made it first) and return the name made: the
-    default ``results/runs/<time>`` of runs started in the same second (``for s in 1 2 3; do cem-bench train
-    --set seed=$s & done``) named one folder, and each replaced the other's files."""
+    """Make ``out`` (or ``out-2``, ``out-3``, ... when another made it first) in one step and return the name
+    made: the default ``results/runs/<time>`` of runs started in the same second (``for s in 1 2 3; do cem-bench
+    train --set seed=$s & done``), or two re-attacks' ``attack-<time>``, are one name, and a look before the
+    make let both write into one folder."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     name, k = out, 1
     while True:
@@ -134,6 +139,15 @@ def claim_run_folder(out: str) -> str:
         except FileExistsError:
             k += 1
             name = f"{out}-{k}"
+
+
+def missing_parents(path: str) -> list[str]:
+    """The folders above ``path`` that do not exist yet, deepest first (what making it would create)."""
+    made, head = [], os.path.dirname(os.path.abspath(path))
+    while head and not os.path.lexists(head):
+        made.append(head)
+        head = os.path.dirname(head)
+    return made
 
 
 def check_run_out(out: str) -> None:
@@ -240,13 +254,15 @@ def _positive_int(text: str) -> int:
 # run's data set is on this machine, when the run recorded another machine's folder)
 ATTACK_ALSO = ("train.device", "train.eval_batch_size", "data.root")
 # attack.* keys only training reads (the privacy probe's): a re-attack would take them and change nothing
-TRAINING_ONLY_ATTACK_KEYS = ("attack.probe_epochs", "attack.probe_images", "attack.probe_iterations")
+TRAINING_ONLY_ATTACK_KEYS = ("attack.probe_epochs", "attack.probe_images", "attack.probe_iterations",
+                             "attack.min_accuracy_margin")   # the utility gate: a re-attack always attacks
 
 
 def unread_attack_keys(overrides: dict, cfg) -> list[str]:
     """``--set`` keys of ``cem-bench attack`` that the attacks it runs never read, each with who would: a key of
-    an attack not in ``attack.names`` (``--set attack.names=[decoder] --set attack.rmle_iterations=500`` ran the
-    decoder alone, the user believing rmle strengthened), or a key only training reads."""
+    an attack not in ``attack.names`` (with ``attack.names=[decoder]``, ``attack.rmle_iterations`` changes
+    nothing, and taking it silently would let a user believe rmle was strengthened), or a key only a trial
+    reads."""
     import dataclasses
 
     from . import attacks
@@ -255,7 +271,8 @@ def unread_attack_keys(overrides: dict, cfg) -> list[str]:
     problems = []
     for key in overrides:
         if key in TRAINING_ONLY_ATTACK_KEYS:
-            problems.append(f"{key} is read only while training (the privacy probe)")
+            problems.append(f"{key} is read only by a trial (the privacy probe, the utility gate); a re-attack "
+                            f"always attacks")
             continue
         name = key.removeprefix("attack.")
         if not key.startswith("attack.") or name in common or name in cfg.attack.params:
@@ -296,8 +313,9 @@ def cmd_attack(args) -> int:
     cfg = build_config({**config, **overrides})
     unread = unread_attack_keys(overrides, cfg)
     if unread:
-        raise ConfigError(f"cem-bench attack: {'; '.join(unread)}: the key would change nothing. Add the attack to "
-                          f"attack.names, or leave the key out. Nothing was attacked")
+        raise ConfigError(f"cem-bench attack: {'; '.join(unread)}: the key would change nothing here. Leave it out"
+                          f"{', or add its attack to attack.names' if any('which attack.names' in u for u in unread) else ''}"
+                          f". Nothing was attacked")
     import torch
     broken = [k for k, v in state["client"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if broken:   # every feature would be NaN: the attack would measure nothing and report all-null metrics
@@ -324,12 +342,8 @@ def cmd_attack(args) -> int:
     why = "--threads" if args.threads else "the run's own" if own else "torch's default: the run records none"
     print(f"cem-bench attack: {torch.get_num_threads()} torch thread(s) ({why})", flush=True)
     res = attacks.run_all(cfg, trainer.client, splits, cfg.defense.noise_std, device)
-    out = stamp = os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S"))
-    k = 1
-    while os.path.exists(out):          # two re-attacks in one second: never over an earlier one
-        k += 1
-        out = f"{stamp}-{k}"
-    os.makedirs(out)
+    # two re-attacks in one second: never over an earlier one, nor into one folder
+    out = claim_run_folder(os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S")))
     # within the run folder the user named: the new attack-* folder below it is not trusted (a link swapped in for
     # it after makedirs is refused, not followed)
     res.save_gallery(os.path.join(out, "recon.png"), within=args.run_dir)

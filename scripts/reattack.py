@@ -52,9 +52,16 @@ def wanted(trial: Path, sets: list[str]) -> dict:
     """The ``attack_setting`` keys a re-attack of ``trial`` with ``--set sets`` runs with, as `cem-bench attack` resolves
     and records them (its config, the overrides coerced by the config's own rules: ``1e-3`` a float,
     ``attack.names=decoder`` a list), JSON-normalised as attack.json holds them."""
+    from cem_bench.core.runtime import resolve_device
     from cem_bench.core.trial import build_config
+    from cem_bench.provenance import device_name
     flat = build_config({**trial_config(trial), **parse_set(sets)}).to_flat()
-    return json.loads(json.dumps({k: v for k, v in flat.items() if attack_setting(k)}))
+    want = json.loads(json.dumps({k: v for k, v in flat.items() if attack_setting(k)}))
+    # the device it would run on here: train.device is "auto" on a GPU machine and on a CPU alike
+    return {**want, DEVICE: device_name(resolve_device(flat["train.device"]))}
+
+
+DEVICE = "info.device"   # the key of ``wanted`` that attack.json holds under info (cem-bench attack records it)
 
 
 def attack_setting(key: str) -> bool:
@@ -85,10 +92,14 @@ def matches(attack_json: Path, want: dict) -> bool:
     alone matched an attack that differed in the others, and --summarise reported that other attack as this
     one)."""
     try:
-        config = json.loads(attack_json.read_text())["config"]
-    except (OSError, ValueError, KeyError, TypeError):
+        doc = json.loads(attack_json.read_text())
+        config = doc["config"]
+        device = (doc.get("info") or {}).get("device")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
-    return {k: v for k, v in config.items() if attack_setting(k)} == want
+    # an attack.json without info (written before cem-bench attack recorded it) is matched on its config alone
+    return ({k: v for k, v in config.items() if attack_setting(k)} == {k: v for k, v in want.items() if k != DEVICE}
+            and (device is None or device == want.get(DEVICE)))
 
 
 def done_attack(trial: Path, want: dict) -> Path | None:

@@ -343,6 +343,15 @@ def test_the_seeds_a_difference_needs_follow_the_same_rule_for_no_spread():
     assert equivalence_seeds(row(0.79, 0.02), row(0.8, 0.02, n=10), "attack_ssim", 0.05, "max") == 5
 
 
+def test_a_drop_past_the_tolerance_is_not_sent_to_the_baseline_s_seeds():
+    """An unresolved accuracy cost whose drop seen is already past the tolerance: no number of seeds shows it at
+    the baseline's accuracy, and the page said the baseline's spread needed more seeds."""
+    s = summary_sentence(results_of(_trials(0.05, 0.05), OBJ))
+    assert "cost in test_acc is not resolved" in s, s
+    assert "The drop seen already reaches the tolerance: no number of seeds would show it" in s
+    assert "The baseline's own test_acc spread needs more seeds too" not in s
+
+
 def test_the_seeds_said_to_fit_the_tolerance_fit_it_80_percent_of_the_time():
     """The accuracy advice gave the seeds at which the *expected* half-width fits: such confirmations showed the
     configuration at the baseline's accuracy 53-59 % of the time (a review, 2026-12-06). It now gives the seeds

@@ -104,6 +104,12 @@ def test_train_runs_started_in_the_same_second_keep_their_own_folders(tmp_path, 
     with pytest.raises(RuntimeError):
         main(["train", *_sets(flat)])
     assert len(list(runs.iterdir())) == 2
+    # nor the results/runs/ folders it made, where it was the first run
+    import shutil
+    shutil.rmtree(tmp_path / "results")
+    with pytest.raises(RuntimeError):
+        main(["train", *_sets(flat)])
+    assert not (tmp_path / "results").exists()
 
 
 def test_run_trial_reports_every_objective_key_each_epoch():
@@ -333,7 +339,9 @@ def test_attack_refuses_keys_its_attacks_never_read_and_checks_before_the_data(t
     err = capsys.readouterr().err
     assert "attack.rmle_iterations is read by rmle, which attack.names=['decoder'] does not run" in err, err
     assert main(["attack", str(trial), "--set", "attack.probe_epochs=[1]"]) == 2
-    assert "attack.probe_epochs is read only while training" in capsys.readouterr().err
+    assert "attack.probe_epochs is read only by a trial" in capsys.readouterr().err
+    assert main(["attack", str(trial), "--set", "attack.min_accuracy_margin=0.2"]) == 2
+    assert "a re-attack always attacks" in capsys.readouterr().err
     assert attacked() == []
     assert main(["attack", str(trial), "--set", "attack.names=[rmle]", "--set", "attack.rmle_iterations=2",
                  "--set", f"data.root={tmp_path / 'elsewhere'}"]) == 0

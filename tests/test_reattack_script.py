@@ -138,6 +138,14 @@ def test_an_attack_of_other_settings_is_not_this_one_and_set_values_are_read_as_
     assert reattack.main([str(tmp_path), "--set", "attack.names=decoder", "--set", "attack.lr=1e-3",
                           "--set", "train.eval_batch_size=4"]) == 0
     assert len(ran) == 6 and "0 already re-attacked" in capsys.readouterr().out
+    # train.device is "auto" on a GPU machine and a CPU alike: the device attack.json records decides (a bf16
+    # re-attack on a GPU is another attack than this machine's)
+    for f in tmp_path.glob("cem_trial_*_*/attack-20261202-000000/attack.json"):
+        doc = json.loads(f.read_text())
+        f.write_text(json.dumps({**doc, "info": {"device": "NVIDIA H100 80GB HBM3"}}))
+    ran.clear()
+    assert reattack.main([str(tmp_path), "--set", "attack.names=decoder", "--set", "attack.lr=1e-3"]) == 0
+    assert len(ran) == 6 and "0 already re-attacked" in capsys.readouterr().out
 
 
 def test_failed_attacks_exit_1_and_missing_trial_folders_stop_it_before_any(reattack, tmp_path, capsys, monkeypatch):

@@ -220,6 +220,10 @@ def test_with_replicates_the_front_s_files_are_the_runs_of_the_front_s_configura
     index = build_report(root)
     assert set(pd.read_csv(index.parent / "frontier.csv")["trial_id"]) == want
     assert {p.stem for p in (index.parent / "galleries").glob("*.png")} == want
+    # each configuration's best run first, then the second ones: the curves and galleries show the first rows,
+    # which in configuration order were the first configurations' runs alone
+    order = res.front_trials["_label"].tolist()
+    assert sorted(order[:2]) == ["gmm", "λ=0 baseline"] and sorted(order[2:4]) == ["gmm", "λ=0 baseline"]
 
 
 # ---------------------------------------------------------------- λ curves

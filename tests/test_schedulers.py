@@ -161,3 +161,9 @@ def test_a_searched_seed_is_refused_with_a_stopping_scheduler_and_the_probe_kept
             assert len(refused) == 1 and refused_words in refused[0] and "attack.probe_iterations" in refused[0]
         else:
             assert refused == [] and allowed == ["fixed.attack.probe_iterations (30 -> 300)"]
+    # a scheduler ranking on accuracy alone never reads the probe: the change is allowed
+    accuracy = [{"metric": "test_acc", "mode": "max", "ref": 0.1}, {"metric": "test_acc_clean", "mode": "max", "ref": 0.1}]
+    saved = json.loads(json_bytes(parse_space(space("moasha", objectives=accuracy)).to_dict()))
+    changed = parse_space(space("moasha", objectives=accuracy,
+                                fixed={**SPACE["fixed"], "attack.probe_iterations": 300}))
+    assert run.space_changes(changed, saved)[0] == []

@@ -57,8 +57,8 @@ def lookup(name: str | None) -> DriverPaths | None:
     """The paths of the driver running the search ``name`` in this process; for a name not registered, those of
     the one search running here (``sole``); None for no name (an object meant to keep nothing). The fallback: a
     search resumed under another ``--name`` (its folder renamed) registers under the new name while its pickled
-    objects carry the first, and they lost their state file, journal and guard without a word (the scheduler's
-    earlier rung records, and its later stops written nowhere, so stopped trials became errors)."""
+    objects carry the first; without it they would find no state file, journal or guard, and say nothing (the
+    scheduler would forget its rung records and write its later stops nowhere: stopped trials read as errors)."""
     if name is None:
         return None
     return _ACTIVE[name] if name in _ACTIVE else sole()

@@ -424,6 +424,13 @@ RESUME_UNCOMPARED = ("name", "path", "max_concurrent")
 PROBE_KEYS = frozenset(("attack.probe_iterations", "attack.probe_images"))
 
 
+def _ranks_on_probe(saved: dict) -> bool:
+    """Does the saved space's scheduler rank a rung on the probe (an objective whose stand-in is ``probe_ssim``)?"""
+    from ..spaces.spec import RUNG_METRICS
+    objectives = saved.get("objectives") if isinstance(saved.get("objectives"), list) else []
+    return any(isinstance(o, dict) and RUNG_METRICS.get(o.get("metric")) == "probe_ssim" for o in objectives)
+
+
 def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
     """(refused, allowed): how ``spec`` differs from an experiment's saved ``search_space.json``. ``fixed`` is
     compared key by key with each key's default standing in for a missing one, and its ``EXECUTION_KEYS`` (the
@@ -463,7 +470,7 @@ def space_changes(spec, saved: dict) -> tuple[list[str], list[str]]:
                 if was == is_:
                     continue
                 words = f"fixed.{k} ({_shown(was, missing)} -> {_shown(is_, missing)})"
-                if k in PROBE_KEYS and saved.get("scheduler"):
+                if k in PROBE_KEYS and saved.get("scheduler") and _ranks_on_probe(saved):
                     # the scheduler ranks each rung on the probe: records from before and after the change
                     # would be two measurements on one scale (30 and 300 iterations gave SSIM 0.14 and 0.26)
                     refused.append(f"{words}: the scheduler's rungs rank on the probe, and its records from "

@@ -40,9 +40,11 @@ def run_facts(res: Results, final_hv: float) -> list[tuple[str, str]]:
     facts = [
         ("experiment", res.experiment),
         ("trials", trials_text(t)),
-        # with confirmation the page's front is of configurations (below): this one, of every trial, is not it
-        ("trials on the front of all trials (search runs included)" if res.confirmed else "trials on the front",
-         str(int((t["pareto_rank"] == 0).sum()))),
+        # with confirmation or replicates the page's front is of configurations: this one, of single trials, is not
+        # it (frontier.csv holds the runs of the page's)
+        ("trials on the front of all trials (search runs included)" if res.confirmed
+         else "trials on the front of single trials (the page's front is of the configurations' means)"
+         if res.replicated else "trials on the front", str(int((t["pareto_rank"] == 0).sum()))),
     ]
     stopped = stopped_text(t)
     if stopped:

@@ -87,10 +87,10 @@ class Claim:
 
 def claim(res: Results) -> Claim | None:
     """The summary's claim (``Claim``); None without two objectives or a noise floor. The most private of the
-    claimed configurations is named, and its utility is one test: naming the most private one that happened
-    to pass the equivalence test (as this did) chose among several such tests uncorrected, and called a cost
-    just past the tolerance "at the baseline's accuracy" in 9 % of reports among 12 claimed configurations and
-    16 % among 40 (a review of 2026-12-06)."""
+    claimed configurations is named, and its utility is one test: naming whichever one passed its equivalence
+    test would choose among several such tests uncorrected, and call a cost just past the tolerance "at the
+    baseline's accuracy" in 9 % of reports among 12 claimed configurations and 16 % among 40
+    (docs/protocol.md §9)."""
     c = res.configs
     if c is None or len(res.objectives) < 2 or not res.has_floor:
         return None
@@ -289,6 +289,11 @@ def _findings(res: Results, beyond: str) -> str:
                      f"{POWER:.0%} of the time, if the difference is what it seems.")
         elif own is not None and _flat(r, own, um):
             body += f" {_FLAT_TEXT}"
+        elif own is not None and _drop_seen(r, um, res.modes[0]) >= tol:
+            # no number of seeds shows a drop of this size inside the tolerance: the baseline's spread is not
+            # what stands in the way
+            body += (f" The drop seen already reaches the tolerance: no number of seeds would show it at the "
+                     f"baseline's {um}; more would tell whether the drop is beyond the noise.")
         elif own is not None:
             body += (f" Confirmation seeds alone cannot narrow its interval inside the tolerance. The baseline's "
                      f"own {um} spread needs more seeds too.")
@@ -316,12 +321,19 @@ def _baseline_of(res: Results, row: pd.Series) -> pd.Series | None:
     return own.iloc[0] if len(own) else None
 
 
+def _drop_seen(row: pd.Series, metric: str, mode: str) -> float:
+    """How much worse than the baseline ``row`` is on ``metric`` in the metric's bad direction (0 when better;
+    NaN unknown)."""
+    d = float(row.get(f"{metric}_delta", np.nan)) * (1 if mode == "max" else -1)
+    return max(-d, 0.0) if np.isfinite(d) else float("nan")
+
+
 def equivalence_seeds(row: pd.Series, base: pd.Series, metric: str, tol: float, mode: str) -> int | None:
     """Runs of ``row``'s configuration at which Welch's interval of the difference lies inside ``tol`` with
     probability ``POWER``, the difference being the drop seen (against the baseline's runs as they are, on the
     row's spread or the baseline's: the lower end above −``tol``, a noncentral t); None beyond ``MOST_SEEDS`` or
-    where the drop seen already reaches the tolerance. (The runs at which the *expected* half-width fits gave
-    such an interval in 53-59 % of confirmations: a coin flip, where ``seeds_needed`` promises 80 %.)"""
+    where the drop seen already reaches the tolerance. (The runs at which the *expected* half-width fits would
+    give such an interval in 53-59 % of confirmations: a coin flip, where ``seeds_needed`` promises 80 %.)"""
     from scipy.special import nctdtr
     d = float(row.get(f"{metric}_delta", np.nan)) * (1 if mode == "max" else -1)
     s_c, s_b, n_b = _spreads(row, base, metric)
