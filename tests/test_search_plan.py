@@ -603,3 +603,20 @@ def test_resume_of_an_experiment_saved_by_an_older_cem_bench_is_not_refused_for_
     saved["confirm"]["top"] = 2                      # a space that asked for fewer: changed
     refused, _ = run.space_changes(spec, saved)
     assert refused and refused[0].startswith("confirm")
+
+
+def test_derived_seeds_stay_within_a_trial_s_range_and_after_a_searched_seed():
+    """The baseline's and the confirmation's seeds are the search's plus one, two, ...: seeds [4294967295] parsed,
+    and every confirmation run failed after the whole search (seed out of range). And a grid with λ = 0 cells and a
+    searched seed ran its baseline at seeds the λ = 0 cells had run already."""
+    from cem_bench.errors import SpaceError
+    from cem_bench.spaces import parse_space
+    base = {"name": "s", "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.1},
+                                        {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
+            "fixed": {"train.device": "cpu"}}
+    with pytest.raises(SpaceError, match="past 4294967295, the largest seed a trial takes"):
+        parse_space({**base, "sampler": {"name": "random", "seed": 0}, "num_samples": 2, "seeds": [4294967295],
+                     "params": {"cem.lambd": {"loguniform": [1, 64]}}})
+    spec = parse_space({**base, "sampler": {"name": "grid"}, "baseline": {"replicates": 3}, "confirm": False,
+                        "params": {"cem.lambd": {"choice": [0, 8]}, "seed": {"choice": [0, 1, 2]}}})
+    assert min(spec.baseline_seeds) > 2, spec.baseline_seeds

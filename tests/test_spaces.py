@@ -791,3 +791,20 @@ def test_a_stepped_range_lists_the_values_a_sampler_draws():
                                                       "cem.lambd": {"choice": [4, 8]}}))
     values = as_choice(next(p for p in spec.params if p.key == "defense.noise_std")).choices
     assert max(values) == 10.0 and len(values) == 180
+
+
+def test_a_resumed_search_runs_its_trials_with_the_driver_s_execution_keys():
+    """Every proposed configuration carries the fixed keys it was proposed with (confirmation runs copy them); a
+    --resume that moved the data (data.root) or the device accepted the change and said the trials would run
+    with it, while the restored and the later trials still ran with the old values, which beat the spec's."""
+    import dataclasses
+    spec = parse_space({"name": "s", "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.1},
+                                                   {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
+                        "sampler": {"name": "random", "seed": 0}, "num_samples": 2,
+                        "fixed": {"data.root": "/old/data", "train.device": "cuda", "train.epochs": 3},
+                        "params": {"cem.lambd": {"loguniform": [1, 64]}}})
+    proposed = {**spec.fixed, "cem.lambd": 4.0, "seed": 1}        # what the pickled searcher hands Ray
+    moved = dataclasses.replace(spec, fixed={**spec.fixed, "data.root": "/new/data", "train.device": "cpu"})
+    flat = trial_config(moved, proposed)
+    assert (flat["data.root"], flat["train.device"]) == ("/new/data", "cpu")
+    assert (flat["cem.lambd"], flat["seed"], flat["train.epochs"]) == (4.0, 1, 3)

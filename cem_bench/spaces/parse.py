@@ -184,12 +184,21 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
             fixed = self.probe_at_rungs(scheduler, fixed)
         if self.errors:
             raise SpaceError(self.errors, self.path)
-        return SearchSpec(name=name, objectives=tuple(objectives), sampler=sampler, num_samples=num_samples,
+        spec = SearchSpec(name=name, objectives=tuple(objectives), sampler=sampler, num_samples=num_samples,
                           max_concurrent=max_concurrent, resources=resources, fixed=fixed, params=tuple(params),
                           max_failures=max_failures, path=self.path, seeds=seeds, baseline_replicates=baseline,
                           baseline_cells=cells, confirm_top=top, confirm_replicates=confirm_reps,
                           scheduler=scheduler, utility_tolerance=tolerance, hypotheses=hypotheses,
                           hypotheses_alpha=alpha, hypotheses_correction=correction)
+        # the baseline's and the confirmation's seeds follow the search's: past the largest a trial takes, every
+        # one of those runs failed, after the whole search had run
+        from ..config import MAX_SEED
+        derived = [s for s in (*spec.baseline_seeds, *spec.confirm_seeds) if s > MAX_SEED]
+        if derived:
+            raise SpaceError([f"seeds: the baseline's and the confirmation's seeds follow the search's, and would "
+                              f"reach {max(derived)}, past {MAX_SEED}, the largest seed a trial takes: give "
+                              f"smaller seeds"], self.path)
+        return spec
 
     def attacks_run(self, objectives, hypotheses, fixed: dict, params) -> None:
         """An objective or hypothesis on one attack's own metric (``attack_ssim__rmle``) needs that attack in

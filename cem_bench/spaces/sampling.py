@@ -78,6 +78,7 @@ def trial_config(spec: SearchSpec, params: dict) -> dict:
     """The full flat config of one trial: the fixed keys, then the sampled ones (flat dotted keys, or a
     config nested by section). Known keys are coerced to their types (an int-searched lambda becomes a
     float); ``TrialConfig.from_flat`` still validates the result."""
+    from ..schema import EXECUTION_KEYS
     specs = key_specs()
     out = dict(spec.fixed)
     for k, v in flatten(dict(params)).items():
@@ -87,4 +88,8 @@ def trial_config(spec: SearchSpec, params: dict) -> dict:
             except ConfigError:
                 pass  # left for from_flat to report with its context
         out[k] = v
+    # the fixed keys that only say how a trial runs are this driver's: a trial's config carries the fixed keys
+    # the searcher proposed it with, and a --resume that moved the data (data.root) or the device would
+    # otherwise run every restored and later trial, confirmation runs included, with the old ones
+    out.update({k: v for k, v in spec.fixed.items() if k in EXECUTION_KEYS})
     return out

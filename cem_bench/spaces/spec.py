@@ -194,7 +194,10 @@ class SearchSpec:
             p.key == "cem.lambd" and p.choices is not None and any(float(v) == 0 for v in p.choices)
             for p in self.params)
         seeds = [] if zero_cells else list(self.search_seeds[: self.baseline_replicates])
-        nxt = max(self.search_seeds) + 1
+        # after a searched seed's values too: a grid's λ = 0 cells run each of them
+        drawn = [int(v) for p in self.params if p.key == "seed"
+                 for v in (p.choices if p.kind == "choice" else (p.high,)) if v is not None] if zero_cells else []
+        nxt = max((*self.search_seeds, *drawn)) + 1
         while len(seeds) < self.baseline_replicates:
             seeds.append(nxt)
             nxt += 1
