@@ -114,7 +114,7 @@ def test_one_seed_or_none_tells_each_run_directly():
 
 
 # ------------------------------------------------------------------------- baseline and confirmation
-def test_baseline_first_then_the_search_then_the_best_confirmed_then_finished():
+def test_baseline_first_then_the_search_then_the_best_confirmed_then_finished(capsys):
     base = [{"cem.lambd": 0.0, "seed": s} for s in (0, 1)]
     proposals = [{"cem.lambd": 8.0}, {"cem.lambd": 16.0}, {"cem.lambd": 0.0}]
     q = FakeSampler(proposals, seeds=(0,), baseline=base, search_runs=3, confirm_top=1, confirm_seeds=(7, 8),
@@ -132,9 +132,25 @@ def test_baseline_first_then_the_search_then_the_best_confirmed_then_finished():
     confirm = [q.next_run(t) for t in ("c0", "c1")]
     assert confirm == [{"cem.lambd": 16.0, "seed": 7, "role": "confirm"},
                        {"cem.lambd": 16.0, "seed": 8, "role": "confirm"}]
+    # the plan is said (an info log line was never shown): what was chosen, and why fewer than asked
+    assert ("cem-bench: confirming 1 configuration(s) with seeds [7, 8] (the best by Pareto rank of their means, "
+            "then exclusive hypervolume): cem.lambd=16.0") in capsys.readouterr().err
     q.run_finished("c0", ok(0.1))
     assert q.next_run("end") == FINISHED == RunQueue.FINISHED
     assert [t for t, _, _ in q.told] == ["s0", "s2", "s1"]
+
+
+def test_a_confirmation_short_of_its_top_says_why(capsys):
+    q = FakeSampler([{"cem.lambd": 8.0}, {"cem.lambd": 16.0}, {"cem.lambd": 32.0}], seeds=(0,), search_runs=3,
+                    confirm_top=3, confirm_seeds=(5,), refs=[0.0, 1.0])
+    for i in range(3):
+        q.next_run(f"s{i}")
+    q.run_finished("s0", ok(0.8, 0.5))
+    q.run_finished("s1", ok(0.7, 0.2))
+    q.run_finished("s2", None, error=True)
+    assert q.next_run("c0")["role"] == "confirm"
+    err = capsys.readouterr().err
+    assert "confirming 2 configuration(s)" in err and "confirm.top is 3: only 2 of the search's 3 runs'" in err, err
 
 
 def test_no_finished_search_run_confirms_nothing_and_says_so(capsys):

@@ -141,8 +141,9 @@ class RunQueue:
         if self._confirm_queue is None:
             self._confirm_queue = self._plan_confirmation()
             if self._confirm_queue:
-                logger.info("cem-bench: confirming %d configurations with seeds %s", len(self._confirm_queue)
-                            // max(1, len(self._confirm_seeds)), list(self._confirm_seeds))
+                # printed, not logged (cem-bench configures no logging: an info line was never shown), with what
+                # was chosen and why fewer than asked
+                print(self._confirmation_text(runs), file=sys.stderr, flush=True)
             elif self._confirm_top and self._confirm_seeds:
                 # said, not only logged: the space asked for a confirmation, and its claims stay exploratory
                 print(f"cem-bench: nothing to confirm: of the search's {runs} runs, none with λ ≠ 0 finished with "
@@ -167,6 +168,22 @@ class RunQueue:
         if config is not None and len(self._seeds) == 1:
             return {**config, "seed": self._seeds[0]}
         return config
+
+    def _confirmation_text(self, runs: int) -> str:
+        """The plan in a line: the configurations chosen (the keys in which the search's configurations differ),
+        the seeds, and why fewer than ``confirm.top`` when so."""
+        n_seeds = max(1, len(self._confirm_seeds))
+        chosen = [{k: v for k, v in c.items() if k not in ("seed", "role")} for c in self._confirm_queue[::n_seeds]]
+        search = list(self._search_config.values())
+        varying = sorted({k for c in search for k in c if any(o.get(k) != c.get(k) for o in search)})
+        shown = "; ".join(", ".join(f"{k}={c.get(k)}" for k in varying if k in c) or "the configuration"
+                          for c in chosen)
+        text = (f"cem-bench: confirming {len(chosen)} configuration(s) with seeds {list(self._confirm_seeds)} (the "
+                f"best by Pareto rank of their means, then exclusive hypervolume): {shown}")
+        if len(chosen) < self._confirm_top:
+            text += (f". confirm.top is {self._confirm_top}: only {len(chosen)} of the search's {runs} runs' "
+                     f"configurations with λ ≠ 0 finished with every objective finite")
+        return text
 
     def _plan_confirmation(self) -> list[dict]:
         """The confirmation runs: the ``confirm_top`` best configurations of the search (λ = 0 excepted: the
@@ -211,6 +228,8 @@ class RunQueue:
             at = ranks == r
             gain[at] = hypervolume_contributions(values[at], modes, refs)
         first = values[:, 0] if modes[0] == "min" else -values[:, 0]
+        # equal contributions tie on the first objective, as §8 says, not on the float noise of their sums
+        gain = np.round(gain, 12)
         order = np.lexsort((first, -gain, ranks))[: self._confirm_top]
         return [{**configs[i], "seed": s, "role": "confirm"} for i in order for s in self._confirm_seeds]
 
