@@ -495,6 +495,7 @@ def print_hypotheses(index, results_dir) -> None:
 
     import pandas as pd
 
+    from .analysis.noise import p_digits
     from .analysis.report.load import read_space_hypotheses
     try:
         _, problem = read_space_hypotheses(Path(results_dir))
@@ -510,7 +511,7 @@ def print_hypotheses(index, results_dir) -> None:
         # test's, so a claim can hold while the interval still reaches 0: the line says which is which
         diff = "" if not math.isfinite(r["diff"]) else \
             f"; a - b = {r['diff']:.4g} (two-sided 95 %: {r['ci_low']:.4g} to {r['ci_high']:.4g})"
-        adj = "" if not math.isfinite(r["p_adjusted"]) else f", adjusted p {r['p_adjusted']:.2g}"
+        adj = "" if not math.isfinite(r["p_adjusted"]) else f", adjusted p {p_digits(r['p_adjusted'])}"
         print(f"hypothesis {r['name']}: {r['metric']}, {r['claim']}{diff}{adj}: {r['verdict']}")
 
 

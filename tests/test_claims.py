@@ -540,3 +540,17 @@ def test_the_paper_table_never_rounds_a_marked_difference_away():
     text = table.paper_table(configs, "attack_ssim").to_string()
     assert "0.750075 ± 0.000056 (6)" in text and "0.749675 ± 0.000056 (6) [+]" in text, text
     assert "0.905 ± 0.004 (6)" in table.paper_table(configs, "test_acc").to_string()   # the paper's 3 decimals
+    # a spread that prints (0.001) but means less than half a unit of the last decimal apart: the marked cell and
+    # its baseline take the decimals that tell them apart (both read "0.750 ± 0.001 (40)", one marked)
+    rng = np.random.default_rng(1)
+    rows = []
+    for lam, ssim in ((0, 0.7503), (16, 0.7498)):
+        runs = ssim + 0.0006 * rng.standard_normal(40)
+        rows += [{**r, "attack_ssim": float(runs[i]), "test_acc": 0.9 + 0.002 * rng.standard_normal()}
+                 for i, r in enumerate(_rows(lam, range(40), 0.90, ssim))]
+    configs = build_configs(pd.DataFrame(rows), OBJ)
+    marked = configs[configs["attack_ssim_verdict"] == "better"]
+    assert len(marked) == 1
+    cells = table.paper_table(configs, "attack_ssim").iloc[0].tolist()
+    means = [c.split(" ± ")[0] for c in cells]
+    assert means[0] != means[1] and cells[1].endswith("[+]"), cells

@@ -254,11 +254,13 @@ def _folder(root: Path, hypotheses) -> Path:
                          "config.cem.surrogate": surrogate, "config.cem.lambd": lambd,
                          "config.defense.noise_std": 0.05, "test_acc": acc + 0.01 * rng.standard_normal(),
                          "attack_ssim": ssim + 0.01 * rng.standard_normal(), "wall_s": 1.0})
+    from cem_bench.integrity import write_recorded_json, write_table
     root.mkdir(parents=True)
-    pd.DataFrame(rows).to_parquet(root / "trials.parquet")
+    # written as a search writes them, with their checksums (a folder without them is read unverified)
+    write_table(str(root), "trials.parquet", pd.DataFrame(rows), "trials")
     spec = parse_space(json.loads(json.dumps(SPACE))).to_dict()
     spec["hypotheses"] = hypotheses(spec["hypotheses"])
-    (root / "search_space.json").write_text(json.dumps(spec))
+    write_recorded_json(str(root), "search_space.json", spec)
     return root
 
 
@@ -283,7 +285,8 @@ def test_the_report_leads_with_the_space_s_hypotheses(tmp_path, capsys):
 def test_without_a_baseline_the_summary_does_not_deny_what_a_hypothesis_found(tmp_path):
     folder = _folder(tmp_path / "r", lambda h: {**h, "tests": h["tests"][:1]})
     trials = pd.read_parquet(folder / "trials.parquet")
-    trials[trials["config.cem.lambd"] > 0].to_parquet(folder / "trials.parquet")    # no λ = 0 runs
+    from cem_bench.integrity import write_table
+    write_table(str(folder), "trials.parquet", trials[trials["config.cem.lambd"] > 0], "trials")   # no λ = 0 runs
     html = build_report(folder).read_text()
     assert "H1: holds. What follows is the report&#39;s own comparison of every configuration with the λ=0 " \
            "baseline, picked after the run. No λ=0 baseline ran, so there is no noise floor and no reference " \
@@ -296,8 +299,9 @@ def test_a_report_of_a_damaged_family_says_so_and_tests_nothing(tmp_path, capsys
     folder = _folder(tmp_path / "r", lambda h: h)
     assert main(["report", str(folder)]) == 0 and "hypothesis H1" in capsys.readouterr().out
     spec = json.loads((folder / "search_space.json").read_text())
-    spec["hypotheses"]["correction"] = "none"     # edited by hand after the first report
-    (folder / "search_space.json").write_text(json.dumps(spec))
+    spec["hypotheses"]["correction"] = "none"     # damaged (its checksum recorded, as a bug of a writer would)
+    from cem_bench.integrity import write_recorded_json
+    write_recorded_json(str(folder), "search_space.json", spec)
     assert main(["report", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "hypotheses: the saved space's hypotheses cannot be tested (correction 'none'" in out
@@ -380,3 +384,39 @@ def test_a_paired_test_says_how_many_runs_had_no_partner_seed():
     assert table.loc["P", "verdict"] == "holds (5 runs without a partner seed left out)"
     assert (table.loc["W", "n_a"], table.loc["W", "n_b"], table.loc["W", "unpaired"]) == (6, 5, 0)
     assert table.loc["W", "verdict"] == "holds"
+
+
+def test_a_seed_run_twice_is_its_first_run_even_where_that_run_has_no_value():
+    """The configurations table keeps a seed's first run (and its missing value); the hypotheses dropped the
+    missing value first and took the later copy's: two tables, two different runs of one seed."""
+    from cem_bench.analysis.hypotheses import per_seed
+    rows = pd.DataFrame({"config.seed": [0, 0, 1, 2, 3], "attack_ssim": [np.nan, 0.99, 0.71, 0.72, 0.73]})
+    frame, left_out = per_seed(rows, "attack_ssim")
+    assert sorted(frame["_v"]) == [0.71, 0.72, 0.73] and left_out == 1
+
+
+def test_hypotheses_of_a_folder_without_its_checksums_are_not_said_to_predate_the_run(tmp_path):
+    """An edited search_space.json is refused while cem_bench_files.json lists it; the refusal says to delete that
+    file to read the folder unverified, and then the edited family was tested and the page said "The space wrote
+    down 3 hypotheses before the run". Without the checksums it says they are unverified."""
+    import shutil
+
+    from cem_bench.analysis.report import load_results, summary_sentence
+    root = Path(__file__).resolve().parent.parent / "findings" / "decoder_digits"
+    if not root.is_dir():
+        pytest.skip("findings/decoder_digits is not shipped")
+    copy = tmp_path / "decoder_digits"
+    shutil.copytree(root, copy)
+    from cem_bench.analysis.hypotheses import evaluate as tested_by
+
+    def text_of(folder):
+        res = load_results(folder)
+        return summary_sentence(res, tested_by(res.trials, res.hypotheses))
+
+    assert "wrote down 3 hypotheses before the run" in text_of(copy)
+    (copy / "cem_bench_files.json").unlink()
+    text = text_of(copy)
+    assert "holds 3 hypotheses (Holm over 3 at α 0.05), unverified: this folder has no cem_bench_files.json" in text
+    assert "wrote down 3 hypotheses before the run" not in text
+    index = build_report(copy)
+    assert "The hypotheses search_space.json holds (unverified)" in index.read_text(encoding="utf-8")

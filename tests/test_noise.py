@@ -74,3 +74,10 @@ def test_the_t_functions_are_scipy_stats_own():
     from scipy.special import nctdtr
     for d, nc, t in [(3, 1.5, 2.5), (10.7, 3.1, 2.2), (2.1, 0.2, 4.3), (50, 6, 2)]:
         assert 1 - nctdtr(d, nc, t) == pytest.approx(stats.nct.sf(t, d, nc), rel=1e-12)
+
+
+def test_a_p_value_never_prints_as_alpha_unless_it_is():
+    """At two significant digits 0.0504 read "0.05" beside "not shown" at α 0.05 (and 0.0496 beside "holds")."""
+    from cem_bench.analysis.noise import p_digits
+    assert [p_digits(v) for v in (0.0504, 0.0496, 0.05, 0.031, 0.12, 0.050001)] == \
+        ["0.0504", "0.0496", "0.05", "0.031", "0.12", "0.050001"]

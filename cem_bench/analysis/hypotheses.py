@@ -114,10 +114,12 @@ def per_seed(rows: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, int]:
     attack the utility gate skipped at chance accuracy) are counted as left out."""
     v = pd.to_numeric(rows[metric], errors="coerce") if metric in rows else pd.Series(np.nan, index=rows.index)
     frame = pd.DataFrame({"_seed": _seeds(rows), "_v": v})
-    left_out = int((~np.isfinite(frame["_v"])).sum())
-    frame = frame[np.isfinite(frame["_v"])]
+    # the first run of a seed first, then its value: the configurations table keeps a seed's first run whether
+    # or not it has this metric, so a later copy's value would be a run it never counts
     seeded = frame.dropna(subset=["_seed"]).drop_duplicates("_seed", keep="first")
-    return pd.concat([seeded, frame[frame["_seed"].isna()]], ignore_index=True), left_out
+    frame = pd.concat([seeded, frame[frame["_seed"].isna()]], ignore_index=True)
+    left_out = int((~np.isfinite(frame["_v"])).sum())
+    return frame[np.isfinite(frame["_v"])].reset_index(drop=True), left_out
 
 
 def one_test(h: dict, a_rows: pd.DataFrame, b_rows: pd.DataFrame) -> dict:
@@ -225,12 +227,20 @@ def evaluate(trials: pd.DataFrame, hypotheses: dict) -> pd.DataFrame:
     return table[list(COLUMNS)]
 
 
-def summary_text(table: pd.DataFrame, hypotheses: dict) -> str:
+UNVERIFIED = ("this folder has no cem_bench_files.json, the checksums the search wrote, so nothing shows that its "
+              "search_space.json, these hypotheses with it, is the one written before the run")
+
+
+def summary_text(table: pd.DataFrame, hypotheses: dict, verified: bool = True) -> str:
     """What the report's summary opens with: the family and its test, then each verdict (with more than
-    ``LISTED`` hypotheses, those that hold), in short sentences like the rest of the summary."""
+    ``LISTED`` hypotheses, those that hold), in short sentences like the rest of the summary. ``verified``
+    False: the folder's checksums are gone (the refusal of an edited file says to delete them to read it), and
+    the hypotheses are not said to have been written before the run."""
     m = len(table)
     family = f"{hypotheses['correction'].capitalize()} over {m} at α {hypotheses['alpha']:g}"
-    first = f"The space wrote down {m} hypothes{'es' if m != 1 else 'is'} before the run ({family})."
+    first = (f"The space wrote down {m} hypothes{'es' if m != 1 else 'is'} before the run ({family})." if verified
+             else f"The space's search_space.json holds {m} hypothes{'es' if m != 1 else 'is'} ({family}), "
+                  f"unverified: {UNVERIFIED}.")
     if m <= LISTED:
         return first + " " + "; ".join(f"{r['name']}: {r['verdict']}" for _, r in table.iterrows()) + "."
     held = table[table["verdict"].str.startswith("holds")]["name"].tolist()

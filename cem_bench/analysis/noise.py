@@ -183,6 +183,18 @@ def _two_sided(diff: np.ndarray, scale: np.ndarray, dof: np.ndarray) -> np.ndarr
     return np.clip(2 * t_sf(np.abs(diff) / scale, dof), 0.0, 1.0)
 
 
+def p_digits(value: float) -> str:
+    """A p- or q-value in two significant digits, or more where two would read as ``ALPHA`` itself (0.0504 is
+    "0.05" at two: beside "not shown" at α 0.05 it read as a value that should have passed)."""
+    v = float(value)
+    alpha = round(ALPHA, 12)   # 1 - 0.95 is 0.050000000000000044
+    for digits in (2, 3, 4, 6):
+        text = f"{v:.{digits}g}"
+        if float(text) != alpha or round(v, 12) == alpha:
+            return text
+    return text
+
+
 def holm(p) -> np.ndarray:
     """Holm's step-down adjusted p-values of one family (NaN entries are not members and stay NaN): the
     i-th smallest of m is max over j <= i of (m - j + 1) p_(j), at most 1. Rejecting where the adjusted value

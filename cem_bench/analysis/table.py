@@ -112,17 +112,49 @@ def _mark(row: pd.Series, metric: str) -> str:
     return {BETTER: " [+]", WORSE: " [−]"}.get(verdict if isinstance(verdict, str) else "", "")
 
 
-def _cell(row: pd.Series, metric: str) -> str:
+def _digits(metric: str) -> int:
+    """The paper's decimals of ``metric``."""
+    return 2 if metric in ("attack_psnr",) else (4 if metric == "attack_mse" else 3)
+
+
+def _apart(a: float, b: float, digits: int) -> int:
+    """The fewest decimals, from ``digits`` (at most 8), at which ``a`` and ``b`` print differently."""
+    while digits < 8 and f"{a:.{digits}f}" == f"{b:.{digits}f}":
+        digits += 1
+    return digits
+
+
+def marked_digits(df: pd.DataFrame, metric: str) -> pd.Series:
+    """Per configuration, the decimals its cell needs so that a marked cell and its baseline's never read the
+    same (means 0.7503 and 0.7498 over 40 seeds, spreads 0.0006: both "0.750 ± 0.001", one marked); a baseline
+    takes the most any of its marked cells needs."""
+    need = pd.Series(_digits(metric), index=df.index)
+    if f"{metric}_verdict" not in df or "baseline_id" not in df:
+        return need
+    mean_of = dict(zip(df[CONFIG_ID].astype(str), pd.to_numeric(df[f"{metric}_mean"], errors="coerce")))
+    row_of = {c: i for i, c in zip(df.index, df[CONFIG_ID].astype(str))}
+    for i, r in df.iterrows():
+        base = r.get("baseline_id")
+        if _mark(r, metric) and isinstance(base, str) and base in mean_of and math.isfinite(mean_of[base]):
+            d = _apart(float(r[f"{metric}_mean"]), float(mean_of[base]), _digits(metric))
+            need[i] = max(need[i], d)
+            if base in row_of:
+                need[row_of[base]] = max(need[row_of[base]], d)
+    return need
+
+
+def _cell(row: pd.Series, metric: str, digits: int | None = None) -> str:
     mean, std, n = row.get(f"{metric}_mean"), row.get(f"{metric}_std"), row.get(f"{metric}_n", 0)
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "–"
     n = "?" if n is None or (isinstance(n, float) and not math.isfinite(n)) else int(n)
-    digits = 2 if metric in ("attack_psnr",) else (4 if metric == "attack_mse" else 3)
+    paper = _digits(metric)
+    digits = paper if digits is None else digits   # more where a marked cell and its baseline need them
     has_std = std is not None and not (isinstance(std, float) and math.isnan(std))
-    if has_std and 0 < float(std) and round(float(std), digits) == 0:
+    if has_std and 0 < float(std) and round(float(std), paper) == 0:
         # the paper's decimals, or where the spread would print as 0 at them, two significant digits of it: at a
         # spread of 0.0001 two marked cells both read "0.750 ± 0.000" (the summary beside them: 0.75008 and 0.74965)
-        digits = min(8, 1 - math.floor(math.log10(float(std))))
+        digits = min(8, max(digits, 1 - math.floor(math.log10(float(std)))))
     text = f"{mean:.{digits}f}"
     if has_std:
         text += f" ± {std:.{digits}f}"
@@ -136,9 +168,11 @@ def _pq(row: pd.Series, metric: str) -> str:
     if p is None or (isinstance(p, float) and math.isnan(p)):
         return ""
 
+    from .noise import p_digits
+
     def fmt(v) -> str:
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else (
-            "<0.0001" if v < 1e-4 else f"{v:.2g}")
+            "<0.0001" if v < 1e-4 else p_digits(v))
     return f"p {fmt(p)} q {fmt(q)}"
 
 
@@ -251,7 +285,8 @@ def paper_table(configs: pd.DataFrame, metric: str) -> pd.DataFrame:
     if SIGMA not in configs:
         raise ResultsError(f"the results have no {SIGMA} column: not written by cem-bench search")
     df = _numeric(configs, metric)
-    df["_cell"] = df.apply(lambda r: _cell(r, metric), axis=1)
+    digits = marked_digits(df, metric)
+    df["_cell"] = [_cell(r, metric, int(digits[i])) for i, r in df.iterrows()]
     return _layout(df, metric)
 
 

@@ -139,7 +139,8 @@ def p_text(value) -> str:
     if is_missing(value):
         return "—"
     v = float(value)
-    return "< 0.0001" if v < 1e-4 else f"{v:.2g}"
+    from ..noise import p_digits
+    return "< 0.0001" if v < 1e-4 else p_digits(v)
 
 
 def tail(text, limit: int = 3000):

@@ -114,6 +114,9 @@ class Results:
     # or none usable, and then ``hypotheses_problem`` says why
     hypotheses: dict | None = None
     hypotheses_problem: str | None = None
+    # does the folder hold the checksums the search wrote (integrity.MANIFEST_FILE)? Without them nothing shows
+    # that search_space.json, its hypotheses with it, is the file written before the run
+    verified: bool = True
     # the confirmation the space planned (search_space.json ``confirm``: top, replicates); None: none planned,
     # or no space saved. The run facts say when it was planned and none ran (nothing finished to confirm)
     confirm_plan: dict | None = None
@@ -406,6 +409,7 @@ def load_results(results_dir: str | Path) -> Results:
     res = results_of(trials, objectives, results_dir=results_dir, name=name, epochs=epochs,
                      utility_tolerance=_utility_tolerance(space), running_driver=driver)
     res.hypotheses, res.hypotheses_problem = _space_hypotheses(space)
+    res.verified = (results_dir / MANIFEST_FILE).is_file()
     res.confirm_plan = _confirm_plan(space)
     return res
 

@@ -14,6 +14,7 @@ import matplotlib
 import pandas as pd
 
 from cem_bench.analysis.hypotheses import COLUMNS as HYPOTHESIS_COLUMNS
+from cem_bench.analysis.hypotheses import UNVERIFIED as HYPOTHESES_UNVERIFIED
 from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
 from cem_bench.analysis.table import NOT_ERRORS
 from cem_bench.errors import ResultsError
@@ -328,6 +329,7 @@ def _draw(res: Results, out_dir: Path) -> None:
         summary=summary,
         hypotheses=hypotheses,
         hypotheses_problem=res.hypotheses_problem,
+        hypotheses_unverified=None if res.verified else HYPOTHESES_UNVERIFIED,
         bests=surrogate_bests(res),
         other_frontiers=frontiers[1:],
         hypervolume=_figure(hv_path.name, "hypervolume", f"final hypervolume {format_value(final_hv)}"),
