@@ -156,6 +156,9 @@ def _plan(flat: dict, surrogates_, warmup, batches) -> Plan:
     bad = [n for n in names if n not in known]
     if bad:
         raise ConfigError(f"unknown surrogate(s) {', '.join(bad)}; known: {', '.join(known)}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:   # each would be measured and written twice: one row, one entry a surrogate
+        raise ConfigError(f"--surrogates: {', '.join(twice)} given more than once; give each surrogate once")
     names = [REFERENCE] + [n for n in names if n != REFERENCE]
     if not 1 <= batches <= MAX_BATCHES:
         raise ConfigError(f"calibrate: {batches} held-out batches; give 1 to {MAX_BATCHES} (every batch is kept in "
@@ -189,7 +192,8 @@ def _plan(flat: dict, surrogates_, warmup, batches) -> Plan:
     else:
         at = {n: list(given) for n in names}
     epochs = ref_cfg.train.epochs
-    for n in names:
+    # gmm last: it is measured at the others' warm-ups, and a too-long one is theirs to name
+    for n in [*names[1:], names[0]]:
         if at[n][-1] >= epochs:
             if given is not None:
                 raise ConfigError(f"calibrate: warm-up {given[-1]} leaves no CEM epoch of train.epochs={epochs}; "
@@ -401,7 +405,9 @@ def yaml_fragment(records: list[dict], measured: dict | None = None) -> str:
              "# the configuration measured (below); with other keys it does not match. The default, cem.strength=matched,",
              "# measures this on each trial's own encoder instead. Use one entry, not the whole file: its keys as --set",
              "# (cem-bench train --set cem.surrogate=NAME --set cem.strength=fixed ...), or its mapping alone in a",
-             "# --config file, beside the keys measured."]
+             "# --config file, beside the keys measured. The scale is matched on the held-out batches (--batches):",
+             "# a matched trial's own (the table's scale column) is measured on its training batches and differs",
+             "# from it by their noise, so a fixed run from an entry is not that trial to the bit."]
     if measured:
         keys = " ".join(f"--set {k}={v}" for k, v in measured["keys"].items()) or "none (every default)"
         lines += [f"# measured: cem-bench {measured['package_version']} (git {measured['git_sha']}), "

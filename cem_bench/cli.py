@@ -388,7 +388,8 @@ def cmd_calibrate(args) -> int:
           f"fixed: cem.loss_scale); ÷ gmm: its strength over gmm's as that trial applies it (matched: on held-out "
           f"batches). The fixed loss_scale: strength/λ = ‖∂(CEM term)/∂z‖ ÷ ‖∂CE/∂z‖ per unit λ, its ratio to gmm, "
           f"the λ with gmm's strength at λ = 16, the batch spread. matched ÷ gmm, scale: the match at this state; "
-          f"drift: the ratio here of the scale matched at the surrogate's first warm-up measured")
+          f"drift: the ratio here of the scale matched at the surrogate's first warm-up measured (with one warm-up "
+          f"a surrogate, as by default, it is its matched ÷ gmm: it tells a drift only with several --warmup)")
     measured = None
     if args.json or args.yaml:   # what was measured, with the provenance every trial result records
         import torch

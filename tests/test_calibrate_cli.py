@@ -117,6 +117,10 @@ def test_a_whole_calibrate_file_given_to_train_is_named_too(tmp_path, capsys):
     (["--config", "{d}/c.yaml", "--yaml", "{d}/c.yaml"], "writing --yaml would replace the configuration"),
     (["--batches", "100000"], "100000 held-out batches; give 1 to 256"),
     (["--seeds", "0", "-1"], "--seeds -1: "),
+    (["--surrogates", "slot_cross", "slot_cross"], "--surrogates: slot_cross given more than once"),
+    # gmm is measured at gated_attention's 5: the refusal names the surrogate whose warm-up it is
+    (["--set", "train.epochs=4", "--surrogates", "gated_attention"],
+     "gated_attention's own warm-up, cem.warmup_epochs 5"),
 ])
 def test_what_would_waste_or_destroy_the_work_is_refused_before_it(argv, says, tmp_path, monkeypatch, capsys):
     """One path for two outputs (the YAML replaced the table, or the table the --config it measured), a

@@ -910,7 +910,7 @@ def test_privacy_bought_with_accuracy_is_called_a_trade_off(tmp_path):
     res = load_results(noisy_search(tmp_path / "res", effect=0.2, acc_cost=0.3))
     summary = summary_sentence(res)
     assert summary.startswith("A trade-off, not free privacy: gmm"), summary
-    assert "None of the confirmed configurations is more private at the baseline's test_acc" in summary.replace(
+    assert "None of the confirmed configurations is shown more private at the baseline's test_acc" in summary.replace(
         " (re-run with new seeds after the search)", "")
 
 

@@ -199,8 +199,9 @@ def legend(configs: pd.DataFrame, metric: str) -> str:
     confirmed = (configs["role"] == CONFIRMED) if "role" in configs else pd.Series(False, index=configs.index)
     n_conf, n_search = int((p.notna() & confirmed).sum()), int((p.notna() & ~confirmed).sum())
     families = " and ".join(x for x in (
-        f"{n_search} of the search's own runs" if n_search else "",
-        f"{n_conf} confirmed (new seeds after the choice; corrected among themselves)" if n_conf else "") if x)
+        f"{n_search} on the search's own runs" if n_search else "",
+        f"{n_conf} on confirmation runs, new seeds after the choice, corrected among themselves" if n_conf else "")
+        if x)
     head = (f"[+] / [−]: better / worse than the λ=0 baseline of the same row beyond its noise — the 95 % "
             f"interval of the difference (a percentile bootstrap widened to Welch's t interval, on Hsu's degrees "
             f"of freedom for the search's own runs) excludes 0, the probability "

@@ -4,6 +4,8 @@ configurations, the noise floor, the objectives, the time and the versions) and 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from cem_bench.analysis.aggregate import SEED_COLUMN
@@ -127,9 +129,13 @@ def configs_source_text(res: Results) -> str:
                 + ("a search that has not written its tables (still running, or stopped before)"
                    if res.running_driver.get("unseen") else "the search still running")
                 + " (its tables are written when it ends); configs.csv beside this page holds the configurations")
-    return ("built from trials.parquet by this report: the results folder holds no configs.parquet about these "
-            "trials, and this report wrote none there (it writes only its own folder); configs.csv beside this "
-            "page holds the configurations, and `cem-bench table --csv` prints them")
+    from ...schema import CONFIGS_FILE
+    held = res.results_dir is not None and (Path(res.results_dir) / CONFIGS_FILE).is_file()
+    why = ("its configs.parquet is an older cem-bench's or about other trials (its statistics are rebuilt: "
+           "docs/protocol.md §9)" if held else "the results folder holds no configs.parquet")
+    return (f"built from trials.parquet by this report: {why}, and this report wrote none there (it writes only "
+            f"its own folder); configs.csv beside this page holds the configurations, and `cem-bench table --csv` "
+            f"prints them")
 
 
 def status_counts(t: pd.DataFrame) -> str:

@@ -42,7 +42,7 @@ def _curves(res: Results) -> tuple[pd.DataFrame | None, dict[str, str]]:
         n_lam = sub["_lam"].nunique()
         moving = [c for c in fixed if varies(sub[c]) or (sub[c].isna().any() and sub[c].notna().any())]
         if moving:
-            gaps[s] = f"{', '.join(short(c) for c in moving)} also varies along its λ values"
+            gaps[s] = f"{', '.join(short(c) for c in moving)} also var{'y' if len(moving) > 1 else 'ies'} along its λ values"
         elif n_lam > MAX_CURVE_LAMBDAS:
             gaps[s] = f"its {n_lam} λ values are not a grid (more than {MAX_CURVE_LAMBDAS})"
         elif sub["_lam"].duplicated().any():

@@ -273,7 +273,7 @@ def _findings(res: Results, beyond: str) -> str:
         return (f"A trade-off, not free privacy: {who} is more private than the λ=0 baseline beyond its noise. "
                 f"It {moves}{strength} But its {um} falls beyond the noise: {_pm(r, um)}, {interval(r, um)}, "
                 f"p {p_text(r.get(f'{um}_p'))}. That is one test, as the configuration was chosen on privacy."
-                f"{_um_table_note(r, um)} None of the {scope} is more private at the baseline's {um}."
+                f"{_um_table_note(r, um)} None of the {scope} is shown more private at the baseline's {um}."
                 f"{others}{base_sentence}{tail}")
     head = f"Beyond the noise of the λ=0 baseline, {who} {moves}{strength}"
     if cl.utility == AT:
