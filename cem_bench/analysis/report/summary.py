@@ -215,7 +215,9 @@ def summary_sentence(res: Results, tested: pd.DataFrame | None = None) -> str:
     comparisons, so that a "no difference" there cannot read as denying a hypothesis that holds."""
     if tested is None or tested.empty or not res.hypotheses:
         return _findings(res, "")
-    return (f"{hypotheses_summary(tested, res.hypotheses, res.verified)} {HYPOTHESES_BRIDGE} "
+    # without a baseline there is no comparison of the report's own to bridge to: it says it claims nothing
+    bridge = f"{HYPOTHESES_BRIDGE} " if res.has_floor else ""
+    return (f"{hypotheses_summary(tested, res.hypotheses, res.verified)} {bridge}"
             f"{_findings(res, 'beyond the space' + chr(39) + 's hypotheses, ')}")
 
 
