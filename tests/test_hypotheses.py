@@ -277,6 +277,7 @@ def test_the_report_leads_with_the_space_s_hypotheses(tmp_path, capsys):
     assert "The space wrote down 2 hypotheses before the run (Holm over 2 at α 0.05)" in html
     tested = pd.read_csv(index.parent / "hypotheses.csv")
     assert tested["name"].tolist() == ["H1", "H2"] and (tested["n_a"] == 6).all()
+    assert '<a href="hypotheses.csv">hypotheses.csv</a>' in html    # the file the page cites is in its list
     # H1: 0.915 vs 0.92 within 0.02 at spread 0.01 over 6 runs; H2: SSIM 0.59 vs the baseline's 0.76
     assert tested["verdict"].tolist() == ["holds", "holds"]
 

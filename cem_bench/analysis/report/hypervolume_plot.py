@@ -42,7 +42,9 @@ def plot_hypervolume(res: Results, path: Path) -> tuple[Path, float]:
             sub = trials[(trials["_surrogate"] == s) & ~trials["_baseline"]]
             if sub.empty:
                 continue
-            ax.step(position[sub.index], _hv_curve(sub, res), where="post", color=res.colors[s], lw=1.3, label=s)
+            # a marker too: a surrogate of one trial is a one-point step, which draws nothing beside its legend entry
+            ax.step(position[sub.index], _hv_curve(sub, res), where="post", color=res.colors[s], lw=1.3, label=s,
+                    marker="." if len(sub) == 1 else None)
         ax.legend(fontsize=8, loc="lower right")
     else:
         no_data(ax, "no trials")

@@ -17,7 +17,8 @@ def plot_training_curves(res: Results, path: Path) -> Path | None:
     confirmation, the confirmed front's runs); None without epoch data."""
     if res.epochs is None:
         return None
-    front = res.front_trials.head(MAX_CURVES)
+    everyone = res.front_trials
+    front = everyone.head(MAX_CURVES)
     epochs = res.epochs[res.epochs["trial_id"].isin(front["trial_id"])]
     panels = [c for c in ("test_acc", "feature_spread") if c in epochs and epochs[c].notna().any()]
     if epochs.empty or not panels:
@@ -39,6 +40,7 @@ def plot_training_curves(res: Results, path: Path) -> Path | None:
         ax.set_ylabel(col)
         ax.grid(alpha=0.3)
     legend_below(fig, axes[-1], axes[-1].get_legend_handles_labels()[0], fontsize=7, max_cols=4)
-    fig.suptitle("training curves of the confirmed front's runs" if res.confirmed else
-                 "training curves of the front's trials", fontsize=10)
+    shown = f" ({len(front)} of {len(everyone)}, each configuration's best first)" if len(everyone) > len(front) else ""
+    fig.suptitle(("training curves of the confirmed front's runs" if res.confirmed else
+                  "training curves of the front's trials") + shown, fontsize=10)
     return save(fig, path)
