@@ -79,6 +79,20 @@ def summarise(args) -> None:
     rows = []
     if not sorted(out.glob("*.json")):
         raise SystemExit(f"lambda_states: no state files (*.json) in {out}: run it without --summarise first")
+    requests: dict[str, list[str]] = {}
+    for f in sorted(out.glob("*.json")):
+        doc = json.loads(f.read_text())
+        req = doc.get("lambda_states") if isinstance(doc, dict) else None
+        key = json.dumps({k: v for k, v in (req or {}).items() if k in ("warmups", "batches", "set")},
+                         sort_keys=True)
+        requests.setdefault(key, []).append(f.name)
+    if len(requests) > 1:
+        # one table, one measurement: files of other warm-ups, batches or keys would sit under one column head
+        # ("drift from warm-up 1" over rows that start at 2) and out of the compact table
+        kinds = "; ".join(f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''} ({k})"
+                          for k, names in requests.items())
+        raise SystemExit(f"lambda_states: the state files in {out} were measured with different arguments: {kinds}. "
+                         f"Summarise one kind at a time (another --out), or measure them again with --redo")
     for f in sorted(out.glob("*.json")):
         dataset, w, s, seed = f.stem.split("_")
         doc = json.loads(f.read_text())

@@ -79,6 +79,16 @@ def test_the_summary_reads_calibrate_s_files_with_and_without_the_configuration(
     assert "| synthetic | 0.25 | 0.1 | 2 | slot_cross | 2.00 ×/÷ 1.00 | 1.10 ×/÷ 1.00 | 1.20 | 2 |" in out, out
 
 
+def test_the_summary_refuses_files_measured_with_other_arguments(states, calls, tmp_path):
+    """A second run into the same --out with other warm-ups was summarised with the first: its rows sat under
+    "drift from warm-up 1" though they started at 2, and out of the compact table."""
+    states.run(args(tmp_path, sigmas=[0.1], warmups=[1, 3]))
+    states.run(args(tmp_path, sigmas=[0.15], warmups=[2, 4]))
+    with pytest.raises(SystemExit) as e:
+        states.summarise(args(tmp_path))
+    assert "were measured with different arguments" in str(e.value) and "another --out" in str(e.value)
+
+
 def test_the_doc_s_width_and_schedule_ranges_are_its_table_s():
     """docs/estimators.md "What it says" quoted 1.2–2.5× at σ 0.025–0.1 where its own table gives 4.8 and 5.2 at
     σ 0.025, and 4.6–5.3× for the fused pair, which only attention_centroid's column gives. The ranges are read
