@@ -133,9 +133,11 @@ def marked_digits(df: pd.DataFrame, metric: str) -> pd.Series:
         return need
     mean_of = dict(zip(df[CONFIG_ID].astype(str), pd.to_numeric(df[f"{metric}_mean"], errors="coerce")))
     row_of = {c: i for i, c in zip(df.index, df[CONFIG_ID].astype(str))}
-    for i, r in df.iterrows():
+    # only the marked rows (a few of a page's thousands) are looked at one by one
+    marked = df[df[f"{metric}_verdict"].isin([BETTER, WORSE])] if f"{metric}_q" in df else df.iloc[:0]
+    for i, r in marked.iterrows():
         base = r.get("baseline_id")
-        if _mark(r, metric) and isinstance(base, str) and base in mean_of and math.isfinite(mean_of[base]):
+        if isinstance(base, str) and base in mean_of and math.isfinite(mean_of[base]):
             d = _apart(float(r[f"{metric}_mean"]), float(mean_of[base]), _digits(metric))
             need[i] = max(need[i], d)
             if base in row_of:
