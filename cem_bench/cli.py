@@ -258,11 +258,11 @@ TRAINING_ONLY_ATTACK_KEYS = ("attack.probe_epochs", "attack.probe_images", "atta
                              "attack.min_accuracy_margin")   # the utility gate: a re-attack always attacks
 
 
-def unread_attack_keys(overrides: dict, cfg) -> list[str]:
+def unread_attack_keys(overrides: dict, cfg) -> list[tuple[str, bool]]:
     """``--set`` keys of ``cem-bench attack`` that the attacks it runs never read, each with who would: a key of
     an attack not in ``attack.names`` (with ``attack.names=[decoder]``, ``attack.rmle_iterations`` changes
     nothing, and taking it silently would let a user believe rmle was strengthened), or a key only a trial
-    reads."""
+    reads. Each as (why, whether adding an attack to ``attack.names`` would make it read)."""
     import dataclasses
 
     from . import attacks
@@ -271,16 +271,16 @@ def unread_attack_keys(overrides: dict, cfg) -> list[str]:
     problems = []
     for key in overrides:
         if key in TRAINING_ONLY_ATTACK_KEYS:
-            problems.append(f"{key} is read only by a trial (the privacy probe, the utility gate); a re-attack "
-                            f"always attacks")
+            problems.append((f"{key} is read only by a trial (the privacy probe, the utility gate); a re-attack "
+                             f"always attacks", False))
             continue
         name = key.removeprefix("attack.")
         if not key.startswith("attack.") or name in common or name in cfg.attack.params:
             continue
         readers = [a for a in attacks.names() if attacks.get(a).Keys is not None
                    and name in {f.name for f in dataclasses.fields(attacks.get(a).Keys)}]
-        problems.append(f"{key} is read by {', '.join(readers) or 'no attack'}, which "
-                        f"attack.names={cfg.attack.names} does not run")
+        problems.append((f"{key} is read by {', '.join(readers) or 'no attack'}, which "
+                         f"attack.names={cfg.attack.names} does not run", bool(readers)))
     return problems
 
 
@@ -313,8 +313,8 @@ def cmd_attack(args) -> int:
     cfg = build_config({**config, **overrides})
     unread = unread_attack_keys(overrides, cfg)
     if unread:
-        raise ConfigError(f"cem-bench attack: {'; '.join(unread)}: the key would change nothing here. Leave it out"
-                          f"{', or add its attack to attack.names' if any('which attack.names' in u for u in unread) else ''}"
+        raise ConfigError(f"cem-bench attack: {'; '.join(why for why, _ in unread)}: the key would change nothing "
+                          f"here. Leave it out{', or add its attack to attack.names' if any(a for _, a in unread) else ''}"
                           f". Nothing was attacked")
     import torch
     broken = [k for k, v in state["client"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
@@ -351,9 +351,8 @@ def cmd_attack(args) -> int:
     # what ran it, as a trial records it: bf16 autocast on a GPU is another attack than fp32 on the CPU, and the
     # config's train.device may only say "auto"
     from . import __version__
-    from .provenance import device_name, git_sha
-    info = {"device": device_name(device), "torch_version": torch.__version__, "package_version": __version__,
-            "git_sha": git_sha()}
+    from .provenance import run_info
+    info = run_info(device, __version__)
     write_bytes(os.path.join(out, "attack.json"), json_bytes({**metrics, "config": cfg.to_flat(), "info": info,
                                                               "history": res.history()}), within=args.run_dir)
     print(json.dumps(metrics, indent=2))
@@ -396,10 +395,9 @@ def cmd_calibrate(args) -> int:
 
         from . import __version__
         from .core.runtime import resolve_device
-        from .provenance import device_name, git_sha, now_iso
+        from .provenance import now_iso, run_info
         measured = calibrate.measured_config(plans, {
-            "package_version": __version__, "git_sha": git_sha(), "time": now_iso(),
-            "device": device_name(resolve_device(plans[0].run_cfg.train.device)), "torch_version": torch.__version__,
+            **run_info(resolve_device(plans[0].run_cfg.train.device), __version__), "time": now_iso(),
             "torch_threads": torch.get_num_threads()})
     if args.json:
         write_json(args.json, {"configuration": measured, "records": records})

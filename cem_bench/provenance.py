@@ -70,5 +70,13 @@ def device_name(device) -> str:
     return f"cpu ({_cpu_model()}, {platform.machine()}, {os.cpu_count()} cores{isa})"
 
 
+def run_info(device, package_version: str) -> dict:
+    """What ran a measurement, as every result records it: the device (``device_name``), torch, the package
+    and the commit (a trial's result, a re-attack's attack.json, calibrate's files)."""
+    import torch
+    return {"device": device_name(device), "torch_version": torch.__version__,
+            "package_version": package_version, "git_sha": git_sha()}
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -17,7 +17,7 @@ import torch
 
 from .. import __version__, attacks, surrogates
 from ..config import ConfigError, TrialConfig
-from ..provenance import device_name, git_sha
+from ..provenance import run_info
 from ..schema import ATTACK_METRICS, GALLERY_FILE
 from . import data, models
 from .runtime import resolve_device, seed_everything
@@ -186,10 +186,7 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
         gallery = res.save_gallery(os.path.join(out_dir, GALLERY_FILE))
     result["info"] = {
         "config": cfg.to_flat(),
-        "device": device_name(device),
-        "torch_version": torch.__version__,
-        "package_version": __version__,
-        "git_sha": git_sha(),
+        **run_info(device, __version__),
         "client_params": models.count_params(trainer.client),
         "server_params": models.count_params(trainer.server),
         "surrogate_params": models.count_params(trainer.surrogate) if trainer.surrogate is not None else 0,
