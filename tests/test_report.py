@@ -394,6 +394,38 @@ def test_differences_inside_the_noise_are_claimed_by_nothing(tmp_path, confirm):
     assert any("95 % band" in t.get_text() for t in ax.get_legend().get_texts())
 
 
+def test_each_surrogates_front_is_on_its_configurations_means(tmp_path):
+    """With replicates, "Best trade-offs of each surrogate" lists the configurations on the surrogate's own front
+    of the means: slot_cross λ=8 (0.90, 0.70 every seed) dominates slot_cross λ=2 on the means (0.883, 0.767),
+    whose one lucky seed (0.95, 0.50) dominated every λ=8 run and was the surrogate's whole front on runs."""
+    rows = []
+
+    def add(lam, acc, ssim, seed, role):
+        rows.append({"trial_id": f"t{len(rows):03d}", "status": "ok", "role": role, "config.seed": seed,
+                     "config.defense.noise_std": 0.1, "config.cem.lambd": lam,
+                     "config.cem.surrogate": "slot_cross", "config.cem.loss_scale": 1.0, "test_acc": acc,
+                     "attack_ssim": ssim, "wall_s": 10.0,
+                     "finished_at": (pd.Timestamp("2026-01-01T00:00:00Z")
+                                     + pd.Timedelta(minutes=len(rows))).isoformat()})
+    for s, k in enumerate((-1.0, 0.0, 1.0)):
+        add(0.0, 0.90 + 0.01 * k, 0.80 + 0.01 * k, s, "baseline")
+    for s, (acc, ssim) in enumerate([(0.90, 0.70), (0.901, 0.701), (0.899, 0.699)]):
+        add(8.0, acc, ssim, s, "search")
+    for s, (acc, ssim) in enumerate([(0.95, 0.50), (0.85, 0.90), (0.85, 0.90)]):
+        add(2.0, acc, ssim, s, "search")
+    root = tmp_path / "res"
+    root.mkdir()
+    pd.DataFrame(rows).to_parquet(root / "trials.parquet")
+    (root / "search_space.json").write_text(json.dumps({"name": "lucky", "objectives": THREE_OBJECTIVES[:2]}))
+    res = load_results(root)
+    assert res.replicated
+    ids = res.configs.set_index("config.cem.lambd")["config_id"]
+    section = _section(build_report(root).read_text(), "surrogate-fronts")
+    assert "slot_cross (1 configuration on its own front)" in section, section
+    assert f"<td>{ids[8.0]}</td>" in section and f"<td>{ids[2.0]}</td>" not in section
+    assert "0.950" not in section   # the lucky run is no row of it
+
+
 def test_differences_well_outside_the_noise_are_claimed_exactly(tmp_path, capsys):
     """gmm lowers the attack's SSIM by 0.2 (ten baseline standard deviations) at the baseline's accuracy:
     the summary, the report's tables and `cem-bench table` claim exactly that, and nothing of the others."""
@@ -412,7 +444,8 @@ def test_differences_well_outside_the_noise_are_claimed_exactly(tmp_path, capsys
     assert ALL_WITHIN in ax.get_xlabel() and ALL_WITHIN not in ax.get_ylabel()   # accuracy: noise; SSIM: not
     plot_hypervolume(res, tmp_path / "hv.png")
     text = build_report(root).read_text()
-    assert text.count("better beyond the noise") == 2          # the front table and the per-surrogate bests
+    # the front table, the per-surrogate bests and gmm's own front (per surrogate, on the means)
+    assert text.count("better beyond the noise") == 3
     assert "worse beyond the noise" not in text
     capsys.readouterr()
     assert main(["table", str(root), "--metrics", "attack_ssim", "test_acc"]) == 0

@@ -57,6 +57,7 @@ from .tables import (
     paper_tables,
     skipped_table,
     surrogate_bests,
+    surrogate_config_fronts,
 )
 from .training_plot import plot_training_curves
 
@@ -277,18 +278,24 @@ def _draw(res: Results, out_dir: Path) -> None:
                      {"src": None, "alt": alt, "caption": caption, "missing": missing})
 
     groups = []  # (heading, table) of each surrogate's own front, then the baseline's
-    cem_ok = ok[~ok["_baseline"]]
-    for s in res.surrogates:
-        own = front_of(cem_ok[cem_ok["_surrogate"] == s], res.metrics, res.modes)
-        if own.empty:
-            continue
-        own = own.sort_values(res.metrics[0], ascending=res.modes[0] == "min", kind="stable")
-        groups.append({"name": s, "n": plural(len(own), "trial"), "table": html_table(own, table_cols, table_heads)})
-    base = ok[ok["_baseline"]]
-    if not base.empty:
-        own = front_of(base, res.metrics, res.modes)
-        groups.append({"name": BASELINE_LABEL, "n": plural(len(own), "trial"),
-                       "table": html_table(own, table_cols, table_heads)})
+    if res.replicated:   # on the means, as the page's front: on runs a lucky seed put its configuration there
+        for name, own in surrogate_config_fronts(res):
+            groups.append({"name": name, "n": plural(len(own), "configuration"),
+                           "table": config_front_table(res, own)})
+    else:
+        cem_ok = ok[~ok["_baseline"]]
+        for s in res.surrogates:
+            own = front_of(cem_ok[cem_ok["_surrogate"] == s], res.metrics, res.modes)
+            if own.empty:
+                continue
+            own = own.sort_values(res.metrics[0], ascending=res.modes[0] == "min", kind="stable")
+            groups.append({"name": s, "n": plural(len(own), "trial"),
+                           "table": html_table(own, table_cols, table_heads)})
+        base = ok[ok["_baseline"]]
+        if not base.empty:
+            own = front_of(base, res.metrics, res.modes)
+            groups.append({"name": BASELINE_LABEL, "n": plural(len(own), "trial"),
+                           "table": html_table(own, table_cols, table_heads)})
 
     errored = res.trials[~res.trials["_ok"] & ~res.trials["status"].isin(NOT_ERRORS)]
     errors_table = None

@@ -17,7 +17,7 @@ from cem_bench.schema import strongest_column
 
 from .facts import config_searched_columns
 from .formatting import few_on, format_value, interval, is_missing, ms, p_text, plural, short
-from .load import SKIP_COL, SURROGATE_COL, Results, is_attack_metric
+from .load import BASELINE_LABEL, SKIP_COL, SURROGATE_COL, Results, front_of, is_attack_metric
 from .summary import at_utility
 
 MAX_TABLE_ROWS = 200  # rows an HTML table of the report shows (the rest are in the Parquet tables and CSVs)
@@ -135,10 +135,11 @@ def _seeds(value) -> str:
     return "—" if is_missing(value) else str(value)
 
 
-def config_front_table(res: Results) -> str:
-    """The configurations on the front of the means, one row each: id, surrogate, the varying config keys,
-    ``mean ± std`` of each objective over the ok runs, the runs and their seeds."""
-    front = res.front_configs
+def config_front_table(res: Results, front: pd.DataFrame | None = None) -> str:
+    """The configurations on the front of the means (``front``, default ``res.front_configs``), one row each: id,
+    surrogate, the varying config keys, ``mean ± std`` of each objective over the ok runs, the runs and their
+    seeds."""
+    front = res.front_configs if front is None else front
     kinds = not_ok_kinds(res)
     searched = [c for c in config_searched_columns(res) if c != SURROGATE_COL]
     shown = front.copy()
@@ -162,6 +163,25 @@ def config_front_table(res: Results) -> str:
                *(f"strongest attack ({m})" for m in by_metric), "runs (of the statistics)",
                "seeds (of the statistics)"]  # fmt: skip
     return html_table(shown, columns, headers, full=CONFIGS_IN_FULL)
+
+
+def surrogate_config_fronts(res: Results) -> list[tuple[str, pd.DataFrame]]:
+    """Per surrogate, then the λ=0 baseline, the configurations on its own front of the means (best first
+    objective first): its confirmed configurations where it has any (their means are confirmation runs; an
+    unconfirmed one's are the search's own runs, chosen among), else all its ok ones. On runs, one lucky seed of a
+    configuration whose mean is far from it put that configuration on its surrogate's front."""
+    c = res.configs
+    pool = c[c["_ok"]]
+    first = res.objectives[0]
+    out = []
+    for name, own in [*((s, pool[(pool["_surrogate"] == s) & (pool["role"] != "baseline")]) for s in res.surrogates),
+                      (BASELINE_LABEL, pool[pool["role"] == "baseline"])]:
+        if (own["role"] == "confirmed").any():
+            own = own[own["role"] == "confirmed"]
+        own = front_of(own, res.metrics, res.modes)
+        if len(own):
+            out.append((name, own.sort_values(first["metric"], ascending=first["mode"] == "min", kind="stable")))
+    return out
 
 
 def comparison_note(res: Results) -> str:
