@@ -283,3 +283,25 @@ def hypervolume_contributions(values: np.ndarray, modes: Sequence[str], ref: Seq
     for i in range(len(values)):
         out[i] = total - hypervolume(np.delete(values, i, axis=0), modes, ref)
     return out
+
+
+def stand_in_refs(values: np.ndarray, modes: Sequence[str], refs: Sequence[float | None]) -> list[float]:
+    """Each objective's hypervolume reference: its ``ref`` where given, else the worst finite value of
+    ``values``' column moved outwards by a tenth of the column's range (by 1 when the range is 0; 0.0 for a
+    column with no finite value). The margin gives a front's extreme points a share: a reference just past the
+    worst value left the extreme point on that objective's side ~0 exclusive hypervolume, last in any order
+    by contribution although it shapes the front."""
+    values = np.asarray(values, dtype=float)
+    out = []
+    for j, (mode, ref) in enumerate(zip(modes, refs)):
+        if ref is not None:
+            out.append(float(ref))
+            continue
+        col = values[:, j][np.isfinite(values[:, j])] if len(values) else np.array([])
+        if len(col) == 0:
+            out.append(0.0)
+            continue
+        span = float(col.max() - col.min())
+        margin = span / 10 if span > 0 else 1.0
+        out.append(float(col.min() - margin) if mode == "max" else float(col.max() + margin))
+    return out

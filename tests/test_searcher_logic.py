@@ -140,6 +140,20 @@ def test_baseline_first_then_the_search_then_the_best_confirmed_then_finished(ca
     assert [t for t, _, _ in q.told] == ["s0", "s2", "s1"]
 
 
+def test_without_reference_points_the_fronts_private_end_keeps_its_share():
+    """No objective names a ``ref``: the stand-in is the worst mean moved out by a tenth of the range (the
+    scheduler's rule), so λ 16, the front's private end (0.60, 0.20), adds 0.0177 and is confirmed before λ 8
+    (0.89, 0.79), a step from the undefended end (0.0029). Just past the worst mean (until 2026-12-06) both ends
+    of the front added ~0 and λ 8 was the one confirmed."""
+    q = FakeSampler([{"cem.lambd": 4.0}, {"cem.lambd": 8.0}, {"cem.lambd": 16.0}], seeds=(0,), search_runs=3,
+                    confirm_top=1, confirm_seeds=(5,))
+    for i in range(3):
+        q.next_run(f"s{i}")
+    for i, r in enumerate([ok(0.90, 0.80), ok(0.89, 0.79), ok(0.60, 0.20)]):
+        q.run_finished(f"s{i}", r)
+    assert q.next_run("c0")["cem.lambd"] == 16.0
+
+
 def test_a_confirmation_short_of_its_top_says_why(capsys):
     q = FakeSampler([{"cem.lambd": 8.0}, {"cem.lambd": 16.0}, {"cem.lambd": 32.0}], seeds=(0,), search_runs=3,
                     confirm_top=3, confirm_seeds=(5,), refs=[0.0, 1.0])

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..frontier import hypervolume_contributions, pareto_ranks
+from ..frontier import hypervolume_contributions, pareto_ranks, stand_in_refs
 
 logger = logging.getLogger(__name__)
 
@@ -218,11 +218,9 @@ class RunQueue:
         ranks = pareto_ranks(values, modes)
         # within a rank, the configurations that add the most hypervolume to it first (the ones that shape
         # the front, rather than its accurate but undefended end); then the first objective
-        refs = list(getattr(self, "_refs", None) or [None] * len(metrics))
-        for j, (ref, mode) in enumerate(zip(refs, modes)):
-            if ref is None:   # no reference point: just beyond the worst mean
-                col = values[:, j]
-                refs[j] = float(col.min() - 1e-9) if mode == "max" else float(col.max() + 1e-9)
+        # an objective without a reference point takes the scheduler's stand-in (the worst mean moved out by a
+        # tenth of the range): just past the worst mean, the front's private end shaped it at ~0 gain
+        refs = stand_in_refs(values, modes, list(getattr(self, "_refs", None) or [None] * len(metrics)))
         gain = np.zeros(len(values))
         for r in np.unique(ranks):
             at = ranks == r

@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from ..frontier import hypervolume_contributions, pareto_ranks
+from ..frontier import hypervolume_contributions, pareto_ranks, stand_in_refs
 from ..spaces.spec import rung_epochs
 
 __all__ = ["Decision", "RungRanker", "rung_epochs"]
@@ -206,19 +206,7 @@ class RungRanker:
         return out
 
     def _refs(self, pts: np.ndarray) -> list[float]:
-        refs = []
-        for j, (_, mode, ref) in enumerate(self.objectives):
-            if ref is not None:
-                refs.append(ref)
-                continue
-            col = pts[:, j][np.isfinite(pts[:, j])]
-            if len(col) == 0:
-                refs.append(0.0)
-                continue
-            span = float(col.max() - col.min())
-            margin = span / 10 if span > 0 else 1.0
-            refs.append(float(col.min() - margin) if mode == "max" else float(col.max() + margin))
-        return refs
+        return stand_in_refs(pts, self.modes, [ref for _, _, ref in self.objectives])
 
     def _front_order(self, pts: np.ndarray, front: np.ndarray) -> list[int]:
         """Indices of the front's members (into ``pts``), best first: contribution desc, then arrival."""
