@@ -253,6 +253,11 @@ def test_a_search_trial_is_re_attacked_from_its_latest_checkpoint(tmp_path, caps
             "are not those", "the checkpoint is another run's")
     refused(lambda d: shutil.rmtree(d / "checkpoint_000001"), "is the state of epoch 1", "attacked at epoch 2")
     refused(lambda d: [shutil.rmtree(c) for c in d.glob("checkpoint_*")], "holds no checkpoint_NNNNNN/ folder")
+
+    def linked(d):   # the latest checkpoint a link (to a copy of itself): said so, not "the state of epoch 1"
+        shutil.move(d / "checkpoint_000001", d.parent / f"{d.name}-elsewhere")
+        (d / "checkpoint_000001").symlink_to(d.parent / f"{d.name}-elsewhere")
+    refused(linked, "checkpoint_000001 is a symbolic link", "copy the checkpoint folder")
     refused(lambda d: (d / "checkpoint_000001" / "state.pt").write_bytes(b"junk"), "state.pt is not a readable")
     refused(lambda d: (d / "trial_result.json").write_text("{"), "trial_result.json is not valid JSON")
     refused(rewrite(info={}), "has no resolved config")

@@ -12,6 +12,7 @@ existed, hold the same types and still load. Every failure is a ``ResultsError``
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import struct
 import warnings
@@ -158,6 +159,12 @@ def load_trial(trial_dir: str) -> tuple[dict, dict]:
         raise ResultsError(f"{path} records selected_epoch {selected!r}, not an epoch of the run (1..{epoch}): it "
                            f"is not a finished trial's record")
     kept = sorted((int(m.group(1)), name) for name in folder.subdirs() if (m := CHECKPOINT_DIR.fullmatch(name)))
+    if not folder.uri:   # subdirs() leaves links out: said here, not as a missing or earlier checkpoint
+        linked = sorted(e.name for e in os.scandir(folder.root) if e.is_symlink() and CHECKPOINT_DIR.fullmatch(e.name))
+        if linked:
+            raise ResultsError(f"{folder.url(linked[-1])} is a symbolic link: a trial's checkpoints are read from "
+                               f"its own folders only (a link may point at another run's); copy the checkpoint "
+                               f"folder into {folder.url()} in its place")
     if not kept:
         raise ResultsError(f"{folder.url()} holds no checkpoint_NNNNNN/ folder: the trial's trained encoder is "
                            f"not there (was the folder copied without them?)")
