@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import sys
 import types
@@ -424,6 +425,33 @@ def test_each_surrogates_front_is_on_its_configurations_means(tmp_path):
     assert "slot_cross (1 configuration on its own front)" in section, section
     assert f"<td>{ids[8.0]}</td>" in section and f"<td>{ids[2.0]}</td>" not in section
     assert "0.950" not in section   # the lucky run is no row of it
+
+
+def test_the_bests_heading_promises_the_baselines_accuracy_only_where_a_row_has_it(tmp_path):
+    """"most private configuration at the baseline's accuracy (where it has one)" headed tables none of whose rows
+    was (every shipped findings page): where none is, the heading says so."""
+    from cem_bench.analysis.report.tables import BESTS_HEADING, BESTS_NONE_AT, surrogate_bests
+
+    rows = []
+
+    def add(surrogate, lam, acc, ssim, seed, role):
+        rows.append({"trial_id": f"t{len(rows):03d}", "status": "ok", "role": role, "config.seed": seed,
+                     "config.defense.noise_std": 0.1, "config.cem.lambd": lam, "config.cem.surrogate": surrogate,
+                     "config.cem.loss_scale": 1.0, "test_acc": acc, "attack_ssim": ssim, "wall_s": 10.0})
+    for s, k in enumerate((-1, 0, 1, -1, 0, 1)):
+        add("gmm", 0.0, 0.900 + 0.001 * k, 0.80 + 0.01 * k, s, "baseline")
+    for s, k in enumerate((-1, 0, 1, -1, 0, 1)):   # at the baseline's accuracy (a tight equivalence interval)
+        add("gmm", 16.0, 0.900 + 0.001 * k, 0.50 + 0.01 * k, 10 + s, "search")
+        add("slot_cross", 16.0, 0.700 + 0.001 * k, 0.40 + 0.01 * k, 10 + s, "search")   # a 0.2 accuracy cost
+    root = tmp_path / "res"
+    root.mkdir()
+    pd.DataFrame(rows).to_parquet(root / "trials.parquet")
+    (root / "search_space.json").write_text(json.dumps({"name": "bests", "objectives": THREE_OBJECTIVES[:2]}))
+    heading, table = surrogate_bests(load_results(root))
+    assert heading == BESTS_HEADING and html.unescape(table).count("none at the baseline's accuracy") == 1
+    heading, table = surrogate_bests(load_results(noisy_search(tmp_path / "null", effect=0.0)))
+    assert heading == BESTS_NONE_AT and html.unescape(table).count("none at the baseline's accuracy") == 3
+    assert BESTS_NONE_AT in html.unescape(_section(build_report(tmp_path / "null").read_text(), "bests"))
 
 
 def test_differences_well_outside_the_noise_are_claimed_exactly(tmp_path, capsys):

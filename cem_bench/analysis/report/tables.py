@@ -228,10 +228,15 @@ def _means_resolved(row: pd.Series, metric: str) -> bool:
     return float(lo) > 0 or float(hi) < 0
 
 
-def surrogate_bests(res: Results) -> str | None:
+BESTS_HEADING = "Each surrogate's most private configuration at the baseline's accuracy (where it has one)"
+BESTS_NONE_AT = "Each surrogate's most private configuration (none is shown at the baseline's accuracy)"
+
+
+def surrogate_bests(res: Results) -> tuple[str, str] | None:
     """Per surrogate, its most private configuration at the baseline's utility (``at_utility``; among
-    its confirmed configurations where it has any) and what the replicates say about it; None without a noise
-    floor or two objectives."""
+    its confirmed configurations where it has any) and what the replicates say about it: the section's heading
+    and table; None without a noise floor or two objectives. Where no surrogate has one at the baseline's
+    utility the heading says so (the page promised "at the baseline's accuracy" above rows none of which were)."""
     c = res.configs
     if c is None or len(res.objectives) < 2 or not res.has_floor:
         return None
@@ -270,7 +275,7 @@ def surrogate_bests(res: Results) -> str | None:
     headers = ["surrogate", "configuration", "role", f"{pm} (mean ± std)", f"{pm} vs the λ=0 baseline",
                f"{pm} p (single test)", f"{pm} q (adjusted)", f"{um} (mean ± std)", f"{um} vs the λ=0 baseline",
                f"{um} p (single test)", f"{um} q (adjusted)", "runs (of the statistics)"]
-    return html_table(shown, columns, headers)
+    return (BESTS_NONE_AT if all(fallback) else BESTS_HEADING), html_table(shown, columns, headers)
 
 
 PAPER_ALWAYS = ("test_acc", "attack_ssim")  # the paper's two tables; PSNR and MSE when they hold a value
