@@ -54,7 +54,7 @@ def noise_rows(name, z) -> int:
 
 # ------------------------------------------------------------------------------------ references
 def reference_attention_centroid(sur, z, y, noise) -> torch.Tensor:
-    h, rho2 = sur.cfg.hidden_dim, sur.cfg.reg_strength ** 2
+    h, rho2 = sur.cfg.hidden_dim, sur.rho2
     slots, embeds = [], []
     for j in range(z.shape[0]):                                    # one sample at a time
         tokens = sur.proj(z[j].float().reshape(z.shape[1], -1).t()).unsqueeze(0)   # (1, H*W, h)

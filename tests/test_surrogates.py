@@ -173,7 +173,8 @@ def test_no_host_sync(name, monkeypatch):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_resolve_fills_defaults(name):
-    cfg = resolve(TrialConfig.from_flat({"cem.surrogate": name})).cem
+    trial = TrialConfig.from_flat({"cem.surrogate": name})
+    cfg = resolve(trial).cem
     klass = get(name)
     for key, value in klass.defaults.items():
         if key == "cem.loss_scale" and cfg.strength == "matched":
@@ -181,8 +182,23 @@ def test_resolve_fills_defaults(name):
         assert getattr(cfg, key.split(".", 1)[1]) == value, key
     import dataclasses
     own = {f.name: f.default for f in dataclasses.fields(klass.Keys)}
-    assert cfg.params == klass.complete(own)                      # the surrogate's own keys, and only them
+    assert cfg.params == klass.complete(own, trial)               # the surrogate's own keys, and only them
     assert set(klass.keys) == {f"cem.{k}" for k in own}
+
+
+def test_attention_centroids_rho_is_the_noise_sigma_unless_set():
+    """The reference's regularization_strength, whose 0.025 note 000 quotes, is the defense noise σ: ρ follows σ
+    (it was 0.025 at every σ), a set value is kept, and at σ 0 it is sqrt(γ) (a finite log)."""
+    def rho(**flat):
+        return resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid", **flat})).cem.reg_strength
+    assert rho() == 0.025 and rho(**{"defense.noise_std": 0.1}) == 0.1
+    assert rho(**{"defense.noise_std": 0.1, "cem.reg_strength": 0.05}) == 0.05
+    assert rho(**{"defense.noise_std": 0.0}) == pytest.approx(0.1)        # sqrt(var_eps 0.01)
+    cfg = resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid", "cem.estimator_fit": "joint",
+                                         "defense.noise_std": 0.15}))
+    assert TrialConfig.from_flat(cfg.to_flat()) == cfg
+    from cem_bench.surrogates import build
+    assert build(cfg, (8, 4, 4), 4).rho2 == pytest.approx(0.15 ** 2)
 
 
 def test_seed_defaults():

@@ -14,7 +14,7 @@ Each *sample* is a set of H*W spatial tokens of C channels:
    with the features already in that space (the seed projects one side onto the other).
    sigma^2_ck = mean over the assigned members of ||f_j - c_ck||^2 / h;
 4. L_c = sum_k w_k log(sigma^2_ck + rho^2), w_k = n_ck / M_c (the assigned fraction), rho =
-   ``cem.reg_strength``; L = mean over the classes with M_c >= 2 (the others contribute nothing, also to
+   ``cem.reg_strength``, empty: the defense noise sigma (the reference's regularization_strength); L = mean over the classes with M_c >= 2 (the others contribute nothing, also to
    the mean). The loss is a log-variance, so it is negative once the clusters are tight (design note 000 reports
    about -0.64); it is bounded below by log(rho^2).
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -42,13 +43,14 @@ ASSIGN_BETA_INIT = 10.0   # soft cells of the adversarial fit: distances of orde
 @dataclass(frozen=True)
 class AttentionCentroidKeys(SlotKeys):
     num_heads: int = key(8, "cross-attention heads (must divide hidden_dim)", lo=1, hi=64)
-    reg_strength: float = key(0.025, "rho in log(var + rho^2) (the seed's fit; the adversarial fit hinges at t "
-                              "instead)", lo=0.0, lo_open=True)
+    reg_strength: Optional[float] = key(None, "rho in log(var + rho^2) of the joint fit (empty = the defense noise "
+                                        "sigma, as the reference's regularization_strength, or sqrt(var_eps) at "
+                                        "sigma 0; the adversarial fit hinges at t instead)", lo=0.0, lo_open=True)
 
 
 @register("attention_centroid")
 class AttentionCentroid(Surrogate):
-    # design note 000: lambda 16, 8 slots, 3 iterations, 8 heads, rho 0.025; joint loss CE + lambda*L.
+    # design note 000: lambda 16, 8 slots, 3 iterations, 8 heads, rho = sigma (its 0.025); joint loss CE + lambda*L.
     # Seed 000 names no warm-up: keep the paper's (no CEM in epoch 1).
     Keys = AttentionCentroidKeys
     # cem.strength=matched: each trial measures the loss scale with which one unit of lambda pulls on its encoder as
@@ -56,6 +58,17 @@ class AttentionCentroid(Surrogate):
     # synthetic reference state (docs/estimators.md, "One lambda scale"); the seed's own weight was 1.
     defaults = {"cem.strength": "matched",
                 "cem.loss_scale": 0.038, "cem.warmup_epochs": 1, "cem.grad_mode": "fused"}
+
+    @classmethod
+    def complete(cls, params: dict, cfg) -> dict:
+        # Note 000's rho: its 0.025 is the reference code's regularization_strength, which there is the defense
+        # noise sigma (seed 001 runs "regularization_strength=0.025", a sigma of the paper's grid), so log(var +
+        # sigma^2), the paper's log det(Sigma + sigma^2 I) per dimension. No noise (sigma 0): sqrt(gamma), the
+        # common gamma that keeps every other surrogate's log(v + gamma) finite. Recorded as the value used.
+        if params["reg_strength"] is None:
+            sigma = float(cfg.defense.noise_std)
+            params = {**params, "reg_strength": sigma if sigma > 0 else math.sqrt(float(cfg.cem.var_eps))}
+        return params
 
     def __init__(self, cfg, feature_shape, num_classes):
         super().__init__(cfg, feature_shape, num_classes)

@@ -87,8 +87,9 @@ class Surrogate(nn.Module):
         """Cross-key checks of a resolved ``CemConfig`` that only this surrogate knows; raise ConfigError."""
 
     @classmethod
-    def complete(cls, params: dict) -> dict:
-        """Derived defaults of the surrogate's own keys (``params`` holds every one of them)."""
+    def complete(cls, params: dict, cfg: TrialConfig) -> dict:
+        """Derived defaults of the surrogate's own keys (``params`` holds every one of them), from them or from
+        the trial's other keys (``cfg``), as the attacks' ``complete``."""
         return params
 
     @property
@@ -222,7 +223,7 @@ def resolve(cfg: TrialConfig) -> TrialConfig:
     if cem.estimator_fit is None:
         updates["estimator_fit"] = klass.defaults.get("cem.estimator_fit", klass.fit_modes[0])
     own = {f.name: getattr(klass.Keys(), f.name) for f in dataclasses.fields(klass.Keys)}
-    params = klass.complete({**own, **{k: v for k, v in cem.params.items() if k in own}})
+    params = klass.complete({**own, **{k: v for k, v in cem.params.items() if k in own}}, cfg)
     for f in dataclasses.fields(klass.Keys):
         choices = f.metadata.get("choices")
         if choices and params[f.name] not in choices:

@@ -59,7 +59,7 @@ class SlotCross(Surrogate):
                 "cem.loss_scale": 0.93, "cem.warmup_epochs": 3, "cem.grad_mode": "inject"}
 
     @classmethod
-    def complete(cls, params: dict) -> dict:
+    def complete(cls, params: dict, cfg) -> dict:
         if params["slot_temp"] is None:      # seeds 002/004: damping by the fourth root of the width
             params = {**params, "slot_temp": float(params["hidden_dim"]) ** 0.25}
         return params
