@@ -278,11 +278,15 @@ def test_missing_optional_inputs(tmp_path):
     text = check_common(index)
     assert not (index.parent / "training_curves.png").exists()
     assert "epochs.parquet missing" in text
-    assert "recon.png missing" in text
+    # no trial folders (a folder of the tables alone, as findings/ ships them): the gallery says so
+    assert "the results folder holds no folder of this trial" in html.unescape(text)
     assert not (index.parent / "galleries").exists()
     # default objectives and experiment name from the table
     assert "cem-bench report: fixture_exp" in text
     trials = pd.read_parquet(root / "trials.parquet")
+    for d in trials["trial_dir"]:   # the trials' folders, without their recon.png
+        (root / d).mkdir(parents=True, exist_ok=True)
+    assert "recon.png missing from the trial's folder" in html.unescape(build_report(root).read_text())
     assert front_csv_ids(index.parent) == brute_front_ids(trials, THREE_OBJECTIVES[:2])
 
 

@@ -93,19 +93,32 @@ def copy_galleries(res: Results, out_dir: Path) -> list[dict]:
     shown = []
     for row in rows:
         src = _recon_path(res, row)
-        rel = None
-        if src is not None:
+        rel, why = None, None
+        if src is None:
+            why = (f"{GALLERY_FILE} missing from the trial's folder" if _trial_folder(res, row) else
+                   f"no reconstructions: the results folder holds no folder of this trial (its tables alone, as "
+                   f"findings/ ships them; the trial folders hold {GALLERY_FILE})")
+        else:
             try:
                 data = read_regular(src, within=res.results_dir, limit=64 << 20)
-            except (OSError, ResultsError):
-                data = None
+            except (OSError, ResultsError) as e:
+                data, why = None, f"{GALLERY_FILE} not read ({type(e).__name__}: a link, a pipe or a device is not)"
             if data is not None:
                 gallery_dir.mkdir(parents=True, exist_ok=True)
                 dest = gallery_dir / f"{safe_name(str(row['trial_id']))}.png"
                 write_bytes(str(dest), data)
                 rel = f"galleries/{dest.name}"
-        shown.append({"row": row, "src": rel})
+        shown.append({"row": row, "src": rel, "why": why})
     return shown
+
+
+def _trial_folder(res: Results, row: pd.Series) -> bool:
+    """Does the results folder hold a folder of this trial (``trial_dir`` or its id), not a link?"""
+    for name in (row.get("trial_dir"), str(row["trial_id"])):
+        rel = relative_inside(res.results_dir, name) if isinstance(name, str) else None
+        if rel is not None and os.path.isdir(res.results_dir / rel) and not os.path.islink(res.results_dir / rel):
+            return True
+    return False
 
 
 def _set_by(row: pd.Series, metric: str) -> str:
@@ -273,7 +286,7 @@ def _draw(res: Results, out_dir: Path) -> None:
         alt = f"reconstructions of {row['trial_id']}"
         skipped = row.get("attack_skipped")
         missing = (f"no reconstructions: the attack was skipped ({skipped})" if isinstance(skipped, str) and skipped
-                   else "recon.png missing")
+                   else g["why"] or f"{GALLERY_FILE} missing")
         shown.append(_figure(g["src"], alt, caption) if g["src"] else
                      {"src": None, "alt": alt, "caption": caption, "missing": missing})
 
