@@ -342,3 +342,13 @@ def test_bounded_metrics_keep_their_own_ranges(metric):
     from cem_bench.analysis.report.plots import metric_bounds
     assert metric_bounds(metric) == {"attack_ssim": (-1.0, 1.0), "test_acc": (0.0, 1.0)}[metric]
     assert metric_bounds("attack_psnr")[0] == 0.0 and metric_bounds("attack_mse__rmle")[0] == 0.0
+
+
+def test_the_hypervolume_legend_sits_under_its_axes(tmp_path):
+    """Its legend sat at the lower right, inside the axes, on the curves of a search still gaining at its end."""
+    from cem_bench.analysis.report.hypervolume_plot import hypervolume_figure
+
+    fig, _ = hypervolume_figure(load_results(paper_grid(tmp_path / "grid")))
+    texts, _ = _legend(fig)
+    assert texts[0] == "all trials" and len(texts) == 1 + len(SURROGATES5)
+    _inside_and_clear(fig)

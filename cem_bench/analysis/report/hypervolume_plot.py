@@ -11,7 +11,7 @@ from cem_bench.frontier import hypervolume_curve
 
 from .formatting import format_value
 from .load import Results
-from .plots import new_figure, no_data, save
+from .plots import legend_below, new_figure, no_data, save
 
 
 def _hv_curve(df: pd.DataFrame, res: Results) -> np.ndarray:
@@ -23,6 +23,12 @@ def _hv_curve(df: pd.DataFrame, res: Results) -> np.ndarray:
 
 def plot_hypervolume(res: Results, path: Path) -> tuple[Path, float]:
     """Hypervolume after each completed trial, overall and per surrogate; returns (path, final hv)."""
+    fig, final = hypervolume_figure(res)
+    return save(fig, path), final
+
+
+def hypervolume_figure(res: Results):
+    """``plot_hypervolume``'s figure (unsaved) and the final hypervolume."""
     trials = res.trials.sort_values("_order")
     fig = new_figure(7.5, 4.2)
     ax = fig.add_subplot()
@@ -45,7 +51,9 @@ def plot_hypervolume(res: Results, path: Path) -> tuple[Path, float]:
             # a marker too: a surrogate of one trial is a one-point step, which draws nothing beside its legend entry
             ax.step(position[sub.index], _hv_curve(sub, res), where="post", color=res.colors[s], lw=1.3, label=s,
                     marker="." if len(sub) == 1 else None)
-        ax.legend(fontsize=8, loc="lower right")
+        # under the axes, as the other figures': "lower right" sat on the curves of a search whose hypervolume
+        # is still rising at its end (every search's)
+        legend_below(fig, ax, ax.get_legend_handles_labels()[0], max_cols=6)
     else:
         no_data(ax, "no trials")
     refs = ", ".join(f"{o['metric']} {o['mode']} ref {format_value(o['ref'])}" for o in res.objectives)
@@ -53,4 +61,4 @@ def plot_hypervolume(res: Results, path: Path) -> tuple[Path, float]:
     ax.set_ylabel("hypervolume (higher is better)")
     ax.set_title(f"hypervolume: {refs}", fontsize=9)
     ax.grid(alpha=0.3)
-    return save(fig, path), final
+    return fig, final
