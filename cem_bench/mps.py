@@ -59,13 +59,20 @@ def running() -> bool:
     return pids is None or bool(pids)
 
 
-def servers() -> str:
+def servers(timeout_s: float = 10.0) -> str:
     """What the control daemon says of its servers (one runs once MPS clients are connected): a check that
-    packed processes really share the card through MPS."""
+    packed processes really share the card through MPS. A diagnostic, so it never raises: a daemon that does
+    not answer in ``timeout_s`` (or cannot be run) is said in the string, and the measurement it was read
+    beside is kept (a TimeoutExpired here once threw away a measured pair of paper trials)."""
     exe = shutil.which(CONTROL)
     if exe is None:
         return f"no {CONTROL}"
-    p = subprocess.run([exe], input="get_server_list\n", capture_output=True, text=True, timeout=10)
+    try:
+        p = subprocess.run([exe], input="get_server_list\n", capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"error: {CONTROL} did not answer get_server_list in {timeout_s:g} s (a wedged daemon?)"
+    except OSError as e:
+        return f"error: {CONTROL} could not run: {e}"
     return f"rc {p.returncode}: {(p.stdout + p.stderr).strip()[:200]}"
 
 
@@ -98,16 +105,24 @@ def start() -> bool:
     return True
 
 
-def stop(wait_s: float = 30.0) -> None:
+def stop(wait_s: float = 30.0, quit_timeout_s: float = 60.0) -> str | None:
     """Ask the control daemon to quit (clients finish first), and wait up to ``wait_s`` for it to be gone, so
-    that a session that starts next starts its own."""
+    that a session that starts next starts its own. None when it was asked; otherwise why not, as a string
+    rather than an exception: it runs on the way out of a ``Session`` (and of a run being ended), where a
+    raise would replace what the session's body returned or raised."""
     exe = shutil.which(CONTROL)
     if exe is None or not running():
-        return
-    subprocess.run([exe], input="quit\n", capture_output=True, text=True, timeout=60)
+        return None
+    try:
+        subprocess.run([exe], input="quit\n", capture_output=True, text=True, timeout=quit_timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"error: {CONTROL} did not take 'quit' in {quit_timeout_s:g} s; its daemon may still run"
+    except OSError as e:
+        return f"error: {CONTROL} could not run to stop the daemon: {e}"
     deadline = time.monotonic() + wait_s
     while daemons() and time.monotonic() < deadline:
         time.sleep(0.2)
+    return None
 
 
 def wanted(mode: str, gpu_per_trial: float, gpu_visible: bool) -> bool:
@@ -147,5 +162,5 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         if self.started:
-            stop()
-            self.log("[cem-bench] CUDA MPS stopped")
+            err = stop()
+            self.log(f"[cem-bench] CUDA MPS not stopped: {err}" if err else "[cem-bench] CUDA MPS stopped")

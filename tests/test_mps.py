@@ -102,3 +102,31 @@ def test_the_daemon_starts_seeing_every_card_whatever_the_driver_sees(monkeypatc
     assert seen.read_text().strip() == "unset"
     import os
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"     # this process (and Ray's workers) keep theirs
+
+
+def test_a_daemon_that_does_not_answer_is_said_not_raised(monkeypatch, tmp_path):
+    """servers() and stop() are read beside a measurement (gpu_pack's pairs of paper trials, pack_phase's workers)
+    and on the way out of a Session: a wedged daemon's TimeoutExpired propagated from both, and a pair measured
+    for minutes on a lent card was thrown away before its row was written. Now each says why in a string."""
+    import subprocess
+
+    (tmp_path / "control").write_text("")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    monkeypatch.setattr(mps, "daemons", lambda: [4242])                   # a daemon runs, and hangs
+    monkeypatch.setattr(mps.shutil, "which", lambda name: "/usr/bin/nvidia-cuda-mps-control")
+
+    def hung(argv, **kw):
+        if "-d" in argv:
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        raise subprocess.TimeoutExpired(argv, kw.get("timeout"))
+    monkeypatch.setattr(mps.subprocess, "run", hung)
+    said = mps.servers()
+    assert said.startswith("error: nvidia-cuda-mps-control did not answer get_server_list in 10 s"), said
+    err = mps.stop(wait_s=0)
+    assert err.startswith("error: nvidia-cuda-mps-control did not take 'quit' in 60 s"), err
+    monkeypatch.setattr(mps, "running", lambda: False)                   # so that the session starts its own
+    logged = []
+    with mps.Session("on", 0.5, True, log=logged.append) as s:
+        assert s.started
+        monkeypatch.setattr(mps, "running", lambda: True)
+    assert logged[-1].startswith("[cem-bench] CUDA MPS not stopped: error:"), logged    # said, not raised
