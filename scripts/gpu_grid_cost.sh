@@ -2,22 +2,28 @@
 # The paper grid's cost on a lent card, then the graphed-vs-eager check, in one command that fits one device call
 # (docs/performance.md "The paper grid"; issue 40 items 3 and 5):
 #   1. scripts/gpu_pack.py --phases trials --trials-surrogates gmm attention_centroid --trials-no-mps: whole paper
-#      trials (cem-bench train, a 10-epoch slice with both attacks at full size): gmm alone, 2 gmm at once under
-#      MPS (the grid's packing), 2 attention_centroid at once under MPS (120 of the grid's 165 trials train an
-#      attention surrogate: the summary brackets the grid between gmm's cost and theirs), then, if the budget
-#      holds, 2 gmm at once without MPS; about 8 min on an H100 by estimate (not yet run on one);
+#      trials (cem-bench train, a 10-epoch slice with both attacks at full size): 2 gmm at once under MPS (the
+#      grid's packing) and 2 attention_centroid at once under MPS (120 of the grid's 165 trials train an
+#      attention surrogate: the summary brackets the grid between gmm's cost and theirs), the two the grid's
+#      GPU-hours need, first; then, as the budget allows, gmm alone and 2 gmm at once without MPS (skipped where
+#      MPS did not start: the pairs already ran without it, and the grid's line says "without MPS"). By estimate
+#      (not yet run on an H100) 170 + 200 + 110 s of the default 520 s: the last pair's 170 s do not fit;
 #   2. scripts/gpu_check.py --stages env equivalence summary with what is left: the plain graphed step of lambda = 0
 #      and of each surrogate against its eager step, then three with noise and dropout (no compile, no own stream:
 #      what 1380ead's gate multiplier changed in the captured step; gpu_check's own default runs all variants).
 #
 #   OUT=/some/folder bash scripts/gpu_grid_cost.sh [TOTAL_SECONDS]     # default 570
 #
-# Every result is written under $OUT as it is made (pack/pack.jsonl a row at a time, each check stage's file as the
-# stage ends), so a device call cut off at its limit still brings back what was measured. At the end the check's
-# files go into check.tgz (a device call returns at most 8 files): $OUT holds pack/pack.jsonl, pack/summary.md,
-# check.tgz and check_summary.md. Without CUDA it is a dry run of both scripts at tiny sizes: give it a TOTAL of
-# 300 or more (tests/test_gpu_path.py gives 1500); at 120 the pack took 88 s on 2 busy CPUs and left the check no
-# time (2026-12-06). It exits 3 when check_summary.md is missing (the check got no time or failed): the pack's
+# Every result is written under $OUT as it is made (pack/pack.jsonl a row at a time, pack/summary.md again after
+# each row, each check stage's file as the stage ends), so a device call cut off at its limit still brings back
+# what was measured. gpu_pack's budget ends at a deadline on this script's clock (--deadline), which starts before
+# its `import torch`. At the end the check's files go into check.tgz (a device call returns at most 8 files):
+# $OUT holds pack/pack.jsonl, pack/summary.md, check.tgz and check_summary.md. Without CUDA it is a dry run of
+# both scripts at tiny sizes: give it a TOTAL of 300 or more (tests/test_gpu_path.py gives 1500); at 120 the
+# pack took 88 s on 2 busy CPUs and left the check no time (2026-12-06). check_summary.md is always written: the
+# check's own summary, or, where the check was cut off at its timeout (its equivalence stage can start a
+# configuration that outlasts it), the summary stage run alone on what the check wrote, or failing that a note
+# of why there is none. It exits 3 when the check did not end by itself (no time, cut off, failed): the pack's
 # files still come back.
 set -u
 usage="usage: OUT=/some/folder bash scripts/gpu_grid_cost.sh [TOTAL_SECONDS]   (a whole number of seconds, default 570)"
@@ -33,27 +39,50 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 rm -rf "$out/pack" "$out/check" "$out/check.tgz" "$out/check_summary.md"   # gpu_pack appends to pack.jsonl
 mkdir -p "$out/pack" "$out/check"
 start=$(date +%s)
-# the trials first: the check gets what their budget's skipped runs leave. gpu_pack's clock starts after its
-# `import torch` (10-20 s on a cold machine): the timeout gives that much beyond its budget, so that its last
-# run, which may go on until 5 s before the budget ends, still writes its summary
+# the trials first: the check gets what their budget's skipped runs leave. The deadline is on this clock, so the
+# cold start (gpu_pack's `import torch`, 10-20 s on a cold machine) is inside the budget; the timeout gives 20 s
+# beyond it for its last run, which may go on until 5 s before the deadline, to be stopped and written up
 pack_budget=$(( total - 50 ))
-timeout $(( pack_budget + 30 )) python3 scripts/gpu_pack.py --phases trials --trials-surrogates gmm \
-    attention_centroid --trials-no-mps --budget-s "$pack_budget" --out "$out/pack"
+timeout $(( pack_budget + 20 )) python3 scripts/gpu_pack.py --phases trials --trials-surrogates gmm \
+    attention_centroid --trials-no-mps --budget-s "$pack_budget" --deadline $(( start + pack_budget )) \
+    --out "$out/pack"
 left=$(( total - ($(date +%s) - start) - 15 ))
-if [ "$left" -gt 40 ]; then
-    # only `summary` follows the equivalence stage: it leaves 10 s of the budget, not the 60 s of the default stages
-    OUT="$out/check" timeout "$left" python3 scripts/gpu_check.py --stages env equivalence summary \
-        --budget-s $(( left - 10 )) --equivalence-cap-s $(( left - 40 )) --equivalence-reserve-s 10 \
+check_done=no
+if [ "$left" -gt 50 ]; then
+    # 10 s of what is left are kept for the summary stage alone, should this be cut off at its timeout; only
+    # `summary` follows the equivalence stage: it leaves 10 s of the budget, not the 60 s of the default stages
+    check_s=$(( left - 10 ))
+    OUT="$out/check" timeout "$check_s" python3 scripts/gpu_check.py --stages env equivalence summary \
+        --budget-s $(( check_s - 10 )) --equivalence-cap-s $(( check_s - 40 )) --equivalence-reserve-s 10 \
         --equivalence-configs lambda=0 gmm gated_attention slot_cross attention_centroid serial_enhanced \
         "lambda=0 (noise+dropout)" "gated_attention (noise+dropout)" "slot_cross (noise+dropout)"
+    if [ -f "$out/check/summary.md" ]; then
+        check_done=yes
+    else
+        echo "[gpu_grid_cost] the check ended without its summary: the summary stage alone, on what it wrote"
+        OUT="$out/check" timeout 10 python3 scripts/gpu_check.py --stages summary
+    fi
+    why="the check was cut off at its ${check_s}-s timeout or failed, and its summary stage alone did not finish"
 else
     echo "[gpu_grid_cost] no time left for the equivalence check ($left s)"
+    why="no time was left for it after the trials ($left s)"
 fi
-cp "$out/check/summary.md" "$out/check_summary.md" 2>/dev/null
+if [ -f "$out/check/summary.md" ]; then
+    cp "$out/check/summary.md" "$out/check_summary.md"
+    if [ "$check_done" != yes ]; then
+        note="(written by the summary stage alone: the check ended without one, cut off at its timeout or failed;"
+        note="$note what it had not run is missing)"
+        { head -n 1 "$out/check/summary.md"; printf '\n%s\n' "$note"; tail -n +2 "$out/check/summary.md"; } \
+            > "$out/check_summary.md"
+    fi
+else
+    printf '# gpu_check: no summary\n\n%s. Its files, if any, are in check.tgz:\n\n%s\n' "$why" \
+        "$(ls "$out/check")" > "$out/check_summary.md"
+fi
 tar czf "$out/check.tgz" -C "$out" check && rm -rf "$out/check"
 cat "$out/pack/summary.md" 2>/dev/null
 echo "[gpu_grid_cost] done in $(( $(date +%s) - start )) s"
-if [ ! -f "$out/check_summary.md" ]; then
-    echo "[gpu_grid_cost] no check_summary.md: the graphed-vs-eager check did not finish (see above)"
+if [ "$check_done" != yes ]; then
+    echo "[gpu_grid_cost] the graphed-vs-eager check did not end by itself (see check_summary.md)"
     exit 3
 fi

@@ -5,16 +5,20 @@ without MPS, in the grid's fp32 and in bf16, and the attacks of k = 2 packed tri
     OUT=/some/folder PYTHONPATH=. python3 scripts/gpu_pack.py [--budget-s 500]
 
 Each phase appends its rows to ``$OUT/pack.jsonl`` as soon as it ends (a run cut short keeps what it measured)
-and starts only when its estimated time is left in the budget; the order is the grid's fp32 first (ceiling,
-packed, the attacks packed), then bf16. ``summary.md`` at the end: every figure and, from the fp32 phase's k = 2
-without MPS (where the attacks are measured packed), the grid's whole trials per GPU-hour at its own packing
-(``cifar10_paper.yaml``: 2 to a GPU, 2 CPUs each; ``--phases trials`` measures them under MPS). ``--phases attacks``: only
-the attacks of 2 packed trials (alone and together, warmed up), without and under MPS (about 2 min on an H100).
-``--phases trials`` (not in the default list, about 7 min on an H100 with ``--trials-no-mps``): whole paper
-trials, ``cem-bench train`` on a 10-epoch slice with both attacks at full size, alone and then 2 at once under
-MPS (``cem_bench/bench/paper.py``); ``--trials-surrogates gmm attention_centroid`` adds an attention surrogate's
-pair under MPS. The summary gives a whole trial's GPU-minutes at each packing and the grid's GPU-hours, bracketed
-by its surrogates when more than one was measured.
+and starts only when its estimated time is left in the budget (``--budget-s`` from this script's start, or
+``--deadline`` on the caller's clock, whichever ends first); the order is the grid's fp32 first (ceiling,
+packed, the attacks packed), then bf16. ``summary.md`` is written again after every row (and on the way out of
+a run ended by SIGTERM): every figure and, from the fp32 phase's k = 2 without MPS (where the attacks are
+measured packed), the grid's whole trials per GPU-hour at its own packing (``cifar10_paper.yaml``: 2 to a GPU,
+2 CPUs each; ``--phases trials`` measures them under MPS). ``--phases attacks``: only the attacks of 2 packed
+trials (alone and together, warmed up), without and under MPS (about 2 min on an H100). ``--phases trials``
+(not in the default list): whole paper trials, ``cem-bench train`` on a 10-epoch slice with both attacks at full
+size (``cem_bench/bench/paper.py``): 2 at once under MPS, then (``--trials-surrogates gmm attention_centroid``)
+an attention surrogate's pair under MPS, the two the grid's GPU-hours need, then one alone, then with
+``--trials-no-mps`` 2 at once without MPS; about 650 s on an H100 by estimate (110 s alone, 170 s a gmm pair,
+200 s an attention pair), so a shorter budget skips the last. The summary gives a whole trial's GPU-minutes at
+each packing and the grid's GPU-hours, bracketed by its surrogates when more than one was measured (from the
+pairs without MPS, said so, where MPS did not start).
 Without CUDA it runs every phase on the CPU at tiny sizes: a dry run of the script, not a figure.
 """
 
@@ -51,50 +55,98 @@ TRIALS_EST_S = {1: 110, 2: 170}
 TRIALS_EST_ATTENTION_PAIR_S = 200
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=500.0)
+    ap.add_argument("--deadline", type=float, default=None, metavar="EPOCH_S",
+                    help="the budget's end on the wall clock, in seconds since the epoch (`date +%%s`): the "
+                         "caller's clock, which started before this script's `import torch` (10-20 s on a cold "
+                         "machine); the budget ends at whichever of this and --budget-s comes first")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/cem_gpu_pack"))
     ap.add_argument("--phases", nargs="+", default=[p for p in PHASES if p != "trials"], choices=list(PHASES),
                     help="which precisions and MPS settings (default: all but trials, in this order); trials: whole "
-                         "paper trials (cem-bench train, a slice of --trials-epochs with both attacks) alone, then 2 "
-                         "at once under MPS (and without, with --trials-no-mps)")
+                         "paper trials (cem-bench train, a slice of --trials-epochs with both attacks): 2 at once "
+                         "under MPS, then alone (and 2 at once without MPS, with --trials-no-mps)")
     ap.add_argument("--trials-epochs", type=int, default=None, help="epochs of each trial slice (default 10; 3 "
                     "on the CPU)")
     ap.add_argument("--trials-no-mps", action="store_true", help="the trials phase also runs 2 at once without "
-                    "MPS, budget allowing, after every surrogate's pair")
+                    "MPS, budget allowing, after every other run (not where MPS could not start: its pairs "
+                    "already ran without it)")
     ap.add_argument("--trials-surrogates", nargs="+", default=["gmm"], metavar="SURROGATE",
                     choices=[w for w in paper.grid_trials() if w != "lambda=0"],   # the grid's own
-                    help="the trials phase's surrogates: the first alone and 2 at once (with and without MPS), "
-                         "each other one 2 at once under MPS, budget allowing; the summary brackets the grid's "
+                    help="the trials phase's surrogates: each 2 at once under MPS, first to last, then the first "
+                         "alone (and 2 at once without MPS), budget allowing; the summary brackets the grid's "
                          "GPU-hours with them (default: gmm)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.deadline is not None and args.deadline < 1e9:
+        ap.error(f"--deadline {args.deadline:g} is not a time: give the budget's end in seconds since the epoch "
+                 f"(e.g. $(( $(date +%s) + 500 ))), or a length with --budget-s")
     # `timeout` (gpu_grid_cost.sh) ends this with SIGTERM, whose default action runs no `finally` or `__exit__`:
     # an MPS daemon it started (detached, -d) outlived it, and on the same warm machine the next call's alone
-    # run found it and every pair was skipped. As SystemExit, mps.Session's exit stops it.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # run found it and every pair was skipped. As SystemExit, mps.Session's exit stops it. Restored on the way
+    # out: a caller in the same process (a test) keeps its own handler.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     t_start = time.monotonic()
-    left = lambda: args.budget_s - (time.monotonic() - t_start)  # noqa: E731
+
+    def left() -> float:
+        by_budget = args.budget_s - (time.monotonic() - t_start)
+        return by_budget if args.deadline is None else min(by_budget, args.deadline - time.time())
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     sizes = sizes_for(device, quick=True, tiny=not cuda)
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "cpus": os.cpu_count(),
+           "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+           "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()}
+    summary: dict = {}
     jsonl = open(os.path.join(args.out, "pack.jsonl"), "a")
+
+    def save() -> None:
+        """summary.md from every row so far: a run ended at any point (SIGTERM at the device call's limit)
+        leaves the figures it measured summed up, not only as rows."""
+        try:
+            write_summary(args.out, env, summary, echo=False)
+        except Exception:  # noqa: BLE001 - the summary of partial results must not end the measurements
+            print(f"[gpu_pack] summary.md not written: {traceback.format_exc()[-1500:]}", file=sys.stderr,
+                  flush=True)
 
     def emit(kind: str, **rec) -> None:
         rec = {"kind": kind, "t": round(time.monotonic() - t_start, 1), **rec}
         print(json.dumps(rec, default=str)[:600], flush=True)
         jsonl.write(json.dumps(rec, default=str) + "\n")
         jsonl.flush()
+        if kind in SUMMARY_KINDS:
+            save()
 
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "cpus": os.cpu_count(),
-           "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-           "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()}
+    try:
+        measure_all(args, cuda, device, sizes, left, emit, env, summary)
+    finally:
+        save()
+        jsonl.close()
+    write_summary(args.out, env, summary, echo=True)
+    return 0
+
+
+# the rows after which summary.md is written again (each one's figure is in the summary by then)
+SUMMARY_KINDS = ("ceiling", "pack", "attack", "trials", "error", "skipped")
+
+
+def measure_all(args, cuda: bool, device, sizes, left, emit, env: dict, summary: dict) -> None:
+    """Every phase of ``args.phases`` in order; each result goes into ``summary`` before its row is emitted."""
     if cuda and mps.running():
         # left by an earlier call killed past its handler (a device call's own limit): this project's pipe
-        # directory, no one else's; the alone run below must not be an MPS client
+        # directory, no one else's; the runs below that are not under MPS must not be its clients
         emit("mps", message=f"a control daemon left in {mps.pipe_dir()} by an earlier run: stopping it")
-        mps.stop()
+        err = mps.stop()
+        if err:
+            emit("mps", message=err)
     if cuda:
         env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm,"
                                             "power.limit", "--format=csv"], capture_output=True, text=True).stdout
@@ -112,19 +164,24 @@ def main() -> int:
                       "model.width": sizes.width})
         return f
 
+    now = {"phase": None}   # the pack phase running: its rows go into its summary entry as they come
+
     def log(rec) -> None:
         """pack_phase's records: a message of MPS, the workers started, or a row."""
         if isinstance(rec, str):
             emit("mps", message=rec)
-        else:
-            emit("pack" if "name" in rec else "workers", **rec)
+            return
+        if "name" in rec and now["phase"] in summary:
+            summary[now["phase"]]["rows"].append(rec)
+        emit("pack" if "name" in rec else "workers", **rec)
 
     def attacks(workers) -> dict:
         att = pack.measure_attacks(workers)
+        if now["phase"] in summary:
+            summary[now["phase"]]["attack"] = att
         emit("attack", **att)
         return att
 
-    summary = {}
     # estimated seconds of each phase on an H100 (worker start-up ~40 s, 2 windows of 6 s per k)
     for amp, est_ceiling, est_pack in (("off", 45, 110), ("on", 45, 110)):
         if not any(p.startswith("fp32" if amp == "off" else "bf16") for p in args.phases):
@@ -142,6 +199,7 @@ def main() -> int:
             if left() < est_pack + (40 if amp == "off" and not use_mps else 0):
                 emit("skipped", phase=phase, left=left())
                 continue
+            now["phase"], summary[phase] = phase, {"rows": [], "attack": None, "ceiling": top}
             try:
                 rows, attack = pack.pack_phase(flat_for(amp), ks, top, use_mps, log=log,
                                                then=attacks if amp == "off" and not use_mps else None,
@@ -149,7 +207,8 @@ def main() -> int:
                 summary[phase] = {"rows": rows, "attack": attack, "ceiling": top}
             except Exception:  # noqa: BLE001
                 emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
-    if "trials" in args.phases:             # the grid's own packing as whole trials: 1 alone, then 2 at once
+            now["phase"] = None
+    if "trials" in args.phases:             # the grid's own packing as whole trials: 2 at once first
         trials_phase(args, cuda, left, emit, summary)
     if "attacks" in args.phases:            # the attacks of the grid's packing alone: 2 fp32 workers
         for use_mps in (False, True):
@@ -157,47 +216,57 @@ def main() -> int:
             if left() < 60:
                 emit("skipped", phase=phase, left=left())
                 continue
+            now["phase"], summary[phase] = phase, {"rows": [], "attack": None, "ceiling": None}
             try:
                 rows, attack = pack.pack_phase(flat_for("off"), (), None, use_mps, log=log,
                                                then=attacks, workers_n=2, timeout=max(60.0, left()))
                 summary[phase] = {"rows": [], "ceiling": None, "attack": attack or {"rows": rows}}
             except Exception:  # noqa: BLE001
                 emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
-    write_summary(args.out, env, summary)
-    return 0
+            now["phase"] = None
 
 
 def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
-    """One paper-trial slice alone (no MPS), then 2 at once under MPS, then each other surrogate's pair under MPS
-    (then the first's without, with --trials-no-mps), each ``cem-bench train`` in a process of its own; each
-    result row as it ends, the whole trials in the summary."""
+    """2 paper-trial slices at once under MPS for each of ``args.trials_surrogates`` in turn, then one of the
+    first alone (no MPS), then (with --trials-no-mps) 2 of the first at once without MPS, each ``cem-bench
+    train`` in a process of its own; each result goes into ``summary["trials"]`` and then out as its row, as it
+    ends."""
     import tempfile
 
     epochs = args.trials_epochs or (10 if cuda else 3)
     first, *others = args.trials_surrogates
     def est(k: int, surrogate: str) -> float:
         """The seconds a run is started on: the H100 estimate with a tenth to spare (a run killed at its
-        timeout returns nothing to extrapolate from; a quarter would skip attention_centroid's pair, the grid's
-        bracket, even at the estimates: 520 - 110 - 170 = 240 s left for it); on the CPU (the dry run) any time
-        left."""
+        timeout returns nothing to extrapolate from); on the CPU (the dry run) any time left."""
         if not cuda:
             return 1.0
         return 1.1 * (TRIALS_EST_ATTENTION_PAIR_S if k > 1 and surrogate != "gmm" else TRIALS_EST_S[k])
-    results = {"alone": None, "packed": []}
-    # the grid's own packing first (MPS), then each other surrogate's pair: what the grid's cost needs before
-    # the no-MPS comparison, which the budget may skip
-    plan = [("alone", 1, None, first), ("2 at once, MPS", 2, True, first)] + \
-        [(f"2 at once, MPS, {s}", 2, True, s) for s in others] + \
-        ([("2 at once, no MPS", 2, False, first)] if args.trials_no_mps else [])
+    results = {"alone": None, "packed": [], "epochs": epochs, "surrogate": first}
+    summary["trials"] = {"trials": results}
+    # what the grid's GPU-hours need first: a pair of each surrogate at the grid's packing (the grid line needs
+    # gmm's and an attention surrogate's; with the lone trial first, a budget 20 % short skipped the attention
+    # pair and the grid had no figure). The lone trial (the ratio to one at a time) and the no-MPS comparison
+    # only with the time the pairs leave. The first pair also pays the machine's cold start (page cache,
+    # cuDNN's first autotuning): its span is, if anything, an overestimate
+    plan = [(f"2 at once, MPS{', ' + s if s != first else ''}", 2, True, s) for s in [first, *others]] + \
+        [("alone", 1, None, first)] + ([("2 at once, no MPS", 2, False, first)] if args.trials_no_mps else [])
     skipped = False
     for label, k, use_mps, surrogate in plan:
         keys = {**paper.paper_keys(cuda, surrogate=surrogate), "train.epochs": epochs}
-        # the no-MPS comparison comes last and only after everything the grid's cost needs: not when an
-        # earlier run was skipped (its time would have been the check's)
+        # the no-MPS comparison comes last and only after everything else: not when an earlier run was skipped
+        # (its time would have been the check's)
         late = use_mps is False and skipped
-        if left() < est(k, surrogate) or (k > 1 and results["alone"] is None) or late:
+        if left() < est(k, surrogate) or late:
             emit("skipped", phase=f"trials {label}", left=left())
             skipped = True
+            continue
+        # where MPS could not start on the card, the first surrogate's MPS pair already ran without it: the no-MPS
+        # pair would measure the same again. The CPU dry run (MPS never wanted there) runs it, to run every path
+        same = next((r for r in results["packed"] if r.get("surrogate") == first and r.get("ok")
+                     and r.get("mps") not in mps.ON_STATES), None) if use_mps is False and cuda else None
+        if same is not None:
+            emit("skipped", phase=f"trials {label}", left=left(),
+                 message=f"'{same['label']}' already ran 2 at once without MPS (MPS {same['mps']})")
             continue
         if use_mps is not True and mps.running():   # these processes would be MPS clients: not what is asked
             emit("error", phase=f"trials {label}", message=f"an MPS control daemon is running ({mps.pipe_dir()})")
@@ -209,37 +278,45 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
                 with tempfile.TemporaryDirectory(prefix="cem-bench-trials-") as tmp:
                     r = paper.measure(k, keys, tmp, timeout=max(30.0, left() - 5), epochs_done=epochs,
                                       threads=2 if cuda else 1)
-                    if use_mps and state != "off":   # read after the pair ended: a server it left, if any
-                        r["mps_servers_after"] = mps.servers()
-            if use_mps and state not in mps.ON_STATES:
-                label = f"{label} (MPS {state})"     # a pair that ran without MPS says so in its every line
-            r.update({"label": label, "mps": state, "epochs": epochs, "surrogate": surrogate})
-            emit("trials", **{**r, "runs": [{**x, "log": x["log"][-400:]} for x in r["runs"]]})
-            if k == 1:
-                results["alone"] = r
-            else:
-                results["packed"].append(r)
+                if use_mps and state not in mps.ON_STATES:
+                    label = f"{label} (MPS {state})"     # a pair that ran without MPS says so in its every line
+                r.update({"label": label, "mps": state, "epochs": epochs, "surrogate": surrogate})
+                if k == 1:
+                    results["alone"] = r
+                else:
+                    results["packed"].append(r)
+                # out before the MPS diagnostic and the daemon's stop: either may hang on a wedged daemon,
+                # and the pair is measured whatever they say
+                emit("trials", **{**r, "runs": [{**x, "log": x["log"][-400:]} for x in r["runs"]]})
+                if use_mps and state != "off":   # read after the pair ended: a server it left, if any
+                    emit("mps", label=label, message=f"servers after the pair: {mps.servers()}")
         except Exception:  # noqa: BLE001
             emit("error", phase=f"trials {label}", traceback=traceback.format_exc()[-2000:])
-    if results["alone"] is not None:
-        summary["trials"] = {"trials": results}
 
 
-def write_summary(out, env, summary) -> None:
+def write_summary(out, env, summary, echo: bool = True) -> None:
+    """``summary.md`` in ``out`` from what ``summary`` holds so far (written whole and then renamed over the
+    last one: a run ended while writing leaves the previous summary, never half of one)."""
     lines = [f"# Packing on {env['device']} (torch {env['torch']}, commit {env['commit'][:10]})", ""]
     for phase, s in summary.items():
         if "trials" in s:
             t = s["trials"]
-            mps_pairs = [r for r in t["packed"] if r.get("mps") in mps.ON_STATES]
-            lines += [f"## whole paper trials (slices of {t['alone'].get('epochs')} epochs with both attacks, "
-                      f"extrapolated to {paper.PAPER_EPOCHS}; {t['alone'].get('surrogate')} unless named; "
-                      f"evaluation and start-up included)",
-                      *paper.summary_lines(t["alone"], t["packed"]),
-                      *paper.grid_lines(mps_pairs, paper.grid_trials()), ""]
+            first = t["alone"] or (t["packed"][0] if t["packed"] else None)
+            if first is None:
+                continue
+            counts = paper.grid_trials()
+            on = [r for r in t["packed"] if r.get("mps") in mps.ON_STATES]
+            # where MPS did not start, the pairs that ran without it give the grid's cost, said so
+            grid = paper.grid_lines(on, counts) or paper.grid_lines(
+                [r for r in t["packed"] if r.get("mps") not in mps.ON_STATES], counts, how="without MPS")
+            lines += [f"## whole paper trials (slices of {t.get('epochs', first.get('epochs'))} epochs with both "
+                      f"attacks, extrapolated to {paper.PAPER_EPOCHS}; {t.get('surrogate', first.get('surrogate'))} "
+                      f"unless named; evaluation and start-up included)",
+                      *paper.summary_lines(t["alone"], t["packed"]), *grid, ""]
             continue
         top = s["ceiling"]
         if top is None:
-            a = s["attack"]
+            a = s["attack"] or {"rows": s["rows"]}
             lines.append(f"## {phase}: " + (f"alone {a['alone_s']:.1f} s, 2 together {a['together_s']:.1f} s: "
                                             f"factor {a['factor_k2']:.2f}" if "alone_s" in a else str(a)))
             continue
@@ -262,9 +339,12 @@ def write_summary(out, env, summary) -> None:
                              f"and attacks (evaluation and start-up not included); 165 trials: {165 / whole:.1f} "
                              f"GPU-hours plus at most 165 x 36 s = 1.7")
         lines.append("")
-    with open(os.path.join(out, "summary.md"), "w") as f:
+    path = os.path.join(out, "summary.md")
+    with open(path + ".tmp", "w") as f:
         f.write("\n".join(lines))
-    print("\n".join(lines))
+    os.replace(path + ".tmp", path)
+    if echo:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

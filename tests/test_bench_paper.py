@@ -4,11 +4,36 @@ the measurement behind the paper grid's GPU-hours (issue 40 item 5; docs/perform
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
+import types
 
 import pytest
 
+from cem_bench import mps
 from cem_bench.bench import paper
+
+
+def load_gpu_pack(monkeypatch):
+    spec = importlib.util.spec_from_file_location("gpu_pack_under_test", "scripts/gpu_pack.py")
+    gpu_pack = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, gpu_pack)
+    spec.loader.exec_module(gpu_pack)
+    return gpu_pack
+
+
+def fake_result(k: int, trial_gpu_s: float, span_s: float = 100.0) -> dict:
+    """paper.measure's result for k trials that ran ``span_s`` together and cost ``trial_gpu_s`` each."""
+    runs = [{"rc": 0, "start": 0.0, "end": span_s, "epoch_s": [1.0] * 3, "log": "", "attack_s": 1.0}] * k
+    return {"k": k, "ok": True, "runs": runs, "span_s": span_s, "steady_epoch_s": 1.0, "trial_gpu_s": trial_gpu_s}
+
+
+def rows_of(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "pack.jsonl").read_text().splitlines()]
 
 
 def test_the_paper_keys_are_the_grid_s_own():
@@ -147,19 +172,235 @@ def test_gpu_pack_s_trials_phase_dry_runs_on_the_cpu_and_writes_its_summary(tmp_
     """``scripts/gpu_pack.py --phases trials --trials-no-mps`` on the CPU: each row in pack.jsonl as it ends, the
     summary with the lone trial and both packings (MPS cannot start here and the line says so). The budget is a
     cap no box reaches (the phase takes 36 s in CI): on the CPU it decides nothing but what runs, all of it."""
-    import json
-
-    spec = importlib.util.spec_from_file_location("gpu_pack_under_test", "scripts/gpu_pack.py")
-    gpu_pack = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, gpu_pack)
-    spec.loader.exec_module(gpu_pack)
+    gpu_pack = load_gpu_pack(monkeypatch)
     monkeypatch.setattr(sys, "argv", ["gpu_pack.py", "--phases", "trials", "--trials-no-mps", "--trials-epochs",
                                       "3", "--budget-s", "4000", "--out", str(tmp_path)])
+    before = signal.getsignal(signal.SIGTERM)
     assert gpu_pack.main() == 0
-    rows = [json.loads(line) for line in (tmp_path / "pack.jsonl").read_text().splitlines()]
-    trials = [r for r in rows if r["kind"] == "trials"]
-    assert [r["k"] for r in trials] == [1, 2, 2] and all(r["ok"] for r in trials)
+    assert signal.getsignal(signal.SIGTERM) is before        # its SIGTERM handler does not outlive it
+    trials = [r for r in rows_of(tmp_path) if r["kind"] == "trials"]
+    # the pair first, then alone; the dry run (MPS never wanted on the CPU) runs the no-MPS pair too
+    assert [r["k"] for r in trials] == [2, 1, 2] and all(r["ok"] for r in trials)
     text = (tmp_path / "summary.md").read_text()
     assert "## whole paper trials (slices of 3 epochs with both attacks, extrapolated to 240" in text
     assert "- alone: slice span" in text and "- 2 at once, no MPS: slice span" in text
     assert "- 2 at once, MPS (MPS off):" in text                          # no MPS on this machine: said
+
+
+def test_no_trial_outlives_run_together_when_it_is_interrupted(tmp_path, monkeypatch):
+    """gpu_pack's SIGTERM handler raises SystemExit inside run_together's wait: the `cem-bench train` processes
+    ran on (a lent card's time), and recreated trial0/ in the caller's temporary folder after it was removed.
+    Now every process it started has ended and been waited for before the exception leaves it."""
+    started = []
+
+    class Interrupted(subprocess.Popen):
+        polled = False
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            started.append(self)
+
+        def poll(self):
+            if not Interrupted.polled:         # the wait loop's first look, with every trial started
+                Interrupted.polled = True
+                raise SystemExit(143)          # what gpu_pack's SIGTERM handler raises
+            return super().poll()
+    monkeypatch.setattr(paper.subprocess, "Popen", Interrupted)
+    keys = paper.paper_keys(cuda=False)
+    try:
+        with pytest.raises(SystemExit):
+            paper.run_together([keys, {**keys, "seed": 1}], str(tmp_path), timeout=240, threads=1)
+        assert len(started) == 2
+        assert [p.returncode for p in started if p.returncode is None] == [], "a trial still runs"
+        assert [p.pid for p in started if os.path.exists(f"/proc/{p.pid}")] == []    # ended and reaped
+    finally:
+        for p in started:                      # the old code's survivors: not left to the next test
+            if p.returncode is None:
+                p.kill()
+                p.wait()
+
+
+def test_gpu_pack_measures_the_grid_s_pairs_first_and_keeps_its_summary_when_ended(tmp_path, monkeypatch):
+    """The device call ends gpu_pack with SIGTERM (SystemExit in its handler). summary.md, written only at the
+    end, was lost with every pair measured before; now it is written after each row. The two pairs the grid's
+    GPU-hours need run first (gmm's and the attention surrogate's), and the lone trial after; where MPS did not
+    start (the CPU here), the grid's line comes from the pairs without it, said so. Its SIGTERM handler is the
+    caller's again afterwards."""
+    gpu_pack = load_gpu_pack(monkeypatch)
+    calls = []
+
+    def measure(k, keys, out_root, timeout, epochs_done, threads=2):
+        calls.append((k, keys["cem.surrogate"]))
+        if len(calls) == 3:
+            raise SystemExit(143)              # the device call's limit, during the third run
+        return fake_result(k, 300.0 if keys["cem.surrogate"] == "gmm" else 400.0)
+    monkeypatch.setattr(paper, "measure", measure)
+    monkeypatch.setattr(sys, "argv", ["gpu_pack.py", "--phases", "trials", "--trials-surrogates", "gmm",
+                                      "attention_centroid", "--trials-no-mps", "--budget-s", "4000", "--out",
+                                      str(tmp_path)])
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit):
+            gpu_pack.main()
+        text = (tmp_path / "summary.md").read_text()
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert calls == [(2, "gmm"), (2, "attention_centroid"), (1, "gmm")]
+    assert "- 2 at once, MPS (MPS off): slice span 100.0 s" in text
+    assert "- 2 at once, MPS, attention_centroid (MPS off): slice span 100.0 s" in text
+    assert (f"- the grid packed as measured without MPS (165 trials: lambda=0 15, gmm 30, gated_attention 30, "
+            f"slot_cross 30, attention_centroid 30, serial_enhanced 30): {165 * 300 / 3600:.1f} GPU-hours") in text
+    assert sorted(os.listdir(tmp_path)) == ["pack.jsonl", "summary.md"]   # no half-written file left beside it
+    assert [r["label"] for r in rows_of(tmp_path) if r["kind"] == "trials"] == [
+        "2 at once, MPS (MPS off)", "2 at once, MPS, attention_centroid (MPS off)"]
+
+
+def test_gpu_pack_s_budget_ends_at_the_caller_s_deadline(tmp_path, monkeypatch, capsys):
+    """gpu_grid_cost.sh's `timeout` starts before gpu_pack's `import torch` (10-20 s cold), gpu_pack's own budget
+    after it: --deadline, on the caller's clock, ends the budget where the caller counted it. A deadline already
+    past starts nothing, and writes its rows and summary; a length passed as the deadline is refused."""
+    gpu_pack = load_gpu_pack(monkeypatch)
+    monkeypatch.setattr(paper, "measure", lambda *a, **kw: pytest.fail("a run started past the deadline"))
+    argv = ["gpu_pack.py", "--phases", "trials", "--trials-surrogates", "gmm", "attention_centroid",
+            "--trials-no-mps", "--budget-s", "4000", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--deadline", str(time.time() - 1)])
+    assert gpu_pack.main() == 0
+    skipped = [r for r in rows_of(tmp_path) if r["kind"] == "skipped"]
+    assert len(skipped) == 4 and all(r["left"] < 0 for r in skipped), skipped
+    assert (tmp_path / "summary.md").exists()
+    monkeypatch.setattr(sys, "argv", [*argv, "--deadline", "500"])
+    with pytest.raises(SystemExit) as e:
+        gpu_pack.main()
+    assert e.value.code == 2 and "--deadline 500 is not a time" in capsys.readouterr().err
+
+
+def plan_on_a_card(gpu_pack, monkeypatch, cost: dict, mps_state: str, budget: float):
+    """trials_phase as on a card (cuda=True) with paper.measure replaced: each run takes ``cost[(k, surrogate)]``
+    seconds off a clock of ``budget`` and MPS ends in ``mps_state``; the events and summary.md's lines."""
+    clock = {"left": budget}
+
+    def measure(k, keys, out_root, timeout, epochs_done, threads=2):
+        s = keys["cem.surrogate"]
+        clock["left"] -= cost[(k, s)]
+        return fake_result(k, 300.0 if s == "gmm" else 400.0, span_s=cost[(k, s)])
+
+    class Session:
+        def __init__(self, *a, **kw):
+            self.state = mps_state
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+    monkeypatch.setattr(paper, "measure", measure)
+    monkeypatch.setattr(mps, "Session", Session)
+    monkeypatch.setattr(mps, "running", lambda: False)
+    monkeypatch.setattr(mps, "servers", lambda: "rc 0")
+    events, summary = [], {}
+    args = types.SimpleNamespace(trials_epochs=10, trials_surrogates=["gmm", "attention_centroid"],
+                                 trials_no_mps=True)
+    gpu_pack.trials_phase(args, True, lambda: clock["left"], lambda kind, **r: events.append((kind, r)), summary)
+    return events, summary
+
+
+@pytest.mark.parametrize("over", [1.0, 1.2])
+def test_on_a_card_the_grid_line_comes_from_pairs_run_first(tmp_path, monkeypatch, over):
+    """With the 520 s gpu_grid_cost.sh gives the trials (15 s of them a cold start), at the estimates and with
+    every run 20 % over them: the two pairs the grid line needs were third and second after the lone trial, and
+    at 20 % over the attention pair was skipped and the grid had no GPU-hours. Now they run first."""
+    gpu_pack = load_gpu_pack(monkeypatch)
+    cost = {(2, "gmm"): 170 * over, (2, "attention_centroid"): 180 * over, (1, "gmm"): 110 * over}
+    events, summary = plan_on_a_card(gpu_pack, monkeypatch, cost, "started", 505.0)
+    ran = [(r["k"], r["surrogate"]) for kind, r in events if kind == "trials"]
+    assert ran[:2] == [(2, "gmm"), (2, "attention_centroid")]
+    assert ran[2:] == ([(1, "gmm")] if over == 1.0 else [])        # alone only with the time they leave
+    gpu_pack.write_summary(str(tmp_path), {"device": "H100", "torch": "2.11", "commit": "0" * 40}, summary,
+                           echo=False)
+    text = (tmp_path / "summary.md").read_text()
+    assert "- the grid packed as measured (165 trials" in text and f"{165 * 300 / 3600:.1f} GPU-hours" in text
+
+
+def test_where_mps_does_not_start_on_a_card_the_no_mps_pair_is_not_run_again(tmp_path, monkeypatch):
+    """MPS that cannot start on the card: both pairs ran without it, and were left out of the grid line (only
+    pairs under MPS counted: no GPU-hours at all), while the no-MPS pair measured gmm's again. Now the grid line
+    is given from the pairs as they ran, labelled "without MPS", and the duplicate is skipped, saying why."""
+    gpu_pack = load_gpu_pack(monkeypatch)
+    cost = {(2, "gmm"): 170, (2, "attention_centroid"): 180, (1, "gmm"): 110}
+    events, summary = plan_on_a_card(gpu_pack, monkeypatch, cost, "not started: no permission", 4000.0)
+    ran = [(r["k"], r["surrogate"]) for kind, r in events if kind == "trials"]
+    assert ran == [(2, "gmm"), (2, "attention_centroid"), (1, "gmm")]
+    skip, = [r for kind, r in events if kind == "skipped"]
+    assert skip["phase"] == "trials 2 at once, no MPS" and "already ran 2 at once without MPS" in skip["message"]
+    gpu_pack.write_summary(str(tmp_path), {"device": "H100", "torch": "2.11", "commit": "0" * 40}, summary,
+                           echo=False)
+    text = (tmp_path / "summary.md").read_text()
+    assert "- 2 at once, MPS (MPS not started: no permission): slice span 170.0 s" in text
+    assert "- the grid packed as measured without MPS (165 trials" in text
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` and that run `cem-bench train` (read from /proc)."""
+    kids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"cem_bench.cli" in cmd:
+            kids.append(int(d))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the processes from /proc")
+def test_sigterm_ends_gpu_pack_with_its_summary_and_no_trial_left_running(tmp_path):
+    """`timeout`'s SIGTERM during the second pair (the device call's end, as gpu_grid_cost.sh gives it): the first
+    pair is in summary.md, and neither trial of the pair being measured outlives gpu_pack. Before, summary.md was
+    never written and both `cem-bench train` processes ran on."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}
+    err = open(tmp_path / "stderr.txt", "w")
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen([sys.executable, "scripts/gpu_pack.py", "--phases", "trials", "--trials-surrogates", "gmm",
+                          "attention_centroid", "--trials-epochs", "3", "--budget-s", "4000", "--out", str(out)],
+                         env=env, stdout=subprocess.DEVNULL, stderr=err)
+    kids = []
+    try:
+        give_up = time.monotonic() + 600        # a bound on a hung run, not a measurement
+        while '"kind": "trials"' not in ((out / "pack.jsonl").read_text() if (out / "pack.jsonl").exists()
+                                         else ""):
+            assert p.poll() is None and time.monotonic() < give_up, (tmp_path / "stderr.txt").read_text()[-2000:]
+            time.sleep(0.2)
+        while len(kids) < 2:                    # the attention pair's two trials, started
+            assert p.poll() is None and time.monotonic() < give_up, (tmp_path / "stderr.txt").read_text()[-2000:]
+            kids = _children(p.pid)
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=120) == 143
+        assert [k for k in kids if _alive(k)] == [], "a trial outlived gpu_pack"
+        text = (out / "summary.md").read_text()
+        assert "- 2 at once, MPS (MPS off): slice span" in text             # the pair measured before the end
+        assert "- 2 at once, MPS, attention_centroid" not in text            # the one cut off: no figure
+    finally:
+        err.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for k in kids:                          # the old code's survivors: not left to run on
+            if _alive(k):
+                os.kill(k, signal.SIGKILL)

@@ -91,46 +91,68 @@ def run_together(keys: list[dict], out_root: str, timeout: float, threads: int =
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
     procs = []
-    for i, k in enumerate(keys):
-        out_dir = os.path.join(out_root, f"trial{i}")
-        log = tempfile.TemporaryFile()
-        procs.append((subprocess.Popen([sys.executable, "-m", "cem_bench.cli", *train_args(k, out_dir)],
-                                       env=env, stdout=log, stderr=subprocess.STDOUT), log, out_dir,
-                      time.monotonic()))
-    deadline = time.monotonic() + timeout
-    ends: dict[int, float] = {}
-    failed = False
-    while len(ends) < len(procs) and not failed:   # each end read as it happens (polled), not in turn
-        for i, (p, *_rest) in enumerate(procs):
-            if i not in ends and p.poll() is not None:
-                ends[i] = time.monotonic()
-                # one that failed spoils the packing: the rest stop now rather than spend a lent card's minutes
-                failed = failed or p.returncode != 0
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    out = []
-    for i, (p, log, out_dir, t0) in enumerate(procs):
-        if i in ends:
-            rc, end = p.returncode, ends[i]
-        else:                              # past the timeout (124), or stopped after another failed (125): no end
+    try:
+        for i, k in enumerate(keys):
+            out_dir = os.path.join(out_root, f"trial{i}")
+            log = tempfile.TemporaryFile()
+            procs.append((subprocess.Popen([sys.executable, "-m", "cem_bench.cli", *train_args(k, out_dir)],
+                                           env=env, stdout=log, stderr=subprocess.STDOUT), log, out_dir,
+                          time.monotonic()))
+        deadline = time.monotonic() + timeout
+        ends: dict[int, float] = {}
+        failed = False
+        while len(ends) < len(procs) and not failed:   # each end read as it happens (polled), not in turn
+            for i, (p, *_rest) in enumerate(procs):
+                if i not in ends and p.poll() is not None:
+                    ends[i] = time.monotonic()
+                    # one that failed spoils the packing: the rest stop now rather than spend a lent card's minutes
+                    failed = failed or p.returncode != 0
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        out = []
+        for i, (p, log, out_dir, t0) in enumerate(procs):
+            if i in ends:
+                rc, end = p.returncode, ends[i]
+            else:                              # past the timeout (124), or stopped after another failed (125): no end
+                p.kill()
+                p.wait()
+                rc, end = 125 if failed else 124, None
+            log.seek(0)
+            text = log.read().decode(errors="replace")
+            res = {"rc": rc, "start": t0, "end": end, "epoch_s": epoch_seconds(text), "log": text[-3000:]}
+            metrics = os.path.join(out_dir, "metrics.json")
+            if os.path.exists(metrics):
+                with open(metrics) as f:
+                    m = json.load(f)
+                res.update({k: m.get(k) for k in ("test_acc", "attack_ssim", "attack_ssim__decoder",
+                                                  "attack_ssim__rmle", "train_s", "attack_s", "attack_s__decoder",
+                                                  "attack_s__rmle", "wall_s", "epochs_done")})
+            shutil.rmtree(out_dir, ignore_errors=True)
+            out.append(res)
+        return out
+    finally:
+        # an exception on the way (SystemExit from a SIGTERM handler, KeyboardInterrupt) must not leave the
+        # trials running: they outlived the caller, spent the card's time and recreated trial<i>/ inside the
+        # caller's temporary folder after it had been removed
+        _end_all([p for p, *_rest in procs])
+        for _p, log, *_rest in procs:
+            log.close()
+
+
+def _end_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Every process of ``procs`` still running is asked to end (SIGTERM), killed after ``grace_s``, and
+    waited for: none is left running or unreaped when this returns."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-            rc, end = 125 if failed else 124, None
-        log.seek(0)
-        text = log.read().decode(errors="replace")
-        log.close()
-        res = {"rc": rc, "start": t0, "end": end, "epoch_s": epoch_seconds(text), "log": text[-3000:]}
-        metrics = os.path.join(out_dir, "metrics.json")
-        if os.path.exists(metrics):
-            with open(metrics) as f:
-                m = json.load(f)
-            res.update({k: m.get(k) for k in ("test_acc", "attack_ssim", "attack_ssim__decoder",
-                                              "attack_ssim__rmle", "train_s", "attack_s", "attack_s__decoder",
-                                              "attack_s__rmle", "wall_s", "epochs_done")})
-        shutil.rmtree(out_dir, ignore_errors=True)
-        out.append(res)
-    return out
 
 
 def measure(k: int, keys: dict, out_root: str, timeout: float, epochs_done: int, threads: int = 2) -> dict:
@@ -162,11 +184,12 @@ def grid_trials(root: str | None = None) -> dict[str, int]:
     return counts
 
 
-def grid_lines(packed: list[dict], counts: dict[str, int]) -> list[str]:
+def grid_lines(packed: list[dict], counts: dict[str, int], how: str = "") -> list[str]:
     """The grid's GPU-hours at its own packing from whole trials measured packed per surrogate (each result's
     ``surrogate``, the first ok one of each): every trial at gmm's cost, and every trial at its own surrogate's
     where that was measured, at an attention surrogate's where not (the measured one with the dearest trial;
-    lambda = 0 at gmm's, whose step is 3-5 % dearer). Nothing when gmm or no attention surrogate was measured."""
+    lambda = 0 at gmm's, whose step is 3-5 % dearer). Nothing when gmm or no attention surrogate was measured.
+    ``how``: how the pairs shared the card, said after "packed as measured" (e.g. "without MPS")."""
     per = {}
     for r in packed:
         if r.get("ok") and r.get("surrogate") not in per:
@@ -181,17 +204,20 @@ def grid_lines(packed: list[dict], counts: dict[str, int]) -> list[str]:
     high = sum(n * cost[w] for w, n in counts.items()) / 3600
     unmeasured = sorted(w for w in counts if w not in per and w not in ("lambda=0", "gmm"))
     by = ", ".join(f"{w} {n}" for w, n in counts.items())
-    return [f"- the grid packed as measured ({total} trials: {by}): {low:.1f} GPU-hours with every trial at gmm's "
+    packed_as = f"packed as measured{' ' + how if how else ''}"
+    return [f"- the grid {packed_as} ({total} trials: {by}): {low:.1f} GPU-hours with every trial at gmm's "
             f"cost; {high:.1f} with each surrogate's own" +
             (f" ({', '.join(unmeasured)} at {dearest}'s, the dearest measured)" if unmeasured else "")]
 
 
-def summary_lines(alone: dict, packed: list[dict]) -> list[str]:
+def summary_lines(alone: dict | None, packed: list[dict]) -> list[str]:
     """Markdown lines: one trial alone and each packing, as whole-trial minutes, trials per GPU-hour and the
-    grid's GPU-hours, each packing of the lone trial's surrogate beside it."""
+    grid's GPU-hours, each packing of the lone trial's surrogate beside it. ``alone`` None: no lone trial was
+    measured (the pairs run first, the lone trial only with the time they leave), and no ratio is given."""
     total = sum(grid_trials().values())   # read from cifar10_paper.yaml, as the bracket's counts are
     lines = []
-    for r in [alone, *packed]:
+    alone = alone or {}
+    for r in [*([alone] if alone else []), *packed]:
         label = r.get("label") or f"k={r.get('k')}"
         if not r.get("ok"):
             bad = next((x for x in r["runs"] if x["rc"] not in (0, 125) or not x.get("epoch_s")), r["runs"][0])
