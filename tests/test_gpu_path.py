@@ -361,16 +361,17 @@ def test_a_terminated_pack_run_exits_through_its_handlers(tmp_path):
 
 def test_the_trials_phase_starts_a_run_only_with_a_tenth_to_spare_and_the_no_mps_pair_last(monkeypatch):
     """On a card (cuda True, simulated clock): a run killed at its timeout returns nothing, so one is started
-    only where 1.1 × its estimate is left; the no-MPS comparison is not started after a skipped run (its time
-    is the check's). 540 s: alone (132 s) and gmm's MPS pair (204 s) run, 204 s are left: attention_centroid's
-    pair (1.1 × 200) is skipped, and so is the no-MPS pair though its 187 s would fit."""
+    only where 1.1 × its estimate is left; the pairs the grid's GPU-hours need run first; the no-MPS comparison
+    is not started after a skipped run (its time is the check's). 470 s: gmm's MPS pair (204 s) and
+    attention_centroid's (204 s; 1.1 × 200 = 220 were left) run, 62 s are left: alone (1.1 × 110) is skipped,
+    and so is the no-MPS pair."""
     import importlib.util
     import types
 
     spec = importlib.util.spec_from_file_location("gpu_pack", "scripts/gpu_pack.py")
     gp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gp)
-    clock = {"left": 540.0}
+    clock = {"left": 470.0}
 
     def measure(k, keys, out_root, timeout, epochs_done, threads=2):
         clock["left"] -= 132.0 if k == 1 else 204.0
@@ -384,5 +385,5 @@ def test_the_trials_phase_starts_a_run_only_with_a_tenth_to_spare_and_the_no_mps
                                                                                         rec.get("label"))), {})
     ran = [label.split(" (MPS")[0] for kind, _, label in events if kind == "trials"]
     skipped = [phase for kind, phase, _ in events if kind == "skipped"]
-    assert ran == ["alone", "2 at once, MPS"], events
-    assert skipped == ["trials 2 at once, MPS, attention_centroid", "trials 2 at once, no MPS"], events
+    assert ran == ["2 at once, MPS", "2 at once, MPS, attention_centroid"], events
+    assert skipped == ["trials alone", "trials 2 at once, no MPS"], events
