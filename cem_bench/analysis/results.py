@@ -114,13 +114,14 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
     # newest by name, as Ray does (the name carries the driver's start time; mtimes change when a resumed
     # driver syncs its copy of an older state file back). The search's own bundle of the last complete
     # checkpoint (search.RESUME_STATE_FILE) wins over Ray's copy of the same name, which a driver killed
-    # while copying can have left truncated or one checkpoint behind.
+    # while copying can have left truncated or one checkpoint behind; unless Ray's copy is further along
+    # (``state_is_ahead``): then a later bundle could not be written and the one left is stale.
     texts: dict[str, str | None] = {}
     bundled = _bundled_experiment_state(exp)
     for name in sorted(set(names) | set(bundled), reverse=True):
-        texts[name] = bundled.get(name)
-        if texts[name] is None:
-            texts[name] = exp.read_text(name)
+        texts[name] = exp.read_text(name) if name in names else None
+        if name in bundled and not state_is_ahead(texts[name], bundled[name]):
+            texts[name] = bundled[name]
     for name in sorted(texts, reverse=True):
         state = _load_json(texts[name])
         if not isinstance(state, dict) or "trial_data" not in state:
@@ -141,6 +142,43 @@ def ray_trials(exp: _Dir) -> list[dict] | None:
                 continue
         return out
     return None
+
+
+_ENDED_STATUSES = frozenset({"TERMINATED", "ERROR"})
+
+
+def _state_progress(text: str | bytes | None) -> dict[str, bool] | None:
+    """trial id -> has the trial ended (TERMINATED or ERROR), of one experiment state's text; None when it is not
+    a readable state (a copy cut by a kill)."""
+    state = _load_json(text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text)
+    if not isinstance(state, dict) or not isinstance(state.get("trial_data"), list):
+        return None
+    out: dict[str, bool] = {}
+    for entry in state["trial_data"]:
+        try:
+            t = entry[0] if isinstance(entry, (list, tuple)) else entry
+            t = loads_json(t) if isinstance(t, str) else t
+            out[str(t["trial_id"])] = str(t.get("status")).upper() in _ENDED_STATUSES
+        except (KeyError, TypeError, ValueError, IndexError):
+            continue
+    return out
+
+
+def state_is_ahead(text: str | bytes | None, than: str | bytes | None) -> bool:
+    """Is the experiment state ``text`` a later checkpoint than ``than``: readable, every trial of ``than`` in it
+    and every trial ``than`` lists as ended ended in it too, and one more trial, or one more ended? Within a run
+    Ray only adds trials and never restarts an ended one, and a restored run starts from all of them, so a later
+    checkpoint is always ahead or equal; one that is neither (behind, or each ahead in something) is not taken
+    for a later one. This is how the search's bundle of its last complete checkpoint (``RESUME_STATE_FILE``) is
+    known to be stale: the driver writes it before Ray copies its own files, so Ray's readable copy is never
+    ahead of it, unless a later bundle could not be written (search/searcher.py: then it is removed, and this
+    is the guard for a bundle that could not be)."""
+    new, old = _state_progress(text), _state_progress(than)
+    if new is None or old is None:
+        return False
+    if any(t not in new or (ended and not new[t]) for t, ended in old.items()):
+        return False
+    return len(new) > len(old) or sum(new.values()) > sum(old.values())
 
 
 def _bundled_experiment_state(exp: _Dir) -> dict[str, str]:

@@ -74,12 +74,31 @@ def _move_aside(fs, root: str, name: str, stamp: str) -> str:
     return f"{SUPERSEDED_DIR}/{stamp}/{name}"
 
 
+def _ahead_of_bundle(fs, root: str, names: list[str], snapshot: dict) -> str | None:
+    """Ray's experiment state file, of the bundle's session or a later one, that is a later checkpoint than the
+    bundle's (``results.state_is_ahead``), or None. Ray copies its files only after the bundle is written, so
+    its readable copy is never ahead of an up-to-date bundle; one that is tells that a later bundle could not
+    be written (and the old one could not be removed either: searcher.bundle_write_failed). Put back, the stale
+    bundle would have Ray forget the trials finished since, and run them again under new ids."""
+    from ..analysis.results import state_is_ahead
+    bundled = [n for n in snapshot["files"] if n.startswith("experiment_state-")]
+    if not bundled:
+        return None
+    mine = max(bundled)
+    for name in sorted((n for n in names if n.startswith("experiment_state-") and n >= mine), reverse=True):
+        if state_is_ahead(_read(fs, f"{root}/{name}"), snapshot["files"][mine]):
+            return name
+    return None
+
+
 def repair_experiment_state(exp_path: str, trust_pickle: bool = False) -> list[str]:
     """Make the experiment's Ray state files consistent and readable before ``Tuner.restore``.
 
     With a bundle (``cem_resume_state.bin``): its files are authoritative; a state file of the same
     name with other contents, or of a newer session, is moved to ``superseded_state/STAMP/`` and the
-    bundle's files are written in place. Without one (an experiment killed before its first
+    bundle's files are written in place. Unless Ray's own readable state is a later checkpoint than the
+    bundle's (``_ahead_of_bundle``: a later bundle could not be written): then the bundle is the file moved
+    aside, and Ray's files are checked as without one. Without one (an experiment killed before its first
     checkpoint, or written by an older cem-bench): an unreadable newest state file is moved aside so
     that Ray reads the previous session's. Raises ``SearchError`` when nothing restorable is left.
     Returns what was done, one line per file. ``trust_pickle`` reads a version-1 (pickled) bundle."""
@@ -96,6 +115,13 @@ def repair_experiment_state(exp_path: str, trust_pickle: bool = False) -> list[s
         snapshot = read_resume_bundle(exp_path, trust_pickle=trust_pickle)
     except ValueError as e:
         done.append(f"{e}; checking Ray's files alone")
+        snapshot = None
+
+    ahead = _ahead_of_bundle(fs, root, names, snapshot) if snapshot is not None else None
+    if ahead is not None:
+        done.append(f"{RESUME_STATE_FILE} ({snapshot['session']}) is older than Ray's {ahead}, which lists more "
+                    f"trials or more finished ones (a later bundle could not be written): moved to "
+                    f"{_move_aside(fs, root, RESUME_STATE_FILE, stamp)}; checking Ray's files alone")
         snapshot = None
 
     if snapshot is not None:

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import math
 import os
+import sys
 
 import optuna
 from ray.tune.search import ConcurrencyLimiter, Searcher, SearchGenerator
@@ -279,8 +280,33 @@ class SnapshotSearchGenerator(SearchGenerator):
         if target:
             try:
                 write_resume_snapshot(dirpath, session_str, target)
+                _BUNDLE_FAILING.discard(target)
             except Exception as e:  # noqa: BLE001 - Ray's own files are still written
-                logger.warning("cem-bench: could not write %s: %r", target, e)
+                bundle_write_failed(target, e)
+
+
+# bundles whose last write failed: told once until a write succeeds again (Ray checkpoints every few seconds)
+_BUNDLE_FAILING: set[str] = set()
+
+
+def bundle_write_failed(target: str, error: BaseException) -> None:
+    """The bundle of this checkpoint could not be written (a full disk, a lost bucket): the previous bundle is
+    removed. Kept, it would be read as the last complete checkpoint though Ray's own state has moved on: the
+    tables would list only the trials it knew of, and ``--resume`` would put it back over Ray's newer state and
+    run finished trials again under new ids. Without a bundle, both read Ray's files, each checked for a
+    truncated copy (resume.repair_experiment_state). Said on stderr, not only in Ray's log."""
+    from ..storage import remove_file
+    logger.warning("cem-bench: could not write %s: %r", target, error)
+    try:
+        remove_file(target)
+        outcome = "the previous one was removed, so that --resume and the tables read Ray's own experiment state"
+    except Exception as e:  # noqa: BLE001 - a warning must not stop the search
+        outcome = (f"the previous one could not be removed either ({e!r}); it is older than Ray's own state, "
+                   f"which --resume and the tables read instead when it lists more finished trials")
+    if target not in _BUNDLE_FAILING:
+        _BUNDLE_FAILING.add(target)
+        print(f"cem-bench: warning: could not write the resume bundle {target} ({error!r}); {outcome}",
+              file=sys.stderr, flush=True)
 
 
 def here(ctx, storage: str, name: str):

@@ -1,0 +1,99 @@
+"""Crash-safety of a search's files beyond the resume bundle's own format (test_resume_state.py): a bundle that
+could not be written at a later checkpoint, a confirmation planned before a resume, the tables' completeness."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import ray.cloudpickle as cloudpickle
+
+from cem_bench import schema, search
+from cem_bench.analysis import bundle as bundle_format
+from cem_bench.analysis import results
+from cem_bench.search import driver
+from cem_bench.search import searcher as searcher_mod
+
+S1, S2 = "2026-01-01_00-00-01", "2026-01-01_00-00-02"
+
+
+def write_checkpoint(folder: Path, session: str, trials: dict[str, str]) -> dict[str, bytes]:
+    """Ray's three files of one experiment checkpoint; ``trials``: trial id -> Ray's status."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"trial_data": [[json.dumps({"trial_id": t, "status": st, "relative_logdir": f"cem_trial_{t}_1_",
+                                         "config": {}}), "{}"] for t, st in trials.items()],
+             "runner_data": {}, "stats": {}}
+    files = {f"experiment_state-{session}.json": json.dumps(state).encode(),
+             f"searcher-state-{session}.pkl": cloudpickle.dumps({"trials": sorted(trials)}),
+             f"search_gen_state-{session}.json": cloudpickle.dumps({"counter": len(trials)})}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def stale_bundle(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """A bundle of a checkpoint with two trials (one running), and Ray's own later checkpoint of the same session:
+    five trials, all finished (the bundle could not be written at the later checkpoints)."""
+    exp = tmp_path / "exp"
+    staging = tmp_path / "staging"
+    write_checkpoint(staging, S1, {"aaaaaaaa": "TERMINATED", "bbbbbbbb": "RUNNING"})
+    search.write_resume_snapshot(str(staging), S1, str(exp / schema.RESUME_STATE_FILE))
+    later = write_checkpoint(exp, S1, {t * 8: "TERMINATED" for t in "abcde"})
+    return exp, later
+
+
+def test_the_tables_read_rays_state_when_it_is_ahead_of_the_bundle(tmp_path):
+    exp, _ = stale_bundle(tmp_path)
+    assert [t["trial_id"] for t in results.ray_trials(results._Dir(exp))] == [t * 8 for t in "abcde"]
+
+
+def test_the_bundle_still_wins_over_rays_copy_that_is_behind_or_cut(tmp_path):
+    exp = tmp_path / "exp"
+    write_checkpoint(exp, S1, {"aaaaaaaa": "RUNNING"})                   # Ray's copy of an earlier checkpoint
+    staging = tmp_path / "staging"
+    files = write_checkpoint(staging, S1, {"aaaaaaaa": "TERMINATED", "bbbbbbbb": "RUNNING"})
+    search.write_resume_snapshot(str(staging), S1, str(exp / schema.RESUME_STATE_FILE))
+    ids = lambda: [(t["trial_id"], t["status"]) for t in results.ray_trials(results._Dir(exp))]  # noqa: E731
+    assert ids() == [("aaaaaaaa", "TERMINATED"), ("bbbbbbbb", "RUNNING")]
+    # Ray's copy with one more trial but an ended one running again is no later checkpoint of this run
+    write_checkpoint(exp, S1, {"aaaaaaaa": "RUNNING", "bbbbbbbb": "RUNNING", "cccccccc": "RUNNING"})
+    assert ids() == [("aaaaaaaa", "TERMINATED"), ("bbbbbbbb", "RUNNING")]
+    name = f"experiment_state-{S1}.json"
+    (exp / name).write_bytes(files[name][:-5])
+    assert ids() == [("aaaaaaaa", "TERMINATED"), ("bbbbbbbb", "RUNNING")]
+    assert search.repair_experiment_state(str(exp))                        # the bundle put back
+    assert (exp / name).read_bytes() == files[name]
+
+
+def test_resume_sets_a_stale_bundle_aside_and_keeps_rays_later_state(tmp_path):
+    exp, later = stale_bundle(tmp_path)
+    done = search.repair_experiment_state(str(exp))
+    assert len(done) == 1 and "older than Ray's" in done[0], done
+    for name, data in later.items():
+        assert (exp / name).read_bytes() == data, name
+    assert not (exp / schema.RESUME_STATE_FILE).exists()
+    assert [p.name for p in (exp / search.SUPERSEDED_DIR).rglob("*") if p.is_file()] == [schema.RESUME_STATE_FILE]
+    assert search.repair_experiment_state(str(exp)) == []
+
+
+def test_a_failed_bundle_write_removes_the_previous_bundle_and_says_so(tmp_path, monkeypatch, capsys):
+    exp = tmp_path / "exp"
+    staging = tmp_path / "staging"
+    write_checkpoint(staging, S1, {"aaaaaaaa": "TERMINATED"})
+    target = str(exp / schema.RESUME_STATE_FILE)
+    search.write_resume_snapshot(str(staging), S1, target)
+    assert bundle_format.read_resume_bundle(exp) is not None
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(searcher_mod, "write_resume_snapshot", full)
+    monkeypatch.setattr(searcher_mod.SearchGenerator, "save_to_dir", lambda self, d, s: None)
+    gen = searcher_mod.SnapshotSearchGenerator.__new__(searcher_mod.SnapshotSearchGenerator)
+    gen._cem_experiment = "x"
+    with driver.active("x", driver.DriverPaths(snapshot=target)):
+        gen.save_to_dir(str(staging), S1)
+        gen.save_to_dir(str(staging), S1)
+    assert bundle_format.read_resume_bundle(exp) is None
+    err = capsys.readouterr().err
+    assert err.count("could not write the resume bundle") == 1 and "previous one was removed" in err, err
