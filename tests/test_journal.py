@@ -151,6 +151,50 @@ def test_a_trial_that_errored_runs_again_after_resume_and_counts_as_it_ends(tmp_
     assert c == [("FAIL", None), ("COMPLETE", [0.95, 0.10])], c
 
 
+def test_a_confirmation_planned_before_resume_is_planned_again_after_the_reruns(tmp_path):
+    """Every search run had failed in Ray, so the first driver planned the confirmation as empty (FINISHED); after
+    --resume reran them and they finished ok, the empty plan stood: no confirmation ran. It is planned again."""
+    import ray.cloudpickle as cloudpickle
+
+    from cem_bench.search.searcher import make_searcher
+    from cem_bench.spaces import load_space
+    spec = load_space(write_space(tmp_path, "rerun", num_samples=2, max_concurrent=3,
+                                  confirm={"top": 1, "replicates": 3}))
+    generator = make_searcher(spec, str(tmp_path / "exp"))
+    pickled = cloudpickle.dumps(generator)
+    first = generator.searcher
+    configs = {tid: first.suggest(tid) for tid in ("a", "b")}
+    first.on_trial_complete("a", None, error=True)
+    first.on_trial_complete("b", None, error=True)
+    assert first.suggest("c") == "FINISHED"                  # nothing to confirm
+    generator.save_to_dir(str(tmp_path), "s1")
+    restored = cloudpickle.loads(pickled)
+    restored.restore_from_dir(str(tmp_path))
+    limiter = restored.searcher
+    assert limiter.suggest("d") is None                      # a and b run again: the confirmation waits
+    limiter.on_trial_complete("a", {"test_acc": 0.8, "attack_ssim": 0.5, "status": "ok"})
+    limiter.on_trial_complete("b", {"test_acc": 0.7, "attack_ssim": 0.6, "status": "ok"})
+    confirm = limiter.suggest("d")
+    assert confirm["role"] == "confirm" and confirm["cem.lambd"] == configs["a"]["cem.lambd"], (confirm, configs)
+
+
+def test_a_confirmation_already_handed_out_is_not_planned_again(tmp_path):
+    """Once a confirmation run was handed out, its plan is the experiment's: a reopened run does not replace it."""
+    from cem_bench.search.searcher import make_searcher
+    from cem_bench.spaces import load_space
+    spec = load_space(write_space(tmp_path, "kept", num_samples=2, max_concurrent=3,
+                                  confirm={"top": 1, "replicates": 3}))
+    queue = make_searcher(spec, str(tmp_path / "exp")).searcher.searcher
+    for tid in ("a", "b"):
+        queue.suggest(tid)
+    queue.on_trial_complete("a", {"test_acc": 0.8, "attack_ssim": 0.5, "status": "ok"})
+    queue.on_trial_complete("b", None, error=True)
+    assert queue.suggest("c")["role"] == "confirm"
+    plan = list(queue._confirm_queue)
+    assert queue.reopen_errored() == ["b"]
+    assert queue._confirm_queue == plan
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_discrete_space_runs_every_configuration_once_before_any_copy(tmp_path, seed):
     """num_samples equal to a discrete space's 36 configurations: the replacement of a duplicate proposal was up

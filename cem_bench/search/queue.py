@@ -235,7 +235,9 @@ class RunQueue:
         """After a restore (``--resume``, which Ray runs with ``resume_errored``): the search runs that had ended
         in a Ray error run again, so they are not finished any more. Without this the confirmation was planned
         while they ran (it waits for every search run), on results without them, and a replicate group's mean
-        was told without them. Returns the trial ids reopened."""
+        was told without them. A confirmation planned before the restore, on the results without them (empty when
+        every search run had failed), is planned again once they finished, unless one of its runs had been handed
+        out already (then that plan stands: its runs are the experiment's). Returns the trial ids reopened."""
         reopened = sorted(getattr(self, "_ray_errored", set()))
         for tid in reopened:
             self._search_results.pop(tid, None)
@@ -243,6 +245,8 @@ class RunQueue:
             if leader is not None and len(self._seeds) > 1:
                 self._groups[leader]["runs"].pop(tid, None)
         self._ray_errored = set()
+        if reopened and "confirm" not in getattr(self, "_role", {}).values():
+            self._confirm_queue = None
         return reopened
 
     def run_finished(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
