@@ -138,6 +138,27 @@ def test_write_is_atomic(experiment, monkeypatch):
     assert not [p.name for p in experiment.iterdir() if ".tmp" in p.name]
 
 
+def test_trials_parquet_is_written_last_so_a_kill_between_the_tables_is_rebuilt(experiment, monkeypatch):
+    """A driver killed after the first table: trials.parquet written first marked the folder's tables as
+    written, and the report read it for good without epochs.parquet (no per-epoch data ever again)."""
+    written = []
+    real = results.write_table
+
+    def killed_after_one(folder, name, df, kind):
+        if written:
+            raise KeyboardInterrupt("the driver is killed")
+        written.append(name)
+        return real(folder, name, df, kind)
+    monkeypatch.setattr(results, "write_table", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        results.write_tables(experiment)
+    monkeypatch.undo()
+    assert not (experiment / "trials.parquet").exists()
+    res = load_results(experiment)             # the tables are built again from the trial folders
+    assert len(res.trials) == 5 and res.epochs is not None and len(res.epochs) > 0
+    assert (experiment / "trials.parquet").exists() and (experiment / "epochs.parquet").exists()
+
+
 def test_experiment_state_is_authoritative(experiment):
     """A folder the newest experiment state does not list (started by a killed driver after its last
     snapshot) is left out; a listed trial without a folder (never started) is an error row."""

@@ -585,9 +585,13 @@ def write_tables(experiment_dir: str | os.PathLike,
     trials, epochs = tables if tables is not None else build_tables(experiment_dir)
     exp = _Dir(experiment_dir)
     objectives, _ = load_objectives(exp)
-    t = write_table(exp, TRIALS_FILE, trials, "trials")
+    configs = _arrow_safe(build_configs(trials, objectives))
+    # trials.parquet last: its presence is what tells a reader the tables are written (load.py builds all three
+    # where it is missing), so a driver killed between two writes leaves a folder whose tables are built again,
+    # not one read for good without its per-epoch data
     e = write_table(exp, EPOCHS_FILE, epochs, "epochs")
-    write_table(exp, CONFIGS_FILE, _arrow_safe(build_configs(trials, objectives)), "configs")
+    write_table(exp, CONFIGS_FILE, configs, "configs")
+    t = write_table(exp, TRIALS_FILE, trials, "trials")
     if exp.uri:
         return t, e
     return Path(t), Path(e)
