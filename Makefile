@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint install clean bench
+.PHONY: demo test test-fast lint install clean bench constraints
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ test: lint
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not ray"
+
+# cluster-constraints.txt: the versions of this .venv's number-shaping libraries, which cluster.yaml installs on
+# every node (its header says why); run after a `make install` whose tests passed.
+CONSTRAINED := ImageIO|Jinja2|matplotlib|numpy|optuna|pandas|pillow|pyarrow|PyYAML|scikit-image|scikit-learn|scipy|tifffile
+constraints: $(STAMP)
+	{ sed -n '/^#/p' cluster-constraints.txt; $(BIN)/python -m pip freeze | grep -E '^($(CONSTRAINED))==' | sort -f; } \
+		> cluster-constraints.txt.new && mv cluster-constraints.txt.new cluster-constraints.txt
 
 bench: $(STAMP)
 	$(BIN)/cem-bench bench --quick

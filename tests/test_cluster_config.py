@@ -71,6 +71,33 @@ def test_commands_install_package_and_set_auth(raw):
     assert any("$RAY_HEAD_IP" in c for c in raw["worker_start_ray_commands"])
 
 
+def test_every_node_installs_the_libraries_at_the_tested_versions(raw):
+    """Workers the autoscaler starts late resolved numpy, Pillow, scikit-image, ... anew from PyPI (open ranges in
+    pyproject.toml): the package is installed with cluster-constraints.txt, whose every pin satisfies
+    pyproject.toml's range and names a dependency of the package's (or of scikit-image's image reading)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    tree = next(remote for remote, local in raw["file_mounts"].items() if local in (".", "./"))
+    assert any(f"-c {tree}/cluster-constraints.txt" in c and f"-e {tree}" in c for c in raw["setup_commands"])
+    pins = {}
+    for line in (ROOT / "cluster-constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            assert len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==", line
+            pins[canonicalize_name(req.name)] = next(iter(req.specifier)).version
+    deps = {canonicalize_name(r.name): r for r in map(Requirement, tomllib.loads(
+        (ROOT / "pyproject.toml").read_text())["project"]["dependencies"])}
+    for name, version in pins.items():
+        assert name in deps or name in {"pillow", "imageio", "tifffile", "scipy"}, name
+        if name in deps:
+            assert deps[name].specifier.contains(version), (name, version, str(deps[name].specifier))
+    # every dependency that shapes a number is pinned; torch, torchvision and ray are pinned by cluster.yaml
+    assert set(deps) - {"torch", "torchvision", "ray"} <= set(pins), set(deps) - set(pins)
+
+
 def test_git_repository_is_uploaded(raw):
     """Each trial records `git rev-parse HEAD` (provenance.git_sha): on a node that needs the uploaded .git."""
     for pattern in raw.get("rsync_exclude", []):
