@@ -345,3 +345,56 @@ def test_a_data_root_that_is_the_batch_folder_itself_names_its_parent(tmp_path, 
     with pytest.raises(data.DataError, match=f"batch folder itself .* here '{tmp_path}'"):
         data.load(cfg.data)
     assert sorted(os.listdir(inner)) == before    # no download lock left in the user's folder
+
+
+@pytest.fixture
+def silent_server():
+    """The URL of a local server that accepts connections and never answers (a stalled download server)."""
+    import socket
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    conns = []
+
+    def accept():
+        while True:
+            try:
+                conns.append(srv.accept()[0])
+            except OSError:   # closed at the end of the test
+                return
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}/cifar-10-python.tar.gz"
+    srv.close()
+    for c in conns:   # an old-code client still waiting gets its EOF and ends
+        c.close()
+
+
+def test_a_stalled_cifar_server_is_an_error_not_a_hang(tmp_path, monkeypatch, silent_server):
+    """urllib waits forever by default and torchvision passes no timeout: a server that accepted and never
+    answered held the node's download lock, and every trial of the node hung behind it."""
+    import socket
+    import threading
+    import time
+
+    import torchvision
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "url", silent_server)
+    monkeypatch.setattr(data, "DOWNLOAD_TIMEOUT_S", 0.5, raising=False)
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path)})
+    raised = []
+
+    def load():
+        try:
+            data.load(cfg.data)
+        except Exception as e:  # noqa: BLE001 - checked below
+            raised.append(e)
+    t0 = time.monotonic()
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(15)
+    assert not worker.is_alive(), "data.load still waits on a silent server after 15 s"
+    assert len(raised) == 1 and time.monotonic() - t0 < 15, raised
+    msg = str(raised[0])
+    assert "could not be downloaded" in msg and "timed out" in msg, msg
+    assert socket.getdefaulttimeout() is None   # the process's default is restored
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".cifar-10-batches-py.download.lock"]

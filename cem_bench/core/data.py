@@ -16,6 +16,8 @@ import contextlib
 import math
 import os
 import pickle
+import socket
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -236,6 +238,28 @@ def _cifar_folder(name: str, root: str):
     return klass, folder
 
 
+# Seconds a CIFAR download may wait on the server (to connect, or for the next bytes), not for the whole file.
+# urllib waits forever by default, and torchvision takes no timeout: a server that accepts and never answers
+# held the node's download lock for good, and every trial of the node (and a local search's pre-flight check)
+# hung behind it. A stall now fails as an unreachable server does.
+DOWNLOAD_TIMEOUT_S = 60.0
+_timeout_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _download_timeout():
+    """Sockets opened inside get ``DOWNLOAD_TIMEOUT_S`` (torchvision's download opens its own, with no timeout
+    argument to pass). The default is process-wide: the lock keeps two downloads of a process from restoring
+    each other's value, and it is restored at once after."""
+    with _timeout_lock:
+        before = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+        try:
+            yield
+        finally:
+            socket.setdefaulttimeout(before)
+
+
 def _download_once(klass, root: str, folder: str) -> None:
     """Download and extract into a private folder of ``root``, then rename the extracted folder into place, under
     a lock of ``root``. The trials a fresh cluster node starts at once all find the folder missing; torchvision
@@ -262,7 +286,8 @@ def _download_once(klass, root: str, folder: str) -> None:
             return
         tmp = tempfile.mkdtemp(prefix=".download-", dir=root)
         try:
-            klass(tmp, train=True, download=True)
+            with _download_timeout():
+                klass(tmp, train=True, download=True)
             try:
                 os.rename(os.path.join(tmp, os.path.basename(folder)), folder)
             except OSError:
