@@ -32,9 +32,10 @@ def _race(exp: str, barrier, results) -> None:
     barrier.wait()
     try:
         with experiment_lock(exp, resume=False):
-            # what Ray writes first: a folder with it is never taken over as abandoned (a racer descheduled
-            # past the winner's end must still be refused)
+            # what Ray writes once it runs: a folder with it is never taken over as abandoned (a racer
+            # descheduled past the winner's end must still be refused)
             Path(exp, "tuner.pkl").write_bytes(b"x")
+            Path(exp, "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
             results.put("ran")
             time.sleep(0.5)
     except SearchError as e:
@@ -118,10 +119,17 @@ def test_a_search_that_fails_before_ray_wrote_anything_leaves_no_folder(tmp_path
             (exp / "search_space.json").write_text("{}")
             raise RuntimeError("Ray did not start")
     assert not exp.exists()
-    # once Ray wrote its experiment, a failure keeps the folder: --resume continues it
+    # Ray's tuner.pkl alone restores nothing (--resume needs an experiment state): the folder goes too
     with pytest.raises(KeyboardInterrupt):
         with experiment_lock(str(exp), resume=False):
             (exp / "tuner.pkl").write_bytes(b"x")
+            raise KeyboardInterrupt
+    assert not exp.exists()
+    # once Ray saved an experiment state, a failure keeps the folder: --resume continues it
+    with pytest.raises(KeyboardInterrupt):
+        with experiment_lock(str(exp), resume=False):
+            (exp / "tuner.pkl").write_bytes(b"x")
+            (exp / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
             raise KeyboardInterrupt
     assert (exp / "tuner.pkl").is_file()
 
@@ -221,6 +229,47 @@ def test_every_file_a_start_leaves_before_ray_is_taken_over(tmp_path, holder, ca
         (exp / "tuner.pkl").write_bytes(b"x")
 
 
+def test_a_driver_stopped_just_after_tuner_pkl_leaves_a_name_a_new_search_takes_over(tmp_path, holder, capsys):
+    """Stopped after Ray wrote tuner.pkl but before its first experiment state: a new search said "already
+    exists, continue it with --resume", and --resume "no readable experiment state, start under a new --name",
+    for good. --resume now says to drop it, and a new search takes the folder over; not once a trial folder or an
+    experiment state is there."""
+    from test_search import write_space
+    storage = tmp_path / "res"
+    space = write_space(tmp_path, "early")
+    exp = storage / "early"
+    p = holder(exp)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    for name in ("search_space.json", "optuna_journal.log", ".validate_storage_marker", "tuner.pkl"):
+        (exp / name).write_text("x")
+    rc = cli.main(["search", space, "--storage", str(storage), "--resume"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "holds no experiment state to continue" in err and "drop --resume" in err, err
+    assert (exp / "tuner.pkl").is_file()
+    with experiment_lock(str(exp), resume=False):
+        assert "this search takes it over" in capsys.readouterr().out
+    (exp / "cem_trial_00000001_1_x").mkdir()                 # a trial folder: kept, refused
+    with pytest.raises(SearchError, match="already exists"):
+        with experiment_lock(str(exp), resume=False):
+            pass
+    os.rmdir(exp / "cem_trial_00000001_1_x")
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
+    with pytest.raises(SearchError, match="already exists"):
+        with experiment_lock(str(exp), resume=False):
+            pass
+
+
+def test_only_a_saved_state_is_advised_to_be_resumed(tmp_path):
+    from cem_bench.search.resume import has_saved_state
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "tuner.pkl").write_bytes(b"x")
+    assert not has_saved_state(str(exp)) and not has_saved_state(str(tmp_path / "none"))
+    (exp / "cem_resume_state.bin").write_bytes(b"{}")
+    assert has_saved_state(str(exp))
+
+
 def test_a_named_pipe_at_the_lock_is_refused_by_name_and_never_waited_on(tmp_path):
     """A pipe at the lock's name: --resume ended in a bare "cem-bench: Invalid argument"; the takeover check of
     a new search opened it for reading, which waits for a writer."""
@@ -279,6 +328,7 @@ def test_a_stale_claim_on_object_storage_is_taken_over_and_a_young_one_explained
     with experiment_lock("test://res/k", resume=False):
         assert "this search takes it over" in capsys.readouterr().out
         (exp / "tuner.pkl").write_bytes(b"x")
+        (exp / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
     with pytest.raises(SearchError, match="already exists"):
         with experiment_lock("test://res/k", resume=False):
             pass

@@ -12,10 +12,11 @@ tables replaced the first's (trials dropped, one Optuna journal holding both sea
   pid, host and start time. The kernel drops the lock when the process ends however it ends, so a killed
   driver never leaves a stale lock behind (NFSv4 and Lustre carry ``flock`` between hosts; a file system
   without it gets the atomic ``mkdir`` only);
-* a new search that fails before Ray wrote anything resumable (no ``tuner.pkl``) removes the folder it
-  made, so the same command can simply be run again; one killed then (a plain ``kill`` during Ray's start-up)
-  cannot, and the next new search takes over a folder holding only what such a start leaves (the lock, the
-  space and its checksum list) once no driver holds its lock.
+* a new search that fails before Ray wrote anything resumable (no experiment state, no resume bundle, no trial
+  folder: ``tuner.pkl`` alone restores nothing) removes the folder it made, so the same command can simply be
+  run again; one killed then (a plain ``kill`` during Ray's start-up) cannot, and the next new search takes
+  over a folder holding only what such a start leaves (the lock, the space and its checksum list, Ray's
+  ``tuner.pkl``) once no driver holds its lock.
 
 On object storage (``s3://``, ``gs://``) there is no atomic create in pyarrow's file systems and no lock:
 a new search writes a claim with a random token, waits, and reads it back; of two drivers that started
@@ -144,12 +145,15 @@ def _remove(path: str) -> None:
     shutil.rmtree(path[len("file://"):] if path.startswith("file://") else path, ignore_errors=True)
 
 
-# What a new search writes into its folder before Ray writes tuner.pkl (and with it anything resumable): a folder
-# holding no more than these (and the temporary files of their atomic writes) was left by a driver stopped while
-# it started (search/run.py: _tuner): the lock, the space and its checksum list, the Optuna journal the searcher
-# creates (and the lock Optuna takes on it), and the marker Ray's Tuner writes to check the storage
+# What a new search writes into its folder before Ray writes anything resumable (its first experiment state, the
+# resume bundle, a trial folder): a folder holding no more than these (and the temporary files of their atomic
+# writes) was left by a driver stopped while it started (search/run.py: _tuner): the lock, the space and its
+# checksum list, the Optuna journal the searcher creates (and the lock Optuna takes on it), the marker Ray's Tuner
+# writes to check the storage, and Ray's tuner.pkl. tuner.pkl alone restores nothing (--resume refuses a folder
+# without an experiment state); left out of these, a driver stopped just after writing it left a name neither a
+# new search (the folder exists) nor --resume (no experiment state) could use
 _STARTING_FILES = frozenset({LOCK_FILE, SPACE_FILE, MANIFEST_FILE, JOURNAL_FILE, JOURNAL_FILE + ".lock",
-                             ".validate_storage_marker"})
+                             ".validate_storage_marker", "tuner.pkl"})
 CLAIM_STALE_S = 600.0   # object storage: a claim this old with nothing resumable beside it is a stopped start's
 
 
@@ -162,6 +166,22 @@ def _only_starting_files(names: set[str]) -> bool:
         m = re.fullmatch(r"\.(.+)\.tmp\d+\.[0-9a-f]{8}", n)
         return m is not None and (m.group(1) in _STARTING_FILES or m.group(1) == CLAIM_FILE)
     return all(starting(n) for n in names)
+
+
+def only_starting_files(exp_path: str) -> bool:
+    """Does the folder ``exp_path`` (local or on object storage) hold nothing but what a search leaves while it
+    starts (``_only_starting_files``; no folder in it), so that nothing in it can be resumed? False when it
+    cannot be listed."""
+    import pyarrow.fs as pafs
+
+    from ..storage import filesystem
+    try:
+        fs, root = filesystem(exp_path)
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=False))
+    except OSError:
+        return False
+    return not any(i.type == pafs.FileType.Directory for i in infos) and \
+        _only_starting_files({i.base_name for i in infos})
 
 
 def _abandoned_remote(exp_path: str) -> bool:
@@ -267,8 +287,8 @@ def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
         yield
     except BaseException:
         # a new search that failed before Ray wrote anything resumable: the folder goes, so the same
-        # command can run again (with tuner.pkl there, --resume continues it: kept)
-        if made and not exists(join(key, "tuner.pkl")):
+        # command can run again (with an experiment state or a trial folder there, --resume continues it: kept)
+        if made and only_starting_files(key):
             _remove(key)
         raise
     finally:

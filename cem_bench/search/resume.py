@@ -29,6 +29,19 @@ def _state_kind(name: str) -> str | None:
     return None
 
 
+def has_saved_state(exp_path: str) -> bool:
+    """Has Ray saved a state of the experiment that ``--resume`` can start from (an ``experiment_state-*.json`` or
+    the resume bundle)? ``tuner.pkl`` alone is not one: Ray writes it before the first experiment state."""
+    import pyarrow.fs as pafs
+    try:
+        fs, root = filesystem(exp_path)
+        infos = fs.get_file_info(pafs.FileSelector(root.rstrip("/"), recursive=False, allow_not_found=True))
+    except OSError:
+        return False
+    return any(i.type == pafs.FileType.File and (i.base_name == RESUME_STATE_FILE or (
+        i.base_name.startswith("experiment_state-") and i.base_name.endswith(".json"))) for i in infos)
+
+
 def write_resume_snapshot(staging_dir: str, session_str: str, target: str) -> dict[str, bytes]:
     """Bundle the experiment checkpoint of ``session_str`` that Ray has just written into
     ``staging_dir`` into one file at ``target``, atomically. Returns the bundled files."""

@@ -20,12 +20,13 @@ from typing import Any, NamedTuple
 from ..errors import SearchError, StorageFull
 from ..integrity import write_recorded_json
 from ..parsing import loads_json
-from ..schema import INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
+from ..schema import DRIVER_LOCK_FILE, INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
 from ..storage import (
     exists,
     filesystem,
     is_uri,
     join,
+    lock_holder,
     nearest_existing,
     remove_file,
     resolve_storage,
@@ -33,10 +34,10 @@ from ..storage import (
 )
 from . import driver
 from .interrupt import Interruption, resume_command
-from .lock import experiment_lock
+from .lock import experiment_lock, only_starting_files
 from .machine import detect_cpus as _detect_cpus  # names of run.py that tests replace
 from .machine import detect_gpus as _detect_gpus
-from .resume import repair_experiment_state, restore_removed_checkpoints, supersede_tables
+from .resume import has_saved_state, repair_experiment_state, restore_removed_checkpoints, supersede_tables
 from .trainable import make_trainable, trial_resources, with_resources
 
 # ----------------------------------------------------------------------------------- concurrency
@@ -328,6 +329,12 @@ def check_resumable(exp_path: str) -> None:
         raise SearchError(f"--resume: {exp_path} holds no Ray Tune experiment to continue "
                           f"({'missing' if not exists(exp_path) else 'no tuner.pkl in'} the folder); "
                           f"drop --resume to start it")
+    # a live driver still starting holds the folder: the lock refuses --resume with who holds it
+    if only_starting_files(exp_path) and lock_holder(join(exp_path, DRIVER_LOCK_FILE)) is None:
+        raise SearchError(f"--resume: {exp_path} holds no experiment state to continue: its search was stopped "
+                          f"while it started, before Ray saved one (only tuner.pkl and the start-up files are "
+                          f"there, and no trial folder); drop --resume to start it again (the new search takes the "
+                          f"folder over)")
 
 
 def check_data(spec) -> None:
@@ -733,7 +740,9 @@ def search_command(args) -> dict:
             trials_path, epochs_path = results.write_tables(exp, (trials, epochs))
             stats["write_s"] = time.perf_counter() - t_write
     except KeyboardInterrupt:   # a second signal, or one outside Tune's loop: stopped at once
-        if exists(join(exp_path, "tuner.pkl")):
+        # only a saved experiment state can be continued: stopped after tuner.pkl but before it, --resume would be
+        # refused (check_resumable), and a new search takes the folder over (lock.py: _STARTING_FILES)
+        if has_saved_state(exp_path):
             print(f"cem-bench: stopped at once; the experiment keeps its last saved state. Continue with:\n"
                   f"  {stats['resume_command']}", file=sys.stderr, flush=True)
         raise
