@@ -2,7 +2,7 @@
 
 The CLI turns ``ConfigError`` (and its subclasses) and ``DataError`` into one clear message and exit code 2;
 the search ends a trial that raises ``TrialDiverged``, ``ConfigError`` or ``DataError`` as an error row
-without retrying it (a retry would fail the same way).
+without retrying it (a retry would fail the same way); a ``DataDownloadError`` (the network) is retried.
 """
 
 from __future__ import annotations
@@ -36,6 +36,21 @@ class StorageFull(RuntimeError):
 
 class DataError(RuntimeError):
     """A dataset cannot be loaded; the message says where the files go and how to get them."""
+
+
+class DataDownloadError(OSError):
+    """A data set is missing and its download failed for a reason that may pass (the network: unreachable, a
+    reset, a timeout, a server error 5xx); the message says where the files go. Not in ``TRIAL_FATAL``: a
+    search's trial that raises it is retried by Ray (``max_failures``) and by ``--resume``, where a
+    ``DataError`` would end it for good. An ``OSError``, so that the CLI says it in one line."""
+
+    def __init__(self, *args):
+        # one argument, the message, is kept as strerror (what the CLI prints, whole); more are OSError's own
+        # (errno, strerror, ...), as unpickling passes them back
+        super().__init__(*((None, args[0]) if len(args) == 1 else args))
+
+    def __str__(self) -> str:
+        return str(self.strerror) if self.errno is None and self.strerror is not None else super().__str__()
 
 
 class TrialDiverged(RuntimeError):

@@ -398,3 +398,66 @@ def test_a_stalled_cifar_server_is_an_error_not_a_hang(tmp_path, monkeypatch, si
     assert "could not be downloaded" in msg and "timed out" in msg, msg
     assert socket.getdefaulttimeout() is None   # the process's default is restored
     assert sorted(p.name for p in tmp_path.iterdir()) == [".cifar-10-batches-py.download.lock"]
+
+
+def _network(kind):
+    import http.client
+    import socket
+    import urllib.error
+    return {"unreachable": urllib.error.URLError(OSError(101, "Network is unreachable")),
+            "dns": urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name resolution")),
+            "reset": ConnectionResetError(104, "Connection reset by peer"),
+            "timeout": TimeoutError("timed out"),
+            "cut": http.client.IncompleteRead(b"x" * 10, 100),
+            "http503": urllib.error.HTTPError("https://x", 503, "Service Unavailable", {}, None),
+            "http404": urllib.error.HTTPError("https://x", 404, "Not Found", {}, None),
+            "md5": RuntimeError("File not found or corrupted."),
+            "disk": OSError(28, "No space left on device"),
+            "bad_url": urllib.error.URLError("unknown url type: htp")}[kind]
+
+
+@pytest.mark.parametrize("kind,retried", [("unreachable", True), ("dns", True), ("reset", True), ("timeout", True),
+                                          ("cut", True), ("http503", True), ("http404", False), ("md5", False),
+                                          ("disk", False), ("bad_url", False)])
+def test_a_cifar_download_cut_by_the_network_is_retried_by_the_search(tmp_path, monkeypatch, kind, retried):
+    """Every failed download was a DataError, which a search's trial ends on for good (an error row, never
+    retried by Ray's max_failures nor by --resume): a brief network failure on a node lost its trials. A failure
+    that may pass is now a DataDownloadError, outside TRIAL_FATAL, so Ray retries the trial; one that would
+    fail the same way again stays a DataError. Both say where the files go."""
+    import pickle as pkl
+
+    import torchvision
+
+    from cem_bench import errors
+    from cem_bench.search.diskspace import is_enospc
+
+    def download(self):
+        raise _network(kind)
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", download)
+    cfg = TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path)})
+    with pytest.raises(Exception) as e:
+        data.load(cfg.data)
+    err = e.value
+    assert "could not be downloaded" in str(err) and "cifar-10-batches-py" in str(err), str(err)
+    assert isinstance(err, errors.TRIAL_FATAL) is not retried, type(err)
+    if retried:
+        assert isinstance(err, errors.DataDownloadError) and not is_enospc(err)
+        back = pkl.loads(pkl.dumps(err))       # Ray ships a trial's error to the driver pickled
+        assert type(back) is errors.DataDownloadError and str(back) == str(err)
+    else:
+        assert isinstance(err, data.DataError)
+    # the search's driver checks the data before Ray starts: there it is the one clear refusal either way
+    with pytest.raises(data.DataError, match="could not be downloaded"):
+        data.check_available("cifar10", str(tmp_path))
+
+
+def test_the_cli_says_a_failed_download_in_one_line(tmp_path, monkeypatch, capsys):
+    import torchvision
+
+    from cem_bench.cli import os_error_message
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", lambda self: (_ for _ in ()).throw(_network("reset")))
+    with pytest.raises(data.DataDownloadError) as e:
+        data.load(TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": str(tmp_path)}).data)
+    line = os_error_message(e.value)
+    assert line == str(e.value) and line.startswith("cifar10 is not in data.root=") and \
+        line.endswith("set data.root=DIR to where it already is."), line

@@ -13,6 +13,7 @@ its extra per-epoch data pass dominate its epoch time, docs/reference.md §9).
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import pickle
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import DataConfig
-from ..errors import ConfigError, DataError  # noqa: F401  (DataError re-exported)
+from ..errors import ConfigError, DataDownloadError, DataError  # noqa: F401  (re-exported)
 from . import realdata
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -187,7 +188,10 @@ def check_available(name: str, root: str) -> None:
     wheels, checked for presence only. The search's driver calls it before Ray starts, so that a missing or
     damaged data set is one message instead of every trial's error. The synthetic set needs nothing."""
     if name in _CIFAR_FOLDERS:
-        load_cifar(name, root)
+        try:
+            load_cifar(name, root)
+        except DataDownloadError as e:   # retried inside a trial; before a search starts it is the answer
+            raise DataError(str(e)) from None
     elif name == "digits":
         realdata.locate(realdata.DIGITS_FILE, name)
     elif name == "photos":
@@ -230,12 +234,35 @@ def _cifar_folder(name: str, root: str):
         try:
             _download_once(klass, root, folder)
         except Exception as e:  # offline, proxy, disk: say where the files go
-            raise DataError(
-                f"{name} is not in data.root={root!r} and could not be downloaded ({type(e).__name__}: {e}). "
-                f"Put the python version of the dataset there, so that {folder}/ exists (the folder inside "
-                f"{_cifar_url(name)}), or run once online, or set data.root=DIR to where it already is."
-            ) from None
+            msg = (f"{name} is not in data.root={root!r} and could not be downloaded ({type(e).__name__}: {e}). "
+                   f"Put the python version of the dataset there, so that {folder}/ exists (the folder inside "
+                   f"{_cifar_url(name)}), or run once online, or set data.root=DIR to where it already is.")
+            # a network failure may pass: a search's trial is retried (max_failures) instead of ending as an
+            # error row for good
+            raise (DataDownloadError if _transient(e) else DataError)(msg) from None
     return klass, folder
+
+
+# errnos of a network that may come back (a socket error urllib did not wrap in URLError)
+_NETWORK_ERRNOS = frozenset(getattr(errno, n) for n in ("ENETUNREACH", "ENETDOWN", "ENETRESET", "EHOSTUNREACH",
+                                                        "EHOSTDOWN", "ETIMEDOUT", "ECONNRESET", "ECONNREFUSED",
+                                                        "ECONNABORTED", "EPIPE") if hasattr(errno, n))
+
+
+def _transient(e: BaseException) -> bool:
+    """Did a download fail for a reason that may pass: the network (unreachable, refused, reset, a DNS failure, a
+    timeout, a cut transfer) or the server (HTTP 5xx)? Not a 4xx (the file is not there), a full or read-only
+    disk, or a corrupt archive: those fail the same way on a retry."""
+    import http.client
+    import urllib.error
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code >= 500
+    if isinstance(e, urllib.error.URLError):   # the socket's error inside (DNS, refused, timeout, ...)
+        return isinstance(e.reason, BaseException) and _transient(e.reason)   # a text reason: a bad URL
+    if isinstance(e, (ConnectionError, TimeoutError, socket.gaierror, http.client.IncompleteRead,
+                      http.client.BadStatusLine)):
+        return True
+    return isinstance(e, OSError) and e.errno in _NETWORK_ERRNOS
 
 
 # Seconds a CIFAR download may wait on the server (to connect, or for the next bytes), not for the whole file.
