@@ -363,3 +363,24 @@ def test_a_tiny_train_runs_on_each(dataset, tmp_path, capsys):
     assert images["attack_aux"] + images["attack_eval"] == images["test"]    # the inference protocol's cut
     for k in ("test_acc", "attack_ssim"):
         assert math.isfinite(metrics[k]), k
+
+
+def test_a_corrupt_digits_file_is_a_data_error(monkeypatch, tmp_path):
+    """A digits.csv.gz with bytes flipped inside its deflate stream (not truncated) raised zlib.error, which is
+    no OSError or ValueError: a traceback instead of the message saying to reinstall scikit-learn."""
+    import shutil
+    import zlib
+    real = realdata.package_dir
+    copy = tmp_path / "datasets" / "data" / "digits.csv.gz"
+    copy.parent.mkdir(parents=True)
+    shutil.copyfile(realdata.locate(realdata.DIGITS_FILE, "digits"), copy)
+    raw = bytearray(copy.read_bytes())
+    for i in range(2000, 2020):
+        raw[i] ^= 0xFF
+    copy.write_bytes(bytes(raw))
+    with pytest.raises(zlib.error):   # what the test is about: the bytes break the stream itself
+        np.loadtxt(copy, delimiter=",")
+    monkeypatch.setattr(realdata, "package_dir", lambda p: str(tmp_path) if p == "sklearn" else real(p))
+    with pytest.raises(data.DataError, match=r"data.dataset=digits: cannot read .*digits.csv.gz \(error: .*"
+                                             r"pip install --force-reinstall scikit-learn"):
+        load(**{"data.dataset": "digits"})

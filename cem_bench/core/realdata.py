@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,7 +79,8 @@ def _digits_8x8(path: str) -> tuple[np.ndarray, np.ndarray]:
     """(images (1797, 8, 8) float in 0..16, labels (1797,)) as ``load_digits`` reads the same file."""
     try:
         table = np.loadtxt(path, delimiter=",")
-    except (OSError, ValueError, EOFError) as e:
+    # zlib.error: a corrupt deflate stream (a truncated file is an EOFError, a bad header an OSError)
+    except (OSError, ValueError, EOFError, zlib.error) as e:
         raise DataError(f"data.dataset=digits: cannot read {path} ({type(e).__name__}: {e}); reinstall "
                         f"scikit-learn (pip install --force-reinstall scikit-learn)") from None
     images, labels = table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
