@@ -461,3 +461,42 @@ def test_the_cli_says_a_failed_download_in_one_line(tmp_path, monkeypatch, capsy
     line = os_error_message(e.value)
     assert line == str(e.value) and line.startswith("cifar10 is not in data.root=") and \
         line.endswith("set data.root=DIR to where it already is."), line
+
+
+def _listing(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("asked,other", [("cifar10", "cifar100"), ("cifar100", "cifar10")])
+@pytest.mark.parametrize("where", ["parent", "batch_folder"])
+def test_a_data_root_of_the_other_cifar_set_is_refused_untouched(tmp_path, monkeypatch, asked, other, where):
+    """data.root holding CIFAR-100 (its folder, or the batch folder itself) with data.dataset=cifar10 downloaded
+    CIFAR-10 into the user's folder, left its lock there, and trained on a set the user did not point at."""
+    import torchvision
+    for klass in (torchvision.datasets.CIFAR10, torchvision.datasets.CIFAR100):
+        monkeypatch.setattr(klass, "download", lambda self: pytest.fail("downloaded"))
+    _write_cifar(str(tmp_path), cifar100=other == "cifar100")
+    root = tmp_path / ("cifar-100-python" if other == "cifar100" else "cifar-10-batches-py") \
+        if where == "batch_folder" else tmp_path
+    before = _listing(tmp_path)
+    cfg = TrialConfig.from_flat({"data.dataset": asked, "data.root": str(root)})
+    title = "CIFAR-100" if other == "cifar100" else "CIFAR-10"
+    with pytest.raises(data.DataError, match=f"holds {title}'s .*did you mean data.dataset={other}") as e:
+        data.load(cfg.data)
+    assert "nothing was written" in str(e.value)
+    with pytest.raises(data.DataError, match=f"did you mean data.dataset={other}"):
+        data.check_available(asked, str(root))       # the search's check before Ray starts says the same
+    assert _listing(tmp_path) == before              # no download, no lock file
+
+
+def test_the_default_data_root_holds_both_cifar_sets(tmp_path, monkeypatch):
+    """cem-bench's own data.root (~/.cache/cem-bench/data) is where both sets are downloaded side by side: one
+    there does not stop the other's download."""
+    import torchvision
+    monkeypatch.setenv("HOME", str(tmp_path))
+    default = tmp_path / ".cache" / "cem-bench" / "data"
+    _write_cifar(str(default), cifar100=True)
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", lambda self: _write_cifar(self.root))
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
+    s = data.load(TrialConfig.from_flat({"data.dataset": "cifar10"}).data)
+    assert s.num_classes == 10 and (default / "cifar-10-batches-py").is_dir()

@@ -231,6 +231,7 @@ def _cifar_folder(name: str, root: str):
                         f"set data.root to the folder that holds {_CIFAR_FOLDERS[name]}/, here "
                         f"{os.path.dirname(os.path.abspath(root))!r}")
     if not os.path.isdir(folder):
+        _refuse_other_cifar(name, root)
         try:
             _download_once(klass, root, folder)
         except Exception as e:  # offline, proxy, disk: say where the files go
@@ -241,6 +242,36 @@ def _cifar_folder(name: str, root: str):
             # error row for good
             raise (DataDownloadError if _transient(e) else DataError)(msg) from None
     return klass, folder
+
+
+# files that say a folder is the batch folder of a CIFAR set: CIFAR-10's meta file is its own; CIFAR-100's
+# ``meta`` is a common name, so it counts only beside that set's ``train`` or ``test``
+_CIFAR_MARKS = {"cifar10": (("batches.meta",),), "cifar100": (("meta", "train"), ("meta", "test"))}
+_CIFAR_TITLES = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
+
+
+def _refuse_other_cifar(name: str, root: str) -> None:
+    """DataError, before a download touches ``root``, where ``root`` holds the other CIFAR set instead: its batch
+    folder itself, or (not in cem-bench's default data.root, which holds both side by side) only the other set's
+    folder. Either way the data set key and the folder disagree; a download put CIFAR-10 into a CIFAR-100 folder
+    (and left its lock there) and then trained on a data set the user did not point at."""
+    other = "cifar100" if name == "cifar10" else "cifar10"
+    title, other_title = _CIFAR_TITLES[name], _CIFAR_TITLES[other]
+    marks = next((m for m in _CIFAR_MARKS[other] if all(os.path.isfile(os.path.join(root, f)) for f in m)), None)
+    if marks is not None:
+        parent = os.path.dirname(os.path.abspath(root))
+        raise DataError(f"data.root={root!r} holds {other_title}'s files ({', '.join(marks)}), not {title}'s; did you "
+                        f"mean data.dataset={other} (with data.root={parent!r}, the folder that holds "
+                        f"{os.path.basename(os.path.abspath(root))}/)? For {name}, set data.root to a folder that "
+                        f"holds {_CIFAR_FOLDERS[name]}/ or may receive its download; nothing was written to {root}")
+    other_folder = os.path.join(root, _CIFAR_FOLDERS[other])
+    default = os.path.abspath(os.path.expanduser(DataConfig().root))
+    if os.path.isdir(other_folder) and os.path.abspath(root) != default:
+        raise DataError(f"data.root={root!r} holds {other_title}'s folder {_CIFAR_FOLDERS[other]}/ and no "
+                        f"{_CIFAR_FOLDERS[name]}/; did you mean data.dataset={other}? For {name} here, extract "
+                        f"{_cifar_url(name)} into it (no download is made into a folder of {other_title}), or set "
+                        f"data.root to a folder that holds {_CIFAR_FOLDERS[name]}/ or may receive its download; "
+                        f"nothing was written to {root}")
 
 
 # errnos of a network that may come back (a socket error urllib did not wrap in URLError)
