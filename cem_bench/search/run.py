@@ -20,13 +20,12 @@ from typing import Any, NamedTuple
 from ..errors import SearchError, StorageFull
 from ..integrity import write_recorded_json
 from ..parsing import loads_json
-from ..schema import DRIVER_LOCK_FILE, INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
+from ..schema import INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
 from ..storage import (
     exists,
     filesystem,
     is_uri,
     join,
-    lock_holder,
     nearest_existing,
     remove_file,
     resolve_storage,
@@ -34,7 +33,7 @@ from ..storage import (
 )
 from . import driver
 from .interrupt import Interruption, resume_command
-from .lock import experiment_lock, only_starting_files
+from .lock import experiment_lock
 from .machine import detect_cpus as _detect_cpus  # names of run.py that tests replace
 from .machine import detect_gpus as _detect_gpus
 from .resume import has_saved_state, repair_experiment_state, restore_removed_checkpoints, supersede_tables
@@ -329,12 +328,7 @@ def check_resumable(exp_path: str) -> None:
         raise SearchError(f"--resume: {exp_path} holds no Ray Tune experiment to continue "
                           f"({'missing' if not exists(exp_path) else 'no tuner.pkl in'} the folder); "
                           f"drop --resume to start it")
-    # a live driver still starting holds the folder: the lock refuses --resume with who holds it
-    if only_starting_files(exp_path) and lock_holder(join(exp_path, DRIVER_LOCK_FILE)) is None:
-        raise SearchError(f"--resume: {exp_path} holds no experiment state to continue: its search was stopped "
-                          f"while it started, before Ray saved one (only tuner.pkl and the start-up files are "
-                          f"there, and no trial folder); drop --resume to start it again (the new search takes the "
-                          f"folder over)")
+
 
 
 def check_data(spec) -> None:
