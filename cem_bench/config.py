@@ -321,6 +321,11 @@ class TrialConfig:
                           "(graphs on CUDA only) or off")
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             errors.append(f"train.device: {dev!r}; allowed: auto, cpu, cuda, cuda:N")
+        if "://" in self.data.root:   # storage.is_uri's test; load_cifar took it as a local folder named 's3:'
+            errors.append(f"data.root: {self.data.root!r} is a URI, but data.root is a folder on each machine that "
+                          f"runs trials (CIFAR is read from and downloaded into it there); object storage is for a "
+                          f"search's --storage only. Give a local path, e.g. ~/.cache/cem-bench/data (the default) "
+                          f"or /data/cifar")
         if self.data.test_size is not None and self.data.attack_split == "inference" and self.data.test_size < 20:
             errors.append("data.test_size: the inference protocol needs at least 20 test images")
         if errors:

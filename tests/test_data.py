@@ -500,3 +500,21 @@ def test_the_default_data_root_holds_both_cifar_sets(tmp_path, monkeypatch):
     monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
     s = data.load(TrialConfig.from_flat({"data.dataset": "cifar10"}).data)
     assert s.num_classes == 10 and (default / "cifar-10-batches-py").is_dir()
+
+
+@pytest.mark.parametrize("root", ["s3://bucket/cifar", "gs://bucket/data", "file:///data/cifar"])
+def test_a_uri_as_data_root_is_refused_by_the_config(root):
+    """data.root=s3://... passed every check (a search's check_data_root lets URIs through, as for --storage)
+    and load_cifar then read and downloaded into a local folder named 's3:'."""
+    from cem_bench.config import ConfigError
+    from cem_bench.spaces.parse import parse_space
+    with pytest.raises(ConfigError, match=r"data.root: .* is a URI, .*folder on each machine.*--storage"):
+        TrialConfig.from_flat({"data.dataset": "cifar10", "data.root": root})
+    space = {"name": "t", "objectives": [{"metric": "test_acc", "mode": "max", "ref": 0.1},
+                                         {"metric": "attack_ssim", "mode": "min", "ref": 1.0}],
+             "sampler": {"name": "random", "seed": 0}, "num_samples": 2,
+             "fixed": {"train.device": "cpu", "data.dataset": "cifar10"},
+             "params": {"data.root": {"choice": ["/data/cifar", root]}}}
+    with pytest.raises(ConfigError, match="is a URI"):   # a search refuses it before Ray starts
+        parse_space(space)
+    TrialConfig.from_flat({"data.root": "/data/cifar:v2"})   # a colon alone is a folder name
