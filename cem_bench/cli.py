@@ -328,6 +328,7 @@ def cmd_attack(args) -> int:
     check_writable_under("RUN_DIR", os.path.join(args.run_dir, "attack-"), "Nothing was attacked")
     device = resolve_device(cfg.train.device)
     splits, trainer = build(cfg, device)          # the same data and models as the trial
+    checkpoint.check_same_data(args.run_dir, splits, cfg.data.root)   # ... where the run recorded its images
     try:
         trainer.client.load_state_dict(state["client"])
     except (RuntimeError, KeyError, TypeError) as e:

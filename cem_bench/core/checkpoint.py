@@ -230,6 +230,48 @@ def recorded_threads(run_dir: str) -> int | None:
     return None
 
 
+# the splits a re-attack reads (the decoder trains on attack_aux, every attack is scored on attack_eval); train and
+# test are recorded too, but a re-attack's numbers do not depend on them
+ATTACKED_SPLITS = ("attack_aux", "attack_eval")
+
+
+def recorded_data_sha256(run_dir: str) -> tuple[dict[str, str], str] | None:
+    """``(info.data_sha256, the file's path)`` of a run's ``trial_result.json`` or ``metrics.json``; None when
+    neither records one (an older cem-bench's run, or a file that cannot be read)."""
+    from ..schema import METRICS_FILE
+    folder = Dir(run_dir)
+    for name in (RESULT_FILE, METRICS_FILE):
+        try:
+            sums = loads_json(folder.read_bytes_or_raise(name))["info"]["data_sha256"]
+        except Exception:  # noqa: BLE001 - missing, unreadable or without the key: the next, then None
+            continue
+        if isinstance(sums, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in sums.items()):
+            return sums, folder.url(name)
+    return None
+
+
+def check_same_data(run_dir: str, splits, data_root: str) -> None:
+    """DataError (nothing attacked) where the images a re-attack loaded are not those its run recorded
+    (``info.data_sha256``) for a split the attack reads: the numbers would be of other images than the run's,
+    reported beside them. A run that records no fingerprint (an older cem-bench's) is not compared."""
+    recorded = recorded_data_sha256(run_dir)
+    if recorded is None:
+        return
+    sums, where = recorded
+    from ..errors import DataError
+    from . import data
+    ours = data.fingerprints(splits)
+    differ = [n for n in ATTACKED_SPLITS if n in sums and sums[n] != ours[n]]
+    if differ:
+        raise DataError(f"the {' and '.join(differ)} images loaded now (data.root={data_root!r}) are not those "
+                        f"the run used "
+                        f"(sha256 {', '.join(f'{n} {ours[n][:12]} here, {sums[n][:12]} in {where}' for n in differ)}): "
+                        f"the data differ from the run's (another copy of the data set under data.root, or other "
+                        f"versions of the packages that read or make it: torchvision, scikit-learn, scikit-image, "
+                        f"torch). Nothing was attacked; attack with the run's data (--set data.root=DIR where its "
+                        f"copy is, or the package versions its info records)")
+
+
 def load_attackable(run_dir: str) -> tuple[dict, dict, str]:
     """``(config, trainer_state, where)`` of a ``cem-bench train --out`` folder (:func:`load_run`) or of a
     search trial's folder (:func:`load_trial`), whichever ``run_dir`` is; ``where`` names the file(s) they came

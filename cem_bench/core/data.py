@@ -141,6 +141,32 @@ def load(cfg: DataConfig, device: torch.device | str = "cpu") -> Splits:
                   std=torch.tensor(std, device=device).view(1, 3, 1, 1), name=cfg.dataset)
 
 
+SPLIT_NAMES = ("train", "test", "attack_aux", "attack_eval")
+
+
+def fingerprints(splits: Splits) -> dict[str, str]:
+    """The sha256 of each split (its images' and labels' shape, dtype and bytes), as hex. A trial records them
+    (``info.data_sha256``), so that ``cem-bench attack`` can tell that it re-loaded the images the run used: a
+    run records its splits' sizes only, and another copy of a data set under ``data.root``, or other versions of
+    the packages that make digits and photos, give other images of the same sizes. A split that is another's
+    tensor (``training``: attack_aux is train) is hashed once."""
+    import hashlib
+    out: dict[str, str] = {}
+    done: dict[tuple, str] = {}
+    for name in SPLIT_NAMES:
+        split = getattr(splits, name)
+        key = tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.device))
+                    for t in (split.images, split.labels))
+        if key not in done:
+            h = hashlib.sha256()
+            for t in (split.images, split.labels):
+                h.update(f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)};".encode())
+                h.update(t.detach().contiguous().cpu().numpy())
+            done[key] = h.hexdigest()
+        out[name] = done[key]
+    return out
+
+
 def seeded_subsets(train: Split, test: Split, cfg: DataConfig) -> tuple[Split, Split]:
     """``data.train_size`` / ``data.test_size`` images of a data set with fixed splits (CIFAR, digits), a
     subset drawn with ``data.seed``; all of a split when the size is empty or larger. Each split from a

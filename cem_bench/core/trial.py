@@ -192,6 +192,8 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
         "surrogate_params": models.count_params(trainer.surrogate) if trainer.surrogate is not None else 0,
         # what the run used, not what it asked for: data.train_size larger than a fixed split takes all of it
         "images": {name: len(getattr(splits, name).labels) for name in ("train", "test", "attack_aux", "attack_eval")},
+        # which images, not only how many: `cem-bench attack` compares them with those it loads
+        "data_sha256": data.fingerprints(splits),
         "gallery": gallery,
         "history": trainer.history,
         "attack_history": res.history() if res is not None else [],
