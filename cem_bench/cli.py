@@ -678,7 +678,7 @@ def _dispatch(args) -> int:
     except BrokenPipeError:   # `cem-bench table DIR | head`
         return 0
     except OSError as e:   # a file or folder the command writes or reads: one line, not a traceback
-        print(f"cem-bench: {os_error_message(e)}", file=sys.stderr)
+        print(f"cem-bench: {os_error_message(e, search=args.func is cmd_search)}", file=sys.stderr)
         return 2
 
 
@@ -692,7 +692,7 @@ def _unsaved(args) -> str:
     return ""
 
 
-def os_error_message(e: OSError) -> str:
+def os_error_message(e: OSError, search: bool = False) -> str:
     import errno
     where = f" ({e.filename})" if e.filename else ""
     if e.errno == errno.ENOSPC:
@@ -703,7 +703,12 @@ def os_error_message(e: OSError) -> str:
                 free = f"; {shutil.disk_usage(os.path.dirname(str(e.filename)) or '.').free / 2**20:.0f} MiB free there"
         except OSError:
             pass
-        return (f"no space left on the device{where}{free}. Free some space and run the command again (what was "
+        # a search that made its folder is refused as "already exists" when run again: it goes on with --resume,
+        # or, its trials ended, its tables and report are built by `report`
+        again = ("run the command again (with --resume where it is refused as \"already exists\"; where every "
+                 "trial had ended, `cem-bench report` on the experiment folder builds its tables and report)"
+                 if search else "run the command again")
+        return (f"no space left on the device{where}{free}. Free some space and {again} (what was "
                 f"written before is intact: every result file is replaced atomically)")
     # pyarrow's S3 errors are OSErrors with no strerror: the reason (a host that could not be resolved, a
     # denied bucket) is only in the text

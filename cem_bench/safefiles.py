@@ -7,6 +7,7 @@ Imports nothing of the project; ``storage`` builds ``write_bytes`` and ``Dir`` o
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -143,10 +144,18 @@ def replace_in(dir_fd: int, name: str, data: bytes, shown: str) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            # on disk before the rename: renamed first, a power loss or a crashed host could leave the name holding
+            # an empty or partial file (ext4, xfs), which the atomic rename is there to rule out
+            fh.flush()
+            os.fsync(fh.fileno())
         try:
             os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except IsADirectoryError as e:
             raise UnsafePath(f"{shown} is a folder; cem-bench writes a file there: remove or rename the folder") from e
+        # the rename itself, made durable; a file system that cannot sync a folder (some network ones) still has
+        # the file, so that is not an error
+        with contextlib.suppress(OSError):
+            os.fsync(dir_fd)
     finally:
         try:
             os.unlink(tmp, dir_fd=dir_fd)

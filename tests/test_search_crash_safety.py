@@ -97,3 +97,94 @@ def test_a_failed_bundle_write_removes_the_previous_bundle_and_says_so(tmp_path,
     assert bundle_format.read_resume_bundle(exp) is None
     err = capsys.readouterr().err
     assert err.count("could not write the resume bundle") == 1 and "previous one was removed" in err, err
+
+
+def test_a_replaced_file_is_synced_before_its_rename_and_its_folder_after(tmp_path, monkeypatch):
+    """The temp file was renamed over the target unsynced: after a power loss or a crashed host the name could hold
+    an empty or partial file (ext4, xfs), the very thing the atomic rename is for."""
+    import os
+    import stat
+
+    from cem_bench import safefiles
+    from cem_bench.storage import write_bytes
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        return real_fsync(fd)
+
+    def replace(*args, **kwargs):
+        events.append("rename")
+        return real_replace(*args, **kwargs)
+    monkeypatch.setattr(safefiles.os, "fsync", fsync)
+    monkeypatch.setattr(safefiles.os, "replace", replace)
+    write_bytes(str(tmp_path / "out" / "t.json"), b"{}", within=tmp_path)
+    assert events == ["fsync file", "rename", "fsync folder"]
+    assert (tmp_path / "out" / "t.json").read_bytes() == b"{}"
+
+
+def test_tables_that_cannot_be_written_after_the_trials_advise_the_report(tmp_path, monkeypatch, capsys):
+    """Out of space while the tables were written, after every trial had ended: the advice was "run the command
+    again", which is refused ("already exists"). It names `cem-bench report DIR`, which builds them."""
+    from test_search import write_space
+
+    from cem_bench import cli
+    from cem_bench.analysis import results as results_mod
+    from cem_bench.search import run
+    space = write_space(tmp_path, "full")
+    storage = tmp_path / "res"
+    exp = storage / "full"
+
+    def trials_done(spec, **kwargs):
+        (exp / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": []}')
+        return str(exp)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(exp / "trials.parquet"))
+    monkeypatch.setattr(run, "run_search", trials_done)
+    monkeypatch.setattr(run, "check_data", lambda spec: None)
+    monkeypatch.setattr(results_mod, "build_tables", lambda exp: (None, None))
+    monkeypatch.setattr(results_mod, "write_tables", no_space)
+    rc = cli.main(["search", space, "--storage", str(storage), "--mps", "off"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"`cem-bench report {exp}`" in err and "run the command again" not in err, err
+    assert exp.is_dir()
+
+
+def test_out_of_space_in_a_search_does_not_advise_a_command_that_is_refused():
+    from cem_bench.cli import os_error_message
+    e = OSError(errno.ENOSPC, "No space left on device")
+    assert "--resume" in os_error_message(e, search=True) and "cem-bench report" in os_error_message(e, search=True)
+    assert "--resume" not in os_error_message(e)
+
+
+def test_a_damaged_tuner_pkl_is_a_results_error_that_keeps_the_finished_trials(tmp_path, monkeypatch, capsys):
+    """It was labelled "configuration error:" and advised deleting the folder, which holds every finished trial."""
+    import pickle
+
+    from cem_bench import cli
+    from cem_bench.errors import ResultsError, SearchError
+    from cem_bench.search import run
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    data = pickle.dumps({"tuner": list(range(1000))})
+    (exp / "tuner.pkl").write_bytes(data[: len(data) // 2])
+    monkeypatch.setattr(run, "repair_experiment_state", lambda *a, **k: [])
+    monkeypatch.setattr(run, "restore_removed_checkpoints", lambda *a, **k: [])
+    try:
+        run._tuner(None, str(tmp_path), str(exp), True, False, lambda config: None, None)
+    except SearchError as e:
+        error = e
+    assert isinstance(error, ResultsError)
+    text = str(error)
+    assert f"`cem-bench report {exp}`" in text and "new --name" in text and "delete" not in text, text
+
+    def damaged(args):
+        raise error
+    monkeypatch.setattr(cli, "cmd_search", damaged)
+    args = cli.make_parser().parse_args(["search", "x.yaml"])
+    args.func = damaged
+    assert cli._dispatch(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cem-bench: results error:") and "configuration error" not in err, err

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from ..errors import SearchError, StorageFull
+from ..errors import ResultsError, SearchError, StorageFull
 from ..integrity import write_recorded_json
 from ..parsing import loads_json
 from ..schema import INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
@@ -269,6 +269,11 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
     return exp_path
 
 
+class DamagedExperiment(SearchError, ResultsError):
+    """A file Ray restores the experiment from is damaged: a fault of the results folder, not of the command's
+    configuration (the CLI says "results error"), and still a SearchError to the search's callers."""
+
+
 def _tuner(spec, storage: str, exp_path: str, resume: bool, trust_pickled_state: bool, trainable, guard):
     """The Tuner of a new search, or the restored one of ``--resume``. A restored experiment keeps the RunConfig,
     searcher and scheduler its first driver pickled (``Tuner.restore`` takes no new RunConfig): they find this
@@ -289,11 +294,12 @@ def _tuner(spec, storage: str, exp_path: str, resume: bool, trust_pickled_state:
         try:
             return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True)
         except (pickle.UnpicklingError, EOFError) as e:   # one line, not Ray's unpickling traceback
-            raise SearchError(
+            raise DamagedExperiment(
                 f"--resume: {join(exp_path, 'tuner.pkl')} cannot be read ({type(e).__name__}: {e}): it is "
                 f"truncated or damaged (a driver killed, or out of space, while Ray wrote it), and Ray restores "
-                f"an experiment from it. The finished trials' results are still in the folder; start the search "
-                f"again under a new --name, or delete the folder and run the same command without --resume"
+                f"an experiment from it, so this one cannot be continued. Its finished trials' results are still in "
+                f"the folder (keep it): `cem-bench report {exp_path}` builds their tables and report; to run the "
+                f"rest of the search, start it under a new --name"
             ) from None
     write_recorded_json(exp_path, SPACE_FILE, spec.to_dict())
     scheduler = make_scheduler(spec, state_key=spec.name)   # by its plug-in (spaces/schedulers/); None: FIFO
@@ -731,7 +737,18 @@ def search_command(args) -> dict:
             t_write = time.perf_counter()
             from ..analysis import results
             trials, epochs = results.build_tables(exp)
-            trials_path, epochs_path = results.write_tables(exp, (trials, epochs))
+            try:
+                trials_path, epochs_path = results.write_tables(exp, (trials, epochs))
+            except OSError as e:
+                from .diskspace import is_enospc
+                if not is_enospc(e):
+                    raise
+                # every trial has ended: the same command again is refused (the folder exists), and --resume would
+                # only restore a finished experiment; the report builds the tables from the trial folders
+                raise StorageFull(f"no space left on the device to write the tables of {exp} ({e}): every trial "
+                                  f"has ended and its results are in its folder, and nothing was lost. Free some "
+                                  f"space, then build the tables and the report with `cem-bench report {exp}` "
+                                  f"(the same search command is refused now: the experiment exists)") from e
             stats["write_s"] = time.perf_counter() - t_write
     except KeyboardInterrupt:   # a second signal, or one outside Tune's loop: stopped at once
         # only a saved experiment state can be continued: stopped after tuner.pkl but before it, --resume would be
