@@ -650,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
-    from .errors import DataError, ResultsError, StorageFull, TrialDiverged
+    from .errors import DataDownloadError, DataError, ResultsError, StorageFull, TrialDiverged
     from .search.interrupt import Terminated
     try:
         return args.func(args)
@@ -660,7 +660,7 @@ def _dispatch(args) -> int:
     except ConfigError as e:
         print(f"cem-bench: configuration error:\n{e}", file=sys.stderr)
         return 2
-    except DataError as e:
+    except (DataError, DataDownloadError) as e:   # a download the network cut is a data error here too
         print(f"cem-bench: data error: {e}", file=sys.stderr)
         return 2
     except StorageFull as e:

@@ -461,6 +461,13 @@ def test_the_cli_says_a_failed_download_in_one_line(tmp_path, monkeypatch, capsy
     line = os_error_message(e.value)
     assert line == str(e.value) and line.startswith("cifar10 is not in data.root=") and \
         line.endswith("set data.root=DIR to where it already is."), line
+    # `cem-bench train` says it as the data error it is, as a search's pre-flight check does
+    from cem_bench.cli import main
+    capsys.readouterr()
+    assert main(["train", "--set", "data.dataset=cifar10", "--set", f"data.root={tmp_path}",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cem-bench: data error: cifar10 is not in data.root="), err
 
 
 def _listing(root):
