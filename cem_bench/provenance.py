@@ -70,11 +70,29 @@ def device_name(device) -> str:
     return f"cpu ({_cpu_model()}, {platform.machine()}, {os.cpu_count()} cores{isa})"
 
 
+# the libraries besides torch whose versions change a number: image decoding and resampling (Pillow,
+# scikit-image: `photos`), the digits file (scikit-learn's wheel), the arithmetic of the data path (numpy)
+LIBRARIES = ("numpy", "pillow", "scikit-image", "scikit-learn", "torchvision")
+
+
+def library_versions() -> str:
+    """``numpy 2.4.6, pillow 13.0.0, ...`` of ``LIBRARIES`` as installed here (``?`` for one that is not)."""
+    from importlib import metadata
+    out = []
+    for name in LIBRARIES:
+        try:
+            out.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{name} ?")
+    return ", ".join(out)
+
+
 def run_info(device, package_version: str) -> dict:
-    """What ran a measurement, as every result records it: the device (``device_name``), torch, the package
-    and the commit (a trial's result, a re-attack's attack.json, calibrate's files)."""
+    """What ran a measurement, as every result records it: the device (``device_name``), torch, the other
+    libraries that shape the numbers (``library_versions``: nodes of a cluster set up on different days could
+    differ there), the package and the commit (a trial's result, a re-attack's attack.json, calibrate's files)."""
     import torch
-    return {"device": device_name(device), "torch_version": torch.__version__,
+    return {"device": device_name(device), "torch_version": torch.__version__, "libraries": library_versions(),
             "package_version": package_version, "git_sha": git_sha()}
 
 

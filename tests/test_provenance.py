@@ -119,3 +119,14 @@ def test_a_cpu_result_names_the_kind_of_machine_that_computed_it():
     name = device_name("cpu")
     assert name.startswith("cpu (") and f", {platform.machine()}, {os.cpu_count()} cores, " in name
     assert name.endswith(f"torch kernels {torch.backends.cpu.get_cpu_capability()})"), name
+
+
+def test_every_result_records_the_versions_of_the_libraries_that_shape_its_numbers():
+    """Two nodes of a cluster set up on different days could decode `photos` with other Pillow or scikit-image
+    versions and nothing in the result said so: run_info records them beside torch's."""
+    from importlib import metadata
+
+    from cem_bench.provenance import LIBRARIES, run_info
+    info = run_info("cpu", "0.0")
+    assert info["libraries"] == ", ".join(f"{n} {metadata.version(n)}" for n in LIBRARIES)
+    assert "pillow " in info["libraries"] and "scikit-image " in info["libraries"]
