@@ -173,8 +173,12 @@ def test_experiment_state_is_authoritative(experiment):
     os.utime(experiment / "experiment_state-2025-12-31_00-00-00.json")  # newer mtime, older name: name wins
     t = pd.read_parquet(results.write_tables(experiment)[0]).set_index("trial_id")
     assert sorted(t.index) == ["aaaa0001", "aaaa0002", "aaaa0004", "bbbb0009"]
-    assert t.loc["bbbb0009", "status"] == "error" and "pending" in t.loc["bbbb0009", "error"]
+    # Ray lists it waiting and no driver runs: the search did not finish (a hard stop), and --resume runs it
+    assert t.loc["bbbb0009", "status"] == "interrupted"
     assert t.loc["bbbb0009", "config.cem.lambd"] == 3.0
+    (experiment / "interrupted.jsonl").write_text(json.dumps({"signal": "SIGINT", "at": 0.0}) + "\n")
+    t = results.build_tables(experiment)[0].set_index("trial_id")   # a signal's record: as the record says
+    assert t.loc["bbbb0009", "status"] == "interrupted" and t.loc["aaaa0004", "status"] == "error"
 
 
 def test_report_reads_the_tables(experiment):
@@ -480,3 +484,42 @@ def test_a_resume_killed_before_its_end_leaves_its_unfinished_trials_interrupted
     assert rebuilt["aaaa0006"] == "interrupted"
     # a trial that recorded its own error (TrialDiverged) ended: never relabelled by a signal's record
     assert rebuilt["aaaa0004"] == "error"
+
+
+def _ray_state(experiment, statuses: dict[str, str]) -> None:
+    """Ray's experiment state of the handmade folder: trial id -> status (its folder as relative_logdir)."""
+    dirs = {p.name.split("_")[2]: p.name for p in experiment.iterdir() if p.name.startswith("cem_trial_")}
+    state = [[json.dumps({"trial_id": t, "status": s, "relative_logdir": dirs[t], "config": {}}), "{}"]
+             for t, s in statuses.items()]
+    (experiment / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": state}))
+
+
+def test_a_driver_killed_hard_leaves_a_search_the_report_says_did_not_finish(experiment):
+    """kill -9, the out-of-memory killer or a lost head node write no record (only a signal did): the report
+    showed the trials in flight as errors, said nothing of the search being unfinished and gave no --resume
+    command. The driver now writes a hard stop's record before Tune's loop (removed when the loop returns)."""
+    from cem_bench.schema import INTERRUPTED_FILE
+    _ray_state(experiment, {"aaaa0001": "TERMINATED", "aaaa0002": "TERMINATED", "aaaa0003": "TERMINATED",
+                            "aaaa0004": "TERMINATED", "aaaa0005": "RUNNING"})
+    from cem_bench import cli
+    command = "cem-bench search s.yaml --storage /r --name handmade --resume"
+    (experiment / INTERRUPTED_FILE).write_text(json.dumps(results.hard_stop_record(command)) + "\n")
+    assert cli.main(["report", str(experiment)]) == 0
+    t = pd.read_parquet(experiment / "trials.parquet").set_index("trial_id")
+    assert t.loc["aaaa0005", "status"] == "interrupted" and t.loc["aaaa0004", "status"] == "error"
+    page = (experiment / "report" / "index.html").read_text()
+    assert "This search was interrupted by a stop of its driver it could not answer" in page
+    assert command.replace("--", "&#8209;&#8209;") in page or command in page
+
+
+def test_without_a_record_a_state_with_trials_in_flight_marks_them_interrupted(experiment):
+    """A folder without any record (an older cem-bench, or a driver killed before Tune's loop): Ray's state listing
+    a trial running is a search that did not finish. A trial Ray lists as ended (its retries used up) stays an
+    error; a state where every trial ended marks nothing."""
+    _ray_state(experiment, {"aaaa0001": "TERMINATED", "aaaa0002": "TERMINATED", "aaaa0003": "TERMINATED",
+                            "aaaa0004": "TERMINATED", "aaaa0005": "RUNNING"})
+    t = results.build_tables(experiment)[0].set_index("trial_id")
+    assert t.loc["aaaa0005", "status"] == "interrupted" and t.loc["aaaa0004", "status"] == "error"
+    _ray_state(experiment, {"aaaa0001": "TERMINATED", "aaaa0002": "TERMINATED", "aaaa0003": "TERMINATED",
+                            "aaaa0004": "TERMINATED", "aaaa0005": "ERROR"})
+    assert results.build_tables(experiment)[0].set_index("trial_id").loc["aaaa0005", "status"] == "error"

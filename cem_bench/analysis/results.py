@@ -347,17 +347,44 @@ def interruption(exp: _Dir) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("signal"), str) else None
 
 
-def mark_interrupted(row: dict, record: dict | None) -> dict:
+# The record of a search whose driver ended before the search did, without a signal it could answer (kill -9, the
+# out-of-memory killer, a lost head node, a crash): the driver writes it when Tune's loop starts, and replaces it
+# with a signal's record, or removes it, when the loop returns (search/run.py); a reader makes one up for a folder
+# without any whose Ray state still lists trials in flight (``unfinished_record``)
+HARD_STOP = "a stop of its driver it could not answer (kill -9, out of memory, a lost head node, or a crash)"
+
+
+def hard_stop_record(resume: str | None) -> dict:
+    """``INTERRUPTED_FILE``'s record of a hard stop (``HARD_STOP``), with the command that continues the search."""
+    return {"signal": HARD_STOP, "hard": True, "at": None, "resume": resume}
+
+
+def unfinished_record(state: list[dict] | None) -> dict | None:
+    """A hard stop's record (no command known) where Ray's newest experiment state lists a trial running,
+    waiting or paused, as no search that ended does (every trial then ended, or a signal's record is there);
+    else None."""
+    if any(str(t.get("status")).upper() in _LIVE_STATUSES for t in state or []):
+        return hard_stop_record(None)
+    return None
+
+
+def mark_interrupted(row: dict, record: dict | None, ray_status: str | None = None) -> dict:
     """A trial that was in flight (or waiting) when a signal stopped the search: status "interrupted", not
     "error" (``--resume`` continues it from its last checkpoint). Stays an error: a trial's own recorded error
     (its ``trial_result.json``: it ended, a diverged run, say, which no resume runs again), and an error Ray
     recorded before the signal. (One Ray recorded after it, in a resumed run killed before its end, is
-    "interrupted": the next ``--resume`` runs it again, as it runs every errored trial.)"""
+    "interrupted": the next ``--resume`` runs it again, as it runs every errored trial.) After a hard stop
+    (``record["hard"]``: no time of the stop is known) the trials in flight are those Ray's experiment state
+    (``ray_status``) lists as running, waiting or paused; one it lists as ended stays as it is."""
     error_at = row.pop("_error_at", None)
     if record is None or row.get("status") != "error":
         return row
     if error_at is None and not row.get("_partial"):
         return row
+    if record.get("hard"):
+        if str(ray_status).upper() not in _LIVE_STATUSES:
+            return row
+        return {**row, "status": "interrupted", "error": None, "interrupted_by": record["signal"]}
     at = record.get("at")
     if error_at is not None and isinstance(at, (int, float)) and error_at < at - INTERRUPT_SLACK_S:
         return row
@@ -532,17 +559,19 @@ def build_tables(experiment_dir: str | os.PathLike, running: bool = False) -> tu
         read = list(pool.map(one, dirs))
     dirs = [d for d, r in zip(dirs, read) if r is not None]
     stops = scheduler_stops(exp)
-    # a --resume removes the record of the signal only once Ray has restored the run: while it runs, none applies
-    interrupted = None if running else interruption(exp)
+    # a --resume removes the record of the signal only once Ray has restored the run: while it runs, none applies.
+    # Without a record, a state that still lists trials in flight is a driver that ended without one (a folder of
+    # an older cem-bench, or a driver killed before Tune's loop wrote its record)
+    interrupted = None if running else (interruption(exp) or unfinished_record(state))
     # a trial retried after a lost worker or node is one row like any other; this column says it was retried
     failures = {t["dir"]: t["failures"] for t in state or [] if t["dir"]}
-    ray_status = {t["dir"]: t["status"] for t in state or [] if t["dir"]} if running else {}
+    ray_status = {t["dir"]: t["status"] for t in state or [] if t["dir"]}
 
     def marked(row: dict) -> dict:
         row = mark_stopped(row, stops)
         if running:
             row = mark_running(row, ray_status.get(row.get("trial_dir")))
-        return mark_interrupted(row, interrupted)
+        return mark_interrupted(row, interrupted, ray_status.get(row.get("trial_dir")))
     for r in read:
         if r is not None:
             r[0]["failures"] = failures.get(r[0]["trial_dir"])
@@ -558,7 +587,7 @@ def build_tables(experiment_dir: str | os.PathLike, running: bool = False) -> tu
         config = dict(t["config"])
         row["role"] = str(config.pop("role", None) or "search")
         row.update({f"config.{k}": v for k, v in config.items()})
-        rows.append(mark_interrupted(mark_running(row, t["status"]) if running else row, interrupted))
+        rows.append(mark_interrupted(mark_running(row, t["status"]) if running else row, interrupted, t["status"]))
 
     # the space's fixed keys are read again only where a trial needs them (load_objectives read the file above)
     fixed = saved_fixed(exp) if any(r.get("_partial") for r in rows) else {}

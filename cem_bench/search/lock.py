@@ -41,7 +41,7 @@ from collections.abc import Iterator
 
 from ..errors import SearchError
 from ..integrity import MANIFEST_FILE
-from ..schema import DRIVER_LOCK_FILE, JOURNAL_FILE, SPACE_FILE
+from ..schema import DRIVER_LOCK_FILE, INTERRUPTED_FILE, JOURNAL_FILE, SPACE_FILE
 from ..storage import Dir, exists, holder_text, is_uri, join, write_bytes
 
 LOCK_FILE = DRIVER_LOCK_FILE
@@ -151,9 +151,10 @@ def _remove(path: str) -> None:
 # checksum list, the Optuna journal the searcher creates (and the lock Optuna takes on it), the marker Ray's Tuner
 # writes to check the storage, and Ray's tuner.pkl. tuner.pkl alone restores nothing (--resume refuses a folder
 # without an experiment state); left out of these, a driver stopped just after writing it left a name neither a
-# new search (the folder exists) nor --resume (no experiment state) could use
+# new search (the folder exists) nor --resume (no experiment state) could use. The interruption record is written
+# just before Tune's loop starts (search/run.py), before any state too
 _STARTING_FILES = frozenset({LOCK_FILE, SPACE_FILE, MANIFEST_FILE, JOURNAL_FILE, JOURNAL_FILE + ".lock",
-                             ".validate_storage_marker", "tuner.pkl"})
+                             ".validate_storage_marker", "tuner.pkl", INTERRUPTED_FILE})
 CLAIM_STALE_S = 600.0   # object storage: a claim this old with nothing resumable beside it is a stopped start's
 
 

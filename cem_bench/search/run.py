@@ -233,6 +233,17 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
         if resume:   # the tables of before it are not this search's final ones (written when it ends)
             for line in supersede_tables(exp_path):
                 print(f"--resume: {line}", flush=True)
+        # what the folder says if this driver ends without a word (kill -9, the out-of-memory killer, a lost head
+        # node): without it the report read such a search as finished, its trials in flight as errors and no
+        # --resume command (only a signal wrote a record). Replaced by a signal's record, or removed, below
+        from ..analysis.results import hard_stop_record
+        try:
+            write_bytes(join(exp_path, INTERRUPTED_FILE),
+                        (json.dumps(hard_stop_record(stats.get("resume_command"))) + "\n").encode())
+        except OSError as e:
+            if is_enospc(e):
+                raise StorageFull(full_message(storage)) from e
+            raise
         try:
             with one_line_when_full(guard), Interruption() as interruption:
                 grid = tuner.fit()
@@ -247,8 +258,9 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
             record = {"signal": interruption.signal.name, "at": interruption.at, "resume": stats.get("resume_command")}
             write_bytes(join(exp_path, INTERRUPTED_FILE), (json.dumps(record) + "\n").encode())
         elif exists(join(exp_path, INTERRUPTED_FILE)):
-            # the interrupted run this one continued has ended; kept until here, so that a resume killed before
-            # its end (its tables moved aside) is rebuilt with its unfinished trials interrupted, not errors
+            # Tune's loop has returned: the hard-stop record written before it (and the record of the interrupted
+            # run a --resume continued) no longer applies; kept until here, so that a run killed before its end
+            # (a resume's tables moved aside) is rebuilt with its unfinished trials interrupted, not errors
             remove_file(join(exp_path, INTERRUPTED_FILE))
         stats["trials_s"] = time.perf_counter() - t1
         ok = err = stopped = 0
