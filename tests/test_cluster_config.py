@@ -76,7 +76,6 @@ def test_every_node_installs_the_libraries_at_the_tested_versions(raw):
     pyproject.toml): the package is installed with cluster-constraints.txt, whose every pin satisfies
     pyproject.toml's range and names a dependency of the package's (or of scikit-image's image reading)."""
     import tomllib
-
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 

@@ -203,7 +203,7 @@ def test_the_adversarial_fit_is_the_plain_class_hinge_whatever_the_attention(nam
         surr = build(cfg, SHAPE, CLASSES)
         t, eps = surr.hinge_level, surr.cfg.var_eps
 
-        def class_hinge(cells):   # mass-weighted hinged variance of the given cells, averaged over the classes
+        def class_hinge(cells, t=t, eps=eps):   # mass-weighted hinged variance of the cells, mean over classes
             total = 0.0
             for c in range(CLASSES):
                 own = y == c

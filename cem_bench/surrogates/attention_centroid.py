@@ -14,7 +14,8 @@ Each *sample* is a set of H*W spatial tokens of C channels:
    with the features already in that space (the seed projects one side onto the other).
    sigma^2_ck = mean over the assigned members of ||f_j - c_ck||^2 / h;
 4. L_c = sum_k w_k log(sigma^2_ck + rho^2), w_k = n_ck / M_c (the assigned fraction), rho =
-   ``cem.reg_strength``, empty: the defense noise sigma (the reference's regularization_strength); L = mean over the classes with M_c >= 2 (the others contribute nothing, also to
+   ``cem.reg_strength``, empty: the defense noise sigma (the reference's
+   regularization_strength); L = mean over the classes with M_c >= 2 (the others contribute nothing, also to
    the mean). The loss is a log-variance, so it is negative once the clusters are tight (design note 000 reports
    about -0.64); it is bounded below by log(rho^2).
 
