@@ -162,5 +162,8 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         if self.started:
-            err = stop()
+            # a run being ended (SIGTERM as SystemExit: gpu_pack under `timeout -k`) has seconds before SIGKILL: a
+            # wedged daemon held it 60 s on 'quit' and 30 more on the wait, past the caller's limit
+            ending = exc and exc[0] is not None and issubclass(exc[0], SystemExit)
+            err = stop(wait_s=5.0, quit_timeout_s=5.0) if ending else stop()
             self.log(f"[cem-bench] CUDA MPS not stopped: {err}" if err else "[cem-bench] CUDA MPS stopped")

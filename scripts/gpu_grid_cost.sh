@@ -7,10 +7,15 @@
 #      attention surrogate: the summary brackets the grid between gmm's cost and theirs), the two the grid's
 #      GPU-hours need, first; then, as the budget allows, gmm alone and 2 gmm at once without MPS (skipped where
 #      MPS did not start: the pairs already ran without it, and the grid's line says "without MPS"). By estimate
-#      (not yet run on an H100) 170 + 200 + 110 s of the default 520 s: the last pair's 170 s do not fit;
+#      (not yet run on an H100) 170 + 200 + 110 s of the default 520 s: the last pair's 170 s do not fit. The
+#      attention pair, once gmm's has run, may run into the check's reserve (until 40 s before TOTAL ends);
 #   2. scripts/gpu_check.py --stages env equivalence summary with what is left: the plain graphed step of lambda = 0
 #      and of each surrogate against its eager step, then three with noise and dropout (no compile, no own stream:
 #      what 1380ead's gate multiplier changed in the captured step; gpu_check's own default runs all variants).
+#
+# In that order of priority: the grid's GPU-hours (both pairs), the lone trial, the check. At the estimates the
+# lone trial leaves the check about 55 s or nothing (under 50 s left: not started), so on a card this most
+# likely exits 3: expected, the pack's files are what the call is for.
 #
 #   OUT=/some/folder bash scripts/gpu_grid_cost.sh [TOTAL_SECONDS]     # default 570
 #
@@ -40,12 +45,17 @@ rm -rf "$out/pack" "$out/check" "$out/check.tgz" "$out/check_summary.md"   # gpu
 mkdir -p "$out/pack" "$out/check"
 start=$(date +%s)
 # the trials first: the check gets what their budget's skipped runs leave. The deadline is on this clock, so the
-# cold start (gpu_pack's `import torch`, 10-20 s on a cold machine) is inside the budget; the timeout gives 20 s
-# beyond it for its last run, which may go on until 5 s before the deadline, to be stopped and written up
+# cold start (gpu_pack's `import torch`, 10-20 s on a cold machine) is inside the budget; a run started within it
+# may go on until 5 s before it. The hard deadline, 20 s later, is where `timeout` ends gpu_pack: only the pair
+# that completes the grid's line may run into those 20 s and the check's reserve after them (its timeout ends
+# 10 s before the hard deadline; the check, last in priority, then gets no time). -k: a SIGTERM during a pair
+# whose MPS daemon is wedged must not hold the call past its limit (gpu_pack's handlers give the daemon 5 + 5 s)
 pack_budget=$(( total - 50 ))
-timeout $(( pack_budget + 20 )) python3 scripts/gpu_pack.py --phases trials --trials-surrogates gmm \
-    attention_centroid --trials-no-mps --budget-s "$pack_budget" --deadline $(( start + pack_budget )) \
-    --out "$out/pack"
+hard_deadline=$(( start + total - 30 ))
+pack_timeout=$(( hard_deadline - $(date +%s) ))
+timeout -k 15 $(( pack_timeout > 1 ? pack_timeout : 1 )) python3 scripts/gpu_pack.py --phases trials \
+    --trials-surrogates gmm attention_centroid --trials-no-mps --budget-s "$pack_budget" \
+    --deadline $(( start + pack_budget )) --hard-deadline "$hard_deadline" --out "$out/pack"
 left=$(( total - ($(date +%s) - start) - 15 ))
 check_done=no
 if [ "$left" -gt 50 ]; then

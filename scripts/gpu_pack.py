@@ -16,9 +16,10 @@ trials (alone and together, warmed up), without and under MPS (about 2 min on an
 size (``cem_bench/bench/paper.py``): 2 at once under MPS, then (``--trials-surrogates gmm attention_centroid``)
 an attention surrogate's pair under MPS, the two the grid's GPU-hours need, then one alone, then with
 ``--trials-no-mps`` 2 at once without MPS; about 650 s on an H100 by estimate (110 s alone, 170 s a gmm pair,
-200 s an attention pair), so a shorter budget skips the last. The summary gives a whole trial's GPU-minutes at
-each packing and the grid's GPU-hours, bracketed by its surrogates when more than one was measured (from the
-pairs without MPS, said so, where MPS did not start).
+200 s an attention pair), so a shorter budget skips the last; ``--hard-deadline`` (where the caller's `timeout`
+ends this) lets the pair that gives the grid's line its second end run past the budget into the caller's
+reserve. The summary gives a whole trial's GPU-minutes at each packing and the grid's GPU-hours, bracketed by
+its surrogates when more than one was measured (from the pairs without MPS, said so, where MPS did not start).
 Without CUDA it runs every phase on the CPU at tiny sizes: a dry run of the script, not a figure.
 """
 
@@ -53,6 +54,15 @@ TRIALS_EST_S = {1: 110, 2: 170}
 # a pair of an attention surrogate also compiles it and runs the 64-batch strength match in each process (docs/
 # performance.md: about 180 s for 2 attention_centroid under MPS); the estimate a pair of it is started on
 TRIALS_EST_ATTENTION_PAIR_S = 200
+# the pair that completes the grid's line (gmm's and an attention surrogate's) is started on 1.0x its estimate,
+# times how far the pair of the other kind ran over its own, by at most this: that pair ran first and paid the
+# machine's cold start (page cache, cuDNN's first autotuning), which the next does not pay again, so its overrun
+# overstates the card's slowness (a cold gmm pair of 280 s against 170 would otherwise skip an attention pair
+# that fits)
+GRID_PAIR_SCALE_CAP = 1.05
+# seconds before --hard-deadline at which that pair's timeout ends it: its processes ended (5 s grace), its row
+# written and the MPS daemon it started stopped before the caller's `timeout` sends SIGTERM
+HARD_MARGIN_S = 10.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the budget's end on the wall clock, in seconds since the epoch (`date +%%s`): the "
                          "caller's clock, which started before this script's `import torch` (10-20 s on a cold "
                          "machine); the budget ends at whichever of this and --budget-s comes first")
+    ap.add_argument("--hard-deadline", type=float, default=None, metavar="EPOCH_S",
+                    help="where the caller's `timeout` ends this script, on the same clock, after --deadline: "
+                         "the pair that completes the grid's line (the trials phase) may run until shortly "
+                         "before it, into the time after the budget that the caller keeps for other work; "
+                         "every other run keeps to the budget (default: the budget's end)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/cem_gpu_pack"))
     ap.add_argument("--phases", nargs="+", default=[p for p in PHASES if p != "trials"], choices=list(PHASES),
                     help="which precisions and MPS settings (default: all but trials, in this order); trials: whole "
@@ -81,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.deadline is not None and args.deadline < 1e9:
         ap.error(f"--deadline {args.deadline:g} is not a time: give the budget's end in seconds since the epoch "
                  f"(e.g. $(( $(date +%s) + 500 ))), or a length with --budget-s")
+    if args.hard_deadline is not None and args.hard_deadline < 1e9:
+        ap.error(f"--hard-deadline {args.hard_deadline:g} is not a time: give where the caller's timeout ends this "
+                 f"script in seconds since the epoch (e.g. $(( $(date +%s) + 540 )))")
+    if args.hard_deadline is not None and args.deadline is not None and args.hard_deadline < args.deadline:
+        ap.error(f"--hard-deadline {args.hard_deadline:g} is before --deadline {args.deadline:g}: the hard deadline "
+                 f"is the latest a run the grid's line needs may go on to, at or after the budget's end")
     # `timeout` (gpu_grid_cost.sh) ends this with SIGTERM, whose default action runs no `finally` or `__exit__`:
     # an MPS daemon it started (detached, -d) outlived it, and on the same warm machine the next call's alone
     # run found it and every pair was skipped. As SystemExit, mps.Session's exit stops it. Restored on the way
@@ -99,6 +120,9 @@ def run(args) -> int:
     def left() -> float:
         by_budget = args.budget_s - (time.monotonic() - t_start)
         return by_budget if args.deadline is None else min(by_budget, args.deadline - time.time())
+
+    def hard_left() -> float:
+        return left() if args.hard_deadline is None else args.hard_deadline - time.time()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     sizes = sizes_for(device, quick=True, tiny=not cuda)
@@ -126,7 +150,7 @@ def run(args) -> int:
             save()
 
     try:
-        measure_all(args, cuda, device, sizes, left, emit, env, summary)
+        measure_all(args, cuda, device, sizes, left, emit, env, summary, hard_left)
     finally:
         save()
         jsonl.close()
@@ -138,7 +162,7 @@ def run(args) -> int:
 SUMMARY_KINDS = ("ceiling", "pack", "attack", "trials", "error", "skipped")
 
 
-def measure_all(args, cuda: bool, device, sizes, left, emit, env: dict, summary: dict) -> None:
+def measure_all(args, cuda: bool, device, sizes, left, emit, env: dict, summary: dict, hard_left=None) -> None:
     """Every phase of ``args.phases`` in order; each result goes into ``summary`` before its row is emitted."""
     if cuda and mps.running():
         # left by an earlier call killed past its handler (a device call's own limit): this project's pipe
@@ -209,7 +233,7 @@ def measure_all(args, cuda: bool, device, sizes, left, emit, env: dict, summary:
                 emit("error", phase=phase, traceback=traceback.format_exc()[-2000:])
             now["phase"] = None
     if "trials" in args.phases:             # the grid's own packing as whole trials: 2 at once first
-        trials_phase(args, cuda, left, emit, summary)
+        trials_phase(args, cuda, left, emit, summary, hard_left)
     if "attacks" in args.phases:            # the attacks of the grid's packing alone: 2 fp32 workers
         for use_mps in (False, True):
             phase = f"attacks{' MPS' if use_mps else ''}"
@@ -226,23 +250,40 @@ def measure_all(args, cuda: bool, device, sizes, left, emit, env: dict, summary:
             now["phase"] = None
 
 
-def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
+def trials_phase(args, cuda: bool, left, emit, summary: dict, hard_left=None) -> None:
     """2 paper-trial slices at once under MPS for each of ``args.trials_surrogates`` in turn, then one of the
     first alone (no MPS), then (with --trials-no-mps) 2 of the first at once without MPS, each ``cem-bench
     train`` in a process of its own; each result goes into ``summary["trials"]`` and then out as its row, as it
-    ends."""
+    ends. ``left``: seconds to the budget's end; ``hard_left``: to where the caller's `timeout` ends this (the
+    budget's end if None), which only the pair that completes the grid's line may run into."""
     import tempfile
 
+    hard_left = hard_left or left
     epochs = args.trials_epochs or (10 if cuda else 3)
     first, *others = args.trials_surrogates
+
+    def h100_s(k: int, surrogate: str) -> float:
+        return TRIALS_EST_ATTENTION_PAIR_S if k > 1 and surrogate != "gmm" else TRIALS_EST_S[k]
+
     def est(k: int, surrogate: str) -> float:
         """The seconds a run is started on: the H100 estimate with a tenth to spare (a run killed at its
         timeout returns nothing to extrapolate from); on the CPU (the dry run) any time left."""
-        if not cuda:
-            return 1.0
-        return 1.1 * (TRIALS_EST_ATTENTION_PAIR_S if k > 1 and surrogate != "gmm" else TRIALS_EST_S[k])
+        return 1.1 * h100_s(k, surrogate) if cuda else 1.0
+
     results = {"alone": None, "packed": [], "epochs": epochs, "surrogate": first}
     summary["trials"] = {"trials": results}
+    took: dict[int, float] = {}      # id of a pair's result: its seconds, MPS start and stop included
+
+    def completes_grid(k: int, use_mps, surrogate: str):
+        """The ok MPS pair of the other kind (gmm / an attention surrogate) where this pair would give the grid's
+        line its second end, else None."""
+        if k != 2 or use_mps is not True:
+            return None
+        ok = [r for r in results["packed"] if r.get("ok") and id(r) in took]
+        if any((r.get("surrogate") == "gmm") == (surrogate == "gmm") for r in ok):
+            return None
+        return ok[0] if ok else None
+
     # what the grid's GPU-hours need first: a pair of each surrogate at the grid's packing (the grid line needs
     # gmm's and an attention surrogate's; with the lone trial first, a budget 20 % short skipped the attention
     # pair and the grid had no figure). The lone trial (the ratio to one at a time) and the no-MPS comparison
@@ -251,15 +292,32 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
     plan = [(f"2 at once, MPS{', ' + s if s != first else ''}", 2, True, s) for s in [first, *others]] + \
         [("alone", 1, None, first)] + ([("2 at once, no MPS", 2, False, first)] if args.trials_no_mps else [])
     skipped = False
+    cold = True      # the first run this phase starts: it pays the machine's cold start
     for label, k, use_mps, surrogate in plan:
         keys = {**paper.paper_keys(cuda, surrogate=surrogate), "train.epochs": epochs}
         # the no-MPS comparison comes last and only after everything else: not when an earlier run was skipped
         # (its time would have been the check's)
         late = use_mps is False and skipped
-        if left() < est(k, surrogate) or late:
+        other = completes_grid(k, use_mps, surrogate)
+        if other is not None:
+            # the grid's line is the run's first aim: this pair is held to its estimate (scaled by the other
+            # pair's overrun), not the tenth more, and may run into the caller's reserve up to the hard deadline;
+            # skipped only where it cannot finish even so (the alone run and the check would then gain nothing)
+            scale = min(max(took[id(other)] / h100_s(2, other["surrogate"]), 1.0), GRID_PAIR_SCALE_CAP)
+            need = h100_s(k, surrogate) * scale if cuda else 1.0
+            if hard_left() - HARD_MARGIN_S < need:
+                emit("skipped", phase=f"trials {label}", left=left(), hard_left=hard_left(),
+                     message=f"needs {need:.0f} s ({scale:.2f}x its estimate, as the other pair ran), "
+                             f"{hard_left() - HARD_MARGIN_S:.0f} s left before the hard deadline")
+                skipped = True
+                continue
+            run_left = hard_left
+        elif left() < est(k, surrogate) or late:
             emit("skipped", phase=f"trials {label}", left=left())
             skipped = True
             continue
+        else:
+            run_left = left
         # where MPS could not start on the card, the first surrogate's MPS pair already ran without it: the no-MPS
         # pair would measure the same again. The CPU dry run (MPS never wanted there) runs it, to run every path
         same = next((r for r in results["packed"] if r.get("surrogate") == first and r.get("ok")
@@ -271,16 +329,20 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
         if use_mps is not True and mps.running():   # these processes would be MPS clients: not what is asked
             emit("error", phase=f"trials {label}", message=f"an MPS control daemon is running ({mps.pipe_dir()})")
             continue
+        before, r = left(), None
         try:
             with (mps.Session("auto", 0.5, cuda, log=lambda m: emit("mps", message=m)) if use_mps
                   else contextlib.nullcontext()) as session:
                 state = session.state if session is not None else "off"
+                margin = HARD_MARGIN_S if run_left is hard_left else 5.0
                 with tempfile.TemporaryDirectory(prefix="cem-bench-trials-") as tmp:
-                    r = paper.measure(k, keys, tmp, timeout=max(30.0, left() - 5), epochs_done=epochs,
+                    r = paper.measure(k, keys, tmp, timeout=max(30.0, run_left() - margin), epochs_done=epochs,
                                       threads=2 if cuda else 1)
                 if use_mps and state not in mps.ON_STATES:
                     label = f"{label} (MPS {state})"     # a pair that ran without MPS says so in its every line
                 r.update({"label": label, "mps": state, "epochs": epochs, "surrogate": surrogate})
+                if cold:
+                    r["cold"] = True
                 if k == 1:
                     results["alone"] = r
                 else:
@@ -292,6 +354,24 @@ def trials_phase(args, cuda: bool, left, emit, summary: dict) -> None:
                     emit("mps", label=label, message=f"servers after the pair: {mps.servers()}")
         except Exception:  # noqa: BLE001
             emit("error", phase=f"trials {label}", traceback=traceback.format_exc()[-2000:])
+        cold = False
+        if r is not None and k == 2 and use_mps is True:
+            took[id(r)] = before - left()       # on the caller's clock: MPS's start and stop are the pair's too
+
+
+COLD_NOTE = (" (this pair ran first, on a cold machine: its span includes the cold start (page cache, cuDNN's "
+             "first autotuning) that the lone trial after it did not pay, so the ratio understates packing's gain)")
+
+
+def without_mps(packed: list[dict]) -> str:
+    """Which of the pairs ``paper.grid_lines`` uses (the first ok one of each surrogate) ran without MPS, and
+    why, e.g. "attention_centroid's pair (MPS not started)"."""
+    used: dict = {}
+    for r in packed:
+        if r.get("ok"):
+            used.setdefault(r.get("surrogate"), r)
+    return ", ".join(f"{s}'s pair (MPS {str(r.get('mps')).split(':')[0]})" for s, r in used.items()
+                     if r.get("mps") not in mps.ON_STATES)
 
 
 def write_summary(out, env, summary, echo: bool = True) -> None:
@@ -306,13 +386,20 @@ def write_summary(out, env, summary, echo: bool = True) -> None:
                 continue
             counts = paper.grid_trials()
             on = [r for r in t["packed"] if r.get("mps") in mps.ON_STATES]
-            # where MPS did not start, the pairs that ran without it give the grid's cost, said so
+            # where MPS did not start, the pairs that ran without it give the grid's cost, said so; where it
+            # started for one pair and not the other, neither subset holds both ends: all of them, saying which
             grid = paper.grid_lines(on, counts) or paper.grid_lines(
-                [r for r in t["packed"] if r.get("mps") not in mps.ON_STATES], counts, how="without MPS")
+                [r for r in t["packed"] if r.get("mps") not in mps.ON_STATES], counts, how="without MPS") or \
+                paper.grid_lines(t["packed"], counts, how=f"partly without MPS: {without_mps(t['packed'])}")
+            measured = paper.summary_lines(t["alone"], t["packed"])
+            for r in t["packed"]:
+                if r.get("cold"):       # the ratio's pair paid the cold start that the lone trial after it did not
+                    measured = [line + COLD_NOTE if line.startswith(f"- {r['label']}:") and
+                                line.endswith("x one at a time") else line for line in measured]
             lines += [f"## whole paper trials (slices of {t.get('epochs', first.get('epochs'))} epochs with both "
                       f"attacks, extrapolated to {paper.PAPER_EPOCHS}; {t.get('surrogate', first.get('surrogate'))} "
                       f"unless named; evaluation and start-up included)",
-                      *paper.summary_lines(t["alone"], t["packed"]), *grid, ""]
+                      *measured, *grid, ""]
             continue
         top = s["ceiling"]
         if top is None:

@@ -404,3 +404,41 @@ def test_sigterm_ends_gpu_pack_with_its_summary_and_no_trial_left_running(tmp_pa
         for k in kids:                          # the old code's survivors: not left to run on
             if _alive(k):
                 os.kill(k, signal.SIGKILL)
+
+
+def test_a_grid_line_from_pairs_of_different_mps_states_says_which_ran_without(tmp_path, monkeypatch):
+    """MPS started for gmm's pair and not for the attention pair (or the other way round): each subset, under MPS
+    and without, lacked one end, and summary.md had no grid line though both pairs were measured. Now the line
+    comes from both, labelled with the pair that ran without MPS."""
+    gpu_pack = load_gpu_pack(monkeypatch)
+    gmm = {**fake_result(2, 300.0), "label": "2 at once, MPS", "surrogate": "gmm", "mps": "started"}
+    att = {**fake_result(2, 400.0), "label": "2 at once, MPS, attention_centroid (MPS not started: no permission)",
+           "surrogate": "attention_centroid", "mps": "not started: no permission"}
+    for packed, which in (([gmm, att], "attention_centroid's pair (MPS not started)"),
+                          ([{**gmm, "mps": "not started: x", "label": "2 at once, MPS (MPS not started: x)"},
+                            {**att, "mps": "started", "label": "2 at once, MPS, attention_centroid"}],
+                           "gmm's pair (MPS not started)")):
+        summary = {"trials": {"trials": {"alone": None, "packed": packed, "epochs": 10, "surrogate": "gmm"}}}
+        gpu_pack.write_summary(str(tmp_path), {"device": "H100", "torch": "2.11", "commit": "0" * 40}, summary,
+                               echo=False)
+        text = (tmp_path / "summary.md").read_text()
+        assert (f"- the grid packed as measured partly without MPS: {which} (165 trials: lambda=0 15, gmm 30"
+                in text), text
+        assert f"{165 * 300 / 3600:.1f} GPU-hours with every trial at gmm's cost" in text
+
+
+def test_the_ratio_of_the_pair_that_ran_cold_says_it_understates_packing(tmp_path, monkeypatch):
+    """The first pair pays the machine's cold start, the lone trial after it does not: "N x one at a time" beside
+    the first pair understates packing's gain, and the line says so; a pair that did not run first does not."""
+    gpu_pack = load_gpu_pack(monkeypatch)
+    alone = {**fake_result(1, 360.0), "label": "alone", "surrogate": "gmm", "mps": "off"}
+    cold = {**fake_result(2, 300.0), "label": "2 at once, MPS", "surrogate": "gmm", "mps": "started", "cold": True}
+    warm = {**fake_result(2, 330.0), "label": "2 at once, no MPS", "surrogate": "gmm", "mps": "off"}
+    summary = {"trials": {"trials": {"alone": alone, "packed": [cold, warm], "epochs": 10, "surrogate": "gmm"}}}
+    gpu_pack.write_summary(str(tmp_path), {"device": "H100", "torch": "2.11", "commit": "0" * 40}, summary,
+                           echo=False)
+    lines = (tmp_path / "summary.md").read_text().splitlines()
+    first = next(line for line in lines if line.startswith("- 2 at once, MPS:"))
+    other = next(line for line in lines if line.startswith("- 2 at once, no MPS:"))
+    assert "1.20x one at a time (this pair ran first, on a cold machine" in first and "understates" in first
+    assert other.endswith("x one at a time"), other

@@ -11,16 +11,24 @@ import tarfile
 import pytest
 
 
-def run_script(tmp_path, total: int, summary_fails: bool = False) -> subprocess.CompletedProcess:
-    """The script with `python3` standing in for both scripts: gpu_pack ends at once, gpu_check's stages write
-    equivalence.json and exit as `timeout` leaves them (124, no summary.md); the summary stage alone is the real
-    one (or fails too, ``summary_fails``)."""
+def run_script(tmp_path, total: int, summary_fails: bool = False, pack_hangs: bool = False,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """The script with `python3` standing in for both scripts: gpu_pack writes its arguments to pack_args.txt
+    and ends at once (or, ``pack_hangs``, ignores SIGTERM for 90 s, as one held by a wedged MPS daemon),
+    gpu_check's stages write equivalence.json and exit as `timeout` leaves them (124, no summary.md); the summary
+    stage alone is the real one (or fails too, ``summary_fails``)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "python3"
     fake.write_text(f"""#!/bin/bash
 case "$1" in
-    scripts/gpu_pack.py) exit 0 ;;
+    scripts/gpu_pack.py)
+        echo "$@" > "{tmp_path}/pack_args.txt"
+        if [ -n "$FAKE_PACK_HANGS" ]; then
+            trap '' TERM
+            for _ in $(seq 90); do sleep 1; done    # bounded: where -k is missing it outlives the test
+        fi
+        exit 0 ;;
     scripts/gpu_check.py)
         if [[ " $* " == *" equivalence "* ]]; then
             mkdir -p "$OUT"
@@ -37,8 +45,10 @@ exec {sys.executable} "$@"
            "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])}
     if summary_fails:
         env["FAKE_SUMMARY_FAILS"] = "1"
+    if pack_hangs:
+        env["FAKE_PACK_HANGS"] = "1"
     return subprocess.run(["bash", "scripts/gpu_grid_cost.sh", str(total)], env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=timeout)
 
 
 def test_a_check_cut_off_at_its_timeout_still_leaves_its_summary(tmp_path):
@@ -61,3 +71,23 @@ def test_without_any_summary_check_summary_md_says_why(tmp_path, total, why):
     assert p.returncode == 3, p.stdout[-2000:] + p.stderr[-2000:]
     text = (tmp_path / "out" / "check_summary.md").read_text()
     assert text.startswith("# gpu_check: no summary") and why in text, text
+
+
+def test_a_pack_that_ignores_sigterm_is_killed_within_the_call(tmp_path):
+    """`timeout` without -k: a gpu_pack held on its way out (an MPS daemon that does not take 'quit', 60 s and 30
+    more) ran past the device call's limit, and the call brought back nothing. Now it is killed 15 s after the
+    SIGTERM that ends it at the hard deadline (TOTAL - 30 s), which gpu_pack is told, 20 s after its budget's
+    end: the script still ends within its TOTAL, its files written."""
+    import time
+    total = 40
+    t0 = time.monotonic()
+    try:
+        p = run_script(tmp_path, total, pack_hangs=True, timeout=total + 20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"gpu_grid_cost.sh {total} was still running after {total + 20} s")
+    took = time.monotonic() - t0
+    assert p.returncode == 3 and took < total, (took, p.stdout[-2000:], p.stderr[-2000:])
+    assert (tmp_path / "out" / "check_summary.md").exists()
+    words = (tmp_path / "pack_args.txt").read_text().split()
+    deadline, hard = (int(words[words.index(w) + 1]) for w in ("--deadline", "--hard-deadline"))
+    assert hard - deadline == 20, words

@@ -363,8 +363,8 @@ def test_the_trials_phase_starts_a_run_only_with_a_tenth_to_spare_and_the_no_mps
     """On a card (cuda True, simulated clock): a run killed at its timeout returns nothing, so one is started
     only where 1.1 × its estimate is left; the pairs the grid's GPU-hours need run first; the no-MPS comparison
     is not started after a skipped run (its time is the check's). 470 s: gmm's MPS pair (204 s) and
-    attention_centroid's (204 s; 1.1 × 200 = 220 were left) run, 62 s are left: alone (1.1 × 110) is skipped,
-    and so is the no-MPS pair."""
+    attention_centroid's (204 s; it completes the grid's line, so 1.05 × 200 = 210 and the 10 s before the hard
+    deadline were enough) run, 62 s are left: alone (1.1 × 110) is skipped, and so is the no-MPS pair."""
     import importlib.util
     import types
 
@@ -387,3 +387,100 @@ def test_the_trials_phase_starts_a_run_only_with_a_tenth_to_spare_and_the_no_mps
     skipped = [phase for kind, phase, _ in events if kind == "skipped"]
     assert ran == ["2 at once, MPS", "2 at once, MPS, attention_centroid"], events
     assert skipped == ["trials alone", "trials 2 at once, no MPS"], events
+
+
+def grid_cost_on_a_fake_card(monkeypatch, tmp_path, cost: dict, total: int = 570, import_s: float = 20.0):
+    """gpu_grid_cost.sh's gpu_pack call on a simulated H100 (a fake clock; paper.measure and MPS replaced): its
+    arguments as the script gives them for ``total``, `timeout` (SystemExit 143) at the hard deadline where the
+    script's `timeout` sends SIGTERM. Each run takes ``cost[(k, surrogate)]`` seconds, MPS 2 s to start and 2
+    to stop. Returns (the runs as (k, surrogate, timeout, ok), gpu_pack's exit, the seconds it ended at, its
+    rows, summary.md)."""
+    import importlib.util
+    import json
+    import types
+
+    from cem_bench import mps
+    from cem_bench.bench import paper
+    spec = importlib.util.spec_from_file_location("gpu_pack_on_a_fake_card", "scripts/gpu_pack.py")
+    gp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gp)
+    start = 1.8e9
+    clock = {"t": start + import_s}                     # gpu_pack's `import torch` on a cold machine
+    hard_deadline = start + total - 30                  # where the script's `timeout` ends gpu_pack
+
+    def term_at_limit():
+        if clock["t"] >= hard_deadline:
+            clock["t"] = hard_deadline
+            raise SystemExit(143)
+    gp.time = types.SimpleNamespace(monotonic=lambda: clock["t"], time=lambda: clock["t"])
+    gp.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True,
+                                                                get_device_name=lambda i: "NVIDIA H100 80GB HBM3"),
+                                     __version__="2.11.0", version=types.SimpleNamespace(cuda="13.0"),
+                                     device=lambda d: d)
+    gp.sizes_for = lambda *a, **kw: None
+    gp.subprocess = types.SimpleNamespace(run=lambda *a, **kw: types.SimpleNamespace(stdout="x", returncode=0))
+
+    class Session:
+        def __init__(self, *a, **kw):
+            self.state = "started"
+
+        def __enter__(self):
+            clock["t"] += 2.0
+            return self
+
+        def __exit__(self, *exc):
+            clock["t"] += 2.0
+            term_at_limit()
+    monkeypatch.setattr(mps, "Session", Session)
+    monkeypatch.setattr(mps, "running", lambda: False)
+    monkeypatch.setattr(mps, "servers", lambda: "rc 0")
+    runs = []
+
+    def measure(k, keys, out_root, timeout, epochs_done, threads=2):
+        s, took = keys["cem.surrogate"], cost[(k, keys["cem.surrogate"])]
+        runs.append((k, s, round(timeout), took <= timeout))
+        clock["t"] += min(took, timeout)
+        term_at_limit()
+        if took > timeout:                                 # killed at its timeout: no figure
+            return {"k": k, "ok": False, "runs": [{"rc": 124, "start": 0.0, "end": None, "epoch_s": [],
+                                                    "log": "killed"}] * k}
+        return {"k": k, "ok": True, "span_s": took, "steady_epoch_s": 1.0, "trial_gpu_s": (took + 230) / k,
+                "runs": [{"rc": 0, "start": 0.0, "end": took, "epoch_s": [1.0] * 10, "log": "",
+                          "attack_s": 60.0}] * k}
+    monkeypatch.setattr(paper, "measure", measure)
+    argv = ["--phases", "trials", "--trials-surrogates", "gmm", "attention_centroid", "--trials-no-mps",
+            "--budget-s", str(total - 50), "--deadline", str(int(start + total - 50)),
+            "--hard-deadline", str(int(hard_deadline)), "--out", str(tmp_path)]
+    try:
+        rc = gp.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    rows = [json.loads(line) for line in (tmp_path / "pack.jsonl").read_text().splitlines()]
+    return runs, rc, clock["t"] - start, rows, (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("cost", [
+    # the reviewer's cold machine: gmm's pair 280 s against its 170; 216 s were left of the budget, under 1.1 x 200
+    {(2, "gmm"): 280, (2, "attention_centroid"): 200, (1, "gmm"): 110},
+    # every run 1.4 x (attention_centroid's pair 1.4 x 180): started, then killed at the budget's timeout, 250 s
+    {(2, "gmm"): 238, (2, "attention_centroid"): 252, (1, "gmm"): 154}])
+def test_the_pair_that_completes_the_grid_line_may_run_into_the_check_s_reserve(monkeypatch, tmp_path, cost):
+    """The grid's GPU-hours need gmm's pair and an attention pair, and come first (before the lone trial and the
+    check): once gmm's pair has run, the attention pair starts on 1.0 x its estimate (not 1.1 x), scaled by gmm's
+    overrun only up to GRID_PAIR_SCALE_CAP (a cold start inflates the first pair), against the hard deadline, and
+    its timeout ends 10 s before it. Before, it was skipped or killed and summary.md had no grid line."""
+    runs, rc, end, rows, text = grid_cost_on_a_fake_card(monkeypatch, tmp_path, cost)
+    assert runs[:2] == [(2, "gmm", runs[0][2], True), (2, "attention_centroid", runs[1][2], True)], runs
+    assert rc == 0 and end < 570 - 30, (rc, end)          # ended by itself, before the script's `timeout`
+    assert "- the grid packed as measured (165 trials" in text, text
+    assert [r["phase"] for r in rows if r["kind"] == "skipped"] == ["trials alone", "trials 2 at once, no MPS"]
+
+
+def test_the_grid_pair_is_skipped_where_it_cannot_finish_even_in_the_reserve(monkeypatch, tmp_path):
+    """A gmm pair of 420 s leaves 94 s before the hard deadline: the attention pair (200 s) is skipped, saying
+    why, and the time goes to the check (no lone trial either: 1.1 x 110 are not left of the budget)."""
+    cost = {(2, "gmm"): 420, (2, "attention_centroid"): 200, (1, "gmm"): 110}
+    runs, rc, end, rows, text = grid_cost_on_a_fake_card(monkeypatch, tmp_path, cost)
+    assert [r[:2] for r in runs] == [(2, "gmm")] and rc == 0 and end < 450
+    skip = next(r for r in rows if r["kind"] == "skipped")
+    assert skip["phase"] == "trials 2 at once, MPS, attention_centroid" and "needs 210 s" in skip["message"], skip

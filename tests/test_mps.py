@@ -49,6 +49,23 @@ def test_a_daemon_started_here_is_stopped_here(monkeypatch, tmp_path):
     assert calls == ["stop"]
 
 
+def test_a_session_ended_by_sigterm_stops_its_daemon_with_short_waits(monkeypatch, tmp_path):
+    """gpu_pack turns `timeout`'s SIGTERM into SystemExit, and `timeout -k` kills it seconds later: the session's
+    stop on that way out waited up to 60 s for a wedged daemon to take 'quit' and 30 more for it to go. Now at
+    most 5 s each; the normal way out keeps stop's own waits."""
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    monkeypatch.setattr(mps.shutil, "which", lambda name: "/bin/true")
+    calls = []
+    monkeypatch.setattr(mps, "stop", lambda **waits: calls.append(waits))
+    with pytest.raises(SystemExit), mps.Session("on", 0.5, True, log=lambda *_: None) as s:
+        assert s.started
+        raise SystemExit(143)
+    assert len(calls) == 1 and calls[0] and all(v <= 5 for v in calls[0].values()), calls
+    with pytest.raises(RuntimeError), mps.Session("on", 0.5, True, log=lambda *_: None):
+        raise RuntimeError("a measurement failed")
+    assert calls[1] == {}
+
+
 def test_a_pipe_left_by_a_daemon_that_quit_is_not_a_running_daemon(monkeypatch, tmp_path):
     """A daemon that has quit can leave its control pipe behind; a session that took it for a running daemon
     would start none and pack its trials without MPS. Only a live daemon process counts."""
