@@ -286,7 +286,7 @@ def unread_attack_keys(overrides: dict, cfg) -> list[tuple[str, bool]]:
 
 def cmd_attack(args) -> int:
     from . import attacks
-    from .core import checkpoint
+    from .core import checkpoint, data
     from .core.runtime import resolve_device
     from .core.trial import build, build_config
     from .errors import ResultsError
@@ -328,7 +328,7 @@ def cmd_attack(args) -> int:
     check_writable_under("RUN_DIR", os.path.join(args.run_dir, "attack-"), "Nothing was attacked")
     device = resolve_device(cfg.train.device)
     splits, trainer = build(cfg, device)          # the same data and models as the trial
-    checkpoint.check_same_data(args.run_dir, splits, cfg.data.root)   # ... where the run recorded its images
+    checkpoint.check_same_data(args.run_dir, data.fingerprints(splits), cfg.data.root)   # the run's images?
     try:
         trainer.client.load_state_dict(state["client"])
     except (RuntimeError, KeyError, TypeError) as e:

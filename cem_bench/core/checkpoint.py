@@ -250,17 +250,16 @@ def recorded_data_sha256(run_dir: str) -> tuple[dict[str, str], str] | None:
     return None
 
 
-def check_same_data(run_dir: str, splits, data_root: str) -> None:
-    """DataError (nothing attacked) where the images a re-attack loaded are not those its run recorded
-    (``info.data_sha256``) for a split the attack reads: the numbers would be of other images than the run's,
-    reported beside them. A run that records no fingerprint (an older cem-bench's) is not compared."""
+def check_same_data(run_dir: str, ours: dict[str, str], data_root: str) -> None:
+    """DataError (nothing attacked) where the images a re-attack loaded (``ours``: ``data.fingerprints`` of its
+    splits; computed by the caller, since this module may not import the data path) are not those its run
+    recorded (``info.data_sha256``) for a split the attack reads: the numbers would be of other images than the
+    run's, reported beside them. A run that records no fingerprint (an older cem-bench's) is not compared."""
     recorded = recorded_data_sha256(run_dir)
     if recorded is None:
         return
     sums, where = recorded
     from ..errors import DataError
-    from . import data
-    ours = data.fingerprints(splits)
     differ = [n for n in ATTACKED_SPLITS if n in sums and sums[n] != ours[n]]
     if differ:
         raise DataError(f"the {' and '.join(differ)} images loaded now (data.root={data_root!r}) are not those "
