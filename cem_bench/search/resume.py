@@ -91,7 +91,7 @@ def _ahead_of_bundle(fs, root: str, names: list[str], snapshot: dict) -> str | N
     """Ray's experiment state file, of the bundle's session or a later one, that is a later checkpoint than the
     bundle's (``results.state_is_ahead``), or None. Ray copies its files only after the bundle is written, so
     its readable copy is never ahead of an up-to-date bundle; one that is tells that a later bundle could not
-    be written (and the old one could not be removed either: searcher.bundle_write_failed). Put back, the stale
+    be written (searcher.bundle_write_failed keeps the old one: Ray's copy may be the one cut). Put back, the stale
     bundle would have Ray forget the trials finished since, and run them again under new ids."""
     from ..analysis.results import state_is_ahead
     bundled = [n for n in snapshot["files"] if n.startswith("experiment_state-")]
