@@ -161,19 +161,24 @@ def test_a_confirmation_planned_before_resume_is_planned_again_after_the_reruns(
     spec = load_space(write_space(tmp_path, "rerun", num_samples=2, max_concurrent=3,
                                   confirm={"top": 1, "replicates": 3}))
     generator = make_searcher(spec, str(tmp_path / "exp"))
+    generator._total_samples = spec.total_runs                # what Tune's add_configurations sets (run.py)
     pickled = cloudpickle.dumps(generator)
     first = generator.searcher
     configs = {tid: first.suggest(tid) for tid in ("a", "b")}
     first.on_trial_complete("a", None, error=True)
     first.on_trial_complete("b", None, error=True)
-    assert first.suggest("c") == "FINISHED"                  # nothing to confirm
+    # as Tune asks (SearchGenerator.create_trial_if_possible): nothing to confirm, the generator is finished, and
+    # Ray saves and restores that flag with it
+    assert generator.create_trial_if_possible({}) is None and generator.is_finished()
     generator.save_to_dir(str(tmp_path), "s1")
     restored = cloudpickle.loads(pickled)
     restored.restore_from_dir(str(tmp_path))
+    assert not restored.is_finished()                         # a and b run again, then the confirmation
     limiter = restored.searcher
     assert limiter.suggest("d") is None                      # a and b run again: the confirmation waits
     limiter.on_trial_complete("a", {"test_acc": 0.8, "attack_ssim": 0.5, "status": "ok"})
     limiter.on_trial_complete("b", {"test_acc": 0.7, "attack_ssim": 0.6, "status": "ok"})
+    assert not restored.is_finished()                         # so Tune still asks (next_trial), and gets:
     confirm = limiter.suggest("d")
     assert confirm["role"] == "confirm" and confirm["cem.lambd"] == configs["a"]["cem.lambd"], (confirm, configs)
 

@@ -272,6 +272,11 @@ class SnapshotSearchGenerator(SearchGenerator):
                 if tid not in limiter.live_trials:
                     limiter.live_trials.add(tid)
                     limiter.num_unfinished_live_trials += 1
+        # A plan of no confirmation (every search run had failed) made the first driver's generator FINISHED,
+        # and Ray restores that flag: Tune would never ask for the confirmation planned again after the reruns
+        # (queue.reopen_errored drops the plan; its runs are asked for through this generator alone).
+        if getattr(base, "_reopened", None) and getattr(base, "_confirm_queue", None) is None:
+            self._finished = False
 
     def save_to_dir(self, dirpath: str, session_str: str):
         super().save_to_dir(dirpath, session_str)
