@@ -309,9 +309,14 @@ _NETWORK_ERRNOS = frozenset(getattr(errno, n) for n in ("ENETUNREACH", "ENETDOWN
 def _transient(e: BaseException) -> bool:
     """Did a download fail for a reason that may pass: the network (unreachable, refused, reset, a DNS failure, a
     timeout, a cut transfer) or the server (HTTP 5xx)? Not a 4xx (the file is not there), a full or read-only
-    disk, or a corrupt archive: those fail the same way on a retry."""
+    disk, or a bad URL: those fail the same way on a retry. A downloaded file whose md5 does not match counts as
+    a cut transfer: a server that closes the connection cleanly part-way raises nothing in urllib, and
+    torchvision then finds only a short file ("File not found or corrupted."); a server that keeps sending a
+    corrupt file fails each retry too, and Ray's max_failures bounds them."""
     import http.client
     import urllib.error
+    if isinstance(e, RuntimeError) and "not found or corrupted" in str(e):   # torchvision's integrity check
+        return True
     if isinstance(e, urllib.error.HTTPError):
         return e.code >= 500
     if isinstance(e, urllib.error.URLError):   # the socket's error inside (DNS, refused, timeout, ...)
