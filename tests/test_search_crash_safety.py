@@ -191,3 +191,26 @@ def test_a_damaged_tuner_pkl_is_a_results_error_that_keeps_the_finished_trials(t
     assert cli._dispatch(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("cem-bench: results error:") and "configuration error" not in err, err
+
+
+def test_a_stop_the_driver_made_itself_replaces_the_hard_stops_record(tmp_path, monkeypatch):
+    """A second Ctrl-C raised out of Tune's loop, or a full disk, left the record written before the loop, so the
+    report named "a stop it could not answer (kill -9, ...)" as the cause: run._stop_record replaces it with
+    the real cause where the storage still takes it, and never raises where it does not."""
+    import json as _json
+
+    from cem_bench.analysis.results import hard_stop_record
+    from cem_bench.search import run as run_mod
+
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / schema.INTERRUPTED_FILE).write_text(_json.dumps(hard_stop_record("cem-bench search S --resume")) + "\n")
+    run_mod._stop_record(str(exp), "SIGINT", 12.5, {"resume_command": "cem-bench search S --resume"})
+    record = _json.loads((exp / schema.INTERRUPTED_FILE).read_text())
+    assert record == {"signal": "SIGINT", "at": 12.5, "resume": "cem-bench search S --resume"}
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(run_mod, "write_bytes", full)
+    run_mod._stop_record(str(exp), run_mod.FULL_STOP, 13.0, {})      # kept as it was, no exception
+    assert _json.loads((exp / schema.INTERRUPTED_FILE).read_text())["signal"] == "SIGINT"

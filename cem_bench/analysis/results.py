@@ -171,8 +171,8 @@ def state_is_ahead(text: str | bytes | None, than: str | bytes | None) -> bool:
     checkpoint is always ahead or equal; one that is neither (behind, or each ahead in something) is not taken
     for a later one. This is how the search's bundle of its last complete checkpoint (``RESUME_STATE_FILE``) is
     known to be stale: the driver writes it before Ray copies its own files, so Ray's readable copy is never
-    ahead of it, unless a later bundle could not be written (search/searcher.py: then it is removed, and this
-    is the guard for a bundle that could not be)."""
+    ahead of it, unless a later bundle could not be written (search/searcher.py: the previous bundle is then
+    kept, since the same full disk can have cut Ray's copy, and this tells when Ray's is the later one)."""
     new, old = _state_progress(text), _state_progress(than)
     if new is None or old is None:
         return False

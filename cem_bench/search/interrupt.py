@@ -15,8 +15,9 @@ the driver in Ray's C++ code (exit 134). Here both signals take the same gracefu
 * the experiment folder then gets :data:`~cem_bench.schema.INTERRUPTED_FILE` (the signal, when, the
   command that continues it); the tables mark the trials that were in flight ``interrupted`` (not
   ``error``), the report says the search was interrupted, and ``cem-bench search`` exits 130 (SIGINT) or
-  143 (SIGTERM) with the ``--resume`` command as its last line. ``--resume`` removes the file when the
-  resumed search starts.
+  143 (SIGTERM) with the ``--resume`` command as its last line. A search writes a hard stop's record there
+  before Tune's loop (``results.hard_stop_record``: a driver killed without a word leaves it); a signal's
+  record, or a full storage's, replaces it, and a search (or ``--resume``) that ends its loop removes it.
 """
 
 from __future__ import annotations

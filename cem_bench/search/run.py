@@ -244,14 +244,22 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
             if is_enospc(e):
                 raise StorageFull(full_message(storage)) from e
             raise
+        interruption = None
         try:
             with one_line_when_full(guard), Interruption() as interruption:
                 grid = tuner.fit()
-        except Exception as e:  # noqa: BLE001 - Ray's own failure on a full disk is a traceback of its files
-            if guard.full or is_enospc(e):
-                raise StorageFull(full_message(storage)) from e
+        except BaseException as e:
+            # the driver did stop itself here: its record replaces the hard stop's ("a stop it could not
+            # answer"), where it can still be written: a second signal raised out of Tune's loop, a full disk
+            if interruption is not None and interruption.signal is not None:
+                _stop_record(exp_path, interruption.signal.name, interruption.at, stats)
+            elif isinstance(e, Exception) and (guard.full or is_enospc(e)):
+                _stop_record(exp_path, FULL_STOP, time.time(), stats)
+            if isinstance(e, Exception) and (guard.full or is_enospc(e)):
+                raise StorageFull(full_message(storage)) from e   # Ray's failure is a traceback of its files
             raise
         if guard.full:
+            _stop_record(exp_path, FULL_STOP, time.time(), stats)
             raise StorageFull(full_message(storage, f"trial {guard.full} ran out of space"))
         if interruption.signal is not None:
             stats["interrupted"] = interruption.signal.name
@@ -279,6 +287,20 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
             if sigterm is not None:
                 signal.signal(signal.SIGTERM, sigterm)
     return exp_path
+
+
+# the cause a full storage's stop gives in INTERRUPTED_FILE ("interrupted by <signal>" on the report's page)
+FULL_STOP = "a full storage (the search stopped launching trials)"
+
+
+def _stop_record(exp_path: str, cause: str, at: float | None, stats: dict) -> None:
+    """INTERRUPTED_FILE's record of a stop the driver made itself, written where the storage still takes it
+    (a full one may not: the hard stop's record, written before Tune's loop, then stays, still with --resume)."""
+    record = {"signal": cause, "at": at, "resume": stats.get("resume_command")}
+    try:
+        write_bytes(join(exp_path, INTERRUPTED_FILE), (json.dumps(record) + "\n").encode())
+    except OSError:
+        pass
 
 
 class DamagedExperiment(SearchError, ResultsError):
