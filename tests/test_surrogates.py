@@ -190,10 +190,15 @@ def test_attention_centroids_rho_is_the_noise_sigma_unless_set():
     """The reference's regularization_strength, whose 0.025 note 000 quotes, is the defense noise σ: ρ follows σ
     (it was 0.025 at every σ), a set value is kept, and at σ 0 it is sqrt(γ) (a finite log)."""
     def rho(**flat):
-        return resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid", **flat})).cem.reg_strength
+        return resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid", "cem.estimator_fit": "joint",
+                                              **flat})).cem.reg_strength
     assert rho() == 0.025 and rho(**{"defense.noise_std": 0.1}) == 0.1
     assert rho(**{"defense.noise_std": 0.1, "cem.reg_strength": 0.05}) == 0.05
     assert rho(**{"defense.noise_std": 0.0}) == pytest.approx(0.1)        # sqrt(var_eps 0.01)
+    # under adversarial nothing reads it: the note's 0.025 at every sigma (a sigma grid's configurations then
+    # differ in sigma alone, as before, not in a rho that looked searched)
+    adversarial = resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid", "defense.noise_std": 0.1}))
+    assert adversarial.cem.estimator_fit == "adversarial" and adversarial.cem.reg_strength == 0.025
     cfg = resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid", "cem.estimator_fit": "joint",
                                          "defense.noise_std": 0.15}))
     assert TrialConfig.from_flat(cfg.to_flat()) == cfg

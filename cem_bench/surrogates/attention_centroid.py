@@ -38,6 +38,7 @@ from ..keys import key
 from .base import SlotKeys, Surrogate, SurrogateOut, intra_class_mse, register, rows, soft_cell_stats
 from .layers import SlotAttention
 
+NOTE_RHO = 0.025          # note 000's rho (= a sigma of the paper's grid): recorded, unread, under adversarial
 ASSIGN_BETA_INIT = 10.0   # soft cells of the adversarial fit: distances of order 0.1 give clear, not hard, cells
 
 
@@ -46,7 +47,8 @@ class AttentionCentroidKeys(SlotKeys):
     num_heads: int = key(8, "cross-attention heads (must divide hidden_dim)", lo=1, hi=64)
     reg_strength: Optional[float] = key(None, "rho in log(var + rho^2) of the joint fit (empty = the defense noise "
                                         "sigma, as the reference's regularization_strength, or sqrt(var_eps) at "
-                                        "sigma 0; the adversarial fit hinges at t instead)", lo=0.0, lo_open=True)
+                                        "sigma 0; the adversarial fit hinges at t instead, "
+                                        "and records 0.025)", lo=0.0, lo_open=True)
 
 
 @register("attention_centroid")
@@ -66,9 +68,13 @@ class AttentionCentroid(Surrogate):
         # noise sigma (seed 001 runs "regularization_strength=0.025", a sigma of the paper's grid), so log(var +
         # sigma^2), the paper's log det(Sigma + sigma^2 I) per dimension. No noise (sigma 0): sqrt(gamma), the
         # common gamma that keeps every other surrogate's log(v + gamma) finite. Recorded as the value used.
+        # Under adversarial rho is read by nothing: the note's 0.025 is recorded, as before 2026-12-06, so that a
+        # sigma grid's configurations do not look searched in rho, nor change identity across that date.
         if params["reg_strength"] is None:
+            fit = cfg.cem.estimator_fit or cls.defaults.get("cem.estimator_fit", cls.fit_modes[0])
             sigma = float(cfg.defense.noise_std)
-            params = {**params, "reg_strength": sigma if sigma > 0 else math.sqrt(float(cfg.cem.var_eps))}
+            rho = (sigma if sigma > 0 else math.sqrt(float(cfg.cem.var_eps))) if fit == "joint" else NOTE_RHO
+            params = {**params, "reg_strength": rho}
         return params
 
     def __init__(self, cfg, feature_shape, num_classes):
