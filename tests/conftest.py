@@ -119,3 +119,13 @@ def fake_object_storage(monkeypatch, root) -> None:
             return pafs.LocalFileSystem(), str(root / str(path)[len("test://"):])
         return real(path)
     monkeypatch.setattr(storage, "filesystem", fake)
+
+
+def process_alive(pid: int) -> bool:
+    """Is process ``pid`` running (not gone, not a zombie)? Read from /proc: the tests that kill a node or a
+    pack of trials ask it of each process they expect gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -13,6 +13,7 @@ import time
 import types
 
 import pytest
+from conftest import process_alive
 
 from cem_bench import mps
 from cem_bench.bench import paper
@@ -358,14 +359,6 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the processes from /proc")
 def test_sigterm_ends_gpu_pack_with_its_summary_and_no_trial_left_running(tmp_path):
@@ -392,7 +385,7 @@ def test_sigterm_ends_gpu_pack_with_its_summary_and_no_trial_left_running(tmp_pa
             time.sleep(0.1)
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=120) == 143
-        assert [k for k in kids if _alive(k)] == [], "a trial outlived gpu_pack"
+        assert [k for k in kids if process_alive(k)] == [], "a trial outlived gpu_pack"
         text = (out / "summary.md").read_text()
         assert "- 2 at once, MPS (MPS off): slice span" in text             # the pair measured before the end
         assert "- 2 at once, MPS, attention_centroid" not in text            # the one cut off: no figure
@@ -402,7 +395,7 @@ def test_sigterm_ends_gpu_pack_with_its_summary_and_no_trial_left_running(tmp_pa
             p.kill()
             p.wait()
         for k in kids:                          # the old code's survivors: not left to run on
-            if _alive(k):
+            if process_alive(k):
                 os.kill(k, signal.SIGKILL)
 
 

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import pandas as pd
 import pytest
+from conftest import process_alive
 from search_hooks import held_markers
 from test_search import RAY_BIN, _alive_nodes, _free_port, _ray_status, cli_cmd, hooks_cmd, hooks_env, subprocess_env, write_space
 
@@ -259,14 +260,6 @@ def _descendants(pid: int) -> dict[int, int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class Cluster(NamedTuple):
     address: str
     env: dict
@@ -396,7 +389,7 @@ def test_a_worker_node_lost_mid_search_costs_no_trial(tmp_path, s3_cluster):
         # SIGKILL is delivered asynchronously: on a loaded machine a process may still be exiting when first
         # looked at (CI saw one); a survivor is killed again by pid, and only one alive after 15 s fails
         gone_by = time.time() + 15
-        while (alive := [p for p in node if _alive(p)]) and time.time() < gone_by:
+        while (alive := [p for p in node if process_alive(p)]) and time.time() < gone_by:
             for p in alive:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGKILL)
