@@ -27,6 +27,7 @@ case "$1" in
         if [ -n "$FAKE_PACK_HANGS" ]; then
             trap '' TERM
             for _ in $(seq 90); do sleep 1; done    # bounded: where -k is missing it outlives the test
+            echo done > "{tmp_path}/pack_outlived_its_kill.txt"   # never, where timeout -k kills it
         fi
         exit 0 ;;
     scripts/gpu_check.py)
@@ -78,15 +79,13 @@ def test_a_pack_that_ignores_sigterm_is_killed_within_the_call(tmp_path):
     more) ran past the device call's limit, and the call brought back nothing. Now it is killed 15 s after the
     SIGTERM that ends it at the hard deadline (TOTAL - 30 s), which gpu_pack is told, 20 s after its budget's
     end: the script still ends within its TOTAL, its files written."""
-    import time
     total = 40
-    t0 = time.monotonic()
-    try:
-        p = run_script(tmp_path, total, pack_hangs=True, timeout=total + 20)
+    try:   # a guard only (without -k the fake pack holds the script 90 s): the records below are the test
+        p = run_script(tmp_path, total, pack_hangs=True, timeout=total + 120)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"gpu_grid_cost.sh {total} was still running after {total + 20} s")
-    took = time.monotonic() - t0
-    assert p.returncode == 3 and took < total, (took, p.stdout[-2000:], p.stderr[-2000:])
+        pytest.fail(f"gpu_grid_cost.sh {total} was still running after {total + 120} s")
+    assert p.returncode == 3, (p.stdout[-2000:], p.stderr[-2000:])
+    assert not (tmp_path / "pack_outlived_its_kill.txt").exists(), "gpu_pack outlived timeout's SIGTERM"
     assert (tmp_path / "out" / "check_summary.md").exists()
     words = (tmp_path / "pack_args.txt").read_text().split()
     deadline, hard = (int(words[words.index(w) + 1]) for w in ("--deadline", "--hard-deadline"))
