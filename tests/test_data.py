@@ -375,7 +375,6 @@ def test_a_stalled_cifar_server_is_an_error_not_a_hang(tmp_path, monkeypatch, si
     answered held the node's download lock, and every trial of the node hung behind it."""
     import socket
     import threading
-    import time
 
     import torchvision
     monkeypatch.setattr(torchvision.datasets.CIFAR10, "url", silent_server)
@@ -388,12 +387,11 @@ def test_a_stalled_cifar_server_is_an_error_not_a_hang(tmp_path, monkeypatch, si
             data.load(cfg.data)
         except Exception as e:  # noqa: BLE001 - checked below
             raised.append(e)
-    t0 = time.monotonic()
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
-    worker.join(15)
-    assert not worker.is_alive(), "data.load still waits on a silent server after 15 s"
-    assert len(raised) == 1 and time.monotonic() - t0 < 15, raised
+    worker.join(60)   # a bound on the old code's hang, not a measurement: its own words below are the test
+    assert not worker.is_alive(), "data.load still waits on a silent server after 60 s"
+    assert len(raised) == 1, raised
     msg = str(raised[0])
     assert "could not be downloaded" in msg and "timed out" in msg, msg
     assert socket.getdefaulttimeout() is None   # the process's default is restored
