@@ -98,7 +98,8 @@ class CemConfig:
                                  "(the loss scale the trial used is recorded as cem_loss_scale; a fused term also "
                                  "follows the lr schedule as the injected ones do); fixed = cem.loss_scale as given "
                                  "(empty = surrogate default: matched for the attention surrogates, fixed for gmm, "
-                                 "the reference; fixed whenever cem.loss_scale is set)",
+                                 "the reference; fixed whenever cem.loss_scale is set; gmm at its own keys is "
+                                 "fixed even when matched is asked, any other gmm is matched to it)",
                                  choices=("matched", "fixed"))
     strength_every: int = _f(0, "cem.strength=matched: match again every N epochs after the first match, on the "
                              "encoder as it is then (0 = once, at the first CEM epoch; docs/estimators.md, 'One "

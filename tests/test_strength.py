@@ -22,7 +22,15 @@ def test_strength_resolves_matched_fixed_and_the_reference():
         == ("matched", None)
     by_hand = cem(**{"cem.surrogate": "slot_cross", "cem.loss_scale": 2.0})      # a scale set by hand is fixed
     assert (by_hand.strength, by_hand.loss_scale) == ("fixed", 2.0)
-    assert cem(**{"cem.surrogate": "gmm", "cem.strength": "matched"}).strength == "fixed"   # the reference
+    ref = cem(**{"cem.surrogate": "gmm", "cem.strength": "matched"})     # the reference: matched to itself
+    assert (ref.strength, ref.loss_scale) == ("fixed", 1.0)
+    # another gmm pulls otherwise per unit λ: matched to the reference, as an attention surrogate is
+    for keys in ({"cem.num_clusters": 1}, {"cem.grad_mode": "fused"}, {"cem.entropy": "diag"}):
+        other = cem(**{"cem.surrogate": "gmm", "cem.strength": "matched", **keys})
+        assert (other.strength, other.loss_scale) == ("matched", None), keys
+    assert cem(**{"cem.surrogate": "gmm", "cem.num_clusters": 1}).strength == "fixed"   # gmm's default: fixed
+    same = cem(**{"cem.surrogate": "gmm", "cem.strength": "matched", "cem.num_clusters": 5, "cem.grad_mode": "inject"})
+    assert (same.strength, same.loss_scale) == ("fixed", 1.0)         # its defaults spelled out: the reference
     with pytest.raises(ConfigError, match="cem.strength=fixed to use your scale"):
         cem(**{"cem.surrogate": "slot_cross", "cem.strength": "matched", "cem.loss_scale": 2.0})
     again = resolve(resolve(TrialConfig.from_flat({"cem.surrogate": "attention_centroid"})))   # resolved twice
@@ -57,6 +65,21 @@ def test_calibrate_reports_the_scale_a_matched_trial_uses(name, keys):
     trial = run_trial({**SMALL, **keys, "cem.surrogate": name, "cem.warmup_epochs": 1})
     assert trial["cem_loss_scale"] == pytest.approx(row["matched_loss_scale"], rel=1e-5)
     assert 0.5 < row["matched_ratio"] < 2          # on held-out batches, not the ones it was matched on
+
+
+@pytest.mark.parametrize("warmup", [1, 0])
+def test_a_gmm_variant_is_matched_to_the_reference_gmm(warmup):
+    """gmm with one cluster, fused, under cem.strength=matched: its scale is the reference gmm's pull over its own
+    on the same encoder (a fused term at c = 1, the reference injected at s(η)), measured on its first fit also
+    where CEM starts at epoch 1 (no warm-up epoch's end refitted it: its pull measured on empty tables was 0)."""
+    flat = {**SMALL, "cem.surrogate": "gmm", "cem.num_clusters": 1, "cem.grad_mode": "fused",
+            "cem.strength": "matched", "cem.warmup_epochs": warmup}
+    res = run_trial(flat)
+    assert res["cem_strength"] == "matched" and res["cem_strength_epoch"] == warmup + 1
+    assert res["cem_strength_own"] > 0 and res["cem_strength_gmm"] > 0
+    assert res["cem_loss_scale"] == pytest.approx(res["cem_strength_gmm"] / res["cem_strength_own"])
+    # a fused term at c = 1 against the reference's s(η) = 0.001/η: the scale is far from 1
+    assert res["cem_loss_scale"] < 0.1
 
 
 def test_the_matched_scale_survives_a_resume_unmeasured():

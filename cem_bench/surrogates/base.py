@@ -213,8 +213,6 @@ def resolve(cfg: TrialConfig) -> TrialConfig:
         raise ConfigError(f"cem.loss_scale={cem.loss_scale!r} is a fixed scale, but cem.strength=matched measures "
                           f"it on the trial's encoder: set cem.strength=fixed to use your scale, or drop "
                           f"cem.loss_scale")
-    if strength == "matched" and cfg.cem.surrogate == REFERENCE_SURROGATE:
-        strength = "fixed"      # gmm is the reference: matched to itself is its own loss scale
     updates["strength"] = strength
     for key_, fallback in GLOBAL_DEFAULTS.items():
         name = key_.split(".", 1)[1]
@@ -235,6 +233,14 @@ def resolve(cfg: TrialConfig) -> TrialConfig:
                           f"allowed: {', '.join(klass.fit_modes)}")
     if "num_heads" in params and params["hidden_dim"] % params["num_heads"]:
         raise ConfigError(f"cem.num_heads: {params['num_heads']} must divide cem.hidden_dim ({params['hidden_dim']})")
+    if strength == "matched" and cfg.cem.surrogate == REFERENCE_SURROGATE:
+        # gmm is the reference: at its own keys, matched to itself is its own loss scale (1, fixed, nothing to
+        # measure). Another gmm (one cluster, fused, a per-dimension hinge, ...) pulls otherwise per unit λ, and is
+        # matched to the reference as an attention surrogate is: the way to ask which of their differences a lead
+        # comes from at one strength (docs/estimators.md "One λ scale").
+        own_defaults = klass.complete(dict(own), cfg)
+        if updates.get("grad_mode", cem.grad_mode) == klass.defaults["cem.grad_mode"] and params == own_defaults:
+            updates.update(strength="fixed", loss_scale=klass.defaults["cem.loss_scale"])
     resolved = dataclasses.replace(cem, **updates, params=params)
     klass.check(resolved)
     return dataclasses.replace(cfg, cem=resolved)
