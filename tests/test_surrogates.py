@@ -70,6 +70,18 @@ def test_finite_loss_and_gradients(name, shape):
             assert torch.isfinite(p.grad).all(), pname
 
 
+@pytest.mark.parametrize("name", ["attention_centroid", "serial_enhanced"])
+def test_the_adversarial_cells_log_their_sharpness(name):
+    """Both fused surrogates log β of their soft cells under the adversarial fit (whether the maximising fit keeps
+    the cells apart or blurs them toward the plain class hinge); the joint fit has no β and logs none."""
+    z, y = batch((8, 8, 8))
+    adv = make(name, **{"cem.estimator_fit": "adversarial"})
+    with torch.no_grad():
+        adv.log_assign_beta.fill_(math.log(3.0))
+    assert float(run(adv, z, y).logs["assign_beta"]) == pytest.approx(3.0)
+    assert "assign_beta" not in run(make(name, **{"cem.estimator_fit": "joint"}), z, y).logs
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_gradient_reaches_encoder(name):
     torch.manual_seed(0)

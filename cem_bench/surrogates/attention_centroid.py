@@ -136,5 +136,7 @@ class AttentionCentroid(Surrogate):
                 "cluster_var": ((w * var).sum(1) * counted).sum() / n_counted,
                 "active_slots": ((n > 0.5).to(f.dtype).sum(1) * counted).sum() / n_counted,
             }
+            if self.adversarial:   # the cells' sharpness: whether the maximising fit keeps them apart or blurs them
+                logs["assign_beta"] = self.log_assign_beta.exp()
         return SurrogateOut(loss, logs)
 
