@@ -184,7 +184,9 @@ def _plugin_defaults(ref: KeyRef, pk: PluginKind, resolved, datasets) -> None:
             ref.choices_by = choices
         if any(f.default is None and not isinstance(by[n], dict) for n, f in fields.items()):
             # the plug-in computes it from other keys (``complete``): the value at their defaults, the rule in the help
-            ref.note = "derived from other keys, here at their defaults: the help says how"
+            srcs = list(dict.fromkeys(k for f in fields.values() for k in f.derived_from))
+            ref.depends_on += [k for k in srcs if k not in ref.depends_on]
+            ref.note = f"derived from {', '.join(srcs) or 'other keys'}, here at their defaults: the help says how"
 
 
 # ------------------------------------------------------------------------------------------ selection

@@ -19,9 +19,11 @@ from .errors import ConfigError
 
 
 def key(default: Any, help: str, *, choices: tuple | None = None, lo: float | None = None,
-        hi: float | None = None, lo_open: bool = False, hi_open: bool = False):
-    """A dataclass field carrying the key's help text and allowed values (shown by ``cem-bench keys``)."""
-    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open}
+        hi: float | None = None, lo_open: bool = False, hi_open: bool = False, derived_from: tuple = ()):
+    """A dataclass field carrying the key's help text and allowed values (shown by ``cem-bench keys``);
+    ``derived_from``: the other keys an empty value is computed from (a plug-in's ``complete``)."""
+    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open,
+            "derived_from": tuple(derived_from)}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -40,6 +42,7 @@ class KeySpec:
     hi_open: bool
     optional: bool
     owners: tuple = ()          # the plug-ins that declared it (empty for the core keys)
+    derived_from: tuple = ()    # the keys an empty value is computed from
 
     def describe(self) -> str:
         t = "bool (true or false)" if self.type is bool else getattr(self.type, "__name__", str(self.type))
@@ -69,7 +72,8 @@ def spec_of_field(name: str, f: dataclasses.Field, hint: Any) -> KeySpec:
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     m = f.metadata
     return KeySpec(name, tp, default, m.get("help", ""), m.get("choices"), m.get("lo"), m.get("hi"),
-                   m.get("lo_open", False), m.get("hi_open", False), optional)
+                   m.get("lo_open", False), m.get("hi_open", False), optional,
+                   derived_from=tuple(m.get("derived_from", ())))
 
 
 def specs_of(prefix: str, klass) -> dict[str, KeySpec]:
@@ -99,7 +103,8 @@ def declare(prefix: str, owner: str, klass) -> tuple[str, ...]:
             choices = old.choices
             if spec.choices:
                 choices = tuple(dict.fromkeys((old.choices or ()) + spec.choices))
-            merged = dataclasses.replace(old, choices=choices, owners=old.owners + (owner,))
+            merged = dataclasses.replace(old, choices=choices, owners=old.owners + (owner,),
+                                         derived_from=tuple(dict.fromkeys(old.derived_from + spec.derived_from)))
         _PLUGIN_SPECS[name] = merged
         names.append(name)
     return tuple(names)

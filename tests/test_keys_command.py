@@ -226,3 +226,37 @@ def test_a_new_surrogate_shows_up_without_editing_the_command():
     assert keys["cem.warmup_epochs"]["defaults_by"]["zz_probe"] == 7
     assert keys["cem.probe_width"]["defaults_by"] == {"zz_probe": 3}
     assert keys["cem.num_clusters"]["defaults_by"] == {"gmm": 5, "zz_probe": 5}
+
+
+# Each key a derived default is computed from, and a change of it (from a base) that changes the value: keys' rule.
+DERIVED = {
+    "cem.reg_strength": ("attention_centroid", [
+        ({"cem.estimator_fit": "joint"}, "defense.noise_std", 0.1),
+        ({"defense.noise_std": 0.1}, "cem.estimator_fit", "joint"),
+        ({"cem.estimator_fit": "joint", "defense.noise_std": 0.0}, "cem.var_eps", 0.04),
+    ]),
+    "cem.slot_temp": ("slot_cross", [({}, "cem.hidden_dim", 256)]),
+    "attack.rmle_tv_weight": ("rmle", [({}, "defense.noise_std", 0.1)]),
+}
+
+
+def test_a_derived_default_names_every_key_it_is_computed_from(capsys):
+    """`keys --json` lists under depends_on the keys a derived default is computed from (cem.reg_strength listed
+    cem.surrogate alone, yet is the noise σ under the joint fit): each listed key changes the value resolve gives,
+    and every derived key is covered here, so a new one must say what it is derived from."""
+    keys = by_name(keys_json(capsys))
+    derived = {n for n, k in keys.items() if (k.get("note") or "").startswith("derived from ")}
+    assert derived == set(DERIVED)
+    for n, (plugin, cases) in DERIVED.items():
+        chooser = "cem.surrogate" if n.startswith("cem.") else "attack.names"
+        assert set(keys[n]["depends_on"]) == {chooser} | {k for _, k, _ in cases}, n
+        assert all(k in keys[n]["note"] for _, k, _ in cases), n          # and the listing says which
+        for base, k, v in cases:
+            assert derived_value(n, plugin, {**base, k: v}) != derived_value(n, plugin, base), (n, k)
+
+
+def derived_value(name: str, plugin: str, flat: dict):
+    section, field = name.split(".", 1)
+    if section == "cem":
+        return surrogates.resolve(TrialConfig.from_flat({"cem.surrogate": plugin, **flat})).cem.params[field]
+    return attacks.resolve(TrialConfig.from_flat({"attack.names": [plugin], **flat})).attack.params[field]

@@ -45,7 +45,8 @@ class RMLEKeys:
                                           "difference| + mean |horizontal difference|) beside the noise-scaled "
                                           "data term; empty = "
                                           f"{TV_COEF:g}·s^-1.5, s = max(σ, {MIN_NOISE_STD:g}) (measured best "
-                                          "over σ 0.01..0.15, docs/attacks.md)", lo=0.0)
+                                          "over σ 0.01..0.15, docs/attacks.md)", lo=0.0,
+                                          derived_from=("defense.noise_std",))
     rmle_restarts: int = key(1, "rmle: starts per image (the first grey, the others random); the best data fit "
                              "is kept", lo=1, hi=16)
     rmle_batch_size: int = key(256, "rmle: images optimised at once", lo=1)

@@ -48,7 +48,8 @@ class AttentionCentroidKeys(SlotKeys):
     reg_strength: Optional[float] = key(None, "rho in log(var + rho^2) of the joint fit (empty = the defense noise "
                                         "sigma, as the reference's regularization_strength, or sqrt(var_eps) at "
                                         "sigma 0; the adversarial fit hinges at t instead, "
-                                        "and records 0.025)", lo=0.0, lo_open=True)
+                                        "and records 0.025)", lo=0.0, lo_open=True,
+                                        derived_from=("defense.noise_std", "cem.estimator_fit", "cem.var_eps"))
 
 
 @register("attention_centroid")

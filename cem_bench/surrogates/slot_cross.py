@@ -46,7 +46,7 @@ class SlotCrossKeys(GateKeys, SlotKeys):
     stats_on: str = key("raw", "statistics on the raw encoder features (raw) or on the cross-attended tokens "
                         "(enhanced, the seed's reading; joint fit only)", choices=("raw", "enhanced"))
     slot_temp: Optional[float] = key(None, "extra damping of slot logits (empty = hidden_dim**0.25)",
-                                     lo=0.0, lo_open=True)
+                                     lo=0.0, lo_open=True, derived_from=("cem.hidden_dim",))
 
 
 @register("slot_cross")
