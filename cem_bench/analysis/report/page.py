@@ -68,15 +68,18 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("cem_bench.analysis.report
 
 
 # ================================================================= galleries
-def _recon_path(res: Results, row: pd.Series) -> Path | None:
-    """The trial's recon.png inside the results folder, or None. ``trial_dir`` comes from a table that may
-    come from anyone: a path that leaves the folder is ignored, and the file is read without following a
-    link (copy_galleries)."""
+def _trial_paths(res: Results, row: pd.Series):
+    """Where the trial's folder would be inside the results folder: its ``trial_dir``, then its id. ``trial_dir``
+    comes from a table that may come from anyone: a path that leaves the folder is not given."""
     for name in (row.get("trial_dir"), str(row["trial_id"])):
         rel = relative_inside(res.results_dir, name) if isinstance(name, str) else None
-        if rel is not None and os.path.isfile(res.results_dir / rel / GALLERY_FILE):
-            return res.results_dir / rel / GALLERY_FILE
-    return None
+        if rel is not None:
+            yield res.results_dir / rel
+
+
+def _recon_path(res: Results, row: pd.Series) -> Path | None:
+    """The trial's recon.png inside the results folder, or None (read without following a link: copy_galleries)."""
+    return next((p / GALLERY_FILE for p in _trial_paths(res, row) if os.path.isfile(p / GALLERY_FILE)), None)
 
 
 def copy_galleries(res: Results, out_dir: Path) -> list[dict]:
@@ -114,11 +117,7 @@ def copy_galleries(res: Results, out_dir: Path) -> list[dict]:
 
 def _trial_folder(res: Results, row: pd.Series) -> bool:
     """Does the results folder hold a folder of this trial (``trial_dir`` or its id), not a link?"""
-    for name in (row.get("trial_dir"), str(row["trial_id"])):
-        rel = relative_inside(res.results_dir, name) if isinstance(name, str) else None
-        if rel is not None and os.path.isdir(res.results_dir / rel) and not os.path.islink(res.results_dir / rel):
-            return True
-    return False
+    return any(os.path.isdir(p) and not os.path.islink(p) for p in _trial_paths(res, row))
 
 
 def _set_by(row: pd.Series, metric: str) -> str:
