@@ -1462,3 +1462,17 @@ def test_the_page_shows_the_p_q_table_its_legend_cites(tmp_path):
     for m in ("test_acc", "attack_ssim"):
         assert f"{m}: p / q" in paper, m
     assert "the p / q table" in paper and paper.count(" q ") >= 2
+
+
+def test_the_paper_tables_say_what_lambda_meant_in_each_cell(tmp_path):
+    """The page's paper-style tables end with `cem-bench table`'s loss-scale table: its columns compare surrogates
+    at equal λ, which is equal strength only where the scales say so (the page omitted it)."""
+    from cem_bench.analysis.report.tables import paper_tables
+
+    tables = paper_tables(load_results(Path(__file__).parent.parent / "findings" / "decoder_surrogates_digits"))
+    scale = tables[-1]
+    assert scale["metric"] == "cem loss scale" and scale["error"] is None and "matched" in scale["legend"]
+    for cell in ("<th>λ=16 attention_centroid</th>", "<td>0.00876 ± 0.00016 matched (8)</td>", "<td>1 fixed</td>"):
+        assert cell in scale["table"], cell
+    plain = paper_tables(load_results(write_results(tmp_path / "res")))   # no loss scale recorded: no table
+    assert plain and not any(t["metric"] == "cem loss scale" for t in plain)

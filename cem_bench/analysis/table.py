@@ -336,7 +336,8 @@ def strength_table(configs: pd.DataFrame) -> pd.DataFrame | None:
 
 
 STRENGTH_LEGEND = ("cem loss scale: the scale of the surrogate's loss in each CEM cell. matched "
-                   "(cem.strength=matched, the attention surrogates' default): measured at each run's first CEM "
+                   "(cem.strength=matched, the attention surrogates' default; a gmm of other keys than the "
+                   "reference's where asked): measured at each run's first CEM "
                    "epoch so that one unit of λ pulls on its encoder as gmm's does there (mean ± std over the runs); "
                    "its ratio to gmm is 1 on the batches it was measured on (on others: docs/estimators.md, 'One λ "
                    "scale'). fixed: cem.loss_scale as set (gmm, the reference, is 1): its ratio to gmm "

@@ -12,7 +12,17 @@ import pandas as pd
 
 from cem_bench.analysis import noise
 from cem_bench.analysis.aggregate import CONFIG_ID
-from cem_bench.analysis.table import DEFAULT_METRICS, NOT_OK_WORDS, SIGMA, column_label, legend, paper_table, pq_table
+from cem_bench.analysis.table import (
+    DEFAULT_METRICS,
+    NOT_OK_WORDS,
+    SIGMA,
+    STRENGTH_LEGEND,
+    column_label,
+    legend,
+    paper_table,
+    pq_table,
+    strength_table,
+)
 from cem_bench.schema import strongest_column
 
 from .facts import config_searched_columns
@@ -314,6 +324,18 @@ def paper_tables(res: Results) -> list[dict] | None:
             pq.columns.name, pq.index.name = f"{m}: p / q", None
         out.append({"metric": m, "table": _to_html(table, classes=["paper"]), "legend": legend(c, m),
                     "pq": _to_html(pq, classes=["paper"]) if pq is not None else None, "error": None})
+    # what one unit of λ meant in each cell (`cem-bench table` prints it too): the columns compare surrogates at
+    # equal λ, which is equal strength only where the scales say so
+    try:
+        scales = strength_table(c)
+    except Exception as exc:  # noqa: BLE001 - as above
+        out.append({"metric": "cem loss scale", "table": None, "legend": None, "error": f"{type(exc).__name__}: {exc}"})
+    else:
+        if scales is not None:
+            scales = scales.copy()
+            scales.columns.name, scales.index.name = "cem loss scale", None
+            out.append({"metric": "cem loss scale", "table": _to_html(scales, classes=["paper"]),
+                        "legend": STRENGTH_LEGEND, "pq": None, "error": None})
     return out
 
 
