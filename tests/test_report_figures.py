@@ -164,6 +164,9 @@ def test_with_confirmation_every_front_on_the_page_is_the_confirmed_one(tmp_path
     assert drawn == {(round(a, 9), round(s, 9)) for a, s in zip(front["test_acc"], front["attack_ssim"])}
     (ring,) = [c for c in ax.collections if c.get_gid() == "page-front"]
     assert {tuple(np.round(p, 9)) for p in ring.get_offsets()} == drawn
+    # the baseline is on this front: its cross is drawn over the front's line and ring, not hidden under them
+    cross = [ln for ln in ax.get_lines() if ln.get_gid() == "baseline"]   # its marker and its bars' caps
+    assert cross and min(ln.get_zorder() for ln in cross) > max(line.get_zorder(), ring.get_zorder())
     texts, _ = _legend(fig)
     assert "confirmed front (baseline and confirmed means)" in texts
     assert any(t.startswith("not confirmed (1 configuration") for t in texts)
@@ -318,6 +321,8 @@ def test_a_plot_of_two_of_three_objectives_names_its_front_and_marks_the_pages(t
         assert "on the front of all objectives (test_acc, attack_ssim, attack_mse)" in texts
         assert not any("front (all trials)" == t for t in texts)
         (ring,) = [c for c in ax.collections if c.get_gid() == "page-front"]
+        (cross,) = [c for c in ax.collections if c.get_gid() == "baseline"]   # one point a trial: a scatter
+        assert cross.get_zorder() > ring.get_zorder()
         shown = page.dropna(subset=[metric])
         assert {tuple(np.round(p, 9)) for p in ring.get_offsets()} == {
             (round(a, 9), round(m, 9)) for a, m in zip(shown["test_acc"], shown[metric])}

@@ -85,8 +85,8 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
         def points(ax, df, color, label, base, faded=False):
             _errorbar(ax, df, x_metric, y_metric, marker="X" if base else "o",
                       markersize=9 if base else 6 if faded else 7, color=color,
-                      alpha=0.35 if faded else 1.0 if base else 0.8, zorder=2 if faded else 4 if base else 3,
-                      label=label)  # fmt: skip
+                      alpha=0.35 if faded else 1.0 if base else 0.8, zorder=2 if faded else BASE_Z if base else 3,
+                      label=label, gid="baseline" if base else None)  # fmt: skip
         empty = "no configuration with an ok run and these metrics"
         title = f"{plural(len(data), 'configuration')}, {replicate_caption(res, y_metric)}"
     else:
@@ -94,7 +94,8 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
 
         def points(ax, df, color, label, base, faded=False):
             ax.scatter(df[x_metric], df[y_metric], s=80 if base else 28, marker="X" if base else "o", color=color,
-                       alpha=1.0 if base else 0.75, edgecolors="none", zorder=4 if base else 3)
+                       alpha=1.0 if base else 0.75, edgecolors="none", zorder=BASE_Z if base else 3,
+                       gid="baseline" if base else None)
         empty, title = None, plural(len(data), "ok trial")
     front_label, ring_label = front_labels(res, x_metric, y_metric)
     fig = new_figure(7.5, 5.0)
@@ -157,6 +158,8 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
 
 
 ALL_WITHIN = "(every point within the noise of the λ=0 baseline)"
+# the λ = 0 cross above the front's step line (5) and ring (6): a baseline on the front was hidden under them
+BASE_Z = 7
 
 
 def _widened(lim: tuple[float, float], edges: list[float]) -> tuple[float, float]:
