@@ -11,9 +11,10 @@ from cem_bench.surrogates.clustering import kmeans, kmeans_pp, pad_by_class
 COVERS = ("gmm",)   # its vectorised step against a per-class loop, its k-means against scikit-learn
 
 
-def make(fit="kmeans", entropy="isotropic", shape=(2, 4, 4), classes=4, sigma=0.1, k=3):
+def make(fit="kmeans", entropy="isotropic", shape=(2, 4, 4), classes=4, sigma=0.1, k=3, about="centroid"):
     cfg = surrogates.resolve(TrialConfig.from_flat({
-        "cem.gmm_fit": fit, "cem.entropy": entropy, "defense.noise_std": sigma, "cem.num_clusters": k}))
+        "cem.gmm_fit": fit, "cem.entropy": entropy, "defense.noise_std": sigma, "cem.num_clusters": k,
+        "cem.spread_about": about}))
     return surrogates.build(cfg, shape, classes)
 
 
@@ -51,7 +52,8 @@ def loop_reference(s, z, y):
             assign.setdefault(best, []).append(i)
         for k, members in assign.items():
             n = len(members)
-            sq = torch.stack([(x[i] - s.centroids[c, k]) ** 2 for i in members])  # (n, D)
+            about = s.centroids[c, k] if s.cfg.spread_about == "centroid" else x[members].mean(0)
+            sq = torch.stack([(x[i] - about) ** 2 for i in members])  # (n, D)
             alpha = s.cfg.shrink * n / float(s.pi[c, k] * s.cluster_n[c].sum() / s.pi[c].sum())
             alpha = 0.99 if alpha >= 1 else alpha          # the reference's `if var_lambda>=1: var_lambda=0.99`
             if s.cfg.entropy == "isotropic":
@@ -64,11 +66,12 @@ def loop_reference(s, z, y):
     return total / max(counted, 1)
 
 
+@pytest.mark.parametrize("about", ["centroid", "batch_mean"])
 @pytest.mark.parametrize("fit", ["kmeans", "em"])
 @pytest.mark.parametrize("entropy", ["isotropic", "diag"])
-def test_vectorised_equals_loop(fit, entropy):
+def test_vectorised_equals_loop(fit, entropy, about):
     x, y, _, _ = blobs(dim=32, spread=0.2)
-    s = make(fit, entropy)
+    s = make(fit, entropy, about=about)
     s.refit(x.view(-1, 2, 4, 4), y)
     g = torch.Generator().manual_seed(1)
     zb = torch.rand(30, 2, 4, 4, generator=g)
@@ -189,6 +192,26 @@ def test_gradient_reaches_the_encoder_and_not_the_fitted_centroids():
     grads = [p.grad for p in client.parameters()]
     assert all(g is not None for g in grads) and sum(float(g.abs().sum()) for g in grads) > 0
     assert not s.centroids.requires_grad and s.centroids.grad is None and not list(s.parameters())
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_about_the_batch_mean_the_pull_only_compacts(k):
+    """cem.spread_about=batch_mean: the gradient of a cell's term sums to 0 over its members (nothing moves a cell's
+    mean, as in the attention surrogates' per-class hinges); about the refitted centroid part of the pull moves
+    the cell's mean toward the centroid (docs/estimators.md "Taken apart")."""
+    x, y, _, _ = blobs(dim=32, spread=0.2)
+    sums = {}
+    for about in ("centroid", "batch_mean"):
+        s = make(about=about, k=k)
+        s.refit(x.view(-1, 2, 4, 4), y)
+        zb = (x[::5] + 0.3).view(-1, 2, 4, 4).clone().requires_grad_()   # shifted: batch means off the centroids
+        s(zb, y[::5]).loss.backward()
+        g = zb.grad.flatten(1)
+        with torch.no_grad():   # per (class, cell) sum of the members' gradients, as the step assigned them
+            cents = s.centroids[y[::5]]
+            slot = y[::5] * s.k + ((zb.flatten(1).unsqueeze(1) - cents).pow(2).sum(-1)).argmin(1)
+        sums[about] = torch.zeros(s.num_classes * s.k, g.shape[1]).index_add_(0, slot, g).norm() / g.norm()
+    assert float(sums["batch_mean"]) < 1e-5 and float(sums["centroid"]) > 0.5
 
 
 def test_sigma_zero_hinges_at_log_gamma():

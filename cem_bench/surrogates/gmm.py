@@ -37,6 +37,10 @@ class GMMKeys(SurrogateKeys):
     entropy: str = key("isotropic", "hinge on the scalar variance (the paper's code) or per dimension",
                        choices=("isotropic", "diag"))
     shrink: float = key(10.0, "s in alpha = s*n/(pi*N_c) (0.99 where it reaches 1), batch-vs-prior shrinkage", lo=0.0)
+    spread_about: str = key("centroid", "the batch term's spread about each cell's centroid refitted at the epoch's start "
+                            "(the paper's code; eval-mode features) or about its members' own mean in the batch "
+                            "(batch_mean: a pull that only compacts, as the attention surrogates' per-class hinges)",
+                            choices=("centroid", "batch_mean"))
     legacy_prior_indexing: bool = key(False, "reproduce the reference's lookup defect: each class present in the "
                                       "batch takes pi, the prior variance and the cluster size from the class of the "
                                       "label-sorted sample at its class ordinal (almost always class 0) instead of "
@@ -93,11 +97,16 @@ class GMM(Surrogate):
             dist = (x.unsqueeze(1) - cents).pow(2).sum(-1)                 # (B, K)
             dist = dist.masked_fill(~self.valid[y], FAR)
             slot = y * k + dist.argmin(1)                                  # (B,) flat (class, cluster)
-        mu = self.centroids.view(g * k, -1)[slot]
-        sq = (x - mu).pow(2)                                               # (B, D), differentiable in x
         ones = x.new_ones(b_sz)
         n = x.new_zeros(g * k).index_add_(0, slot, ones)
         n_safe = n.clamp(min=1)
+        if self.cfg.spread_about == "batch_mean":
+            # each cell's members' own mean in this batch (differentiable; its gradient terms cancel, so the pull
+            # has no component along a cell's mean: it only compacts). A cell of one member has spread 0.
+            mu = (x.new_zeros(g * k, x.shape[1]).index_add(0, slot, x) / n_safe.unsqueeze(1))[slot]
+        else:
+            mu = self.centroids.view(g * k, -1)[slot]                      # constant: refitted at the epoch's start
+        sq = (x - mu).pow(2)                                               # (B, D), differentiable in x
         class_n = x.new_zeros(g).index_add_(0, y, ones)
         pi, cluster_n, var_iso, var_diag = self.pi, self.cluster_n, self.var_iso, self.var_diag
         if self.cfg.legacy_prior_indexing:
