@@ -172,6 +172,9 @@ def _plan(flat: dict, surrogates_, warmup, batches) -> Plan:
     # surrogate's defaults)
     trials = {n: build_config({**flat, "cem.surrogate": n, "cem.lambd": 1.0}) for n in names}
     modes = {n: c.cem.strength for n, c in trials.items()}
+    # gmm's row is the reference (below), fixed at 1 whatever gmm keys are set: a gmm of other keys asked
+    # cem.strength=matched is matched to that row, not measured in it (not_applied names its keys)
+    modes[REFERENCE] = "fixed"
     own = {n: int(c.cem.warmup_epochs or 0) for n, c in trials.items()}
     # the fixed scale: the surrogate's default unless flat sets cem.loss_scale (validated before any training)
     cfgs = {n: build_config({**base, "cem.surrogate": n, "cem.lambd": 1.0, "cem.strength": "fixed"})

@@ -144,3 +144,11 @@ def test_gmm_s_own_keys_are_said_not_to_reach_the_reference(monkeypatch, capsys)
     out = capsys.readouterr().out
     assert "cem.num_clusters=2 is not applied to the gmm row" in out and "no surrogate measured takes it" in out
     assert "cem.num_slots=4 is not applied to the gmm row" in out and "applied to slot_cross" in out
+
+
+def test_the_gmm_row_is_the_fixed_reference_even_where_a_gmm_variant_is_matched():
+    """`cem.strength=matched` with gmm keys of its own (one cluster) makes a gmm trial match the reference; calibrate's
+    gmm row is that reference, so its strength mode stays fixed (it said matched, of a row it never matched)."""
+    plan, = calibrate.plan({**FLAT, "cem.strength": "matched", "cem.num_clusters": 1}, ["slot_cross"], None, 4)
+    assert plan.modes == {"gmm": "fixed", "slot_cross": "matched"}
+    assert build_config({**FLAT, "cem.strength": "matched", "cem.num_clusters": 1}).cem.strength == "matched"
