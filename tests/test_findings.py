@@ -433,14 +433,17 @@ def test_confirm_lambda16_photos_says_what_the_docs_say():
 
 def onecell_labelled(trials):
     """decoder_onecell_*'s trials with their cell's name (``cell``): gmm, gmm K5 (fused), gmm K1 isotropic / diag
-    (fused), ``a99`` at cem.shrink 1000, attention_centroid, serial_enhanced."""
+    (fused), ``a99`` at cem.shrink 1000, ``batch_mean`` about the batch's class mean, attention_centroid,
+    serial_enhanced."""
     def label(r):
         if r["config.cem.surrogate"] != "gmm":
             return r["config.cem.surrogate"]
         if r["config.cem.grad_mode"] == "inject":
             return "gmm"
         k, shrink = int(r["config.cem.num_clusters"]), r["config.cem.shrink"]
-        return f"gmm K{k}" + (f" {r['config.cem.entropy']}" if k == 1 else "") + (" a99" if shrink == 1000 else "")
+        about = " batch_mean" if r.get("config.cem.spread_about") == "batch_mean" else ""
+        return (f"gmm K{k}" + (f" {r['config.cem.entropy']}" if k == 1 else "") + (" a99" if shrink == 1000 else "")
+                + about)
     return trials.assign(cell=trials.apply(label, axis=1))
 
 
@@ -454,8 +457,9 @@ def onecell_cells(trials) -> dict:
 @pytest.mark.skipif("decoder_onecell_digits" not in FOLDERS, reason="not shipped")
 def test_decoder_onecell_runs_say_what_the_docs_say():
     """docs/estimators.md "Taken apart" and the README's paragraph after the findings table: K1 and K4, K6 hold,
-    K2, K3, K5 not shown; S3 holds, S1, S2 not shown; the cells as printed; the second run's repeated cells equal
-    the first's to every digit; gmm fused at the matched scale trains as gmm injected."""
+    K2, K3, K5 not shown; S3 holds, S1, S2 not shown; C1-C3 hold (about the batch's class mean the one cell is
+    attention_centroid); the cells as printed; repeated cells equal the run before's to every digit; gmm fused at
+    the matched scale trains as gmm injected."""
     one = load_results(FINDINGS / "decoder_onecell_digits")
     two = load_results(FINDINGS / "decoder_onecell_shrink_digits")
     assert len(one.trials) == 48 and len(two.trials) == 24
@@ -497,4 +501,19 @@ def test_decoder_onecell_runs_say_what_the_docs_say():
              "| attention_centroid | 0.0084–0.0091 | 0.920 ± 0.044 | 0.913 ± 0.008 |",
              "| the same at α 0.99 (`cem.shrink` 1000) | 0.0082–0.0092 | 0.922 ± 0.035 | 0.936 ± 0.005 |",
              "(S1 +0.001, −0.004 to +0.006, not shown)")
-    doc_says("README.md", "(−0.010 of −0.032, holds)", "stay 0.022 below those cells (not within 0.01)", "(+0.001)")
+    # the third run: about the batch's class mean the one cell is attention_centroid (C1, C2, C3 hold)
+    three = load_results(FINDINGS / "decoder_onecell_centre_digits")
+    assert len(three.trials) == 24 and (three.trials["status"] == "ok").all()
+    c3 = onecell_cells(three.trials)
+    assert c3 == {"gmm K1 isotropic a99": c2["gmm K1 isotropic a99"], "attention_centroid": c1["attention_centroid"],
+                  "gmm K1 isotropic a99 batch_mean": (8, 0.908, 0.036, 0.913, 0.005, 0.0014)}
+    c = evaluate(three.trials, three.hypotheses).set_index("name")
+    assert (c["verdict"] == "holds").all() and [round(v, 3) for v in c["diff"]] == [-0.023, 0.001, 0.001]
+    assert (round(c.loc["C2", "ci_low"], 3), round(c.loc["C2", "ci_high"], 3)) == (-0.005, 0.007)
+    doc_says("docs/estimators.md",
+             "| the same about the batch's class mean (`cem.spread_about: batch_mean`) | 0.0085–0.0092 | 0.908 ± 0.036 "
+             "| 0.913 ± 0.005 | | −0.001 (−0.007 to +0.005) | 0.0014 |",
+             "(C1 holds: −0.023, −0.028 to −0.018, p 1.5e−5)", "(C2 and C3 hold: +0.001, −0.005 to +0.007)")
+    assert f"{c.loc['C1', 'p_adjusted']:.1e}" == "1.5e-05"
+    doc_says("README.md", "over gmm (−0.032) is gmm with one isotropic cell per class",
+             "(within 0.01 of it: +0.001, −0.005 to +0.007, holds)", "gives a third (−0.010)")
