@@ -515,5 +515,18 @@ def test_decoder_onecell_runs_say_what_the_docs_say():
              "| 0.913 ± 0.005 | | −0.001 (−0.007 to +0.005) | 0.0014 |",
              "(C1 holds: −0.023, −0.028 to −0.018, p 1.5e−5)", "(C2 and C3 hold: +0.001, −0.005 to +0.007)")
     assert f"{c.loc['C1', 'p_adjusted']:.1e}" == "1.5e-05"
+    # the fourth: serial_enhanced against the per-dimension cell about the batch's class mean (P1, P3 hold, P2 not)
+    four = load_results(FINDINGS / "decoder_onecell_diag_digits")
+    assert len(four.trials) == 24 and (four.trials["status"] == "ok").all()
+    c4 = onecell_cells(four.trials)
+    assert c4 == {"gmm K1 diag a99": (8, 0.928, 0.03, 0.942, 0.004, 0.0045),
+                  "gmm K1 diag a99 batch_mean": (8, 0.912, 0.052, 0.926, 0.009, 0.0027),
+                  "serial_enhanced": c1["serial_enhanced"]}
+    p = evaluate(four.trials, four.hypotheses).set_index("name")
+    assert p["verdict"].to_dict() == {"P1": "holds", "P2": "not shown", "P3": "holds"}
+    assert [round(v, 3) for v in p["diff"]] == [-0.016, -0.004, -0.004]
+    assert (round(p.loc["P2", "ci_low"], 3), round(p.loc["P2", "ci_high"], 3)) == (-0.015, 0.007)
+    doc_says("docs/estimators.md", "(P1 holds: −0.016, −0.025 to −0.007, p 0.005)",
+             "| the same about the batch's class mean | 0.0104–0.0113 | 0.912 ± 0.052 | 0.926 ± 0.009 | | | 0.0027 |")
     doc_says("README.md", "over gmm (−0.032) is gmm with one isotropic cell per class",
              "(within 0.01 of it: +0.001, −0.005 to +0.007, holds)", "gives a third (−0.010)")
