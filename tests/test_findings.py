@@ -528,5 +528,17 @@ def test_decoder_onecell_runs_say_what_the_docs_say():
     assert (round(p.loc["P2", "ci_low"], 3), round(p.loc["P2", "ci_high"], 3)) == (-0.015, 0.007)
     doc_says("docs/estimators.md", "(P1 holds: −0.016, −0.025 to −0.007, p 0.005)",
              "| the same about the batch's class mean | 0.0104–0.0113 | 0.912 ± 0.052 | 0.926 ± 0.009 | | | 0.0027 |")
+    # the fifth, at σ 0.1 on new seeds: the batch-mean cell is attention_centroid again (Q1, Q2 hold)
+    five = load_results(FINDINGS / "decoder_onecell_sigma_digits")
+    assert len(five.trials) == 16 and (five.trials["status"] == "ok").all()
+    assert (five.trials["config.defense.noise_std"] == 0.1).all()
+    assert onecell_cells(five.trials) == {"gmm K1 isotropic a99 batch_mean": (8, 0.917, 0.04, 0.887, 0.009, 0.0025),
+                                          "attention_centroid": (8, 0.924, 0.035, 0.887, 0.006, 0.0025)}
+    q = evaluate(five.trials, five.hypotheses).set_index("name")
+    assert (q["verdict"] == "holds").all() and round(q.loc["Q1", "diff"], 3) == 0.0
+    assert (round(q.loc["Q1", "ci_low"], 3), round(q.loc["Q1", "ci_high"], 3)) == (-0.004, 0.004)
+    doc_says("docs/estimators.md", "+0.000 (−0.004 to +0.004): within 0.01 (Q1 and Q2 hold, adjusted p 5e−4)")
+    assert f"{q.loc['Q1', 'p_adjusted']:.0e}" == "5e-04"
+    doc_says("README.md", "at σ 0.1 on 8 more new seeds +0.000, −0.004 to +0.004, holds")
     doc_says("README.md", "over gmm (−0.032) is gmm with one isotropic cell per class",
-             "(within 0.01 of it: +0.001, −0.005 to +0.007, holds)", "gives a third (−0.010)")
+             "(within 0.01 of it: +0.001, −0.005 to +0.007, holds;", "gives a third (−0.010)")
