@@ -541,4 +541,4 @@ def test_decoder_onecell_runs_say_what_the_docs_say():
     assert f"{q.loc['Q1', 'p_adjusted']:.0e}" == "5e-04"
     doc_says("README.md", "at σ 0.1 on 8 more new seeds +0.000, −0.004 to +0.004, holds")
     doc_says("README.md", "over gmm (−0.032) is gmm with one isotropic cell per class",
-             "(within 0.01 of it: +0.001, −0.005 to +0.007, holds;", "gives a third (−0.010)")
+             "(to within 0.01, the tests' margin: +0.001, −0.005 to +0.007, holds;", "gives a third (−0.010)")
