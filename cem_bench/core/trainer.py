@@ -339,7 +339,7 @@ class Trainer:
         cem_on = self.cem_active(epoch)
         if cem_on and self.matcher.due(epoch):
             if self.surrogate.needs_refit and not self.surrogate.fitted:
-                self.refit_surrogate()   # a matched gmm with no warm-up: its pull is measured on its first fit
+                self.refit_surrogate()   # no epoch end has fitted it yet (no warm-up): a pull needs fitted cells
             self.matcher.match(epoch, lr, self.splits, self.client, self.server, self.surrogate,
                                self.encode(self.splits.train))
         t_prep = time.perf_counter()   # a first fit of the surrogate and the FLOP count are not steps

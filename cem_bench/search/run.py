@@ -251,11 +251,12 @@ def _run_locked(spec, storage: str, exp_path: str, address: str | None, resume: 
         except BaseException as e:
             # the driver did stop itself here: its record replaces the hard stop's ("a stop it could not
             # answer"), where it can still be written: a second signal raised out of Tune's loop, a full disk
+            full = isinstance(e, Exception) and (guard.full or is_enospc(e))
             if interruption is not None and interruption.signal is not None:
                 _stop_record(exp_path, interruption.signal.name, interruption.at, stats)
-            elif isinstance(e, Exception) and (guard.full or is_enospc(e)):
+            elif full:
                 _stop_record(exp_path, FULL_STOP, time.time(), stats)
-            if isinstance(e, Exception) and (guard.full or is_enospc(e)):
+            if full:
                 raise StorageFull(full_message(storage)) from e   # Ray's failure is a traceback of its files
             raise
         if guard.full:

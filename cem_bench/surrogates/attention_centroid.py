@@ -69,8 +69,8 @@ class AttentionCentroid(Surrogate):
         # noise sigma (seed 001 runs "regularization_strength=0.025", a sigma of the paper's grid), so log(var +
         # sigma^2), the paper's log det(Sigma + sigma^2 I) per dimension. No noise (sigma 0): sqrt(gamma), the
         # common gamma that keeps every other surrogate's log(v + gamma) finite. Recorded as the value used.
-        # Under adversarial rho is read by nothing: the note's 0.025 is recorded, as before 2026-12-06, so that a
-        # sigma grid's configurations do not look searched in rho, nor change identity across that date.
+        # Under adversarial rho is read by nothing: the note's constant 0.025 is recorded, so that the configurations
+        # of a sigma grid do not look searched in rho and keep one identity whatever sigma is.
         if params["reg_strength"] is None:
             fit = cfg.cem.estimator_fit or cls.defaults.get("cem.estimator_fit", cls.fit_modes[0])
             sigma = float(cfg.defense.noise_std)
