@@ -15,7 +15,9 @@ from matplotlib.image import imsave
 from test_report import THREE_OBJECTIVES, write_results
 
 from cem_bench.analysis.report import build_report, frontier_figure, load_results
+from cem_bench.analysis.report.formatting import format_value
 from cem_bench.analysis.report.frontier_plot import baseline_bands
+from cem_bench.analysis.report.load import numeric
 from cem_bench.analysis.report.plots import fit_margins
 from cem_bench.schema import rank_table
 
@@ -273,6 +275,84 @@ def test_a_lambda_curve_is_drawn_only_where_lambda_alone_varies(tmp_path):
     pd.read_parquet(alone / "trials.parquet").query("`config.cem.surrogate` != 'gmm'").to_parquet(
         alone / "trials.parquet")
     assert lambda_curves(load_results(alone)) is None
+
+
+def test_a_sigma_grid_draws_a_row_of_lambda_curves_per_sigma_from_its_own_baseline(tmp_path, monkeypatch):
+    """cifar10_paper.yaml's grid (σ x λ x surrogate) drew no λ curve at all: σ "also varied along its λ
+    values". Each σ's curves now start from that σ's baseline, a row of panels per σ; a σ with one λ > 0 gets
+    no curve and the note says where."""
+    from cem_bench.analysis.report.lambda_plot import lambda_curves, lambda_curves_note, plot_lambda_curves
+
+    root = paper_grid(tmp_path / "grid")
+    res = load_results(root)
+    cfg = lambda_curves(res)
+    assert cfg is not None
+    assert lambda_curves_note(res) is None
+    configs = res.configs.set_index("config_id")
+    drawn = cfg[cfg["_lam"] > 0]
+    assert len(drawn) == len(SIGMAS) * len(SURROGATES5) * 2
+    sigma_of = numeric(configs["config.defense.noise_std"])
+    # every curve starts from the baseline of its own σ
+    for cid, base in zip(drawn["config_id"], drawn["_base"]):
+        assert numeric(configs["config.cem.lambd"])[base] == 0
+        assert sigma_of[base] == sigma_of[cid]
+    fig_path = plot_lambda_curves(res, tmp_path / "curves.png")
+    assert fig_path.is_file()
+    text = build_report(root).read_text(encoding="utf-8")
+    assert 'src="lambda_curves.png"' in text
+
+    # the figure: a row per σ, titled by it; gmm's attack_ssim line on each row starts at its σ's baseline mean
+    from cem_bench.analysis.report import lambda_plot
+    drawn_figs = []
+    monkeypatch.setattr(lambda_plot, "save", lambda fig, path: drawn_figs.append(fig) or path)
+    lambda_plot.plot_lambda_curves(res, tmp_path / "again.png")
+    (fig,) = drawn_figs
+    # the rows stay apart: a row's x label above the next row's title, the first row's titles under the figure's
+    fit_margins(fig)
+    r = fig.canvas.get_renderer()
+    boxes = [ax.get_tightbbox(r) for ax in fig.axes]
+    n_cols = fig.axes[0].get_subplotspec().get_gridspec().ncols
+    for above, below in zip(boxes, boxes[n_cols:]):
+        assert above.y0 > below.y1
+    assert max(b.y1 for b in boxes[:n_cols]) < fig._suptitle.get_window_extent(r).y0
+    # and keep their width: the panels of one row were once taken for neighbours of the next row's
+    assert all(ax.get_position().width > 0.5 / n_cols for ax in fig.axes)
+    panels = [ax for ax in fig.axes if ax.get_xlabel()]
+    n_metrics = len(panels) // len(SIGMAS)
+    assert len(panels) == len(SIGMAS) * n_metrics and n_metrics >= 2
+    base_ssim = {float(sigma_of[b]): float(configs.loc[b, "attack_ssim_mean"]) for b in set(drawn["_base"])}
+    for r, sigma in enumerate(sorted(SIGMAS)):
+        row = panels[r * n_metrics:(r + 1) * n_metrics]
+        assert {ax.get_title() for ax in row} == {f"σ={format_value(sigma)}"}
+        ssim_ax = next(ax for ax in row if ax.get_ylabel().startswith("attack_ssim"))
+        (gmm,) = [c for c in ssim_ax.containers if c.get_label() == "gmm"]
+        xs, ys = gmm.lines[0].get_data()
+        assert xs[0] == 0 and ys[0] == pytest.approx(base_ssim[sigma])
+
+    # the largest σ with λ 16 only: its curves are left out, the others stay, and the note says where
+    t = pd.read_parquet(root / "trials.parquet")
+    top = max(SIGMAS)
+    t = t[~((t["config.defense.noise_std"] == top) & (t["config.cem.lambd"] == 8.0))]
+    part = _rows_to(tmp_path / "part", t.to_dict("records"), name="part")
+    res = load_results(part)
+    cfg = lambda_curves(res)
+    assert set(numeric(cfg["config.defense.noise_std"])) == set(SIGMAS) - {top}
+    note = lambda_curves_note(res)
+    assert f"gmm: one λ only at defense.noise_std={format_value(top)}" in note
+
+    # σ drawn, not gridded (25 values along gmm's two λ): no curve for it, and no pass over each value
+    from cem_bench.analysis.report.lambda_plot import MAX_CURVES
+    rows = []
+    for seed in (0, 1):
+        for sur, lam, sigma in [(None, 0.0, 0.1), ("slot_cross", 2.0, 0.1), ("slot_cross", 8.0, 0.1),
+                                *[("gmm", lam, 0.01 * (k + 1)) for k in range(MAX_CURVES + 1) for lam in (2.0, 8.0)]]:
+            rows.append({"trial_id": f"t{len(rows):03d}", "status": "ok", "config.seed": seed,
+                         "config.defense.noise_std": sigma, "config.cem.lambd": lam, "config.cem.surrogate": sur,
+                         "test_acc": 0.9 - 0.01 * lam, "attack_ssim": 0.8 - 0.01 * lam + 0.01 * seed})
+    res = load_results(_rows_to(tmp_path / "drawn", rows, name="drawn"))
+    assert set(lambda_curves(res)["_label"]) == {"slot_cross", "λ=0 baseline"}
+    assert (f"gmm: defense.noise_std takes {MAX_CURVES + 1} values along its λ values (a curve each: more than "
+            f"{MAX_CURVES})") in lambda_curves_note(res)
 
 
 # ---------------------------------------------------------------- infinite metrics

@@ -11,7 +11,8 @@ writes into ``results_dir/report``:
 * ``training_curves.png``: per-epoch curves of the front's trials
 * ``galleries/<trial>.png``: reconstruction galleries of the front and of the best λ=0 baseline
 * ``frontier.csv``: the front's trials (all columns); with replicates also ``frontier_configs.csv``
-* ``lambda_curves.png``: a replicated λ sweep's trade-off, a curve per surrogate whose other keys stay fixed
+* ``lambda_curves.png``: a replicated λ sweep's trade-off, a curve per surrogate whose other keys stay fixed, a
+  row per λ=0 baseline (a σ grid: a row per σ)
 
 With confirmation the front of all of these is the confirmed front (``Results.front_configs``, and its runs:
 ``Results.front_trials``), the one the page's table lists.

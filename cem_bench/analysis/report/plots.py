@@ -140,17 +140,27 @@ def _kept(lo: float, hi: float) -> tuple[float, float]:
     return lo * scale, 1 - (1 - hi) * scale
 
 
+def _cell(ax, k: int) -> tuple[int, int]:
+    """``ax``'s row and column in its figure's grid (a lone axes, or one added without a grid: row 0, column k)."""
+    spec = ax.get_subplotspec()
+    return (spec.rowspan.start, spec.colspan.start) if spec is not None else (0, k)
+
+
 def fit_margins(fig: Figure) -> None:
     """Widen the figure's margins (and the space between its panels) until every axes' labels, tick labels
     and title lie inside the image, above a ``legend_below`` legend: the extents of their text are measured,
     no drawing is done. A two-line y label or a long tick label (0.0001) no longer runs off the left edge.
-    The panels keep at least ``MIN_AXES_FRACTION`` of the figure either way (``_kept``)."""
+    The panels keep at least ``MIN_AXES_FRACTION`` of the figure either way (``_kept``). Panels in rows (the λ
+    curves of a σ grid) are kept apart across and down: a row's x labels from the next row's titles."""
     axes = [ax for ax in fig.axes if ax.get_visible()]
     if not axes:
         return
     renderer = fig.canvas.get_renderer()
     width, height = fig.bbox.width, fig.bbox.height
     sp = fig.subplotpars
+    cells = [_cell(ax, k) for k, ax in enumerate(axes)]
+    ncols = max(c for _, c in cells) + 1
+    nrows = max(r for r, _ in cells) + 1
     for _ in range(3):   # a wider margin narrows the panels, which may move their labels again
         measured = [_measure(ax, renderer) for ax in axes]   # one measurement serves margins and gaps
         by_axes = [b for b, _ in measured]
@@ -164,24 +174,31 @@ def fit_margins(fig: Figure) -> None:
                             sp.right - max(0.0, x1 - (width - MARGIN_PX)) / width)
         bottom, top = _kept(sp.bottom + max(0.0, floor - y0) / height,
                             sp.top - max(0.0, y1 - (height - MARGIN_PX - _suptitle_px(fig, renderer))) / height)
-        wspace = sp.wspace
-        if len(axes) > 1:    # a panel's y label must not run into its left neighbour
-            for ba, bb in zip(by_axes, by_axes[1:]):
-                gap = bb.x0 - ba.x1 if ba is not None and bb is not None else 1.0
-                if gap < MARGIN_PX:
-                    panel = (sp.right - sp.left) * width / (len(axes) + (len(axes) - 1) * sp.wspace)
-                    wspace = max(wspace, sp.wspace + (MARGIN_PX - gap) / panel)
-        if (left, right, bottom, top, wspace) == (sp.left, sp.right, sp.bottom, sp.top, sp.wspace):
+        wspace, hspace = sp.wspace, sp.hspace
+        box_at = {cell: b for cell, b in zip(cells, by_axes) if b is not None}
+        panel_w = (sp.right - sp.left) * width / (ncols + (ncols - 1) * sp.wspace)
+        panel_h = (sp.top - sp.bottom) * height / (nrows + (nrows - 1) * sp.hspace)
+        for (r, c), ba in box_at.items():
+            # a panel's y label must not run into its left neighbour, nor its x label into the title below
+            bb = box_at.get((r, c + 1))
+            if bb is not None and bb.x0 - ba.x1 < MARGIN_PX:
+                wspace = max(wspace, sp.wspace + (MARGIN_PX - (bb.x0 - ba.x1)) / panel_w)
+            bb = box_at.get((r + 1, c))
+            if bb is not None and ba.y0 - bb.y1 < MARGIN_PX:
+                hspace = max(hspace, sp.hspace + (MARGIN_PX - (ba.y0 - bb.y1)) / panel_h)
+        if (left, right, bottom, top, wspace, hspace) == (sp.left, sp.right, sp.bottom, sp.top, sp.wspace,
+                                                          sp.hspace):
             return
-        fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=wspace)
+        fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=wspace, hspace=hspace)
 
 
 def _suptitle_px(fig: Figure, renderer) -> float:
-    """The height the figure's suptitle takes at the top (0 without one)."""
+    """The height the figure's suptitle takes at the top, from the image's top edge to below the title (0
+    without one): it sits at a fraction of the height, so a tall figure's title starts lower."""
     title = fig._suptitle
     if title is None or not title.get_text():
         return 0.0
-    return title.get_window_extent(renderer).height + MARGIN_PX
+    return fig.bbox.height - title.get_window_extent(renderer).y0
 
 
 def title_text(text: str, width: int = 95, max_name: int = 60, name: str | None = None) -> str:
