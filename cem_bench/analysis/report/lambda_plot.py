@@ -11,7 +11,7 @@ from cem_bench.analysis.aggregate import CONFIG_ID, config_columns
 from cem_bench.schema import EXECUTION_KEYS
 
 from .formatting import better, format_value, is_missing, short, varies
-from .frontier_plot import band_names, stats_runs
+from .frontier_plot import stats_runs
 from .load import BASELINE_LABEL, LAMBD_COL, NOISE_COL, SURROGATE_COL, Results, numeric
 from .plots import bars, lambda_axis, legend_below, new_figure, save, wrapped
 
@@ -133,6 +133,17 @@ def _rows(res: Results, bases: pd.DataFrame) -> list[str]:
     return list(order.sort_values(["_s", "_id"], kind="stable")["_id"])
 
 
+def _row_titles(bases: pd.DataFrame, rows: list[str]) -> dict[str, str]:
+    """Per baseline (its id), the keys that tell the rows apart (``σ=0.05``; ``model.width=0.25, σ=0.1``);
+    {} for one row."""
+    if len(rows) < 2:
+        return {}
+    keys = [c for c in config_columns(bases) if c.removeprefix("config.") not in EXECUTION_KEYS and varies(bases[c])]
+    name = {NOISE_COL: "σ"}
+    return {bid: ", ".join(f"{name.get(c, short(c))}={format_value(bases.loc[bid, c])}" for c in keys) or bid
+            for bid in rows}
+
+
 def plot_lambda_curves(res: Results, path: Path) -> Path | None:
     """One curve per surrogate over λ (symlog; λ = 0 is the baseline every curve starts from): the first
     objective, the within-class feature spread and each privacy objective, mean ± std over the seeds. A row of
@@ -147,7 +158,7 @@ def plot_lambda_curves(res: Results, path: Path) -> Path | None:
     bases = cfg[cfg["_lam"] == 0].set_index(CONFIG_ID, drop=False)
     curves = cfg[cfg["_lam"] > 0]
     rows = _rows(res, bases)
-    names = band_names(res, rows) if len(rows) > 1 else {}
+    names = _row_titles(bases, rows)
     fig = new_figure(4.0 * len(metrics), 3.4 * len(rows), top_in=0.5)
     if len(rows) > 1:
         fig.subplots_adjust(hspace=0.55)
