@@ -542,3 +542,33 @@ def test_decoder_onecell_runs_say_what_the_docs_say():
     doc_says("README.md", "at σ 0.1 on 8 more new seeds +0.000, −0.004 to +0.004, holds")
     doc_says("README.md", "over gmm (−0.032) is gmm with one isotropic cell per class",
              "(to within 0.01, the tests' margin: +0.001, −0.005 to +0.007, holds;", "gives a third (−0.010)")
+
+
+@pytest.mark.skipif("decoder_onecell_photos" not in FOLDERS, reason="not shipped")
+def test_decoder_onecell_photos_says_what_the_docs_say():
+    """docs/estimators.md "Taken apart" (on the photographs) and the README's paragraph after the findings table:
+    on `photos` the batch-mean cell and attention_centroid have the same mean worst-case SSIM, and the interval is
+    wider than the margin: R1 and R2 are not shown."""
+    six = load_results(FINDINGS / "decoder_onecell_photos")
+    t = six.trials
+    assert len(t) == 16 and (t["status"] == "ok").all()
+    assert (t["config.data.dataset"] == "photos").all() and (t["config.defense.noise_std"] == 0.1).all()
+    assert sorted(t["config.seed"].unique()) == list(range(448, 456))
+    assert onecell_cells(t) == {"gmm K1 isotropic a99 batch_mean": (8, 0.805, 0.021, 0.391, 0.007, 0.0028),
+                                "attention_centroid": (8, 0.809, 0.021, 0.391, 0.011, 0.0031)}
+    r = evaluate(t, six.hypotheses).set_index("name")
+    assert (r["verdict"] == "not shown").all() and round(r.loc["R1", "diff"], 3) == 0.0
+    assert (round(r.loc["R1", "ci_low"], 3), round(r.loc["R1", "ci_high"], 3)) == (-0.012, 0.012)
+    assert round(r.loc["R1", "p_adjusted"], 3) == 0.086
+    lab = onecell_labelled(t)
+    gap = lab.pivot(index="config.seed", columns="cell", values="attack_ssim")
+    assert round((gap["attention_centroid"] - gap["gmm K1 isotropic a99 batch_mean"]).std(), 3) == 0.014
+    scale = lab.groupby("cell")["cem_loss_scale"].agg(["min", "max"]).round(4)
+    assert scale.loc["attention_centroid"].tolist() == [0.0033, 0.004]
+    assert scale.loc["gmm K1 isotropic a99 batch_mean"].tolist() == [0.0033, 0.0041]
+    assert (t.groupby("config.cem.surrogate")["attack_ssim_by"].value_counts() == 4).all()
+    doc_says("docs/estimators.md", "attention_centroid 0.391 ± 0.011 (accuracy 0.809 ± 0.021) against the batch-mean",
+             "cell's 0.391 ± 0.007 (0.805 ± 0.021), +0.000 (−0.012 to +0.012)", "The paired gap spreads by 0.014",
+             "(R1, R2 not shown, adjusted p 0.086)")
+    doc_says("README.md", "same mean SSIM (+0.000), but their paired gap spreads more there: −0.012 to +0.012, not "
+             "shown within 0.01")
