@@ -572,3 +572,44 @@ def test_decoder_onecell_photos_says_what_the_docs_say():
              "(R1, R2 not shown, adjusted p 0.086)")
     doc_says("README.md", "same mean SSIM (+0.000), but their paired gap spreads more there: −0.012 to +0.012, not "
              "shown within 0.01")
+
+
+@pytest.mark.skipif("decoder_gmm_batchmean_digits" not in FOLDERS, reason="not shipped")
+def test_decoder_gmm_batchmean_says_what_the_docs_say():
+    """docs/estimators.md "Taken apart" (gmm at its own five cells) and the README's paragraph after the findings
+    table: gmm's five cells about their batch means are more private than gmm at the same matched pull (B1), and
+    one such cell per class more again (B2); the accuracy prices printed beside them."""
+    from scipy import stats
+    seven = load_results(FINDINGS / "decoder_gmm_batchmean_digits")
+    t = seven.trials
+    assert len(t) == 24 and (t["status"] == "ok").all()
+    assert sorted(t["config.seed"].unique()) == list(range(456, 464))
+    assert onecell_cells(t) == {"gmm": (8, 0.955, 0.015, 0.948, 0.003, 0.0059),
+                                "gmm K5 batch_mean": (8, 0.942, 0.019, 0.931, 0.005, 0.0025),
+                                "gmm K1 isotropic a99 batch_mean": (8, 0.93, 0.024, 0.913, 0.007, 0.0014)}
+    b = evaluate(t, seven.hypotheses).set_index("name")
+    assert (b["verdict"] == "holds").all()
+    assert [round(v, 3) for v in b["diff"]] == [-0.017, -0.018]
+    assert (round(b.loc["B1", "ci_low"], 3), round(b.loc["B1", "ci_high"], 3)) == (-0.020, -0.014)
+    assert (round(b.loc["B2", "ci_low"], 3), round(b.loc["B2", "ci_high"], 3)) == (-0.024, -0.012)
+    assert f"{b.loc['B1', 'p_adjusted']:.1e}" == "4.2e-06" and f"{b.loc['B2', 'p_adjusted']:.1e}" == "9.9e-05"
+    lab = onecell_labelled(t)
+    scale = lab.groupby("cell")["cem_loss_scale"].agg(["min", "max"]).round(4)
+    assert scale.loc["gmm K5 batch_mean"].tolist() == [0.0287, 0.0306] and scale.loc["gmm"].tolist() == [1.0, 1.0]
+    assert (t["attack_ssim_by"] == "decoder").all()
+
+    def gap(metric, a, bb):
+        p = lab.pivot(index="config.seed", columns="cell", values=metric)
+        d = p[a] - p[bb]
+        lo, hi = stats.t.interval(0.95, len(d) - 1, d.mean(), d.std(ddof=1) / len(d) ** 0.5)
+        return round(d.mean(), 3), round(lo, 3), round(hi, 3)
+    assert gap("test_acc", "gmm K5 batch_mean", "gmm") == (-0.013, -0.022, -0.004)
+    assert gap("test_acc", "gmm K1 isotropic a99 batch_mean", "gmm") == (-0.025, -0.049, -0.001)
+    assert gap("attack_ssim", "gmm K1 isotropic a99 batch_mean", "gmm") == (-0.035, -0.039, -0.031)
+    doc_says("docs/estimators.md",
+             "0.942 ± 0.019, 0.931 ± 0.005, 0.0025; B1 holds, −0.017 (−0.020 to −0.014), adjusted p 4.2e−6,",
+             "for −1.3 points of accuracy (−2.2 to −0.4, not a hypothesis)", "0.930 ± 0.024, 0.913 ± 0.007, 0.0014; B2 holds,",
+             "−0.018 (−0.024 to −0.012) below the five, adjusted p 9.9e−5; against gmm −0.035 (−0.039 to −0.031) for −2.5 "
+             "points (−4.9 to −0.1)", "scale 0.0287–0.0306")
+    doc_says("README.md", "are 0.017 more private at the same matched pull (−0.020 to −0.014, holds), for 1.3 points of "
+             "accuracy (−2.2 to −0.4), and one such cell per class 0.018 more again (holds)")
