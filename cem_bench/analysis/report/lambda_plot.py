@@ -126,7 +126,7 @@ def lambda_curves_note(res: Results) -> str | None:
 STYLES = ("-", "--", ":", "-.")
 
 
-def _rows(res: Results, bases: pd.DataFrame) -> list[str]:
+def _rows(bases: pd.DataFrame) -> list[str]:
     """The baselines' ids in the order of their rows: by σ where the table has it, then by id."""
     sigma = numeric(bases[NOISE_COL]) if NOISE_COL in bases else pd.Series(np.nan, index=bases.index)
     order = pd.DataFrame({"_s": sigma.to_numpy(), "_id": bases[CONFIG_ID].astype(str).to_numpy()})
@@ -157,7 +157,7 @@ def plot_lambda_curves(res: Results, path: Path) -> Path | None:
     metrics = [m for m in dict.fromkeys(metrics) if f"{m}_mean" in cfg]
     bases = cfg[cfg["_lam"] == 0].set_index(CONFIG_ID, drop=False)
     curves = cfg[cfg["_lam"] > 0]
-    rows = _rows(res, bases)
+    rows = _rows(bases)
     names = _row_titles(bases, rows)
     fig = new_figure(4.0 * len(metrics), 3.4 * len(rows), top_in=0.5)
     if len(rows) > 1:
