@@ -567,8 +567,13 @@ def test_decoder_onecell_photos_says_what_the_docs_say():
     assert scale.loc["attention_centroid"].tolist() == [0.0033, 0.004]
     assert scale.loc["gmm K1 isotropic a99 batch_mean"].tolist() == [0.0033, 0.0041]
     assert (t.groupby("config.cem.surrogate")["attack_ssim_by"].value_counts() == 4).all()
+    e = six.epochs.merge(t[["trial_id", "config.cem.surrogate"]], on="trial_id")
+    last = e[e["config.cem.surrogate"] == "attention_centroid"].sort_values("epoch").groupby("trial_id").tail(1)
+    ratio = last["surr_cluster_var"] / last["surr_intra_mse"]
+    assert (round(ratio.min(), 3), round(ratio.max(), 3)) == (0.933, 0.979)
     doc_says("docs/estimators.md", "attention_centroid 0.391 ± 0.011 (accuracy 0.809 ± 0.021) against the batch-mean",
              "cell's 0.391 ± 0.007 (0.805 ± 0.021), +0.000 (−0.012 to +0.012)", "The paired gap spreads by 0.014",
+             "`surr_intra_mse` 0.933–0.979 at the last epoch",
              "(R1, R2 not shown, adjusted p 0.086)")
     doc_says("README.md", "same mean SSIM (+0.000), but their paired gap spreads more there: −0.012 to +0.012, not "
              "shown within 0.01")
