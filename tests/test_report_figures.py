@@ -17,7 +17,7 @@ from test_report import THREE_OBJECTIVES, write_results
 from cem_bench.analysis.report import build_report, frontier_figure, load_results
 from cem_bench.analysis.report.formatting import format_value
 from cem_bench.analysis.report.frontier_plot import baseline_bands
-from cem_bench.analysis.report.load import numeric
+from cem_bench.analysis.report.load import BASELINE_LABEL, numeric
 from cem_bench.analysis.report.plots import fit_margins
 from cem_bench.schema import rank_table
 
@@ -353,6 +353,42 @@ def test_a_sigma_grid_draws_a_row_of_lambda_curves_per_sigma_from_its_own_baseli
     assert set(lambda_curves(res)["_label"]) == {"slot_cross", "λ=0 baseline"}
     assert (f"gmm: defense.noise_std takes {MAX_CURVES + 1} values along its λ values (a curve each: more than "
             f"{MAX_CURVES})") in lambda_curves_note(res)
+
+
+def test_a_sigma_grid_crossed_with_slot_counts_names_each_curve_by_its_slots_once(tmp_path, monkeypatch):
+    """σ x λ x num_slots: a curve's label repeated the σ its row's title already names ("slot_cross
+    (defense.noise_std=0.05, cem.num_slots=2)"), a legend entry per σ and slot count, and its line style
+    came from its rank on that row. The label now names the slot count alone, one legend entry and one
+    style per slot count across the rows."""
+    from cem_bench.analysis.report import lambda_plot
+
+    rows = []
+    for sigma in (0.05, 0.1):
+        for seed in (0, 1):
+            cells = [(None, 0.0, None)] + [("gmm", lam, None) for lam in (2.0, 8.0)] + [
+                ("slot_cross", lam, k) for k in (2, 8) for lam in (2.0, 8.0)]
+            for sur, lam, slots in cells:
+                rows.append({"trial_id": f"t{len(rows):03d}", "status": "ok", "config.seed": seed,
+                             "config.defense.noise_std": sigma, "config.cem.lambd": lam, "config.cem.surrogate": sur,
+                             "config.cem.num_slots": slots, "test_acc": 0.9 - 0.01 * lam - sigma,
+                             "attack_ssim": 0.8 - 0.01 * lam - 0.001 * (slots or 0) + 0.01 * seed - sigma})
+    res = load_results(_rows_to(tmp_path / "slots", rows, name="slots"))
+    cfg = lambda_plot.lambda_curves(res)
+    assert set(cfg.loc[cfg["_lam"] > 0, "_curve_label"]) == {"", "cem.num_slots=2", "cem.num_slots=8"}
+    drawn_figs = []
+    monkeypatch.setattr(lambda_plot, "save", lambda fig, path: drawn_figs.append(fig) or path)
+    lambda_plot.plot_lambda_curves(res, tmp_path / "curves.png")
+    (fig,) = drawn_figs
+    (leg,) = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    texts = [t.get_text().replace("\n", " ") for t in leg.get_texts()]
+    assert sorted(texts) == sorted(["gmm", "slot_cross (cem.num_slots=2)", "slot_cross (cem.num_slots=8)",
+                                    BASELINE_LABEL])
+    style: dict[str, set] = {}
+    for ax in fig.axes:
+        for c in ax.containers:
+            style.setdefault(c.get_label(), set()).add(c.lines[0].get_linestyle())
+    assert len(style["slot_cross (cem.num_slots=2)"]) == 1 and len(style["slot_cross (cem.num_slots=8)"]) == 1
+    assert style["slot_cross (cem.num_slots=2)"] != style["slot_cross (cem.num_slots=8)"]
 
 
 # ---------------------------------------------------------------- infinite metrics

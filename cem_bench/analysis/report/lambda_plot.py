@@ -44,7 +44,9 @@ def _curves(res: Results) -> tuple[pd.DataFrame | None, dict[str, str]]:
     fixed = [c for c in config_columns(cfg)
              if c not in (LAMBD_COL, SURROGATE_COL) and c.removeprefix("config.") not in EXECUTION_KEYS]
     bases = cfg[cfg["_lam"] == 0]
-    keep, curve_of, base_of, gaps = [], {}, {}, {}
+    # the keys the baselines differ in title the rows (σ=0.05): a curve's label leaves them out
+    row_keys = {c for c in fixed if varies(bases[c]) or (bases[c].isna().any() and bases[c].notna().any())}
+    keep, curve_of, label_of, base_of, gaps = [], {}, {}, {}, {}
     for s in res.surrogates:
         sub = cfg[(cfg["_surrogate"] == s) & (cfg["_lam"] > 0)]
         if sub.empty:
@@ -77,6 +79,8 @@ def _curves(res: Results) -> tuple[pd.DataFrame | None, dict[str, str]]:
             else:
                 keep += [base, *g[CONFIG_ID]]
                 curve_of.update(dict.fromkeys(g[CONFIG_ID], where))
+                label_of.update(dict.fromkeys(g[CONFIG_ID], ", ".join(
+                    f"{short(c)}={format_value(v)}" for c, v in zip(moving, key) if c not in row_keys)))
                 base_of.update(dict.fromkeys(g[CONFIG_ID], base))
                 drawn += 1
         if single and not drawn and not why:
@@ -86,7 +90,8 @@ def _curves(res: Results) -> tuple[pd.DataFrame | None, dict[str, str]]:
     if not keep:
         return None, gaps
     out = cfg[cfg[CONFIG_ID].isin(set(keep))]
-    return out.assign(_curve=out[CONFIG_ID].map(curve_of).fillna(""), _base=out[CONFIG_ID].map(base_of)), gaps
+    return out.assign(_curve=out[CONFIG_ID].map(curve_of).fillna(""),
+                      _curve_label=out[CONFIG_ID].map(label_of).fillna(""), _base=out[CONFIG_ID].map(base_of)), gaps
 
 
 def _baseline_of(sub: pd.DataFrame, bases: pd.DataFrame) -> str | None:
@@ -104,7 +109,8 @@ def lambda_curves(res: Results) -> pd.DataFrame | None:
     """The configurations of a λ sweep with replicates that its curves draw: per surrogate, one curve per value
     of the other keys that vary among its configurations (a σ grid: one per σ), each one configuration per
     λ > 0 with every other key fixed, and the λ = 0 baseline it is compared with; ``_curve`` names a curve's
-    other keys (empty where none vary), ``_base`` its baseline's id. None when the results are not one (no
+    other keys (empty where none vary), ``_curve_label`` those of them the baselines do not differ in (its row's
+    title names the others), ``_base`` its baseline's id. None when the results are not one (no
     replicates, fewer than two λ > 0, no baseline) or no surrogate has such a curve. A key that moves with λ
     (``num_slots`` 2 at λ 2, 8 at λ 8: a line would join them as if λ alone moved) leaves one λ at each of its
     values, so no curve; more than ``MAX_CURVE_LAMBDAS`` λ values of one surrogate are a random search's draws,
@@ -164,6 +170,9 @@ def plot_lambda_curves(res: Results, path: Path) -> Path | None:
         fig.subplots_adjust(hspace=0.55)
     axes = fig.subplots(len(rows), len(metrics), squeeze=False)
     handles: dict[str, object] = {}
+    # a surrogate's curves keep one line style and one legend entry across the rows (slot count 2 dashed on every σ)
+    style = {(s, lbl): STYLES[k % len(STYLES)] for s, sub in curves.groupby("_surrogate")
+             for k, lbl in enumerate(sorted(sub["_curve_label"].unique()))}
     for r, bid in enumerate(rows):
         on_row = curves[curves["_base"] == bid]
         base = bases.loc[bid]
@@ -171,15 +180,15 @@ def plot_lambda_curves(res: Results, path: Path) -> Path | None:
             mean, std = f"{m}_mean", f"{m}_std"
             for s in res.surrogates:
                 mine = on_row[on_row["_surrogate"] == s]
-                for k, (where, sub) in enumerate(mine.groupby("_curve", sort=True)):
-                    sub = sub.sort_values("_lam")
+                for _, sub in mine.groupby("_curve", sort=True):
+                    sub, where = sub.sort_values("_lam"), sub["_curve_label"].iloc[0]
                     x = np.concatenate([[0.0], sub["_lam"].to_numpy(dtype=float)])
                     y = np.concatenate([[float(base[mean])], numeric(sub[mean]).to_numpy()])
                     err = np.nan_to_num(np.concatenate([[float(base.get(std, np.nan))],
                                                         numeric(sub[std]).to_numpy()]))
-                    label = f"{s} ({where})" if where and mine["_curve"].nunique() > 1 else s
+                    label = f"{s} ({where})" if where else s
                     line = ax.errorbar(x, y, yerr=bars(y, err, m, cfg[mean]), marker="o", ms=4, lw=1.3,
-                                       capsize=2.5, color=res.colors[s], ls=STYLES[k % len(STYLES)], label=label)
+                                       capsize=2.5, color=res.colors[s], ls=style[s, where], label=label)
                     handles.setdefault(label, line)
             b = np.array([float(base[mean])])
             cross = ax.errorbar([0.0], b, yerr=bars(b, np.nan_to_num([float(base.get(std, np.nan))]), m, cfg[mean]),
