@@ -53,6 +53,11 @@ What a page must do to pass, and the conventions it may use:
    other page that states it states a value within what the owner states (the same, a rounding of it, or a
    part of its range), or links to the owner instead of repeating it. docs/performance-history.md is exempt:
    it keeps earlier figures. A figure whose owner no longer states it fails too: update its patterns here.
+6. **Citations.** A page named and then a quoted name (``[estimators.md](estimators.md) "Taken apart"``,
+   ``docs/performance.md "The paper grid"``, in a search space's comments too) cites a place of that page: the
+   name (whitespace collapsed, ``lambda`` read as λ) is in one of its headings or begins a bold run of its
+   text (a bullet's lead, ``**Taken apart: ...``). A renamed heading or bullet leaves no citation pointing
+   nowhere.
 """
 
 from __future__ import annotations
@@ -640,6 +645,51 @@ def path_problems(pages: list[Page], root: Path = ROOT) -> list[str]:
     return problems
 
 
+# ======================================================================================== citations
+# a page (a markdown link, or a bare name.md / docs/name.md) followed by a quoted name of no blank line
+CITE = re.compile(r"(?:\]\(\s*<?(?P<link>[^)\s>#]+\.md)(?:#[^)\s>]*)?>?\s*\)|(?<![\w/.-])(?P<bare>(?:[\w-]+/)*[\w-]+\.md)`?)"
+                  r"\s*\"(?P<name>[^\"]{3,120}?)\"")
+
+
+def _flat(text: str) -> str:
+    """Text as a citation is matched: whitespace collapsed, λ spelt lambda (a search space's comments are ASCII)."""
+    return " ".join(text.replace("λ", "lambda").split())
+
+
+@functools.cache
+def _places(path: Path) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """A page's headings, its bold runs and its whole text, flattened (a bold run is found as ``**Name``)."""
+    text = path.read_text()
+    heads = tuple(_flat(line.lstrip("#")) for line in text.split("\n") if re.match(r"^#{1,6}\s", line))
+    return heads, tuple(_flat(b) for b in re.findall(r"\*\*([^*]+)\*\*", text)), _flat(text)
+
+
+def citation_problems(pages: list[Page], root: Path = ROOT) -> list[str]:
+    problems = []
+    for page in pages:
+        text = page.prose
+        for m in CITE.finditer(text):
+            name = _flat(m.group("name"))
+            if re.search(r"\n[ \t]*\n", m.group("name")) or not name:
+                continue
+            if m.group("link"):
+                target = (page.path.parent / m.group("link")).resolve()
+            else:
+                bare = m.group("bare")
+                target = next((d / bare for d in (root, root / "docs", page.path.parent) if (d / bare).is_file()), None)
+            if target is None or not target.is_file():
+                continue                   # a page that does not exist is path_problems' to say
+            heads, bold, body = _places(target)
+            if any(name in h for h in heads) or f"**{name}" in body:
+                continue
+            rel = os.path.relpath(target, root)
+            close = difflib.get_close_matches(name, [p[:len(name)] for p in heads + bold], n=1, cutoff=0.8)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"{page.rel}:{line_of(text, m.start())}: cites {rel} \"{name}\", which is neither a "
+                            f"heading of it nor the start of a bold run there{hint}")
+    return problems
+
+
 # ===================================================================================== search spaces
 FRAGMENT_BASE = {"name": "fragment", "num_samples": 2, "params": {"cem.lambd": {"choice": [8, 16]}},
                  "objectives": [{"metric": "test_acc", "mode": "max"}, {"metric": "attack_ssim", "mode": "min"}]}
@@ -930,6 +980,10 @@ def test_figures_agree_with_their_owner():
            "figures that disagree with their owner")
 
 
+def test_every_cited_section_exists():
+    report(citation_problems(all_pages()), "citations of a place that is not there")
+
+
 def test_the_checks_see_what_they_check():
     """Guards against a checker that silently finds nothing: the pages hold commands, keys, paths, YAML
     spaces and every figure's owner statement."""
@@ -941,6 +995,7 @@ def test_the_checks_see_what_they_check():
     assert sum(len(keys_in(s)) for p in pages for _, s in p.spans) >= 100
     assert sum(1 for p in pages for f in p.fences if f.lang == "yaml") >= 3
     assert len(FIGURES) >= 6        # each owner's statement is checked by test_figures_agree_with_their_owner
+    assert sum(1 for p in pages for _ in CITE.finditer(p.prose)) >= 80    # the citations checked
 
 
 def test_legacy_keys_are_still_read():
@@ -991,6 +1046,10 @@ params:
 ```yaml
 baseline: {replicates: -1}
 ```
+
+Citations: docs/performance.md "The paper grid" and docs/estimators.md "Taken apart" are there;
+docs/performance.md "The paper grind" and `docs/estimators.md` "Taken
+appart" are not.
 """
 
 
@@ -1038,6 +1097,17 @@ def test_a_broken_key_fails(broken_page):
            "attention_centroid, gated_attention, gmm, serial_enhanced, slot_cross" in text
     assert "docs/broken.md:19: cem.lamdba: unknown config key 'cem.lamdba' (did you mean cem.lambd" in text
     assert len(problems) == 4, "file names, Python names, error messages and the valid keys are not reported"
+
+
+def test_a_broken_citation_fails(broken_page):
+    problems = citation_problems([broken_page])
+    text = "\n".join(problems)
+    print(text)
+    assert "docs/broken.md:45: cites docs/performance.md \"The paper grind\", which is neither a heading of it nor " \
+           "the start of a bold run there (did you mean 'The paper grid'?)" in text
+    assert "docs/broken.md:45: cites docs/estimators.md \"Taken appart\", which is neither a heading of it nor the " \
+           "start of a bold run there (did you mean 'Taken apart" in text
+    assert len(problems) == 2, "a heading and a bullet's bold lead are places; a name wrapped over lines is read whole"
 
 
 def test_a_broken_path_fails(broken_page):
