@@ -17,6 +17,7 @@ from matplotlib.image import imsave
 from cem_bench import surrogates
 from cem_bench.analysis.report import build_report, load_results, plot_param_effects, summary_sentence, surrogate_keys
 from cem_bench.analysis.report.facts import run_facts
+from cem_bench.analysis.report.param_plot import param_columns
 from cem_bench.cli import main
 from cem_bench.errors import ResultsError
 
@@ -239,7 +240,7 @@ def test_single_trial(tmp_path):
     index = build_report(root)
     text = check_common(index)
     assert front_csv_ids(index.parent) == {"t000"}
-    assert "No main parameter" in text
+    assert "No parameter took two or more values" in text
     assert "No λ=0 baseline ran" in summary_sentence(load_results(root))
 
 
@@ -634,6 +635,60 @@ def test_a_key_with_one_value_among_its_users_gets_no_figure(tmp_path):
     trials.to_parquet(root / "trials.parquet")
     text = check_common(build_report(root))
     assert "params_cem.num_slots.png" not in text and not (root / "report" / "params_cem.num_slots.png").exists()
+
+
+def test_every_key_the_space_searched_gets_its_figure(tmp_path, monkeypatch):
+    """gmm.yaml searches ten keys; the figures had drawn only the main ones (λ and σ of its ten): a searched
+    number gets its own axis (log where the space searched it so), a choice of words a categorical one."""
+    from matplotlib.axes import Axes
+
+    root = write_results(tmp_path / "res", n=12, surrogates=["gmm"], baseline=2, errors=0, epochs=False,
+                         recon=False, vary_params=False)
+    trials = pd.read_parquet(root / "trials.parquet")
+    gmm = trials["config.cem.surrogate"] == "gmm"
+    trials.loc[gmm, "config.cem.shrink"] = np.resize([1.0, 10.0, 100.0], int(gmm.sum()))
+    trials.loc[gmm, "config.cem.spread_about"] = np.resize(["centroid", "batch_mean"], int(gmm.sum()))
+    trials.loc[gmm, "config.cem.var_eps"] = 0.01      # searched, but one value among its users: no figure
+    trials.to_parquet(root / "trials.parquet")
+    space = json.loads((root / "search_space.json").read_text())
+    space["params"] = [{"key": "cem.lambd", "kind": "uniform", "low": 1, "high": 64, "log": True},
+                       {"key": "cem.shrink", "kind": "uniform", "low": 1, "high": 100, "log": True},
+                       {"key": "cem.spread_about", "kind": "choice", "choices": ["centroid", "batch_mean"]},
+                       {"key": "cem.var_eps", "kind": "uniform", "low": 0.001, "high": 0.1, "log": True}]
+    (root / "search_space.json").write_text(json.dumps(space))
+
+    res = load_results(root)
+    assert param_columns(res) == ["config.cem.lambd", "config.cem.shrink", "config.cem.spread_about"]
+    users = res.ok[(res.ok["_surrogate"] == "gmm") & ~res.ok["_baseline"]].dropna(subset=res.metrics[:1])
+    drawn = _drawn(monkeypatch, res, "config.cem.shrink", tmp_path / "s.png")
+    assert drawn == {"gmm": sorted(users["config.cem.shrink"])}          # no baseline: it has no shrink
+    drawn = _drawn(monkeypatch, res, "config.cem.spread_about", tmp_path / "c.png")
+    # the words at their sorted places: batch_mean 0, centroid 1
+    assert drawn == {"gmm": sorted(users["config.cem.spread_about"].map({"batch_mean": 0.0, "centroid": 1.0}))}
+
+    scales, ticks = [], []
+    original = Axes.set_xlabel
+
+    def set_xlabel(self, label, *a, **k):
+        scales.append((label, self.get_xscale()))
+        ticks.append([t.get_text() for t in self.get_xticklabels()])
+        return original(self, label, *a, **k)
+
+    monkeypatch.setattr(Axes, "set_xlabel", set_xlabel)
+    plot_param_effects(res, "config.cem.shrink", tmp_path / "s.png")
+    plot_param_effects(res, "config.cem.spread_about", tmp_path / "c.png")
+    monkeypatch.setattr(Axes, "set_xlabel", original)
+    assert ("cem.shrink (log)", "log") in scales and ("cem.spread_about", "linear") in scales
+    assert ["batch_mean", "centroid"] in ticks
+
+    text = check_common(build_report(root))
+    for p in ["cem.lambd", "cem.shrink", "cem.spread_about"]:
+        assert f'src="params_{p}.png"' in text
+    assert "params_cem.var_eps.png" not in text
+
+    # a folder without its space (an older one, or tables alone) draws the main parameters only
+    (root / "search_space.json").unlink()
+    assert param_columns(load_results(root)) == ["config.cem.lambd"]
 
 
 @pytest.fixture

@@ -123,6 +123,10 @@ class Results:
     # the lock record of a search running on the folder as the report read it (``results.running_driver``): the
     # trials were read from its trial folders (not finished ones are "running") and the page says it is partial
     running_driver: dict | None = None
+    # the keys the space searched (search_space.json ``params``), as config columns in the space's order, each
+    # with its ``log`` flag (a log-scale axis); empty without a saved space. The parameter figures draw these
+    # beside ``MAIN_PARAMS``: a search over gmm's own keys had shown two of its ten
+    searched: dict[str, bool] = field(default_factory=dict)
 
     @property
     def replicated(self) -> bool:
@@ -411,7 +415,19 @@ def load_results(results_dir: str | Path) -> Results:
     res.hypotheses, res.hypotheses_problem = _space_hypotheses(space)
     res.verified = (results_dir / MANIFEST_FILE).is_file()
     res.confirm_plan = _confirm_plan(space)
+    res.searched = _searched(space)
     return res
+
+
+def _searched(spec: dict | None) -> dict[str, bool]:
+    """The space's searched keys as config columns, with their ``log`` flags ({} without a space, or for an
+    entry not of the shape ``spaces.validate`` writes)."""
+    params = spec.get("params") if spec else None
+    out: dict[str, bool] = {}
+    for p in params if isinstance(params, list) else []:
+        if isinstance(p, dict) and isinstance(p.get("key"), str) and p["key"]:
+            out[f"config.{p['key']}"] = p.get("log") is True
+    return out
 
 
 def _read_space(results_dir: Path) -> dict | None:
