@@ -168,7 +168,10 @@ def check_out_folder(out: str, what: str, nothing: str) -> None:
     if os.path.lexists(out) and not os.path.isdir(out):
         raise ConfigError(f"--out {out} is a file, not a folder; give a folder for {what} (it is created when "
                           f"missing). {nothing}")
-    check_writable_under("--out", out, nothing)
+    if os.path.isdir(out):   # the folder itself takes the writes: its parent's rights say nothing of it
+        check_can_write("--out", out, out, nothing)
+    else:
+        check_writable_under("--out", out, nothing)
     check_makeable("--out", out, nothing)
 
 
@@ -203,8 +206,23 @@ def check_writable_under(flag: str, path: str, nothing: str) -> None:
     if not os.path.isdir(base):
         raise ConfigError(f"{flag} {path}: {base} is a file, so nothing can be written under it; give a path in a "
                           f"folder. {nothing}")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: the folder {base} is not writable by this user. {nothing}")
+    check_can_write(flag, path, base, nothing)
+
+
+def check_can_write(flag: str, path: str, folder: str, nothing: str) -> None:
+    """ConfigError, before any work, when a file cannot be made in the existing ``folder``: tried, not asked of
+    ``os.access``, which says yes to root on an immutable folder, a read-only mount, /proc or an NFS share that
+    maps root to nobody, where the write after hours of training then failed with a bare OS message. The
+    probe file is hidden and removed at once."""
+    import tempfile
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".cem-bench-probe-", dir=folder)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: nothing can be written in the folder {folder} ({e.strerror or e}: "
+                          f"not writable by this user, or a read-only or special file system); give a folder "
+                          f"you can write. {nothing}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def check_out_file(flag: str, path: str | None, nothing: str) -> None:
@@ -428,6 +446,8 @@ def cmd_search(args) -> int:
     from .storage import is_uri, resolve_storage
     resolve_storage(args.storage)   # a URI with no bucket (s3://$BUCKET, BUCKET unset): one line, before anything
     if args.storage:
+        if not is_uri(args.storage) and os.path.isdir(args.storage):
+            check_can_write("--storage", args.storage, args.storage, "Nothing was run")
         check_makeable("--storage", args.storage, "Nothing was run")
     done = search_command(args)
     exp, stats = done["experiment"], done["stats"]

@@ -1531,3 +1531,51 @@ def test_the_paper_tables_say_what_lambda_meant_in_each_cell(tmp_path):
         assert cell in scale["table"], cell
     plain = paper_tables(load_results(write_results(tmp_path / "res")))   # no loss scale recorded: no table
     assert plain and not any(t["metric"] == "cem loss scale" for t in plain)
+
+
+@pytest.fixture
+def make_unwritable():
+    """A folder this process cannot write a file in: mode 555 for a user, ``chattr +i`` for root (who writes
+    through any mode); skipped where neither can be had. Undone at the end, so tmp_path can be removed."""
+    import os
+    import subprocess
+    done: list[tuple[str, Path]] = []
+
+    def lock(path: Path) -> None:
+        if os.geteuid() != 0:
+            path.chmod(0o555)
+            done.append(("chmod", path))
+            return
+        r = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip("root without chattr +i: no folder root cannot write")
+        done.append(("chattr", path))
+    yield lock
+    for how, path in reversed(done):
+        if how == "chmod":
+            path.chmod(0o755)
+        else:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("which", ["results folder", "report folder"])
+def test_a_results_folder_nobody_can_write_is_refused_before_the_drawing(tmp_path, make_unwritable, capsys,
+                                                                         monkeypatch, which):
+    """`cem-bench report` into a read-only (or immutable) results folder stopped with a bare "Operation not
+    permitted (report)", and where report/ existed but could not be written, after the whole page was drawn;
+    now refused first, naming the folder and --out."""
+    from cem_bench.analysis.report import page
+    root = write_results(tmp_path / "res", n=4, surrogates=["gmm"], baseline=0, errors=0, epochs=False,
+                         recon=False, vary_params=False)
+    if which == "report folder":
+        (root / "report").mkdir()
+    before = sorted(p.name for p in root.rglob("*"))
+    make_unwritable(root / "report" if which == "report folder" else root)
+
+    def never(*a, **k):
+        raise AssertionError("the drawing started")
+    monkeypatch.setattr(page, "_draw", never)
+    assert main(["report", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"{root / 'report'}" in err and "give --out DIR" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in root.rglob("*")) == before

@@ -19,6 +19,7 @@ from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
 from cem_bench.analysis.table import NOT_ERRORS
 from cem_bench.errors import ResultsError
 from cem_bench.parsing import loads_json
+from cem_bench.safefiles import UnsafePath
 from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
 from cem_bench.storage import (
     holder_text,
@@ -219,7 +220,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     else:                 # the user's own folder (links in its path are the user's)
         root, folders = Path(os.path.abspath(out_dir)), []
         root.mkdir(parents=True, exist_ok=True)
-    os.close(open_dir(str(root), folders, create=True))   # a link in the way: refused before any drawing
+    _check_writable(root, folders)   # a link in the way, or a folder nobody can write: refused before any drawing
     # names come from the user's files: a `$` in one (an experiment called "$x^$") is text, not mathtext,
     # which would mis-render it or stop the report with a parse error
     with tempfile.TemporaryDirectory(prefix="cem-bench-report-") as stage, \
@@ -227,6 +228,29 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
         _draw(res, Path(stage))
         target = publish(stage, root, folders)
     return Path(target) / "index.html", res
+
+
+def _check_writable(root: Path, folders: list[str]) -> None:
+    """Open (making) the report's folder without following a link (UnsafePath), and make and remove a hidden
+    file in it: a results folder that is read-only, immutable or on a read-only mount (root included) failed with
+    a bare ``Operation not permitted (report)``, or, where ``report/`` existed, after the whole page was drawn."""
+    where = os.path.join(root, *folders)
+    try:
+        fd = open_dir(str(root), folders, create=True)
+    except UnsafePath:
+        raise
+    except OSError as e:
+        raise ResultsError(f"the report's folder {where} cannot be made ({e.strerror or e}): give --out DIR, a "
+                           f"folder you can write") from None
+    try:
+        name = f".cem-bench-probe-{os.getpid()}"
+        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600, dir_fd=fd))
+        os.unlink(name, dir_fd=fd)
+    except OSError as e:
+        raise ResultsError(f"nothing can be written in the report's folder {where} ({e.strerror or e}): give "
+                           f"--out DIR, a folder you can write") from None
+    finally:
+        os.close(fd)
 
 
 def _draw(res: Results, out_dir: Path) -> None:
