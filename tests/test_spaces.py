@@ -631,6 +631,8 @@ def test_a_metric_of_an_attack_the_trials_do_not_run_is_refused():
      "test_acc is better when higher: its mode is max, not min"),
     ({"fixed": {"train.epochs": 3, "cem.surrogate": "gated_attention"}},
      "cem.warmup_epochs: 5 (surrogate 'gated_attention') is not below train.epochs 3, so the CEM loss would never"),
+    # a zero fixed scale: bit-identical to λ = 0, recorded as λ 16 gmm (2026-12-07 audit)
+    ({"fixed": {"cem.loss_scale": 0}}, "cem.loss_scale: 0 under cem.strength fixed (surrogate 'gmm') multiplies"),
 ])
 def test_space_values_that_failed_later_or_silently_are_refused(extra, says):
     """Each was a traceback after Ray started (a seed of -5, η = inf, 1e-05 CPUs), a search for the worst

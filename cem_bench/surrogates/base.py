@@ -249,13 +249,19 @@ def resolve(cfg: TrialConfig) -> TrialConfig:
 def never_active(cfg: TrialConfig) -> str | None:
     """Why CEM would never run in this resolved config, or None: λ > 0 but ``cem.warmup_epochs`` (the surrogate's
     own default where empty: gmm 1, slot_cross 3, gated_attention 5) is at least ``train.epochs``, so every epoch
-    is a warm-up one. Such a run was a λ = 0 run labelled "λ 16 gmm", its matched scale the unmeasured 1.0, and
-    a hypothesis on it "held" at chance accuracy (2026-12-06 audit)."""
+    is a warm-up one, or a fixed strength whose ``cem.loss_scale`` is 0. Such a run was a λ = 0 run labelled
+    "λ 16 gmm", its matched scale the unmeasured 1.0, and a hypothesis on it "held" at chance accuracy
+    (2026-12-06 audit)."""
     warmup = cfg.cem.warmup_epochs or 0
     if cfg.cem.lambd > 0 and warmup >= cfg.train.epochs:
         return (f"cem.warmup_epochs: {warmup} (surrogate {cfg.cem.surrogate!r}) is not below train.epochs "
                 f"{cfg.train.epochs}, so the CEM loss would never be applied (a λ = 0 run under another name): give "
                 f"train.epochs above {warmup}, or a smaller cem.warmup_epochs")
+    if cfg.cem.lambd > 0 and (cfg.cem.strength or "fixed") == "fixed" and cfg.cem.loss_scale == 0:
+        # the same run under another name by another road (2026-12-07 audit: bit-identical to λ = 0, labelled λ 16)
+        return (f"cem.loss_scale: 0 under cem.strength fixed (surrogate {cfg.cem.surrogate!r}) multiplies the CEM "
+                f"loss by zero, so it would never pull (a λ = 0 run under another name): give cem.loss_scale above "
+                f"0, leave it empty for the surrogate's default, or set cem.lambd 0 for the baseline")
     return None
 
 
