@@ -122,7 +122,11 @@ def test_a_search_its_scheduler_stopped_is_refused_and_rungs_without_probe_are_s
 
 
 @pytest.mark.parametrize("argv, says", [(["--workers", "0"], "--workers 0"), (["--eta", "1"], "--eta 1"),
-                                        (["--grace", "0"], "--grace 0"), (["--orders", "0"], "--orders 0")])
+                                        (["--grace", "0"], "--grace 0"), (["--orders", "0"], "--orders 0"),
+                                        # a traceback from numpy, and rows printed twice (2026-12-07 audit)
+                                        (["--seed", "-1"], "--seed -1: the arrival orders' seed is an integer"),
+                                        (["--grace", "1", "1"], "--grace 1 given more than once"),
+                                        (["--eta", "2", "3", "2"], "--eta 2 given more than once")])
 def test_settings_no_replay_can_run_are_refused_first(monkeypatch, capsys, argv, says):
     trials, epochs = recorded()
     rc, out, err = _main(monkeypatch, trials, epochs, argv, capsys)

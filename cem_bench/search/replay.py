@@ -197,6 +197,13 @@ def check_args(args) -> None:
     if bad:
         raise ResultsError(f"--eta {' '.join(f'{e:g}' for e in bad)}: a reduction factor keeps 1/eta of each rung, "
                            f"so it must be > 1 (2 or 3 are usual)")
+    if not 0 <= args.seed < 2 ** 32:   # numpy's own ValueError was a traceback
+        raise ResultsError(f"--seed {args.seed}: the arrival orders' seed is an integer from 0 to 2**32 - 1")
+    for flag, values in (("--grace", args.grace), ("--eta", args.eta)):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:   # each would print its row twice, as if two settings had been replayed
+            raise ResultsError(f"{flag} {' '.join(f'{v:g}' for v in twice)} given more than once; give each value "
+                               f"once")
 
 
 def main(args) -> int:
