@@ -114,6 +114,21 @@ def test_write_tables_one_row_per_trial(experiment):
     assert e[(e.trial_id == "aaaa0005") & (e.epoch == 1)]["train_loss"].item() == pytest.approx(1.9)
 
 
+@pytest.mark.parametrize("damage", ['{"status": "ok", "test_a', "", "[1, 2]"])
+def test_a_damaged_trial_result_says_so_and_not_that_the_trial_stopped(experiment, damage):
+    """A trial_result.json cut short read as absent: "the trial did not finish", a finished baseline run lost
+    without a word (2026-12-07 audit); now its error names the damaged file."""
+    folder = next(p for p in experiment.iterdir() if p.name.startswith("cem_trial_aaaa0002_"))
+    (folder / results.RESULT_FILE).write_text(damage)
+    results.write_tables(experiment)
+    t = pd.read_parquet(experiment / "trials.parquet").set_index("trial_id")
+    assert t.loc["aaaa0002", "status"] == "error"
+    said = t.loc["aaaa0002", "error"]
+    assert f"{results.RESULT_FILE} of {folder.name} is damaged" in said and "did not finish" not in said, said
+    # a trial without the file still reads as one that did not finish (its Ray error, here)
+    assert "CUDA out of memory" in t.loc["aaaa0005", "error"]
+
+
 def test_write_is_atomic(experiment, monkeypatch):
     results.write_tables(experiment)
     before = (experiment / "trials.parquet").read_bytes()

@@ -220,8 +220,12 @@ def _last_error(text: str | None) -> str | None:
 
 def read_trial(exp: _Dir, name: str, experiment: str) -> tuple[dict, list[dict]]:
     """One row of trials.parquet and the trial's epoch rows."""
-    ours = _load_json(exp.read_text(name, RESULT_FILE))
+    text = exp.read_text(name, RESULT_FILE)
+    ours = _load_json(text)
     ours = ours if isinstance(ours, dict) else None
+    # written once, at the trial's end: there but unreadable is a damaged file, not a trial that stopped (it read
+    # "did not finish", and a baseline lost a replicate without a word)
+    damaged = text is not None and ours is None
     lines = _json_lines(exp.read_text(name, RAY_RESULT_FILE))
     params = _load_json(exp.read_text(name, RAY_PARAMS_FILE))
     m = _TRIAL_ID.search(name)
@@ -244,7 +248,10 @@ def read_trial(exp: _Dir, name: str, experiment: str) -> tuple[dict, list[dict]]
         history = info.get("history") or []
     else:
         row["status"] = "error"
-        row["error"] = _last_error(exp.read_text(name, RAY_ERROR_FILE)) or \
+        row["error"] = (f"{RESULT_FILE} of {name} is damaged (not a JSON object: cut short, or overwritten), so the "
+                        f"trial's final result cannot be read, though the trial wrote it at its end; restore the "
+                        f"file from a copy, or rerun the trial") if damaged else \
+            _last_error(exp.read_text(name, RAY_ERROR_FILE)) or \
             "no final result: the trial did not finish (stopped, or it failed for good without a recorded error)"
         row["_error_at"] = exp.mtime(name, RAY_ERROR_FILE)
         config = params if isinstance(params, dict) else {}
