@@ -80,6 +80,7 @@ def cmd_train(args) -> int:
     from .schema import METRICS_FILE
     from .storage import is_uri, jsonable, local
     cfg = build_config(_config_from_args(args))  # validate before any work
+    check_train_sets_are_read(parse_set(args.set), cfg)
     out = local(args.out or os.path.join("results", "runs", time.strftime("%Y%m%d-%H%M%S")))   # file://: a path
     if is_uri(out):   # its checks looked at the URI as a local name, and the run went to a local "s3:" folder
         raise ConfigError(f"train --out {out}: a run is written to a local folder; give one, and copy it to object "
@@ -300,6 +301,26 @@ def unread_attack_keys(overrides: dict, cfg) -> list[tuple[str, bool]]:
         problems.append((f"{key} is read by {', '.join(readers) or 'no attack'}, which "
                          f"attack.names={cfg.attack.names} does not run", bool(readers)))
     return problems
+
+
+def check_train_sets_are_read(overrides: dict, cfg) -> None:
+    """ConfigError, before any work, for a ``train --set`` key the run never reads: another surrogate's key at
+    λ > 0 (``--set cem.num_slots=4`` under gmm trained gmm and recorded nothing of it), or a key of an attack
+    ``attack.names`` leaves out (as ``cem-bench attack`` refuses). A ``--config`` file is not checked: a saved
+    run's config with another ``--set cem.surrogate`` is a fair start, its other keys left unread. At λ = 0 no
+    surrogate runs, and the same keys with ``cem.lambd=0`` are the baseline of that configuration."""
+    from . import surrogates
+    problems = []
+    if cfg.cem.lambd > 0:
+        for key in overrides:
+            who = surrogates.readers(key)
+            if who is not None and cfg.cem.surrogate not in who:
+                problems.append(f"{key} is read by {', '.join(who)}, not by cem.surrogate={cfg.cem.surrogate}")
+    attack_keys = {k: v for k, v in overrides.items() if k not in TRAINING_ONLY_ATTACK_KEYS}
+    problems += [why for why, _ in unread_attack_keys(attack_keys, cfg)]
+    if problems:
+        raise ConfigError(f"train --set: {'; '.join(problems)}: the run would take the value and change nothing. "
+                          f"Drop the key, or choose the surrogate or attack that reads it. Nothing was trained")
 
 
 def cmd_attack(args) -> int:

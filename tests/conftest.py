@@ -21,6 +21,11 @@ TINY = {
     "cem.strength_batches": 4,
 }
 
+# TINY for a run of rmle alone (attack.names: [rmle]): `train --set` refuses the decoder's keys there, a run's
+# unread keys (cli.check_train_sets_are_read)
+TINY_RMLE = {k: v for k, v in TINY.items()
+             if k not in ("attack.epochs", "attack.blocks", "attack.channels", "attack.batch_size")}
+
 
 def build_tiny(**flat):
     """(config, splits, trainer) of a ``TINY`` trial with ``flat`` on top, on the CPU."""

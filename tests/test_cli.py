@@ -3,7 +3,7 @@ import math
 import os
 
 import pytest
-from conftest import TINY
+from conftest import TINY, TINY_RMLE
 
 from cem_bench.cli import main
 from cem_bench.core.trial import run_trial
@@ -82,7 +82,7 @@ def test_train_runs_started_in_the_same_second_keep_their_own_folders(tmp_path, 
     import cem_bench.cli as cli
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli.time, "strftime", lambda fmt, *a: "20261206-120000")
-    flat = {**TINY, "cem.lambd": 0.0, "train.epochs": 1, "attack.names": ["rmle"], "attack.rmle_iterations": 2}
+    flat = {**TINY_RMLE, "cem.lambd": 0.0, "train.epochs": 1, "attack.names": ["rmle"], "attack.rmle_iterations": 2}
     started = []
     real = cli.claim_run_folder
 
@@ -494,6 +494,44 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(argv, 
     err = capsys.readouterr().err
     assert rc == 2 and says.format(f=f, d=d) in err and "Nothing was" in err and "Traceback" not in err, err
     assert (tmp_path / "afile").read_text() == "x" and not any(d.iterdir())
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["cem.num_slots=4"], "cem.num_slots is read by attention_centroid, serial_enhanced, slot_cross, not by "
+                          "cem.surrogate=gmm"),
+    (["cem.surrogate=slot_cross", "cem.num_clusters=3"], "cem.num_clusters is read by gmm, not by "
+                                                         "cem.surrogate=slot_cross"),
+    (["attack.names=[decoder]", "attack.rmle_iterations=500"], "attack.rmle_iterations is read by rmle, which "
+                                                                "attack.names=['decoder'] does not run"),
+])
+def test_train_refuses_a_set_key_the_run_never_reads(sets, says, tmp_path, capsys, monkeypatch):
+    """`train --set cem.num_slots=4` under gmm trained gmm and recorded nothing of the key (2026-12-07 audit);
+    `cem-bench attack` already refused an attack key its attacks do not read."""
+    from cem_bench.core import trial
+
+    def never(*a, **k):
+        raise AssertionError("the work started")
+    monkeypatch.setattr(trial, "run_trial", never)
+    argv = ["train", "--out", str(tmp_path / "run")]
+    for kv in sets:
+        argv += ["--set", kv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Nothing was trained" in err and not (tmp_path / "run").exists(), err
+
+
+def test_train_takes_surrogate_keys_at_lambda_zero_and_probe_keys(tmp_path, monkeypatch):
+    """The same keys with cem.lambd=0 are that configuration's baseline; the probe's keys are a trial's own."""
+    from cem_bench.core import trial
+    ran = []
+    monkeypatch.setattr(trial, "run_trial", lambda cfg, *a, **k: ran.append(cfg) or (_ for _ in ()).throw(
+        KeyboardInterrupt))
+    for sets in (["cem.lambd=0", "cem.num_slots=4"], ["attack.probe_images=16"]):
+        argv = ["train", "--out", str(tmp_path / f"run{len(ran)}")]
+        for kv in sets:
+            argv += ["--set", kv]
+        assert main(argv) == 130     # the stand-in's interrupt: the run had started
+    assert len(ran) == 2
 
 
 @pytest.mark.parametrize("argv", [["train", "--out", ""], ["report", "x", "--out", " "], ["search", SPACE, "--storage", ""],

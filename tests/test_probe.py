@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import TINY, build_tiny
+from conftest import TINY, TINY_RMLE, build_tiny
 
 from cem_bench.config import ConfigError, TrialConfig
 from cem_bench.core.trial import PROBE_KEYS, probe, probe_config, run_trial
@@ -115,7 +115,7 @@ def test_cli_train_records_the_probe(tmp_path, capsys):
     from cem_bench.cli import main
     out = tmp_path / "run"
     sets = []
-    for k, v in {**TINY, **FAST, "attack.probe_epochs": [2]}.items():
+    for k, v in {**TINY_RMLE, **FAST, "attack.probe_epochs": [2]}.items():
         sets += ["--set", f"{k}={json.dumps(v) if isinstance(v, list) else v}"]
     assert main(["train", *sets, "--out", str(out)]) == 0
     assert "epoch   2" in capsys.readouterr().out

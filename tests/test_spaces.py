@@ -312,12 +312,12 @@ def test_surrogate_specific_key_for_other_surrogate_is_allowed():
     """A key of another surrogate (cem.num_slots beside gmm) is accepted and kept: every trial's config
     carries it unchanged, so a space can switch surrogates without editing its fixed keys."""
     doc = minimal(fixed={"cem.surrogate": "gmm", "cem.num_slots": 4},
-                  params={"cem.snr_thresh": {"uniform": [0.1, 0.9]}})
+                  params={"cem.lambd": {"uniform": [1, 9]}})
     spec = parse_space(doc)
     assert spec.fixed == {"cem.surrogate": "gmm", "cem.num_slots": 4}
     for params in sample(spec, 2):
         flat = trial_config(spec, params)
-        assert flat["cem.num_slots"] == 4 and flat["cem.snr_thresh"] == params["cem.snr_thresh"]
+        assert flat["cem.num_slots"] == 4 and flat["cem.lambd"] == params["cem.lambd"]
         assert TrialConfig.from_flat(flat).to_flat()["cem.num_slots"] == 4
         assert "cem.num_slots" not in surrogates.resolve(TrialConfig.from_flat(flat)).to_flat()   # gmm ignores it
         assert surrogates.resolve(TrialConfig.from_flat({**flat, "cem.surrogate": "slot_cross"})).cem.num_slots == 4
@@ -810,3 +810,27 @@ def test_a_resumed_search_runs_its_trials_with_the_driver_s_execution_keys():
     flat = trial_config(moved, proposed)
     assert (flat["data.root"], flat["train.device"]) == ("/new/data", "cpu")
     assert (flat["cem.lambd"], flat["seed"], flat["train.epochs"]) == (4.0, 1, 3)
+
+
+def test_a_surrogate_key_no_surrogate_of_the_space_reads_is_refused():
+    """gmm with a searched cem.num_slots (a slot key, no `when`) ran "2 configurations" that were one run twice,
+    one config_id (2026-12-07 audit). Where a surrogate of the space reads it, or a `when` puts it with one, it
+    stands; a fixed one stays allowed (test_surrogate_specific_key_for_other_surrogate_is_allowed: a space
+    switched with `--set cem.surrogate=...` keeps its fixed keys)."""
+    errs = errors_of(minimal(fixed={"train.device": "cpu", "cem.surrogate": "gmm"},
+                             params={"cem.lambd": {"choice": [8]}, "cem.num_slots": {"int": [2, 4]}}))
+    assert any(e.startswith("params.cem.num_slots: is read by attention_centroid, serial_enhanced, slot_cross, and "
+                            "this space runs it with cem.surrogate gmm only") for e in errs), errs
+    errs = errors_of(minimal(fixed={"train.device": "cpu", "cem.surrogate": "slot_cross"},
+                             params={"cem.lambd": {"loguniform": [1, 64]}, "cem.num_clusters": {"int": [2, 4]}}))
+    assert any(e.startswith("params.cem.num_clusters: is read by gmm, and this space runs it with cem.surrogate "
+                            "slot_cross only") for e in errs), errs
+    errs = errors_of(minimal(params={"cem.lambd": {"loguniform": [1, 64]},
+                                     "cem.surrogate": {"choice": ["gmm", "slot_cross"]},
+                                     "cem.num_clusters": {"int": [2, 4], "when": {"cem.surrogate": ["slot_cross"]}}}))
+    assert any(e.startswith("params.cem.num_clusters: is read by gmm, and this space runs it with cem.surrogate "
+                            "slot_cross only") for e in errs), errs
+    # read by one of the space's surrogates: fine, fixed or searched
+    parse_space(minimal(fixed={"train.device": "cpu", "cem.num_clusters": 3},
+                        params={"cem.lambd": {"loguniform": [1, 64]}, "cem.surrogate": {"choice": ["gmm", "slot_cross"]},
+                                "cem.num_slots": {"int": [2, 4], "when": {"cem.surrogate": ["slot_cross"]}}}))

@@ -168,6 +168,7 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
         hypotheses, alpha, correction = self.hypotheses_form(doc.get("hypotheses"), grid, seeds)
         self.attacks_run(objectives, hypotheses, fixed, params)
         self.cem_keys_without_cem(fixed, params)
+        self.keys_no_surrogate_reads(fixed, params)
         if self.errors:
             raise SpaceError(self.errors, self.path)
         if grid:

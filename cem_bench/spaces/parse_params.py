@@ -320,6 +320,31 @@ class ParamStages:
                                 seen.add(tail)
                                 self.errors.append(line)
 
+    def keys_no_surrogate_reads(self, fixed: dict, params: list[Param]) -> None:
+        """A searched surrogate's own key (``surrogates.readers``) that no surrogate the space can run with it
+        reads: each value trained the same model, so its "distinct" configurations were one run repeated
+        (2026-12-07 audit: two trials, one config_id). A fixed one stays allowed: a space switched to another
+        surrogate (``--set cem.surrogate=...``) keeps its fixed keys, and no trial is repeated for it. With λ
+        fixed at 0 ``cem_keys_without_cem`` says it."""
+        from .. import surrogates
+        from .parse_plan import lambda_fixed_at_zero
+        if lambda_fixed_at_zero(fixed, params):
+            return
+        by_key = {p.key: p for p in params}
+        surr = by_key.get("cem.surrogate")
+        if surr is not None:
+            space = tuple(surr.choices)
+        else:
+            space = (fixed.get("cem.surrogate", key_specs()["cem.surrogate"].default),)
+        for where, key, runs in [(f"params.{p.key}", p.key, tuple(p.when.get("cem.surrogate", space)))
+                                 for p in params]:
+            who = surrogates.readers(key)
+            if who is not None and not set(runs) & set(who):
+                self.err(where, f"is read by {', '.join(who)}, and this space runs it with "
+                         f"cem.surrogate {', '.join(map(str, runs))} only: every value trains the same model; "
+                         f"drop the key, or run it with a surrogate that reads it (`when: {{cem.surrogate: "
+                         f"[{who[0]}]}}` where the space searches the surrogate)")
+
     def check_cells(self, fixed: dict, params: list[Param]) -> None:
         """Every configuration of a discrete space of at most ``CELL_CHECK_LIMIT`` (a grid, or choices a sampler
         draws from) must make a valid config with the fixed keys. ``check_combinations`` tries one searched value

@@ -18,6 +18,7 @@ from .base import (
                    intra_class_mse,
                    names,
                    never_active,
+                   readers,
                    register,
                    resolve,
 )
@@ -25,4 +26,5 @@ from .base import (
 REGISTRY.load()
 
 __all__ = ["GLOBAL_DEFAULTS", "AttentionKeys", "SlotKeys", "Surrogate", "SurrogateKeys", "SurrogateOut", "build",
-           "get", "group_by_class", "intra_class_mse", "names", "never_active", "register", "resolve"]
+           "get", "group_by_class", "intra_class_mse", "names", "never_active", "readers", "register",
+           "resolve"]

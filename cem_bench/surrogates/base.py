@@ -265,6 +265,13 @@ def never_active(cfg: TrialConfig) -> str | None:
     return None
 
 
+def readers(key: str) -> list[str] | None:
+    """The registered surrogates that read ``key``, when it is a surrogate's own key (``Surrogate.keys``: one
+    that some surrogates read and others do not); None for a key every surrogate reads, or none declares."""
+    who = [n for n in names() if key in get(n).keys]
+    return who if who and len(who) < len(names()) else None
+
+
 def build(cfg: TrialConfig, feature_shape, num_classes: int) -> Surrogate:
     """The surrogate of ``cfg`` (which must be resolved) for features of ``feature_shape``."""
     if cfg.cem.grad_mode is None:
