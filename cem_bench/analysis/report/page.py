@@ -19,9 +19,9 @@ from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
 from cem_bench.analysis.table import NOT_ERRORS
 from cem_bench.errors import ResultsError
 from cem_bench.parsing import loads_json
-from cem_bench.safefiles import UnsafePath
 from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
 from cem_bench.storage import (
+    UnsafePath,
     holder_text,
     is_uri,
     local,
