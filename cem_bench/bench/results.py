@@ -94,7 +94,13 @@ def synthetic_results(n: int, folder: Path, seed: int = 0) -> Path:
                            "surr_active_slots": rng.random(m), "surr_cluster_var": rng.random(m),
                            "surr_embed_intra_mse": rng.random(m), "surr_intra_mse": rng.random(m), "train_s": 2.5})
     epochs.to_parquet(folder / "epochs.parquet")
-    (folder / "search_space.json").write_text(json.dumps({"name": "synthetic", "objectives": OBJECTIVES}))
+    # the space's searched keys as a search saves them: the report draws a figure for each that varies
+    params = [{"key": "cem.lambd", "kind": "uniform", "low": 1.0, "high": 64.0, "log": True},
+              {"key": "cem.surrogate", "kind": "choice", "choices": list(SURROGATES)},
+              {"key": "cem.num_slots", "kind": "int", "low": 2, "high": 8, "log": False,
+               "when": {"cem.surrogate": ["slot_cross"]}}]
+    (folder / "search_space.json").write_text(json.dumps({"name": "synthetic", "objectives": OBJECTIVES,
+                                                          "params": params}))
     return folder
 
 
