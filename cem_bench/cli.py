@@ -211,19 +211,20 @@ def check_writable_under(flag: str, path: str, nothing: str) -> None:
 
 
 def check_can_write(flag: str, path: str, folder: str, nothing: str) -> None:
-    """ConfigError, before any work, when a file cannot be made in the existing ``folder``: tried, not asked of
-    ``os.access``, which says yes to root on an immutable folder, a read-only mount, /proc or an NFS share that
-    maps root to nobody, where the write after hours of training then failed with a bare OS message. The
-    probe file is hidden and removed at once."""
-    import tempfile
+    """ConfigError, before any work, when a file cannot be made in the existing ``folder`` (``write_probe``: the
+    write after hours of training failed with a bare OS message)."""
+    from .storage import write_probe
+    fd = None
     try:
-        fd, probe = tempfile.mkstemp(prefix=".cem-bench-probe-", dir=folder)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        write_probe(fd)
     except OSError as e:
         raise ConfigError(f"{flag} {path}: nothing can be written in the folder {folder} ({e.strerror or e}: "
                           f"not writable by this user, or a read-only or special file system); give a folder "
                           f"you can write. {nothing}") from None
-    os.close(fd)
-    os.unlink(probe)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def check_out_file(flag: str, path: str | None, nothing: str) -> None:

@@ -136,6 +136,15 @@ def open_dir(root: str, folders: list[str], *, create: bool) -> int:
     return fd
 
 
+def write_probe(dir_fd: int) -> None:
+    """Make and remove a hidden file in the open folder ``dir_fd``: OSError where nothing can be written there.
+    Tried, not asked of ``os.access``, which says yes to root on an immutable folder, a read-only mount, /proc or
+    an NFS share that maps root to nobody (a run trained for hours was then lost on its first write)."""
+    name = f".cem-bench-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd))
+    os.unlink(name, dir_fd=dir_fd)
+
+
 def replace_in(dir_fd: int, name: str, data: bytes, shown: str) -> None:
     """``name`` in the folder ``dir_fd`` becomes ``data``: a fresh temp file (never an existing one, never
     through a link) renamed over it."""

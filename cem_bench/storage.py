@@ -19,8 +19,17 @@ import os
 import time
 from typing import Any
 
-# UnsafePath, publish and relative_inside are re-exported: the project and the tests import them from storage
-from .safefiles import UnsafePath, local, open_dir, publish, read_regular, relative_inside, replace_in  # noqa: F401
+# UnsafePath, publish, relative_inside and write_probe are re-exported: the project and the tests import them from storage
+from .safefiles import (  # noqa: F401
+    UnsafePath,
+    local,
+    open_dir,
+    publish,
+    read_regular,
+    relative_inside,
+    replace_in,
+    write_probe,
+)
 
 
 def is_uri(path: str | os.PathLike) -> bool:

@@ -70,6 +70,17 @@ def bounded_cells(params: list[Param], limit: int) -> list[dict] | None:
     return cells
 
 
+def surrogates_for(fixed: dict, params: list[Param], p: Param | None) -> tuple:
+    """The surrogates a searched key ``p`` can meet: the fixed one where the surrogate is not searched (else the
+    default), those its ``when`` names, else every searched choice."""
+    surr = next((q for q in params if q.key == "cem.surrogate"), None)
+    if surr is None:
+        return (fixed.get("cem.surrogate", key_specs()["cem.surrogate"].default),)
+    if p is not None and "cem.surrogate" in p.when:
+        return tuple(p.when["cem.surrogate"])
+    return tuple(surr.choices)
+
+
 class ParamStages:
     """The params, when, order, combination and pin stages of ``parse._Parser`` (see the module docstring)."""
 
@@ -274,17 +285,7 @@ class ParamStages:
         that ``TrialConfig.from_flat`` and ``surrogates.resolve`` accept."""
         from .. import surrogates
         searched = {p.key for p in params}
-        by_key = {p.key: p for p in params}
-        surr = by_key.get("cem.surrogate")
-
-        def surrogates_for(p: Param | None) -> tuple:
-            if "cem.surrogate" in fixed and "cem.surrogate" not in searched:
-                return (fixed["cem.surrogate"],)
-            if surr is None:
-                return (key_specs()["cem.surrogate"].default,)
-            if p is not None and "cem.surrogate" in p.when:
-                return p.when["cem.surrogate"]
-            return surr.choices
+        surr = next((p for p in params if p.key == "cem.surrogate"), None)
 
         def probe(where: str, flat: dict) -> None:
             try:
@@ -303,7 +304,7 @@ class ParamStages:
         for p in params:
             values = p.choices if p.kind == "choice" else (p.low, p.high)
             for v in values:
-                for s in (surrogates_for(p) if p.key != "cem.surrogate" else (v,)):
+                for s in (surrogates_for(fixed, params, p) if p.key != "cem.surrogate" else (v,)):
                     flat = dict(fixed)
                     flat["cem.surrogate"] = s
                     flat[p.key] = v
@@ -330,17 +331,10 @@ class ParamStages:
         from .parse_plan import lambda_fixed_at_zero
         if lambda_fixed_at_zero(fixed, params):
             return
-        by_key = {p.key: p for p in params}
-        surr = by_key.get("cem.surrogate")
-        if surr is not None:
-            space = tuple(surr.choices)
-        else:
-            space = (fixed.get("cem.surrogate", key_specs()["cem.surrogate"].default),)
-        for where, key, runs in [(f"params.{p.key}", p.key, tuple(p.when.get("cem.surrogate", space)))
-                                 for p in params]:
-            who = surrogates.readers(key)
+        for p in params:
+            who, runs = surrogates.readers(p.key), surrogates_for(fixed, params, p)
             if who is not None and not set(runs) & set(who):
-                self.err(where, f"is read by {', '.join(who)}, and this space runs it with "
+                self.err(f"params.{p.key}", f"is read by {', '.join(who)}, and this space runs it with "
                          f"cem.surrogate {', '.join(map(str, runs))} only: every value trains the same model; "
                          f"drop the key, or run it with a surrogate that reads it (`when: {{cem.surrogate: "
                          f"[{who[0]}]}}` where the space searches the surrogate)")

@@ -30,6 +30,7 @@ from cem_bench.storage import (
     read_regular,
     relative_inside,
     write_bytes,
+    write_probe,
 )
 
 from .facts import metric_columns, run_facts, searched_columns, status_counts
@@ -243,9 +244,7 @@ def _check_writable(root: Path, folders: list[str]) -> None:
         raise ResultsError(f"the report's folder {where} cannot be made ({e.strerror or e}): give --out DIR, a "
                            f"folder you can write") from None
     try:
-        name = f".cem-bench-probe-{os.getpid()}"
-        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600, dir_fd=fd))
-        os.unlink(name, dir_fd=fd)
+        write_probe(fd)
     except OSError as e:
         raise ResultsError(f"nothing can be written in the report's folder {where} ({e.strerror or e}): give "
                            f"--out DIR, a folder you can write") from None
