@@ -138,7 +138,8 @@ class TrainConfig:
     gamma: float = _f(0.2, "lr decay factor at each milestone", lo=0.0, hi=1.0, lo_open=True)
     warmup_lr_epochs: float = _f(0.0, "linear learning-rate warm-up over the first N epochs, per step from lr/steps "
                                  "to the scheduled lr (what the reference's WarmUpLR was meant to do over its "
-                                 "first epoch; 0 = none); the injection scale s(eta) keeps the scheduled lr",
+                                 "first epoch; 0 = none; at most train.epochs); the injection scale s(eta) keeps "
+                                 "the scheduled lr",
                                  lo=0.0)
     augment: str = _f("crop_flip_rotate", "on-device augmentation: crop_flip_rotate (pad-4 crop, flip, "
                       "+-15 deg rotation), crop_flip, none", choices=("crop_flip_rotate", "crop_flip", "none"))
@@ -194,7 +195,7 @@ class AttackConfig:
                                  "probe_psnr, probe_s in that epoch's record (epochs.parquet, every intermediate "
                                  "result: NaN at the other epochs), so an early-stopping scheduler sees a privacy "
                                  "estimate at its rungs. Positive integers, each once; epochs beyond train.epochs "
-                                 "never come; empty = no probe")
+                                 "never come (at least one must lie within the run); empty = no probe")
     probe_images: int = _f(64, "privacy probe: how many images it attacks, the first N of the attacker's "
                            "evaluation split (the same images at every probe)", lo=1)
     probe_iterations: int = _f(30, "privacy probe: Adam steps of its rmle optimisation (rmle's own lr and TV "
@@ -316,6 +317,19 @@ class TrialConfig:
                           f"epochs from which the lr is multiplied by train.gamma), e.g. [60, 120, 180, 210]; "
                           f"empty = use train.milestones")
         errors.extend(self.attack.probe_problems())
+        if self.train.warmup_lr_epochs > self.train.epochs:
+            # the ramp would still be climbing when the run ends: every epoch trains below its scheduled lr
+            # (2026-12-07: taken silently before)
+            errors.append(f"train.warmup_lr_epochs: {self.train.warmup_lr_epochs:g} is longer than the run "
+                          f"(train.epochs {self.train.epochs}): the learning rate would never reach its schedule; "
+                          f"allowed: 0 (no warm-up) to {self.train.epochs}")
+        pe = self.attack.probe_epochs
+        if pe and not self.attack.probe_problems() and min(pe) > self.train.epochs:
+            # one probe epoch past the run is allowed (a space's rungs may lie beyond a short trial); all of them
+            # is a probe that never runs, and epochs.parquet's probe columns all NaN
+            errors.append(f"attack.probe_epochs: {list(pe)} all lie beyond the run (train.epochs "
+                          f"{self.train.epochs}): the privacy probe would never run; allowed: epochs 1 to "
+                          f"{self.train.epochs}, or [] for no probe")
         dev = self.train.device
         if self.train.cuda_graph == "on" and dev == "cpu":
             errors.append("train.cuda_graph: 'on' needs a CUDA device but train.device is cpu; allowed here: auto "

@@ -62,12 +62,22 @@ def test_flat_round_trip():
     ({"train.milestones": "[0.5, 0.5]"}, ["train.milestones", "strictly increasing"]),   # was accepted
     ({"model.sigmoid": "maybe"}, ["model.sigmoid", "not a boolean", "true or false"]),
     ({"bogus": 1}, ["unknown config key 'bogus'"]),
+    # both were taken silently until 2026-12-07: a warm-up still climbing when the run ends, a probe that never runs
+    ({"train.epochs": 4, "train.warmup_lr_epochs": 5}, ["train.warmup_lr_epochs: 5 is longer than the run",
+                                                        "allowed: 0 (no warm-up) to 4"]),
+    ({"train.epochs": 4, "attack.probe_epochs": "[5, 9]"}, ["attack.probe_epochs: [5, 9] all lie beyond the run",
+                                                           "allowed: epochs 1 to 4, or [] for no probe"]),
 ])
 def test_errors_name_the_key_and_the_allowed_values(flat, fragments):
     with pytest.raises(ConfigError) as e:
         TrialConfig.from_flat(flat)
     for f in fragments:
         assert f in str(e.value)
+
+
+def test_a_warm_up_of_the_whole_run_and_a_probe_partly_past_it_are_taken():
+    cfg = TrialConfig.from_flat({"train.epochs": 4, "train.warmup_lr_epochs": 4, "attack.probe_epochs": "[4, 9]"})
+    assert cfg.train.warmup_lr_epochs == 4 and cfg.attack.probe_epochs == [4, 9]
 
 
 def test_a_seed_past_what_the_generators_take_is_refused_before_the_trial():
