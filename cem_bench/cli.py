@@ -573,9 +573,33 @@ def cmd_bench(args) -> int:
     return bench_main(args)
 
 
+class _VersionAction(argparse.Action):
+    """``cem-bench --version``: what a bug report or a result should name. Built when asked, not with the parser:
+    the commit is a git call and torch's version an import (every other command would pay for them)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib import metadata
+
+        import torch
+
+        from . import __version__
+        from .provenance import git_sha, library_versions
+        search = []
+        for name in ("ray", "optuna", "pandas", "pyarrow"):   # the search and the tables, beside the numbers' own
+            try:
+                search.append(f"{name} {metadata.version(name)}")
+            except metadata.PackageNotFoundError:
+                search.append(f"{name} ?")
+        print(f"cem-bench {__version__} (commit {git_sha()})\ntorch {torch.__version__}, {library_versions()}\n"
+              f"{', '.join(search)}")
+        parser.exit()
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = ArgParser(prog="cem-bench", description="Accuracy-vs-privacy frontier of CEM defenses for split learning.",
                   epilog=EPILOG)
+    p.add_argument("--version", action=_VersionAction, nargs=0,
+                   help="print the package, its commit and the libraries that shape the numbers, then exit")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train one run (CEM trainer + attack)", epilog=EPILOG)

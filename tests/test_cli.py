@@ -746,3 +746,18 @@ def test_the_list_ends_at_double_dash(tmp_path, capsys):
     assert main(["table", "--metrics", "test_acc", "--", str(tmp_path)]) != 0
     err = capsys.readouterr().err
     assert "takes every word" not in err and "required: results_dir" not in err
+
+
+def test_version_names_the_package_its_commit_and_the_libraries(capsys):
+    from importlib import metadata
+
+    from cem_bench import __version__
+    from cem_bench.provenance import git_sha
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"cem-bench {__version__} (commit {git_sha()})")
+    for name in ("torch", "ray", "optuna", "scikit-image"):
+        assert f"{name} " in out
+    assert f"optuna {metadata.version('optuna')}" in out

@@ -412,6 +412,8 @@ def check_command(cmd: Command, root: Path = ROOT) -> list[str]:
         return [] if not cmd.complete else [f"{where}: no subcommand (choose from {', '.join(subs)})"]
     if is_placeholder(cmd.args[0]):
         return []
+    if cmd.args[0] == "--version":   # the parser prints and exits: nothing to parse after it
+        return [] if len(cmd.args) == 1 else [f"{where}: --version takes nothing after it"]
     sub = subs.get(cmd.args[0])
     variants, ph_opts = expand_syntax(cmd.args, sub, inline=not cmd.complete)
     problems = []
