@@ -472,6 +472,8 @@ def cmd_search(args) -> int:
             check_can_write("--storage", args.storage, args.storage, "Nothing was run")
         check_makeable("--storage", args.storage, "Nothing was run")
     done = search_command(args)
+    if done.get("dry_run"):
+        return 0
     exp, stats = done["experiment"], done["stats"]
     t0 = time.perf_counter()
     if is_uri(exp):
@@ -644,6 +646,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="CUDA MPS for trials sharing a GPU on this machine: auto (when resources.gpu < 1 and a "
                         "GPU is visible), on (an error if it cannot start), off")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a fixed config key")
+    s.add_argument("--dry-run", action="store_true",
+                   help="run every check a search makes before Ray starts (the space, --storage, the data, the "
+                        "device; with --resume, that the experiment can be continued), print its plan, the "
+                        "searched and fixed keys, then stop: nothing is started or written")
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("report", help="Parquet tables, frontier plots and HTML report of a results folder")

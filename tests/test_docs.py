@@ -1141,7 +1141,7 @@ def test_a_broken_search_space_comment_fails(tmp_path):
         "search_spaces/x.yaml:2: `cem-bench search search_spaces/demo.yaml --max-concurent 2` does not parse: "
         "unrecognized arguments: --max-concurent 2 (cem-bench search takes --name, --storage, --address, "
         "--num-samples, --max-concurrent, --gpus-per-trial, --cpus-per-trial, --resume, --trust-pickled-state, "
-        "--mps, --set)",
+        "--mps, --set, --dry-run)",
         "search_spaces/x.yaml:3: `cem-bench calibrate --set cem.lamda=8`: --set cem.lamda=8: unknown config key "
         "'cem.lamda' (did you mean cem.lambd, cem.margin? `cem-bench keys cem.` lists the keys)"]
     assert len(problems) == 3 and problems[2].startswith("search_spaces/x.yaml:3: docs/nope.md does not exist")

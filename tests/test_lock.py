@@ -79,7 +79,8 @@ def holder(tmp_path):
             p.wait()
 
 
-def test_resume_is_refused_while_a_driver_holds_the_folder(tmp_path, holder, capsys):
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]])   # a dry run asks the lock without taking it: the same refusals
+def test_resume_is_refused_while_a_driver_holds_the_folder(tmp_path, holder, capsys, dry):
     storage = tmp_path / "res"
     from test_search import write_space
     space = write_space(tmp_path, "busy")
@@ -87,12 +88,12 @@ def test_resume_is_refused_while_a_driver_holds_the_folder(tmp_path, holder, cap
     p = holder(exp)
     (exp / "tuner.pkl").write_bytes(b"a Ray experiment")   # resumable, as far as the check goes
     before = {q.name: q.read_bytes() for q in exp.iterdir()}
-    rc = cli.main(["search", space, "--storage", str(storage), "--resume"])
+    rc = cli.main(["search", space, "--storage", str(storage), "--resume", *dry])
     err = capsys.readouterr().err
     assert rc == 2, err
     assert f"another cem-bench search is running on {exp} (pid {p.pid} on " in err and "--resume" in err
     assert {q.name: q.read_bytes() for q in exp.iterdir()} == before
-    rc = cli.main(["search", space, "--storage", str(storage)])
+    rc = cli.main(["search", space, "--storage", str(storage), *dry])
     assert rc == 2 and "already exists" in capsys.readouterr().err
     if "ray" in sys.modules:
         import ray

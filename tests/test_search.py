@@ -164,6 +164,33 @@ def test_cli_refuses_existing_experiment(tmp_path, capsys):
         assert not ray.is_initialized()
 
 
+def test_a_dry_run_checks_and_prints_the_plan_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    def boom(*a, **k):
+        raise AssertionError("a dry run must not reach run_search")
+    monkeypatch.setattr(search, "run_search", boom)
+    space = write_space(tmp_path, "dry", num_samples=3, max_concurrent=1,
+                        params={"cem.lambd": {"loguniform": [1, 32]}, "cem.surrogate": {"choice": ["gmm", "slot_cross"]}})
+    storage = tmp_path / "res"
+    assert cli.main(["search", space, "--storage", str(storage), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "dry: 3 trials: 3 configurations x 1 seed, 1 at a time" in out, out
+    assert f"experiment: {storage / 'dry'} (would be made)" in out
+    assert "cem.lambd: 1 to 32 (loguniform)" in out and "cem.surrogate: one of gmm, slot_cross" in out
+    assert f"train.epochs={TINY['train.epochs']}" in out
+    assert "dry run: the checks passed; nothing was started and nothing was written" in out
+    assert not storage.exists()
+    # the checks are the search's own: an existing experiment is refused, and so is --resume of nothing
+    (storage / "dry").mkdir(parents=True)
+    assert cli.main(["search", space, "--storage", str(storage), "--dry-run"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    (storage / "dry").rmdir()
+    assert cli.main(["search", space, "--storage", str(storage), "--dry-run", "--resume"]) == 2
+    assert "dry run" not in capsys.readouterr().out
+    if "ray" in sys.modules:
+        import ray
+        assert not ray.is_initialized()
+
+
 # ------------------------------------------------------------------ local mode via the CLI
 @pytest.mark.ray
 def test_cli_local_search_end_to_end(tmp_path, monkeypatch, capsys):

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from ..errors import SearchError
 from ..integrity import MANIFEST_FILE
 from ..schema import DRIVER_LOCK_FILE, INTERRUPTED_FILE, JOURNAL_FILE, SPACE_FILE
-from ..storage import Dir, exists, holder_text, is_uri, join, write_bytes
+from ..storage import Dir, exists, holder_text, is_uri, join, lock_holder, write_bytes
 
 LOCK_FILE = DRIVER_LOCK_FILE
 CLAIM_FILE = ".cem-bench-driver.json"   # object storage: the claim read back after CLAIM_WAIT_S
@@ -64,6 +64,27 @@ def _busy(exp_path: str, who: str) -> SearchError:
     return SearchError(f"another cem-bench search is running on {exp_path}{who}; wait for it to end (or stop "
                        f"it) and then continue with --resume, or start a new experiment with --name NEW_NAME "
                        f"(nothing was changed)")
+
+
+def _exists(exp_path: str) -> SearchError:
+    return SearchError(f"the experiment folder {exp_path} already exists; continue it with --resume or start a new "
+                       f"experiment with --name NEW_NAME (nothing was changed)")
+
+
+def check_available(exp_path: str, resume: bool) -> None:
+    """What ``experiment_lock`` would refuse, found without making, claiming or locking anything (``search
+    --dry-run``): a new search's folder that exists (unless only an abandoned start is there), a resumed one that
+    another driver holds. A folder --resume cannot continue is ``check_resumable``'s to say."""
+    key = str(exp_path)
+    remote = is_uri(key) and not key.startswith("file://")
+    local = key[len("file://"):] if key.startswith("file://") else key
+    if not resume:
+        if exists(key) and not (_abandoned_remote(key) if remote else _abandoned(local)):
+            raise _exists(key)
+    elif not remote:
+        holder = lock_holder(os.path.join(local, LOCK_FILE))
+        if holder is not None:
+            raise _busy(key, holder_text(holder))
 
 
 def _lock_exclusive(fd: int) -> None:
@@ -249,8 +270,7 @@ def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
         if not resume:
             if exists(key):
                 if not _abandoned_remote(key):
-                    raise SearchError(f"the experiment folder {key} already exists; continue it with --resume or "
-                                      f"start a new experiment with --name NEW_NAME (nothing was changed)")
+                    raise _exists(key)
                 print(f"cem-bench: {key} holds only what a search stopped while starting leaves (no Ray Tune "
                       f"experiment, its claim older than {CLAIM_STALE_S / 60:g} min): this search takes it over",
                       flush=True)
@@ -265,8 +285,7 @@ def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
                 made = True
             except FileExistsError:
                 if not _abandoned(local):
-                    raise SearchError(f"the experiment folder {local} already exists; continue it with --resume "
-                                      f"or start a new experiment with --name NEW_NAME (nothing was changed)") from None
+                    raise _exists(local) from None
                 # nothing in it can be resumed and no driver holds it: this search takes it over under the lock
                 # below, as if it had made it, so that neither a new search nor --resume is stuck on it
                 print(f"cem-bench: {local} holds only what a search stopped while starting leaves (no Ray Tune "

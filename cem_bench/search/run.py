@@ -33,7 +33,7 @@ from ..storage import (
 )
 from . import driver
 from .interrupt import Interruption, resume_command
-from .lock import experiment_lock
+from .lock import check_available, experiment_lock
 from .machine import detect_cpus as _detect_cpus  # names of run.py that tests replace
 from .machine import detect_gpus as _detect_gpus
 from .resume import has_saved_state, repair_experiment_state, restore_removed_checkpoints, supersede_tables
@@ -717,6 +717,29 @@ def banner(spec, conc: Concurrency | None) -> str:
             f"objectives {', '.join(f'{o.metric} ({o.mode})' for o in spec.objectives)}{tests}")
 
 
+def dry_run_text(spec, exp_path: str, resume: bool) -> str:
+    """What ``search --dry-run`` prints after the banner: where the experiment would go, each searched key as
+    the sampler sees it, the fixed keys, and that nothing ran. A 165-trial grid booked on a cluster is checked
+    here first, not by starting it and pressing Ctrl-C."""
+    def searched(p) -> str:
+        if p.kind == "choice":
+            what = f"one of {', '.join(map(str, p.choices))}"
+        else:
+            what = (f"{p.low:g} to {p.high:g} ({p.kind}{', log' if p.log and p.kind != 'loguniform' else ''}"
+                    f"{f', step {p.step:g}' if p.step is not None else ''})")
+        when = "".join(f" when {k} in {', '.join(map(str, v))}" for k, v in p.when.items())
+        return f"  {p.key}: {what}{when}"
+    lines = [f"experiment: {exp_path} ({'would be continued' if resume else 'would be made'})",
+             f"sampler: {spec.sampler.get('name')}; searched ({len(spec.params)}):" if spec.params
+             else f"sampler: {spec.sampler.get('name')}; nothing searched (every trial is the fixed keys, "
+                  f"seeds apart)"]
+    lines += [searched(p) for p in spec.params]
+    lines.append(f"fixed ({len(spec.fixed)}): " + (", ".join(f"{k}={v}" for k, v in sorted(spec.fixed.items()))
+                                                   or "none (every key at its default)"))
+    lines.append("dry run: the checks passed; nothing was started and nothing was written")
+    return "\n".join(lines)
+
+
 def search_command(args) -> dict:
     """``cem-bench search`` without the report: validate, search, write the tables, print what was done.
 
@@ -762,6 +785,10 @@ def search_command(args) -> dict:
               f"give s3://BUCKET/PREFIX (docs/cluster.md)", flush=True)
     if mode == "on":
         mps.control()   # MPSError (exit 2) now, before the storage and the experiment folder are made
+    if getattr(args, "dry_run", False):
+        check_available(exp_path, bool(args.resume))   # the lock's own refusals, asked without taking it
+        print(dry_run_text(spec, exp_path, bool(args.resume)), flush=True)
+        return {"dry_run": True, "experiment": exp_path, "name": spec.name}
     # one driver per experiment, from before Ray starts until its tables are written (search/lock.py)
     try:
         with experiment_lock(exp_path, bool(args.resume)):
