@@ -660,7 +660,10 @@ def make_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("table", help="the paper-style table: rows sigma, columns lambda x surrogate, mean +- std "
                                      "over replicates")
     t.add_argument("results_dir", type=_path, help="a results folder (local or s3://, gs://) of `cem-bench search`")
-    t.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
+    fmt = t.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="CSV instead of Markdown")
+    fmt.add_argument("--latex", action="store_true", help="LaTeX instead of Markdown: a booktabs table float per "
+                     "table, its legend in the caption, labelled tab:EXPERIMENT-METRIC")
     t.add_argument("--metrics", nargs="+", help="metrics to tabulate (default: test_acc attack_ssim attack_psnr "
                                                 "attack_mse)")
     t.set_defaults(func=cmd_table)

@@ -120,6 +120,45 @@ def test_table_command(tmp_path, capsys):
     assert "a_file is a file, not a folder" in capsys.readouterr().err
 
 
+def test_table_latex_prints_the_same_cells_as_compilable_ascii(tmp_path, capsys):
+    import re
+
+    from cem_bench.analysis.table import latex_text, load_configs
+    t = runs()
+    t.to_parquet(tmp_path / "trials.parquet")
+    assert main(["table", str(tmp_path), "--latex", "--metrics", "test_acc", "attack_ssim"]) == 0
+    out = capsys.readouterr().out
+    assert out.isascii(), [c for c in out if not c.isascii()]
+    floats = out.split("\\end{table}")[:-1]
+    assert len(floats) >= 2 and all(f.strip().startswith("\\begin{table}") for f in floats)
+    labels = re.findall(r"\\label\{(.*)\}", out)          # tab:<experiment>-<metric>, in what \ref takes
+    assert labels[0] == "tab:" + re.sub(r"_+", "-", tmp_path.name) + "-test-acc"
+    assert all(re.fullmatch(r"tab:[A-Za-z0-9:.-]+", label) for label in labels) and len(set(labels)) == len(labels)
+    configs = load_configs(tmp_path)
+    for metric, body in zip(("test_acc", "attack_ssim"), floats):
+        table = paper_table(configs, metric)
+        rows = [r for r in body.splitlines() if r.endswith(" \\\\")]
+        assert len(rows) == len(table) + 1                      # the header, then one row per σ
+        for r in rows:                                          # as many cells as the table has columns
+            assert len(re.findall(r"(?<!\\)&", r)) == len(table.columns)
+        for label, row in table.iterrows():                     # every number the Markdown table prints
+            assert " & ".join([latex_text(label)] + [latex_text(v) for v in row]) + " \\\\" in rows
+        # braces balance once the escaped ones are set aside
+        bare = re.sub(r"\\[{}]", "", body)
+        assert bare.count("{") == bare.count("}")
+    with pytest.raises(SystemExit) as e:   # one format at a time
+        main(["table", str(tmp_path), "--latex", "--csv"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_latex_text_escapes_what_latex_reads_as_commands():
+    from cem_bench.analysis.table import latex_text
+    assert latex_text("a_b & 50% $#{}~^\\") == \
+        r"a\_b \& 50\% \$\#\{\}\textasciitilde{}\textasciicircum{}\textbackslash{}"
+    assert latex_text("λ=16 σ=0.1: 0.9 ± 0.1 [−]") == r"$\lambda$=16 $\sigma$=0.1: 0.9 $\pm$ 0.1 [$-$]"
+    assert latex_text("run `cem-bench report` then") == r"run \texttt{cem-bench report} then"
+
+
 def test_the_baseline_is_its_own_row_and_each_configuration_meets_its_own():
     """λ = 0 rows: surrogate "none", the other cem keys null, one configuration per σ whatever surrogate keys
     they recorded; every configuration is compared with the baseline of its σ, even where a key resolved per

@@ -1020,7 +1020,7 @@ make demoo
 
 Fine: `cem-bench table RESULTS_DIR [--csv] [--metrics ...]`, `cem-bench search --mps auto|on|off`,
 `cem-bench train --set cem.lambd=8`. Broken: `cem-bench search SPACE --mps sometimes`,
-`cem-bench table RESULTS_DIR --latex`.
+`cem-bench table RESULTS_DIR --xlsx`.
 
 Keys: `cem.lambd` and `config.cem.surrogate` exist, `cem.lambda` does not, nor `train.ampp`;
 `cem.surrogate=slotcross` is not a surrogate, `train.amp='off':` is. Not keys: `data.py`, `data.BatchIterator`, `trials.parquet`,
@@ -1084,8 +1084,8 @@ def test_a_broken_command_fails(broken_page):
     assert "docs/broken.md:10: `make demoo`: no Makefile target 'demoo' (targets: " in text
     assert "docs/broken.md:14: `cem-bench search SPACE --mps sometimes` does not parse: argument --mps: invalid " \
            "choice: 'sometimes' (choose from 'auto', 'on', 'off')" in text
-    assert "docs/broken.md:15: `cem-bench table RESULTS_DIR --latex` does not parse: unrecognized arguments: " \
-           "--latex (cem-bench table takes --csv, --metrics)" in text
+    assert "docs/broken.md:15: `cem-bench table RESULTS_DIR --xlsx` does not parse: unrecognized arguments: " \
+           "--xlsx (cem-bench table takes --csv, --latex, --metrics)" in text
     assert len(problems) == 10, "the valid spans of line 13-14 pass"
 
 

@@ -1,9 +1,9 @@
 """The paper-style table of a search: rows σ, columns λ × surrogate, cells mean ± std over the replicates.
 
-``cem-bench table RESULTS_DIR [--csv] [--metrics ...]`` prints one table per metric (noisy test accuracy,
-attack SSIM, PSNR, MSE by default) as Markdown, or as CSV. The numbers come from ``configs.parquet`` (built
-from ``trials.parquet`` when missing, older than the adjusted verdicts or about other trials than those beside it,
-as the report does). A configuration's cell is
+``cem-bench table RESULTS_DIR [--csv | --latex] [--metrics ...]`` prints one table per metric (noisy test
+accuracy, attack SSIM, PSNR, MSE by default) as Markdown, as CSV, or as LaTeX (booktabs floats, the legend in the
+caption). The numbers come from ``configs.parquet`` (built from ``trials.parquet`` when missing, older than the
+adjusted verdicts or about other trials than those beside it, as the report does). A configuration's cell is
 ``mean ± std (n)``, ``(n confirmed)`` when its statistics are confirmation runs (new seeds after the search's
 choice); a cell several configurations fall in (they differ in a key that is not a row or column, e.g.
 ``cem.num_slots``) shows each, separated by " / ", so nothing is averaged away silently. A cell ends in
@@ -344,6 +344,49 @@ STRENGTH_LEGEND = ("cem loss scale: the scale of the surrogate's loss in each CE
                    "is what `cem-bench calibrate` reports for that state.")
 
 
+# LaTeX's special characters, then the table's own symbols in math mode (after the escaping, whose backslashes
+# and dollars they add). A paper's table is pasted, not retyped: the numbers are the ones the page prints.
+_LATEX_SPECIAL = [("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
+                  ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\textasciicircum{}")]
+_LATEX_SYMBOLS = [("±", r"$\pm$"), ("λ", r"$\lambda$"), ("σ", r"$\sigma$"), ("−", r"$-$"), ("–", "--"),
+                  ("—", "---"), ("≤", r"$\le$"), ("≥", r"$\ge$"), ("×", r"$\times$")]
+
+
+def latex_text(text: str) -> str:
+    """``text`` as LaTeX source that prints it (the cells' ± λ σ − – in math mode or as dashes; nothing
+    outside ASCII is left for an 8-bit LaTeX to choke on)."""
+    parts = str(text).split("`")
+    if len(parts) % 2 == 0:   # an unpaired backtick is a character, not code
+        parts = ["`".join(parts)]
+    out = ""
+    for i, part in enumerate(parts):   # `cem-bench calibrate` in a legend: code, as the page shows it
+        part = "".join(next((rep for ch, rep in _LATEX_SPECIAL if c == ch), c) for c in part)
+        for ch, rep in _LATEX_SYMBOLS:
+            part = part.replace(ch, rep)
+        out += f"\\texttt{{{part}}}" if i % 2 else part.replace("`", r"\`{}")
+    return out
+
+
+def to_latex(table: pd.DataFrame, caption: str, label: str) -> str:
+    """``table`` as a booktabs ``table`` float (``\\usepackage{booktabs}``): a left column of row labels, a
+    centred one per λ × surrogate, the caption and a label to cite it by."""
+    head = [table.index.name or ""] + [str(c) for c in table.columns]
+    lines = [r"\begin{table}[t]", r"\centering", f"\\caption{{{latex_text(caption)}}}",
+             f"\\label{{{label}}}", f"\\begin{{tabular}}{{l{'c' * len(table.columns)}}}", r"\toprule",
+             " & ".join(latex_text(h) for h in head) + r" \\", r"\midrule"]
+    for idx, row in table.iterrows():
+        lines.append(" & ".join([latex_text(idx)] + [latex_text(v) for v in row]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(lines)
+
+
+def latex_label(results_dir, what: str) -> str:
+    """``tab:<experiment>-<what>``: letters, digits and ``-:.`` only (what ``\\ref`` takes everywhere)."""
+    import re
+    name = str(results_dir).rstrip("/").rsplit("/", 1)[-1]
+    return "tab:" + re.sub(r"[^A-Za-z0-9:.-]+", "-", f"{name}-{what}").strip("-")
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     head = [table.index.name or ""] + [str(c) for c in table.columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -382,9 +425,16 @@ def main(args) -> int:
                   if source == CONFIGS_FILE else "it was not written by `cem-bench search`")
         raise ResultsError(f"{args.results_dir}: its {source} is not as cem-bench writes it ({type(e).__name__}: "
                            f"{' '.join(str(e).split())[:200]}); {advice}") from e
+    latex = getattr(args, "latex", False)
     for m, t in zip(metrics, tables):
         pq = pq_table(configs, m)
-        if args.csv:
+        if latex:   # the legend is the caption's second sentence: a table in a paper must say what it claims
+            print(to_latex(t, f"{m}: mean ± std over replicates (n). {legend(configs, m)}",
+                           latex_label(args.results_dir, m)))
+            if pq is not None:
+                print(to_latex(pq, f"{m}: p (single test) and q (Benjamini-Hochberg) against the λ=0 baseline.",
+                               latex_label(args.results_dir, f"{m}-pq")))
+        elif args.csv:
             print(f"# {m}")
             print(t.to_csv(), end="")
             if pq is not None:
@@ -400,7 +450,10 @@ def main(args) -> int:
             print(f"\n{legend(configs, m)}")
     st = strength_table(configs)
     if st is not None:
-        if args.csv:
+        if latex:
+            print(to_latex(st, STRENGTH_LEGEND,
+                           latex_label(args.results_dir, "cem-loss-scale")))
+        elif args.csv:
             print("# cem loss scale")
             print(st.to_csv(), end="")
             print(f"# {STRENGTH_LEGEND}")
