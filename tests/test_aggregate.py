@@ -276,3 +276,18 @@ def test_a_configuration_with_no_finished_run_makes_no_row(tmp_path, capsys):
     c = build_configs(pd.concat([t, lone], ignore_index=True), OBJ)
     assert len(c) == len(build_configs(t, OBJ)) + 1          # configs.parquet keeps it (runs_ok 0)
     assert "λ=31.3325 gmm" not in paper_table(c, "test_acc").columns
+
+
+@pytest.mark.skipif(__import__("shutil").which("pdflatex") is None, reason="no pdflatex on this machine")
+def test_table_latex_compiles(tmp_path, capsys):
+    import subprocess
+    t = runs()
+    t.to_parquet(tmp_path / "trials.parquet")
+    assert main(["table", str(tmp_path), "--latex"]) == 0
+    (tmp_path / "t.tex").write_text(capsys.readouterr().out)
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}\\input{t.tex}"
+                                      "\\clearpage\\end{document}\n")
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert (tmp_path / "doc.pdf").stat().st_size > 0
