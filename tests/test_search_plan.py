@@ -225,6 +225,20 @@ def test_resume_with_a_changed_budget_is_refused_after_the_experiments_own_count
     assert "9 configurations" not in line
 
 
+def test_resume_of_an_experiment_whose_recorded_space_was_deleted_is_refused(fake_machine, tmp_path):
+    """2026-12-07 probe: with search_space.json deleted, a space of other epochs resumed the experiment and its
+    table split its cells by train.epochs. The manifest still lists the file: refused; without a manifest (an
+    older cem-bench's experiment) nothing can tell, and the resume goes on."""
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    exp = _saved_experiment(tmp_path, demo)
+    (exp / "search_space.json").unlink()
+    with pytest.raises(SearchError, match=r"search_space.json is missing, though the experiment's "
+                                          r"cem_bench_files.json lists it"):
+        run.search_command(search_args(demo, "--set", "train.epochs=3", "--resume"))
+    (exp / "cem_bench_files.json").unlink()
+    run.check_space_unchanged(load_space(demo), str(exp))   # not checked: no record of what it was
+
+
 def test_the_printed_resume_command_is_accepted_by_resume(fake_machine, tmp_path, monkeypatch):
     """The command an interrupted search prints names every option a resume must repeat: `--num-samples` was
     dropped, and the printed command was refused ("the space differs ... in num_samples")."""

@@ -22,6 +22,7 @@ from ..integrity import write_recorded_json
 from ..parsing import loads_json
 from ..schema import INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
 from ..storage import (
+    Dir,
     exists,
     filesystem,
     is_uri,
@@ -535,9 +536,21 @@ def check_space_unchanged(spec, exp_path: str) -> None:
     damaged one, or a damaged manifest, is a ResultsError now, not after every trial has run), and a SearchError
     where the space given (its file and every ``--set``) would change what the remaining trials compute
     (``space_changes``); a note for what may change. An experiment without the file (an older cem-bench's) is
-    not checked."""
-    from ..integrity import read_json_file
+    not checked; one whose manifest lists the file it lacks is refused (it was deleted: any space would pass)."""
+    from ..integrity import MANIFEST_FILE, read_json_file, read_manifest
     saved = read_json_file(exp_path, SPACE_FILE, "the search space the search saved (JSON)")
+    if saved is None:
+        files = read_manifest(Dir(exp_path))
+        if files is not None and SPACE_FILE in files:
+            # 2026-12-07 probe: with the file deleted, a space of 2 epochs resumed one of 1 and the table split
+            # its cells by train.epochs; the file was never written again
+            raise SearchError(f"--resume: {join(exp_path, SPACE_FILE)} is missing, though the experiment's "
+                              f"{MANIFEST_FILE} lists it: the space the search was started with is gone, so "
+                              f"nothing can check that this one would not change what its remaining trials "
+                              f"compute. Restore the file (a copy, or the space and --set options it was started "
+                              f"with: its first line printed them), or start a new experiment with --name NEW_NAME. "
+                              f"Nothing was changed")
+        return
     if not isinstance(saved, dict):
         return
     refused, allowed = space_changes(spec, saved)
