@@ -227,14 +227,64 @@ def check_can_write(flag: str, path: str, folder: str, nothing: str) -> None:
             os.close(fd)
 
 
-def check_out_file(flag: str, path: str | None, nothing: str) -> None:
+def _json_with(*keys: str):
+    """Is a file's text a JSON object with these top-level keys (what a command's ``--json`` writes)?"""
+    def test(data: bytes) -> bool:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return False
+        return isinstance(obj, dict) and set(keys) <= set(obj)
+    return test
+
+
+# What each command's --json / --yaml writes, told from the file's text: an existing file that is none of these is
+# not replaced (2026-12-07 probe: `calibrate --json EXP/trials.parquet --yaml SPACE.yaml` replaced a sealed results
+# table and a search space without a word)
+EARLIER_OUTPUT = {
+    ("calibrate", "--json"): _json_with("configuration", "records"),
+    ("calibrate", "--yaml"): lambda data: data.startswith(b"# cem-bench calibrate:"),
+    ("bench", "--json"): _json_with("header", "rows"),
+}
+
+
+def check_out_file(flag: str, path: str | None, nothing: str, command: str | None = None) -> None:
     """``--json FILE`` / ``--yaml FILE``: ConfigError before any work when ``path`` is a folder or cannot be
-    made (``check_writable_under``). An existing file is replaced, as such flags do."""
+    made (``check_writable_under``). An existing file is replaced only where it is an earlier output of the same
+    ``command`` and flag (``EARLIER_OUTPUT``), and never one a cem-bench folder's manifest records."""
     if not path:
         return
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path} is a folder; give a file name (e.g. {os.path.join(path, 'out')}"
                           f"{'.yaml' if flag == '--yaml' else '.json'}). {nothing}")
+    if os.path.lexists(path):
+        from .integrity import MANIFEST_FILE
+        folder, name = os.path.split(os.path.abspath(path))
+        earlier = EARLIER_OUTPUT.get((command, flag))
+        what = None
+        if name == MANIFEST_FILE:
+            what = "cem-bench's checksum list of its folder"
+        else:
+            try:
+                with open(os.path.join(folder, MANIFEST_FILE), "rb") as fh:
+                    listed = json.loads(fh.read()).get("files", {})
+                if isinstance(listed, dict) and name in listed:
+                    what = f"a file of the cem-bench results that {MANIFEST_FILE} beside it records"
+            except (OSError, ValueError, AttributeError):
+                pass
+        if what is None and earlier is not None:
+            try:
+                if not os.path.isfile(path) or os.path.getsize(path) > (64 << 20):
+                    raise OSError("not a regular file of an earlier output's size")
+                with open(path, "rb") as fh:
+                    ours = earlier(fh.read())
+            except OSError:
+                ours = False
+            if not ours:
+                what = f"not an earlier output of `cem-bench {command} {flag}`"
+        if what is not None:
+            raise ConfigError(f"{flag} {path} exists and is {what}: it would be replaced. Give a new file name, or "
+                              f"move the file away first. {nothing}")
     check_writable_under(flag, path, nothing)
     check_makeable(flag, os.path.dirname(os.path.abspath(path)), nothing)
 
@@ -413,8 +463,8 @@ def cmd_calibrate(args) -> int:
     if twice:   # one reference state per seed: a repeat is the same measurement counted twice in the medians
         raise ConfigError(f"--seeds: {', '.join(map(str, twice))} given more than once; give distinct seeds, one "
                           f"reference state each. Nothing was measured")
-    check_out_file("--json", args.json, "Nothing was measured")
-    check_out_file("--yaml", args.yaml, "Nothing was measured")
+    check_out_file("--json", args.json, "Nothing was measured", "calibrate")
+    check_out_file("--yaml", args.yaml, "Nothing was measured", "calibrate")
     surrogates = args.surrogates or None
     # every seed's configuration, the warm-ups and the batches are checked here, before the first reference run
     plans = calibrate.plan(flat, surrogates, args.warmup, args.batches, seeds=args.seeds)
@@ -571,7 +621,7 @@ def cmd_replay(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import main as bench_main
-    check_out_file("--json", getattr(args, "json", None), "Nothing was measured")
+    check_out_file("--json", getattr(args, "json", None), "Nothing was measured", "bench")
     return bench_main(args)
 
 

@@ -472,6 +472,12 @@ PROC = pytest.mark.skipif(not os.path.isdir("/proc/sys"), reason="needs Linux's 
                  marks=PROC),
     pytest.param(["search", SPACE, "--storage", "/proc/sys"], "--storage /proc/sys: nothing can be written",
                  marks=PROC),
+    # an existing file that is not the command's own earlier output: replaced without a word until 2026-12-07
+    (["calibrate", "--json", "{f}"], "--json {f} exists and is not an earlier output of `cem-bench calibrate "
+                                     "--json`: it would be replaced"),
+    (["calibrate", "--yaml", "{f}"], "--yaml {f} exists and is not an earlier output of `cem-bench calibrate"),
+    (["bench", "--only", "data", "--json", "{f}"], "--json {f} exists and is not an earlier output of `cem-bench "
+                                                   "bench --json`"),
 ])
 def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(argv, says, tmp_path, capsys,
                                                                          monkeypatch):
@@ -494,6 +500,29 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(argv, 
     err = capsys.readouterr().err
     assert rc == 2 and says.format(f=f, d=d) in err and "Nothing was" in err and "Traceback" not in err, err
     assert (tmp_path / "afile").read_text() == "x" and not any(d.iterdir())
+
+
+def test_a_results_file_is_never_an_output_file_and_an_earlier_output_is(tmp_path, capsys, monkeypatch):
+    """A file a results folder's manifest records is refused even when it reads as the command's own output; an
+    earlier output of the same command and flag passes the checks (it is replaced, as such flags do)."""
+    from cem_bench import calibrate
+    from cem_bench.integrity import write_recorded
+
+    def never(*a, **k):
+        raise AssertionError("the work started")
+    monkeypatch.setattr(calibrate, "measure", never)
+    earlier = json.dumps({"configuration": {}, "records": []}).encode()
+    write_recorded(str(tmp_path), "trials.json", earlier)
+    rc = main(["calibrate", "--json", str(tmp_path / "trials.json")])
+    assert rc == 2 and "a file of the cem-bench results that cem_bench_files.json beside it records" in \
+        capsys.readouterr().err
+    rc = main(["calibrate", "--json", str(tmp_path / "cem_bench_files.json")])
+    assert rc == 2 and "cem-bench's checksum list" in capsys.readouterr().err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "cal.json").write_bytes(earlier)
+    (tmp_path / "mine" / "cal.yaml").write_text("# cem-bench calibrate: per surrogate ...\ngmm: {}\n")
+    with pytest.raises(AssertionError, match="the work started"):   # past every check
+        main(["calibrate", "--json", str(tmp_path / "mine" / "cal.json"), "--yaml", str(tmp_path / "mine" / "cal.yaml")])
 
 
 @pytest.mark.parametrize("sets, says", [
