@@ -50,15 +50,37 @@ REBUILD_HINT = ("delete it and run `cem-bench report` on the experiment folder t
                 "own files")
 
 
-def rebuild_hint(kind: str) -> str:
-    """How to get a damaged table back: `report` rebuilds the three tables where trials.parquet is missing (a
-    missing epochs.parquet alone is only not drawn; configs.parquet is built from the trials where missing)."""
-    if kind == "epochs":
-        return ("delete it and trials.parquet beside it, and run `cem-bench report` on the experiment folder to "
-                "rebuild both from the trials' own files")
+def _has_trial_folders(folder: Dir | None) -> bool | None:
+    """Does ``folder`` hold subfolders other than its report (a search's trial folders: what `report` rebuilds the
+    tables from; which files make one is the schema's, above this module)? None when it cannot be told."""
+    if folder is None:
+        return None
+    try:
+        return any(not d.startswith(".") and d != "report" for d in folder.subdirs())
+    except OSError:
+        return None
+
+
+def rebuild_hint(kind: str, folder: Dir | None = None) -> str:
+    """How to get a damaged table back: `report` rebuilds the three tables where trials.parquet is missing and
+    the trials' own folders are there (a missing epochs.parquet alone is only not drawn; configs.parquet is built
+    from the trials where missing). A folder of tables alone (a copy, findings/) has nothing to rebuild from:
+    2026-12-07 probe, the epochs hint said to delete trials.parquet too, the only copy of the results."""
+    trials = _has_trial_folders(folder)
     if kind == "configs":
         return ("delete it: `cem-bench report` and `table` build the configurations from trials.parquet where it is "
                 "missing")
+    if kind == "epochs":
+        if trials is False:
+            return ("delete it: a missing epochs.parquet is only not drawn (the learning curves); this folder holds "
+                    "no trial folders to rebuild it from, so keep trials.parquet, or restore both from where they "
+                    "were copied")
+        return ("delete it (a missing epochs.parquet is only not drawn); to get it back, delete trials.parquet too "
+                "and run `cem-bench report` on the experiment folder, which rebuilds both from the trials' own "
+                "files where the trial folders are beside them")
+    if trials is False:
+        return ("this folder holds no trial folders to rebuild it from (a copy of the tables alone): restore it from "
+                "where it was copied")
     return REBUILD_HINT
 
 
@@ -192,14 +214,16 @@ def write_table(folder: Dir | str, name: str, df: pd.DataFrame, kind: str) -> st
     return write_recorded(folder, name, table_bytes(df, kind))
 
 
-def parse_table(data: bytes, path: str, kind: str) -> pd.DataFrame:
+def parse_table(data: bytes, path: str, kind: str, folder: Dir | None = None) -> pd.DataFrame:
     """The DataFrame of Parquet ``data`` read from ``path``, checked to be cem-bench's ``kind`` table.
-    ResultsError (one paragraph, naming the file) when it is not."""
+    ResultsError (one paragraph, naming the file and, where ``folder`` is given, how it can be had back there)
+    when it is not."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     what = f"the {kind} table"
+    hint = rebuild_hint(kind, folder)
     if not data:
-        raise ResultsError(f"{path} is empty (0 bytes): it should be {what} (Parquet); {rebuild_hint(kind)}")
+        raise ResultsError(f"{path} is empty (0 bytes): it should be {what} (Parquet); {hint}")
     try:
         table = pq.read_table(io.BytesIO(data), page_checksum_verification=True)
         meta = table.schema.metadata or {}
@@ -209,32 +233,32 @@ def parse_table(data: bytes, path: str, kind: str) -> pd.DataFrame:
         msg = " ".join(str(e).split())[:300]
         raise ResultsError(f"{path} is not a readable Parquet table ({type(e).__name__}: {msg}): it should be "
                            f"{what}, written by cem-bench; it is truncated, damaged or of another format. "
-                           f"{rebuild_hint(kind)[0].upper()}{rebuild_hint(kind)[1:]}") from e
+                           f"{hint[0].upper()}{hint[1:]}") from e
     if info is not None:
         try:
             info = loads_json(info)
             other, version = info["table"], info["format"]
         except (UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
-            raise ResultsError(f"{path}: its cem-bench metadata is damaged; {rebuild_hint(kind)}") from e
+            raise ResultsError(f"{path}: its cem-bench metadata is damaged; {hint}") from e
         if other != kind:
             raise ResultsError(f"{path} holds the {other} table, not {what}: a file was copied over another; "
-                               f"{rebuild_hint(kind)}")
+                               f"{hint}")
         if version != TABLE_VERSION:
             newer = isinstance(version, int) and version > TABLE_VERSION
             raise ResultsError(f"{path} is {what} in format {version!r}; this cem-bench reads format "
                                f"{TABLE_VERSION} (and format 1, from before formats were versioned): "
-                               + ("upgrade cem-bench to read it" if newer else rebuild_hint(kind)))
+                               + ("upgrade cem-bench to read it" if newer else hint))
         missing = [c for c in TABLE_REQUIRED.get(kind, ()) if c not in df.columns]
         if missing:
-            raise ResultsError(f"{path} lacks the column(s) {', '.join(missing)} of {what}; {rebuild_hint(kind)}")
+            raise ResultsError(f"{path} lacks the column(s) {', '.join(missing)} of {what}; {hint}")
     return df
 
 
 def read_table(folder: Dir | str, name: str, kind: str) -> pd.DataFrame | None:
     """``folder/name`` verified (manifest) and parsed (:func:`parse_table`); None when it does not exist."""
     folder = folder if isinstance(folder, Dir) else Dir(folder)
-    data = read_recorded(folder, name, f"the {kind} table (Parquet)", rebuild=rebuild_hint(kind))
-    return None if data is None else parse_table(data, folder.url(name), kind)
+    data = read_recorded(folder, name, f"the {kind} table (Parquet)", rebuild=rebuild_hint(kind, folder))
+    return None if data is None else parse_table(data, folder.url(name), kind, folder)
 
 
 def read_json_file(folder: Dir | str, name: str, what: str) -> Any | None:

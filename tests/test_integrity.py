@@ -31,6 +31,7 @@ from cem_bench import cli, integrity, schema
 from cem_bench.analysis import results
 from cem_bench.core import checkpoint
 from cem_bench.errors import ResultsError
+from cem_bench.storage import Dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "format1"
 TINY_TRAIN = ["--set", "model.width=0.0625", "--set", "train.epochs=1", "--set", "cem.warmup_epochs=0",
@@ -280,8 +281,8 @@ def test_the_advice_for_a_damaged_epochs_or_configs_table_works(experiment, tmp_
     path.write_bytes(path.read_bytes()[:500])
     with pytest.raises(ResultsError) as e:
         integrity.read_table(str(exp), name, kind)
-    hint = integrity.rebuild_hint(kind)
-    assert hint in str(e.value)
+    hint = integrity.rebuild_hint(kind, Dir(str(exp)))
+    assert hint in str(e.value) and "no trial folders" not in hint
     path.unlink()
     if kind == "epochs":
         (exp / "trials.parquet").unlink()
@@ -290,6 +291,29 @@ def test_the_advice_for_a_damaged_epochs_or_configs_table_works(experiment, tmp_
         assert integrity.read_table(str(exp), name, kind) is not None
     else:
         assert cli.main(["table", str(exp)]) == 0
+
+
+def test_a_folder_of_tables_alone_is_never_told_to_delete_its_only_trials_table(experiment, tmp_path, capsys):
+    """2026-12-07 probe: in a copy of the tables alone (as findings/ ships them) a damaged epochs.parquet's advice
+    was to delete trials.parquet too and run report, which then had nothing to rebuild from: the results gone.
+    Now the advice there is to delete epochs.parquet alone, and doing so works."""
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    for name in ("trials.parquet", "epochs.parquet", "configs.parquet", "search_space.json", "cem_bench_files.json"):
+        if (experiment / name).exists():
+            shutil.copy2(experiment / name, tables / name)
+    epochs = tables / "epochs.parquet"
+    epochs.write_bytes(epochs.read_bytes()[:100])
+    assert cli.main(["report", str(tables)]) == 2
+    err = capsys.readouterr().err
+    assert "no trial folders to rebuild it from, so keep trials.parquet" in err and "delete trials.parquet" not in err
+    epochs.unlink()                                   # what it says
+    assert cli.main(["report", str(tables)]) == 0
+    trials = tables / "trials.parquet"
+    trials.write_bytes(trials.read_bytes()[:2000])
+    with pytest.raises(ResultsError, match="holds no trial folders to rebuild it from .*: restore it from where it "
+                                           "was copied"):
+        integrity.read_table(str(tables), "trials.parquet", "trials")
 
 
 def test_the_advice_for_a_file_changed_on_purpose_works(tmp_path):
