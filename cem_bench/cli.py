@@ -515,7 +515,7 @@ def cmd_search(args) -> int:
     """The search, then the report from its tables: the two stages stay apart (a failed report loses
     nothing; `cem-bench report` rebuilds it)."""
     from .search import search_command
-    from .storage import is_uri, resolve_storage
+    from .storage import is_uri, local, resolve_storage
     resolve_storage(args.storage)   # a URI with no bucket (s3://$BUCKET, BUCKET unset): one line, before anything
     if args.storage:
         if not is_uri(args.storage) and os.path.isdir(args.storage):
@@ -526,9 +526,10 @@ def cmd_search(args) -> int:
         return 0
     exp, stats = done["experiment"], done["stats"]
     t0 = time.perf_counter()
-    if is_uri(exp):
+    if is_uri(exp) and not exp.startswith("file://"):
         print(f"report: `cem-bench report {exp} --out results/{done['name']}/report` (reads the storage)")
-    else:
+    else:   # a folder of this machine, file:// or not: the report is built in place
+        exp = local(exp)
         try:   # the import too: a report that cannot even load (code upgraded under a long search) loses nothing
             from .analysis.report import build_report
             index = build_report(exp)

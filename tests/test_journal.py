@@ -64,6 +64,21 @@ def test_same_named_experiments_in_two_buckets_keep_their_own_journal(tmp_path, 
     assert ray_trial_ids(str(bucket / "bucketA/results/same/optuna_journal.log"), "same") == ["cccc0"]
 
 
+def test_a_file_uri_experiment_keeps_its_journal_in_its_folder(tmp_path, monkeypatch):
+    """2026-12-07 probe: with --storage file:///DIR the journal went to a relative folder named "file:" in the
+    current one (git status showed it in the repository), not beside the experiment's tables."""
+    from cem_bench.search.searcher import journal_target, make_searcher
+    from cem_bench.spaces import load_space
+    monkeypatch.chdir(tmp_path)
+    exp = tmp_path / "results" / "fileuri"
+    exp.mkdir(parents=True)
+    assert journal_target(f"file://{exp}", "fileuri") == (str(exp / "optuna_journal.log"), None)
+    spec = load_space(write_space(tmp_path / "spaces", "fileuri", num_samples=2))
+    run(make_searcher(spec, f"file://{exp}").searcher.searcher, ["ffff0"])
+    assert ray_trial_ids(str(exp / "optuna_journal.log"), "fileuri") == ["ffff0"]
+    assert not (tmp_path / "file:").exists()
+
+
 def test_a_resumed_search_continues_its_cached_journal(tmp_path, bucket):
     """--resume unpickles the searcher Tune saved with the experiment (never builds a new one): its journal
     keeps what the killed driver copied into it after the searcher's last checkpoint, and goes on from there."""
@@ -244,3 +259,18 @@ def test_a_replicate_rerun_does_not_count_its_configuration_twice(tmp_path):
     restored.searcher.on_trial_complete("c", {"test_acc": 0.9, "attack_ssim": 0.1, "status": "ok"})
     study = restored.searcher.searcher._ot_study
     assert [t.state.name for t in study.get_trials()] == ["COMPLETE"]
+
+
+def test_a_file_uri_search_builds_its_report_in_place(tmp_path, monkeypatch, capsys):
+    """The same probe: `search --storage file:///DIR` ended "report 0.0 s" and advised `report file:///… --out
+    results/…` (reads the storage), though a file:// path is this machine's folder, read in place."""
+    from cem_bench import cli, search
+    from cem_bench.analysis import report
+    exp = tmp_path / "results" / "x"
+    exp.mkdir(parents=True)
+    built = []
+    monkeypatch.setattr(search, "search_command", lambda args: {
+        "experiment": f"file://{exp}", "name": "x", "ok": 1, "error": 0, "seconds": 0.0, "stats": {}})
+    monkeypatch.setattr(report, "build_report", lambda path: built.append(path) or os.path.join(path, "report"))
+    assert cli.main(["search", "spaces.yaml", "--storage", f"file://{tmp_path / 'results'}"]) == 0
+    assert built == [str(exp)] and "(reads the storage)" not in capsys.readouterr().out

@@ -22,7 +22,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from ..schema import JOURNAL_FILE
 from ..spaces import define_by_run, grid_cells, make_sampler
-from ..storage import copy_file, is_uri, join
+from ..storage import copy_file, is_uri, join, local
 from . import driver
 from .queue import FINISHED, RunQueue, first_new, stopped
 from .resume import write_resume_snapshot
@@ -364,9 +364,10 @@ def journal_target(experiment_path: str, name: str) -> tuple[str, str | None]:
     (or two prefixes) have a journal each, and a resume (the same URI) finds its own."""
     if is_uri(experiment_path) and not experiment_path.startswith("file://"):
         key = hashlib.sha256(experiment_path.rstrip("/").encode()).hexdigest()[:16]
-        local = os.path.join(os.path.expanduser("~/.cache/cem-bench/journals"), f"{name}-{key}", JOURNAL_FILE)
-        return local, join(experiment_path, JOURNAL_FILE)
-    return os.path.join(experiment_path, JOURNAL_FILE), None
+        cached = os.path.join(os.path.expanduser("~/.cache/cem-bench/journals"), f"{name}-{key}", JOURNAL_FILE)
+        return cached, join(experiment_path, JOURNAL_FILE)
+    # file://DIR is DIR: joined as it was, the journal went to a relative "file:" folder in the current one
+    return os.path.join(local(experiment_path), JOURNAL_FILE), None
 
 
 def discrete_params(spec) -> tuple | None:
