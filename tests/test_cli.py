@@ -790,3 +790,20 @@ def test_version_names_the_package_its_commit_and_the_libraries(capsys):
     for name in ("torch", "ray", "optuna", "scikit-image"):
         assert f"{name} " in out
     assert f"optuna {metadata.version('optuna')}" in out
+
+
+def test_a_checkpoint_of_another_run_at_the_same_accuracies_is_refused():
+    """2026-12-07 probe: two runs at chance (0.1 every epoch) were told apart by their accuracies alone, so one's
+    checkpoint copied over the other's was attacked under its name; every number of the epoch records counts."""
+    from cem_bench.core.checkpoint import _same_run
+    from cem_bench.errors import ResultsError
+    mine = [{"epoch": 1, "test_acc": 0.1, "train_loss": 2.30, "feature_spread": 0.5},
+            {"epoch": 2, "test_acc": float("nan"), "train_loss": 2.29, "feature_spread": 0.4}]
+    record = {"info": {"history": json.loads(json.dumps(mine).replace("NaN", "null"))}}
+    _same_run({"history": mine}, record, "state.pt", "trial_result.json")       # its own: taken
+    other = [{**r, "train_loss": r["train_loss"] + 1e-3} for r in mine]
+    with pytest.raises(ResultsError, match="the checkpoint is another run's"):
+        _same_run({"history": other}, record, "state.pt", "trial_result.json")
+    with pytest.raises(ResultsError, match="the checkpoint is another run's"):
+        _same_run({"history": mine[:1]}, record, "state.pt", "trial_result.json")
+    _same_run({"history": [{**r, "note": "x"} for r in mine]}, record, "state.pt", "trial_result.json")

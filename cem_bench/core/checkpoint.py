@@ -199,18 +199,29 @@ def load_trial(trial_dir: str) -> tuple[dict, dict]:
 def _same_run(state: dict, record: dict, state_path: str, path: str) -> None:
     """ResultsError when the state's epoch history is not the record's: a checkpoint of another trial of the same
     width copied into the folder would be attacked, and its numbers reported under this trial's config. Compared
-    on each epoch's noisy test accuracy (both written from the same float); a record without a history (an older
-    cem-bench's) is not compared."""
+    on every number each epoch's record holds in both (test accuracy, training loss, feature spread, seconds: each
+    written from the same float): two runs at chance share their accuracies (2026-12-07 probe: a seed's checkpoint
+    copied over another's, both at 0.1, was attacked under the other's name), not their losses. A record without
+    a history (an older cem-bench's) is not compared."""
     ours = (record.get("info") or {}).get("history")
     theirs = state.get("history")
     if not isinstance(ours, list) or not isinstance(theirs, list):
         return
-    def acc(rows: list) -> list:   # NaN (an epoch without a test pass) reads as None, as the JSON record holds it
-        values = [r.get("test_acc") if isinstance(r, dict) else None for r in rows]
-        return [None if v is None or (isinstance(v, float) and v != v) else float(v) for v in values]
-    if acc(ours) != acc(theirs):
-        raise ResultsError(f"{state_path}: its epochs' test accuracies are not those {path} records: the "
-                           f"checkpoint is another run's (copied in?), not the encoder this trial attacked")
+
+    def number(v):   # NaN (an epoch without a test pass) reads as None, as the JSON record holds it
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return v
+        return None if v != v else float(v)
+
+    def rows(history: list) -> list:
+        return [r if isinstance(r, dict) else {} for r in history]
+    differ = len(ours) != len(theirs) or any(
+        number(a.get(k)) != number(b.get(k)) for a, b in zip(rows(ours), rows(theirs))
+        for k in set(a) & set(b) if isinstance(number(a.get(k)), (float, type(None))))
+    if differ:
+        raise ResultsError(f"{state_path}: its epochs' records (test accuracies, losses) are not those {path} "
+                           f"records: the checkpoint is another run's (copied in?), not the encoder this trial "
+                           f"attacked")
 
 
 def recorded_threads(run_dir: str) -> int | None:
