@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -108,22 +109,43 @@ def cmd_train(args) -> int:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
+    before = set(os.listdir(out)) if os.path.isdir(out) else set()
     try:
         result = run_trial(cfg, report, out_dir=out)
+        os.makedirs(out, exist_ok=True)
+        ckpt = checkpoint.save_run(out, cfg.to_flat(), state.get("final"))
+        metrics = write_recorded_json(out, METRICS_FILE, result)
     except BaseException:
+        # a run that did not finish writing leaves nothing of itself: its gallery and checksum list without a
+        # checkpoint (2026-12-07 probe: a disk that filled while saving) made `--out` refuse the same command
+        # again ("already holds a run"), and `attack` found no checkpoint
+        _remove_new_run_files(out, before)
         if claimed and not os.listdir(claimed):   # and results/runs/ where this run made them: nothing written
             for folder in [claimed, *parents]:
                 with contextlib.suppress(OSError):   # another run's folder in it now: kept
                     os.rmdir(folder)
         raise
-    os.makedirs(out, exist_ok=True)
-    ckpt = checkpoint.save_run(out, cfg.to_flat(), state.get("final"))
     summary = {k: v for k, v in result.items() if k != "info"}
-    metrics = write_recorded_json(out, METRICS_FILE, result)
     print(json.dumps(jsonable(summary), indent=2))
     gallery = result["info"]["gallery"] or f"none (attack not run: {result.get('attack_skipped') or 'no images'})"
     print(f"metrics: {metrics}\ngallery: {gallery}\ncheckpoint: {ckpt}")
     return 0
+
+
+def _remove_new_run_files(out: str, before: set[str]) -> None:
+    """Remove what a failed ``train`` wrote into ``out``: the run's files and the temporary files of their atomic
+    writes that were not there before it started (a file of the user's, named alike, was refused or kept)."""
+    from .integrity import MANIFEST_FILE
+    from .schema import CHECKPOINT_FILE, GALLERY_FILE, METRICS_FILE
+    try:
+        names = set(os.listdir(out)) - before
+    except OSError:
+        return
+    ours = {CHECKPOINT_FILE, GALLERY_FILE, METRICS_FILE, MANIFEST_FILE}
+    for name in names:
+        if name in ours or (name.startswith(".") and ".tmp" in name):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(out, name))
 
 
 def claim_run_folder(out: str) -> str:
@@ -437,15 +459,19 @@ def cmd_attack(args) -> int:
     out = claim_run_folder(os.path.join(args.run_dir, "attack-" + time.strftime("%Y%m%d-%H%M%S")))
     # within the run folder the user named: the new attack-* folder below it is not trusted (a link swapped in for
     # it after makedirs is refused, not followed)
-    res.save_gallery(os.path.join(out, "recon.png"), within=args.run_dir)
     metrics = {**res.metrics(), "attack_s": res.seconds, "torch_threads": torch.get_num_threads()}
     # what ran it, as a trial records it: bf16 autocast on a GPU is another attack than fp32 on the CPU, and the
     # config's train.device may only say "auto"
     from . import __version__
     from .provenance import run_info
     info = run_info(device, __version__)
-    write_bytes(os.path.join(out, "attack.json"), json_bytes({**metrics, "config": cfg.to_flat(), "info": info,
-                                                              "history": res.history()}), within=args.run_dir)
+    try:
+        res.save_gallery(os.path.join(out, "recon.png"), within=args.run_dir)
+        write_bytes(os.path.join(out, "attack.json"), json_bytes({**metrics, "config": cfg.to_flat(), "info": info,
+                                                                  "history": res.history()}), within=args.run_dir)
+    except BaseException:   # a re-attack that could not write (a full disk) leaves no half folder of itself
+        shutil.rmtree(out, ignore_errors=True)
+        raise
     print(json.dumps(metrics, indent=2))
     print(f"attack results: {out} (recon.png: the originals, then a row per attack: {', '.join(cfg.attack.names)})")
     return 0

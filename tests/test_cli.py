@@ -807,3 +807,30 @@ def test_a_checkpoint_of_another_run_at_the_same_accuracies_is_refused():
     with pytest.raises(ResultsError, match="the checkpoint is another run's"):
         _same_run({"history": mine[:1]}, record, "state.pt", "trial_result.json")
     _same_run({"history": [{**r, "note": "x"} for r in mine]}, record, "state.pt", "trial_result.json")
+
+
+def test_a_run_that_cannot_save_leaves_nothing_and_the_same_command_runs_again(tmp_path, capsys, monkeypatch):
+    """2026-12-07 probe: a disk that filled while the run was saved left its gallery and checksum list without a
+    checkpoint; the advice ("run the command again") was then refused (`--out` already holds a run)."""
+    import errno
+
+    from cem_bench.core import checkpoint
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    real = checkpoint.save_run
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(checkpoint, "save_run", full)
+    assert main(["train", *_sets(TINY_RMLE), "--out", str(out)]) == 2
+    assert "no space left" in capsys.readouterr().err.lower()
+    assert sorted(os.listdir(out)) == ["notes.txt"]           # its own files gone, the user's kept
+    monkeypatch.setattr(checkpoint, "save_run", real)
+    assert main(["train", *_sets(TINY_RMLE), "--out", str(out)]) == 0
+    assert (out / "checkpoint.pt").is_file() and (out / "notes.txt").read_text() == "mine"
+    # a re-attack that cannot write its record leaves no attack-* folder behind
+    from cem_bench import storage
+    monkeypatch.setattr(storage, "write_bytes", full)
+    assert main(["attack", str(out), "--set", "attack.names=[rmle]"]) == 2
+    assert not [d for d in os.listdir(out) if d.startswith("attack-")]
