@@ -239,6 +239,14 @@ def test_resume_of_an_experiment_whose_recorded_space_was_deleted_is_refused(fak
     run.check_space_unchanged(load_space(demo), str(exp))   # not checked: no record of what it was
 
 
+def test_resume_says_it_does_not_apply_max_concurrent(fake_machine, capsys, tmp_path):
+    demo = os.path.join(ROOT, "search_spaces", "demo.yaml")
+    _saved_experiment(tmp_path, demo)
+    assert run.search_command(search_args(demo, "--max-concurrent", "1", "--resume", "--dry-run"))["dry_run"]
+    out = capsys.readouterr().out
+    assert "note: --max-concurrent 1 is not applied on --resume" in out, out
+
+
 def test_the_printed_resume_command_is_accepted_by_resume(fake_machine, tmp_path, monkeypatch):
     """The command an interrupted search prints names every option a resume must repeat: `--num-samples` was
     dropped, and the printed command was refused ("the space differs ... in num_samples")."""

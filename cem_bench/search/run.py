@@ -776,6 +776,9 @@ def search_command(args) -> dict:
         print(banner(spec, conc), flush=True)
     else:   # the restored experiment keeps its own plan: the banner counts its trials, not the file's
         print(banner(saved_plan(spec, join(resolve_storage(args.storage), spec.name, SPACE_FILE)), conc), flush=True)
+        if getattr(args, "max_concurrent", None) is not None:   # taken silently before 2026-12-07
+            print(f"note: --max-concurrent {args.max_concurrent} is not applied on --resume: Ray's restored "
+                  f"searcher keeps the limit the experiment started with", flush=True)
     from .. import mps
     # MPS on this machine for a local search whose trials share a GPU (a cluster starts it in cluster.yaml)
     mode = (getattr(args, "mps", None) or "auto") if args.address is None else "off"
