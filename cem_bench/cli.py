@@ -185,6 +185,31 @@ def check_run_out(out: str) -> None:
                           f"that one first (`cem-bench attack {out}` re-attacks the run in it). Nothing was trained")
 
 
+def check_report_out(out: str) -> None:
+    """ConfigError when ``report --out DIR`` names a folder holding anything but an earlier report: its files of
+    the report's names (index.html, configs.csv, the figures) would be replaced without a word (2026-12-07 probe:
+    a site's own index.html; the results folder itself; a trial's folder; ``/``, where 14 files were written).
+    Missing, empty, or an earlier report (its index.html is a cem-bench report page) is fine."""
+    try:
+        names = sorted(n for n in os.listdir(out) if not n.startswith("."))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ConfigError(f"--out {out} cannot be listed ({e.strerror}); give another folder. Nothing was written") from e
+    if not names:
+        return
+    try:
+        with open(os.path.join(out, "index.html"), "rb") as fh:
+            if b"<title>cem-bench report:" in fh.read(4096):
+                return
+    except OSError:
+        pass
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    raise ConfigError(f"--out {out} holds files that are not a cem-bench report ({shown}): the report's own "
+                      f"(index.html, configs.csv, the figures and galleries) would replace any of the same names. "
+                      f"Give a new or empty folder, or one an earlier report was written to. Nothing was written")
+
+
 def check_out_folder(out: str, what: str, nothing: str) -> None:
     """``--out DIR``: ConfigError before any work when ``out`` is a file or cannot be made
     (``check_writable_under``); a missing folder is created later, by the command."""
@@ -595,6 +620,7 @@ def cmd_report(args) -> int:
     from .analysis.report import write_report
     if args.out:   # before the results are read (a remote folder is fetched into --out/source first)
         check_out_folder(args.out, "the report", "Nothing was written")
+        check_report_out(args.out)
     from .storage import is_uri, local
     results_dir = local(args.results_dir)   # file:// is a folder of this machine: write_report reads it in place
     path, res = write_report(results_dir, args.out)

@@ -834,3 +834,23 @@ def test_a_run_that_cannot_save_leaves_nothing_and_the_same_command_runs_again(t
     monkeypatch.setattr(storage, "write_bytes", full)
     assert main(["attack", str(out), "--set", "attack.names=[rmle]"]) == 2
     assert not [d for d in os.listdir(out) if d.startswith("attack-")]
+
+
+def test_report_out_takes_a_new_empty_or_earlier_report_folder_only(tmp_path, capsys):
+    """2026-12-07 probe: `report --out` replaced a site's own index.html and configs.csv without a word, and took
+    the results folder, a trial folder and `/` (14 files written there)."""
+    import shutil
+    exp = tmp_path / "exp"
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "fixtures", "format1", "experiment"), exp)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("MY PAGE")
+    assert main(["report", str(exp), "--out", str(site)]) == 2
+    err = capsys.readouterr().err
+    assert "holds files that are not a cem-bench report (index.html)" in err and "Nothing was written" in err
+    assert (site / "index.html").read_text() == "MY PAGE"
+    assert main(["report", str(exp), "--out", str(exp)]) == 2          # the results folder itself
+    assert "not a cem-bench report" in capsys.readouterr().err
+    new = tmp_path / "new"
+    assert main(["report", str(exp), "--out", str(new)]) == 0
+    assert main(["report", str(exp), "--out", str(new)]) == 0          # an earlier report: drawn again
