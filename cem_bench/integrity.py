@@ -169,6 +169,15 @@ def read_recorded(folder: Dir | str, name: str, what: str, rebuild: str | None =
     return data
 
 
+def vouched(folder: Dir | str, names: tuple[str, ...]) -> bool:
+    """Does the folder's manifest record every one of ``names`` (each then verified by ``read_recorded`` when
+    read)? Tables written together and recorded so can be trusted to describe each other; in a folder read
+    unverified (its manifest deleted, as the advice for a file changed on purpose says) they cannot."""
+    folder = folder if isinstance(folder, Dir) else Dir(folder)
+    files = read_manifest(folder)
+    return files is not None and all(n in files for n in names)
+
+
 # ------------------------------------------------------------------------------------------ writing
 def _write_manifest(folder: Dir, files: dict[str, list[str]]) -> None:
     body = {"kind": MANIFEST_KIND, "version": MANIFEST_VERSION, "files": dict(sorted(files.items()))}

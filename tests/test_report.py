@@ -824,10 +824,13 @@ def write_replicates(root: Path, stored_configs: bool) -> Path:
     add("gmm", 16.0, 127, np.nan, np.nan, status="error")
     add("gated_attention", 16.0, 125, 0.1, np.nan, skipped=SKIP_REASON)
     trials = pd.DataFrame(rows)
-    if stored_configs:
+    if stored_configs:   # recorded together in the folder's manifest, as a search writes them (else rebuilt)
+        from cem_bench.integrity import write_table
         trials.insert(2, "config_id", config_ids(trials))
-        build_configs(trials, THREE_OBJECTIVES[:2]).to_parquet(root / "configs.parquet")
-    trials.to_parquet(root / "trials.parquet")
+        write_table(str(root), "configs.parquet", build_configs(trials, THREE_OBJECTIVES[:2]), "configs")
+        write_table(str(root), "trials.parquet", trials, "trials")
+    else:
+        trials.to_parquet(root / "trials.parquet")
     (root / "search_space.json").write_text(json.dumps({"name": "rep_search", "objectives": THREE_OBJECTIVES[:2]}))
     return root
 
@@ -932,12 +935,20 @@ def test_replicates_are_drawn_and_tabled_per_configuration(tmp_path, stored_conf
 
 
 def test_a_stored_configs_table_is_read_and_a_stale_one_rebuilt(tmp_path):
+    from cem_bench.integrity import write_table
     root = write_replicates(tmp_path / "res", stored_configs=True)
     stored = pd.read_parquet(root / "configs.parquet")
     stored["test_acc_std"] = 0.123  # recognisable, and about these trials (same configurations and runs)
-    stored.to_parquet(root / "configs.parquet")
+    trials = pd.read_parquet(root / "trials.parquet")
+    write_table(str(root), "configs.parquet", stored, "configs")   # the two recorded together, as a search writes them
+    write_table(str(root), "trials.parquet", trials, "trials")
     assert (load_results(root).configs["test_acc_std"] == 0.123).all()
-    stored.iloc[:2].to_parquet(root / "configs.parquet")  # not about these trials: rebuilt from them
+    # read unverified (the manifest deleted, as the advice for an edited file says), the trials may have been edited
+    # under the same runs (2026-12-07 probe: every status set to error, the page's configurations stayed): rebuilt
+    (root / "cem_bench_files.json").unlink()
+    assert not (load_results(root).configs["test_acc_std"] == 0.123).any()
+    write_table(str(root), "configs.parquet", stored.iloc[:2], "configs")   # not about these trials: rebuilt
+    write_table(str(root), "trials.parquet", trials, "trials")
     configs = load_results(root).configs
     assert len(configs) == 4 and not (configs["test_acc_std"] == 0.123).any()
 
@@ -1040,6 +1051,7 @@ def _table(tmp_path, capsys, mutate) -> tuple[int, str, str]:
     configs = pd.read_parquet(root / "configs.parquet")
     configs = mutate(configs)
     (root / "trials.parquet").unlink()          # only the hand-changed configs table is there to read
+    (root / "cem_bench_files.json").unlink()    # changed by hand: read unverified, as the advice says
     configs.to_parquet(root / "configs.parquet")
     rc = main(["table", str(root)])
     cap = capsys.readouterr()

@@ -131,8 +131,9 @@ def configs_source_text(res: Results) -> str:
                 + " (its tables are written when it ends); configs.csv beside this page holds the configurations")
     from ...schema import CONFIGS_FILE
     held = res.results_dir is not None and (Path(res.results_dir) / CONFIGS_FILE).is_file()
-    why = ("its configs.parquet is an older cem-bench's or about other trials (its statistics are rebuilt: "
-           "docs/protocol.md §9)" if held else "the results folder holds no configs.parquet")
+    why = ("its configs.parquet is an older cem-bench's, about other trials, or read unverified (not recorded "
+           "with trials.parquet in cem_bench_files.json, so either may have been edited: its statistics are "
+           "rebuilt, docs/protocol.md §9)" if held else "the results folder holds no configs.parquet")
     return (f"built from trials.parquet by this report: {why}, and this report wrote none there (it writes only "
             f"its own folder); configs.csv beside this page holds the configurations, and `cem-bench table --csv` "
             f"prints them")
