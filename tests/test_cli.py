@@ -829,6 +829,13 @@ def test_a_run_that_cannot_save_leaves_nothing_and_the_same_command_runs_again(t
     monkeypatch.setattr(checkpoint, "save_run", real)
     assert main(["train", *_sets(TINY_RMLE), "--out", str(out)]) == 0
     assert (out / "checkpoint.pt").is_file() and (out / "notes.txt").read_text() == "mine"
+    # a search's experiment folder is no run's folder: its checksum list would record the run's files
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "search_space.json").write_text("{}")
+    assert main(["train", *_sets(TINY_RMLE), "--out", str(exp)]) == 2
+    assert "holds cem-bench results of another kind (search_space.json)" in capsys.readouterr().err
+    assert sorted(os.listdir(exp)) == ["search_space.json"]
     # a re-attack that cannot write its record leaves no attack-* folder behind
     from cem_bench import storage
     monkeypatch.setattr(storage, "write_bytes", full)
