@@ -893,6 +893,10 @@ def os_error_message(e: OSError, search: bool = False) -> str:
         again = ("run the command again (with --resume where it is refused as \"already exists\"; where every "
                  "trial had ended, `cem-bench report` on the experiment folder builds its tables and report)"
                  if search else "run the command again")
+        if not e.filename:   # the error names no file: say which disks the command writes to (2026-12-07 probe:
+            # a full $TMPDIR, where the report draws before publishing, read as a full --out)
+            import tempfile
+            where = f" (the command's output folder, or the temporary folder {tempfile.gettempdir()}, $TMPDIR)"
         return (f"no space left on the device{where}{free}. Free some space and {again} (what was "
                 f"written before is intact: every result file is replaced atomically)")
     # pyarrow's S3 errors are OSErrors with no strerror: the reason (a host that could not be resolved, a

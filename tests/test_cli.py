@@ -691,7 +691,9 @@ def test_a_full_disk_without_a_file_name_does_not_quote_the_working_folders_free
 
     from cem_bench.cli import os_error_message
     bare = os_error_message(OSError(errno.ENOSPC, "No space left on device"))
-    assert bare.startswith("no space left on the device.") and "MiB free" not in bare, bare
+    import tempfile
+    assert bare.startswith("no space left on the device (the command's output folder, or the temporary folder "
+                           f"{tempfile.gettempdir()}, $TMPDIR).") and "MiB free" not in bare, bare
     named = os_error_message(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "f")))
     assert f"({tmp_path / 'f'}); " in named and "MiB free there" in named, named
 
