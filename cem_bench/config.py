@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -336,7 +337,9 @@ class TrialConfig:
                           "(graphs on CUDA only) or off")
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             errors.append(f"train.device: {dev!r}; allowed: auto, cpu, cuda, cuda:N")
-        if "://" in self.data.root:   # storage.is_uri's test; load_cifar took it as a local folder named 's3:'
+        # a URI as storage.is_uri tells one (a scheme first; config may not import storage): load_cifar took it as
+        # a local folder named 's3:'
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", self.data.root):
             errors.append(f"data.root: {self.data.root!r} is a URI, but data.root is a folder on each machine that "
                           f"runs trials (CIFAR is read from and downloaded into it there); object storage is for a "
                           f"search's --storage only. Give a local path, e.g. ~/.cache/cem-bench/data (the default) "

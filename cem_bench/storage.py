@@ -16,6 +16,7 @@ import errno
 import json
 import math
 import os
+import re
 import time
 from typing import Any
 
@@ -31,9 +32,13 @@ from .safefiles import (  # noqa: F401
     write_probe,
 )
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
 
 def is_uri(path: str | os.PathLike) -> bool:
-    return "://" in str(path)
+    """``s3://…``, ``gs://…``, ``file://…``: a scheme first (RFC 3986). A local name holding ``://`` further on
+    (``/tmp/odd://dir``) is a path: it was read as object storage with an empty bucket (2026-12-07 probe)."""
+    return _SCHEME.match(str(path)) is not None
 
 
 def resolve_storage(storage: str | None) -> str:

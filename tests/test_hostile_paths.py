@@ -263,3 +263,16 @@ def test_train_out_on_object_storage_is_refused_and_a_file_uri_is_the_local_fold
     (run / "metrics.json").write_text("{}")
     assert main(["train", "--set", "data.dataset=synthetic", "--out", f"file://{run}"]) == 2
     assert "already holds a run (metrics.json)" in capsys.readouterr().err
+
+
+def test_a_local_path_holding_a_scheme_separator_is_a_path(tmp_path, capsys):
+    """2026-12-07 probe: `table /tmp/p/odd://dir` was read as object storage ("the bucket '' does not exist")."""
+    from cem_bench.cli import main
+    from cem_bench.storage import is_uri
+    assert is_uri("s3://b/x") and is_uri("gs://b") and is_uri("file:///tmp/x")
+    assert not is_uri(str(tmp_path / "odd://dir")) and not is_uri("odd://dir".join(["./", ""]))
+    odd = tmp_path / "odd:" / "" / "dir"
+    odd.mkdir(parents=True)
+    assert main(["table", f"{tmp_path}/odd://dir"]) == 2
+    err = capsys.readouterr().err
+    assert "bucket" not in err and "neither configs.parquet nor trials.parquet" in err, err

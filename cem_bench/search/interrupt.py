@@ -124,4 +124,5 @@ def resume_command(args, name: str, storage: str) -> str:
 
 
 def _is_uri(path: str) -> bool:
-    return "://" in str(path)
+    from ..storage import is_uri
+    return is_uri(path)
