@@ -196,14 +196,15 @@ def check_report_out(out: str) -> None:
     """ConfigError when ``report --out DIR`` names a folder holding anything but an earlier report: its files of
     the report's names (index.html, configs.csv, the figures) would be replaced without a word (2026-12-07 probe:
     a site's own index.html; the results folder itself; a trial's folder; ``/``, where 14 files were written).
-    Missing, empty, or an earlier report (its index.html is a cem-bench report page) is fine."""
+    Missing, empty, or an earlier report (its index.html is a cem-bench report page; or only the ``source/`` an
+    earlier report of object storage fetched before it stopped) is fine."""
     try:
         names = sorted(n for n in os.listdir(out) if not n.startswith("."))
     except FileNotFoundError:
         return
     except OSError as e:
         raise ConfigError(f"--out {out} cannot be listed ({e.strerror}); give another folder. Nothing was written") from e
-    if not names:
+    if not names or names == ["source"]:   # source/: what an earlier report of object storage fetched first
         return
     try:
         with open(os.path.join(out, "index.html"), "rb") as fh:

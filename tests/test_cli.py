@@ -861,5 +861,6 @@ def test_report_out_takes_a_new_empty_or_earlier_report_folder_only(tmp_path, ca
     assert main(["report", str(exp), "--out", str(exp)]) == 2          # the results folder itself
     assert "not a cem-bench report" in capsys.readouterr().err
     new = tmp_path / "new"
+    (new / "source").mkdir(parents=True)   # what a report of object storage fetched before it stopped
     assert main(["report", str(exp), "--out", str(new)]) == 0
     assert main(["report", str(exp), "--out", str(new)]) == 0          # an earlier report: drawn again
