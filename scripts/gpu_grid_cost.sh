@@ -70,7 +70,9 @@ if [ "$left" -gt 50 ]; then
         check_done=yes
     else
         echo "[gpu_grid_cost] the check ended without its summary: the summary stage alone, on what it wrote"
-        OUT="$out/check" timeout 10 python3 scripts/gpu_check.py --stages summary
+        # GPU_GRID_SUMMARY_S: the tests' CPU, busy with other work, may need more than the device's 10 s to start
+        # Python and read the check's files (2026-12-07: a clean-clone `make test` beside a search failed so)
+        OUT="$out/check" timeout "${GPU_GRID_SUMMARY_S:-10}" python3 scripts/gpu_check.py --stages summary
     fi
     why="the check was cut off at its ${check_s}-s timeout or failed, and its summary stage alone did not finish"
 else
