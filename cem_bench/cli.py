@@ -320,12 +320,13 @@ def check_out_file(flag: str, path: str | None, nothing: str, command: str | Non
         if name == MANIFEST_FILE:
             what = "cem-bench's checksum list of its folder"
         else:
+            from .errors import ResultsError
+            from .integrity import read_manifest
+            from .storage import Dir
             try:
-                with open(os.path.join(folder, MANIFEST_FILE), "rb") as fh:
-                    listed = json.loads(fh.read()).get("files", {})
-                if isinstance(listed, dict) and name in listed:
+                if name in (read_manifest(Dir(folder)) or {}):
                     what = f"a file of the cem-bench results that {MANIFEST_FILE} beside it records"
-            except (OSError, ValueError, AttributeError):
+            except ResultsError:   # a damaged list: it vouches for nothing, and the file is judged as any other
                 pass
         if what is None and earlier is not None:
             try:
@@ -441,8 +442,8 @@ def cmd_attack(args) -> int:
     if bad:
         raise ConfigError(f"cem-bench attack only changes attack.* keys (and {', '.join(ATTACK_ALSO)}); got "
                           f"{', '.join(bad)}")
-    from .storage import is_uri
-    if is_uri(args.run_dir) and not str(args.run_dir).startswith("file://"):
+    from .storage import is_remote
+    if is_remote(args.run_dir):
         # the attack folder is written beside the run with os.makedirs, which would make a local folder named
         # after the URI ("s3:/bucket/...") instead of writing to the bucket
         raise ResultsError(f"{args.run_dir}: cem-bench attack reads and writes a local folder; copy the run or "
@@ -574,7 +575,7 @@ def cmd_search(args) -> int:
     """The search, then the report from its tables: the two stages stay apart (a failed report loses
     nothing; `cem-bench report` rebuilds it)."""
     from .search import search_command
-    from .storage import is_uri, local, resolve_storage
+    from .storage import is_remote, is_uri, local, resolve_storage
     resolve_storage(args.storage)   # a URI with no bucket (s3://$BUCKET, BUCKET unset): one line, before anything
     if args.storage:
         if not is_uri(args.storage) and os.path.isdir(args.storage):
@@ -585,7 +586,7 @@ def cmd_search(args) -> int:
         return 0
     exp, stats = done["experiment"], done["stats"]
     t0 = time.perf_counter()
-    if is_uri(exp) and not exp.startswith("file://"):
+    if is_remote(exp):
         print(f"report: `cem-bench report {exp} --out results/{done['name']}/report` (reads the storage)")
     else:   # a folder of this machine, file:// or not: the report is built in place
         exp = local(exp)

@@ -41,6 +41,11 @@ def is_uri(path: str | os.PathLike) -> bool:
     return _SCHEME.match(str(path)) is not None
 
 
+def is_remote(path: str | os.PathLike) -> bool:
+    """Object storage: a URI other than ``file://`` (which is a folder of this machine, read and written in place)."""
+    return is_uri(path) and not str(path).startswith("file://")
+
+
 def resolve_storage(storage: str | None) -> str:
     """``None`` -> ``./results`` made absolute; a URI (``s3://``, ``gs://``, ...) with its path's trailing
     slashes removed (:func:`clean_uri`: StorageUnavailable for one that names no bucket); a path absolute."""
@@ -224,7 +229,7 @@ def write_bytes(path: str, data: bytes, *, within: str | os.PathLike | None = No
     so a folder of the user's own naming is trusted (``within`` itself, or ``path``'s parent when
     ``within`` is None) and nothing below it is."""
     path = str(path)
-    if not is_uri(path) or path.startswith("file://"):
+    if not is_remote(path):
         path = os.path.abspath(local(path))
         root = os.path.dirname(path) if within is None else os.path.abspath(local(str(within)))
         rel = os.path.relpath(path, root)
@@ -287,7 +292,7 @@ def holder_text(holder: dict | None) -> str:
 
 def remove_file(path: str) -> None:
     """Delete a file, local or on object storage; nothing when it is missing."""
-    if not is_uri(path) or path.startswith("file://"):
+    if not is_remote(path):
         try:
             os.unlink(local(path))
         except FileNotFoundError:
@@ -345,7 +350,7 @@ class Dir:
 
     def __init__(self, path: str | os.PathLike):
         path = str(path)
-        self.uri = is_uri(path) and not path.startswith("file://")
+        self.uri = is_remote(path)
         if self.uri:
             path = clean_uri(path)   # s3:// alone is refused (stripped, it was the local folder 's3:')
             self.fs, self.root = filesystem(path)

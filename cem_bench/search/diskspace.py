@@ -31,7 +31,7 @@ import threading
 from ray.tune import Callback
 from ray.tune.stopper import Stopper
 
-from ..storage import is_uri, nearest_existing
+from ..storage import is_remote, nearest_existing
 from . import driver
 
 ENOSPC_TEXT = ("No space left on device", f"[Errno {errno.ENOSPC}]", "Disk quota exceeded")   # an OS's words
@@ -56,7 +56,7 @@ def is_enospc(exc: BaseException | None) -> bool:
 
 def free_bytes(storage: str) -> int | None:
     """Free bytes where a local ``storage`` is (its nearest existing folder); None for object storage."""
-    if is_uri(storage) and not storage.startswith("file://"):
+    if is_remote(storage):
         return None
     try:
         return shutil.disk_usage(nearest_existing(storage)).free

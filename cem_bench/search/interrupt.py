@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from ..storage import is_uri
+
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
@@ -107,7 +109,7 @@ class Interruption:
 def resume_command(args, name: str, storage: str) -> str:
     """The exact ``cem-bench search ... --resume`` that continues this experiment: the same space, the
     storage made absolute and the name explicit, the same address, overrides, sample count, resources and MPS."""
-    cmd = ["cem-bench", "search", os.path.abspath(args.space) if not _is_uri(args.space) else args.space,
+    cmd = ["cem-bench", "search", os.path.abspath(args.space) if not is_uri(args.space) else args.space,
            "--storage", storage, "--name", name]
     if getattr(args, "address", None):
         cmd += ["--address", args.address]
@@ -122,7 +124,3 @@ def resume_command(args, name: str, storage: str) -> str:
         cmd += ["--set", item]
     return shlex.join([*cmd, "--resume"])
 
-
-def _is_uri(path: str) -> bool:
-    from ..storage import is_uri
-    return is_uri(path)

@@ -42,7 +42,8 @@ from collections.abc import Iterator
 from ..errors import SearchError
 from ..integrity import MANIFEST_FILE
 from ..schema import DRIVER_LOCK_FILE, INTERRUPTED_FILE, JOURNAL_FILE, SPACE_FILE
-from ..storage import Dir, exists, holder_text, is_uri, join, lock_holder, write_bytes
+from ..storage import Dir, exists, holder_text, is_remote, join, lock_holder, write_bytes
+from ..storage import local as local_path
 
 LOCK_FILE = DRIVER_LOCK_FILE
 CLAIM_FILE = ".cem-bench-driver.json"   # object storage: the claim read back after CLAIM_WAIT_S
@@ -76,8 +77,8 @@ def check_available(exp_path: str, resume: bool) -> None:
     --dry-run``): a new search's folder that exists (unless only an abandoned start is there), a resumed one that
     another driver holds. A folder --resume cannot continue is ``check_resumable``'s to say."""
     key = str(exp_path)
-    remote = is_uri(key) and not key.startswith("file://")
-    local = key[len("file://"):] if key.startswith("file://") else key
+    remote = is_remote(key)
+    local = local_path(key)
     if not resume:
         if exists(key) and not (_abandoned_remote(key) if remote else _abandoned(local)):
             raise _exists(key)
@@ -157,13 +158,13 @@ def _claim_remote(exp_path: str) -> None:
 
 
 def _remove(path: str) -> None:
-    if is_uri(path) and not path.startswith("file://"):
+    if is_remote(path):
         from ..storage import filesystem
         fs, p = filesystem(path)
         with contextlib.suppress(OSError):
             fs.delete_dir(p)
         return
-    shutil.rmtree(path[len("file://"):] if path.startswith("file://") else path, ignore_errors=True)
+    shutil.rmtree(local_path(path), ignore_errors=True)
 
 
 # What a new search writes into its folder before Ray writes anything resumable (its first experiment state, the
@@ -266,7 +267,7 @@ def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
         return
     made = False
     fd = None
-    if is_uri(key) and not key.startswith("file://"):
+    if is_remote(key):
         if not resume:
             if exists(key):
                 if not _abandoned_remote(key):
@@ -277,7 +278,7 @@ def experiment_lock(exp_path: str, resume: bool) -> Iterator[None]:
             _claim_remote(key)
             made = True
     else:
-        local = key[len("file://"):] if key.startswith("file://") else key
+        local = local_path(key)
         if not resume:
             os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
             try:

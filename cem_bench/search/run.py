@@ -25,6 +25,7 @@ from ..storage import (
     Dir,
     exists,
     filesystem,
+    is_remote,
     is_uri,
     join,
     nearest_existing,
@@ -419,7 +420,7 @@ def check_device(spec) -> None:
 
 def check_storage(storage: str) -> None:
     """SearchError unless ``storage`` is a folder (or can become one): nothing is started or written."""
-    if is_uri(storage) and not storage.startswith("file://"):
+    if is_remote(storage):
         # the bucket is asked once now, before Ray starts: a wrong endpoint, credential or bucket is one line
         # (storage.StorageUnavailable), not a failure inside Ray's first upload
         filesystem(storage)
@@ -793,7 +794,7 @@ def search_command(args) -> dict:
     if args.address is None:
         check_data(spec)
         check_device(spec)
-    elif not is_uri(resolve_storage(args.storage)) or resolve_storage(args.storage).startswith("file://"):
+    elif not is_remote(resolve_storage(args.storage)):
         # a worker node writes its trials' results and checkpoints to this path on its own disk: Ray's storage
         # check then fails every trial there, retried until max_failures, and each ends an error row
         print(f"note: --storage {resolve_storage(args.storage)} is a folder, and with --address every node writes "

@@ -22,7 +22,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from ..schema import JOURNAL_FILE
 from ..spaces import define_by_run, grid_cells, make_sampler
-from ..storage import copy_file, is_uri, join, local
+from ..storage import copy_file, is_remote, join, local
 from . import driver
 from .queue import FINISHED, RunQueue, first_new, stopped
 from .resume import write_resume_snapshot
@@ -362,7 +362,7 @@ def journal_target(experiment_path: str, name: str) -> tuple[str, str | None]:
     """(local journal file, remote copy or None). A remote experiment's journal is kept in this machine's cache,
     in a folder named after the experiment and a hash of its full URI: experiments of one name in two buckets
     (or two prefixes) have a journal each, and a resume (the same URI) finds its own."""
-    if is_uri(experiment_path) and not experiment_path.startswith("file://"):
+    if is_remote(experiment_path):
         key = hashlib.sha256(experiment_path.rstrip("/").encode()).hexdigest()[:16]
         cached = os.path.join(os.path.expanduser("~/.cache/cem-bench/journals"), f"{name}-{key}", JOURNAL_FILE)
         return cached, join(experiment_path, JOURNAL_FILE)
