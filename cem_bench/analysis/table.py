@@ -54,10 +54,8 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
         return configs
     configs = read_table(d, CONFIGS_FILE, "configs")
     trials = read_table(d, TRIALS_FILE, "trials")
-    if configs is not None and "role" in configs and adjusted(configs) and (trials is None or (
-            describes(configs, trial_config_ids(trials)) and vouched(d, (TRIALS_FILE, CONFIGS_FILE)))):
-        # read unverified (no manifest), a hand-edited trials.parquet of the same runs kept the stored numbers
-        # while the report counted the edited statuses (2026-12-07 probe): built from the trials there
+    if configs is not None and "role" in configs and adjusted(configs) and (
+            trials is None or stored_describes(d, configs, trial_config_ids(trials))):
         return configs
     # missing, written before the comparison with the baseline or before its adjustment for many comparisons,
     # or about other trials (a search that went on, a filtered trials.parquet): built from the trials
@@ -93,6 +91,14 @@ def describes(configs: pd.DataFrame, ids: pd.Series) -> bool:
     if "repeats" in configs:
         counted += pd.to_numeric(configs["repeats"], errors="coerce").sum()
     return set(configs[CONFIG_ID].astype(str)) == set(ids.astype(str)) and counted == len(ids)
+
+
+def stored_describes(folder: Dir, configs: pd.DataFrame, ids: pd.Series) -> bool:
+    """May a folder's stored configs.parquet stand for its trials (``table`` and the report ask alike)? It must
+    ``describe`` them, and the folder's manifest must record it with trials.parquet: read unverified (no
+    manifest), a hand-edited trials.parquet of the same runs kept the stored numbers while the report counted the
+    edited statuses (2026-12-07 probe); there the configurations are built from the trials."""
+    return describes(configs, ids) and vouched(folder, (TRIALS_FILE, CONFIGS_FILE))
 
 
 def adjusted(configs: pd.DataFrame) -> bool:

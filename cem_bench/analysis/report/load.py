@@ -43,10 +43,10 @@ from cem_bench.analysis.aggregate import (
     skipped_attacks,
 )
 from cem_bench.analysis.results import is_final
-from cem_bench.analysis.table import adjusted, describes
+from cem_bench.analysis.table import adjusted, stored_describes
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
-from cem_bench.integrity import MANIFEST_FILE, read_table, vouched, write_table
+from cem_bench.integrity import MANIFEST_FILE, read_table, write_table
 from cem_bench.schema import (
     ATTACK_METRICS,
     CONFIGS_FILE,
@@ -352,9 +352,7 @@ def _stored_configs(results_dir: Path | None, ids: pd.Series) -> pd.DataFrame | 
         return None   # older than the comparison with the baseline: rebuilt from the trials
     if not adjusted(stored):
         return None   # older verdicts (single tests, or one run judged by the baseline's spread): rebuilt
-    if not vouched(str(results_dir), (TRIALS_FILE, CONFIGS_FILE)):
-        return None   # read unverified: a hand-edited trials.parquet of the same runs is not what it describes
-    return stored if describes(stored, ids) else None
+    return stored if stored_describes(Dir(str(results_dir)), stored, ids) else None
 
 
 def load_configs(results_dir: Path | None, raw: pd.DataFrame, trials: pd.DataFrame,
