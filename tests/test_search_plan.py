@@ -220,9 +220,11 @@ def test_resume_with_a_changed_budget_is_refused_after_the_experiments_own_count
     with pytest.raises(SearchError, match=r"--resume: the space differs from the experiment's search_space.json "
                                           r"in num_samples \(2 -> 9\)\."):
         run.search_command(search_args(demo, "--num-samples", "9", "--resume"))
+    assert "cem-bench search:" not in capsys.readouterr().out   # the plan comes after the checks, and this failed one
+    # a resume that passes its checks prints the experiment's plan
+    assert run.search_command(search_args(demo, "--num-samples", "2", "--resume", "--dry-run"))["dry_run"]
     line = first_line(capsys)
     assert run.plan(load_space(demo, {"num_samples": 2})) in line, line
-    assert "9 configurations" not in line
 
 
 def test_resume_of_an_experiment_whose_recorded_space_was_deleted_is_refused(fake_machine, tmp_path):
@@ -442,9 +444,11 @@ def test_a_missing_data_set_stops_a_local_search_before_ray(monkeypatch, capsys,
     argv = ["search", fast, "--storage", str(tmp_path / "res"), "--mps", "off", "--set",
             f"data.root={tmp_path / 'data'}"]
     assert cli.main(argv) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "data error: cifar10 files under" in err and "missing data_batch_3, data_batch_4" in err, err
     assert not started and not (tmp_path / "res").exists()
+    # no plan above the refusal: printed before the checks, it read as a search that had started and failed
+    assert "cem-bench search:" not in out, out
     for f in ("data_batch_3", "data_batch_4", "data_batch_5"):
         write(f, batch)
     # a file that is there but cannot be read is found before Ray too (every trial failed on it)

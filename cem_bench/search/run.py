@@ -774,12 +774,6 @@ def search_command(args) -> dict:
         conc = concurrency(spec.max_concurrent, spec.resources, cli_limit=getattr(args, "max_concurrent", None),
                            cli_gpu=getattr(args, "gpus_per_trial", None) is not None, gpus=gpus, cpus=cpus)
         spec = dataclasses.replace(spec, max_concurrent=conc.limit)
-        print(banner(spec, conc), flush=True)
-    else:   # the restored experiment keeps its own plan: the banner counts its trials, not the file's
-        print(banner(saved_plan(spec, join(resolve_storage(args.storage), spec.name, SPACE_FILE)), conc), flush=True)
-        if getattr(args, "max_concurrent", None) is not None:   # taken silently before 2026-12-07
-            print(f"note: --max-concurrent {args.max_concurrent} is not applied on --resume: Ray's restored "
-                  f"searcher keeps the limit the experiment started with", flush=True)
     from .. import mps
     # MPS on this machine for a local search whose trials share a GPU (a cluster starts it in cluster.yaml)
     mode = (getattr(args, "mps", None) or "auto") if args.address is None else "off"
@@ -802,6 +796,15 @@ def search_command(args) -> dict:
               f"give s3://BUCKET/PREFIX (docs/cluster.md)", flush=True)
     if mode == "on":
         mps.control()   # MPSError (exit 2) now, before the storage and the experiment folder are made
+    # the plan after every check (it was printed before them until 2026-12-07, and a newcomer read a data or storage
+    # refusal under it as a search that had started and then failed)
+    if not args.resume:
+        print(banner(spec, conc), flush=True)
+    else:   # the restored experiment keeps its own plan: the banner counts its trials, not the file's
+        print(banner(saved_plan(spec, join(resolve_storage(args.storage), spec.name, SPACE_FILE)), conc), flush=True)
+        if getattr(args, "max_concurrent", None) is not None:   # taken silently before 2026-12-07
+            print(f"note: --max-concurrent {args.max_concurrent} is not applied on --resume: Ray's restored "
+                  f"searcher keeps the limit the experiment started with", flush=True)
     if getattr(args, "dry_run", False):
         check_available(exp_path, bool(args.resume))   # the lock's own refusals, asked without taking it
         print(dry_run_text(spec, exp_path, bool(args.resume)), flush=True)
