@@ -50,14 +50,21 @@ def relative_inside(root: str | os.PathLike, path: str) -> str | None:
     return os.path.join(*parts)
 
 
-def publish(stage: str | os.PathLike, root: str | os.PathLike, folders: list[str]) -> str:
+def publish(stage: str | os.PathLike, root: str | os.PathLike, folders: list[str], *,
+            record: str | None = None) -> str:
     """Copy every file under the private folder ``stage`` into ``root/folders...`` (created when missing),
     each through :func:`replace_in` and each folder through :func:`open_dir`: no link there is followed, a
-    link in the way is refused (UnsafePath) before the first file is written. Returns the target folder."""
+    link in the way is refused (UnsafePath) before the first file is written. Returns the target folder.
+
+    With ``record`` (a hidden file name), the target keeps the list of the files published there, and the files
+    an earlier publish of the same record listed that this one did not write are removed (``prune``): a report
+    drawn again into its folder left the galleries and tables of the earlier one beside the new page, which a
+    reader of the folder took for the current results. Nothing else there is touched."""
     root = os.path.abspath(str(root))
     os.makedirs(root, exist_ok=True)
     target = os.path.join(root, *folders)
     top = open_dir(root, folders, create=True)
+    written = []
     try:
         subdirs = sorted({os.path.relpath(d, stage) for d, _, files in os.walk(stage) if files} - {os.curdir})
         fds = {os.curdir: top}
@@ -69,13 +76,61 @@ def publish(stage: str | os.PathLike, root: str | os.PathLike, folders: list[str
                 for name in sorted(files):
                     with open(os.path.join(d, name), "rb") as fh:
                         replace_in(fds[rel], name, fh.read(), os.path.join(target, rel, name))
+                    written.append(os.path.normpath(os.path.join(rel, name)))
         finally:
             for rel, fd in fds.items():
                 if rel != os.curdir:
                     os.close(fd)
+        if record is not None:
+            prune(top, target, record, written)
+            replace_in(top, record, "".join(f"{w}\n" for w in sorted(written)).encode(),
+                       os.path.join(target, record))
     finally:
         os.close(top)
     return target
+
+
+def prune(top: int, target: str, record: str, written: list[str]) -> None:
+    """Remove what the earlier ``record`` in the open folder ``top`` lists and ``written`` does not, then the
+    folders that leaves empty. Only names inside the folder (``relative_inside``), never through a link (the
+    link itself is removed, as any file: it was a name the earlier publish wrote), never a folder; a name already
+    gone is skipped. The record is written after the new files, so a publish stopped half-way keeps the earlier
+    list and the next one prunes it."""
+    try:
+        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+    except FileNotFoundError:
+        return   # the first publish with a record (or a folder no publish wrote): nothing is known to be stale
+    with os.fdopen(fd, "rb") as fh:
+        earlier = fh.read(1 << 20).decode("utf-8", "replace").splitlines()
+    keep = set(written)
+    for line in earlier:
+        rel = relative_inside(target, line.strip())
+        if rel is None or rel in keep or rel == record:
+            continue
+        *folders, name = rel.split(os.sep)
+        try:
+            dfd = open_dir(target, folders, create=False)
+        except (FileNotFoundError, UnsafePath):
+            continue   # its folder is gone, or is now a link: nothing of ours to remove through it
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                continue
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(dfd)
+        for depth in range(len(folders), 0, -1):   # galleries/ left empty goes too; a folder with anything stays
+            try:
+                parent = open_dir(target, folders[:depth - 1], create=False)
+            except (FileNotFoundError, UnsafePath):
+                break
+            try:
+                os.rmdir(folders[depth - 1], dir_fd=parent)
+            except OSError:
+                break
+            finally:
+                os.close(parent)
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

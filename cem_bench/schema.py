@@ -39,6 +39,8 @@ TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
 CONFIGS_FILE = "configs.parquet"             # one row per configuration: its replicates aggregated
 REPORT_DIR = "report"
+# the files a report wrote into its folder, so that the next one removes those it does not write again (safefiles.prune)
+REPORT_RECORD = ".cem-bench-report-files"
 GALLERY_FILE = "recon.png"
 CHECKPOINT_FILE = "checkpoint.pt"            # a saved run's encoder, server and config (`cem-bench train --out`)
 METRICS_FILE = "metrics.json"                # a saved run's result

@@ -54,6 +54,25 @@ def test_a_link_planted_in_report_is_replaced_not_written_through(tmp_path, outs
     assert planted.is_file() and not planted.is_symlink() and planted.read_bytes() != SECRET
 
 
+def test_a_planted_report_record_removes_nothing_outside_the_report_or_through_a_link(tmp_path, outside):
+    """The list of a report's files (REPORT_RECORD) names what the next report removes: planted in a shared
+    results folder, its names outside report/, through a linked folder, or of a folder, remove nothing there."""
+    from cem_bench.schema import REPORT_RECORD
+    res = write_results(tmp_path / "R", n=6, vary_params=False)
+    report = res / "report"
+    report.mkdir()
+    os.symlink(outside, report / "via")
+    (report / "keep").mkdir()
+    (report / "keep" / "x.txt").write_bytes(b"kept")
+    planted = ["../trials.parquet", str(outside / "secret.txt"), "via/secret.txt", "keep", "galleries/../../x",
+               "/etc/passwd", str(res / "trials.parquet")]
+    (report / REPORT_RECORD).write_text("\n".join(planted) + "\n")
+    before, trials = snapshot(outside), (res / "trials.parquet").read_bytes()
+    build_report(res)
+    assert snapshot(outside) == before and (res / "trials.parquet").read_bytes() == trials
+    assert (report / "via").is_symlink() and (report / "keep" / "x.txt").read_bytes() == b"kept"
+
+
 @pytest.mark.parametrize("link", ["report", "report/galleries"])
 def test_a_linked_report_folder_is_refused_before_anything_is_written(tmp_path, outside, link, capsys):
     res = write_results(tmp_path / "R", n=6, vary_params=False)

@@ -235,6 +235,34 @@ def test_custom_out_dir_as_str(tmp_path):
     assert not (root / "report").exists()
 
 
+def test_a_report_drawn_again_removes_what_it_no_longer_writes_and_nothing_else(tmp_path):
+    """2026-12-07 probe: a report drawn again into its folder left the earlier one's files (galleries of trials
+    no longer on the front, a frontier_configs.csv of a replicated run) beside the new page, where a reader of
+    the folder took them for the current results. The report keeps the list of its files and removes those of
+    the earlier list it does not write again; a file it never wrote stays."""
+    from cem_bench.schema import REPORT_RECORD
+    root = write_results(tmp_path / "res", n=5, baseline=1, errors=0, vary_params=False)
+    out = build_report(root).parent
+    listed = (out / REPORT_RECORD).read_text().splitlines()
+    on_disk = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != REPORT_RECORD)
+    assert listed == on_disk and "index.html" in listed and any(x.startswith("galleries/") for x in listed)
+    # what an earlier report drew and this one will not: a gallery, a table, a figure in a folder of its own
+    stale = ["galleries/t999.png", "frontier_configs.csv", "old/params_x.png"]
+    for name in stale:
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_bytes(b"an earlier report's")
+    (out / REPORT_RECORD).write_text("\n".join(listed + stale) + "\n")
+    (out / "notes.txt").write_text("the user's own")          # never listed: never touched
+    (out / "galleries" / "mine.png").write_bytes(b"the user's own")
+    build_report(root)
+    for name in stale:
+        assert not (out / name).exists(), name
+    assert not (out / "old").exists()                         # emptied by the removal, so removed
+    assert (out / "notes.txt").read_text() == "the user's own"
+    assert (out / "galleries" / "mine.png").read_bytes() == b"the user's own"
+    assert (out / REPORT_RECORD).read_text().splitlines() == listed
+
+
 def test_single_trial(tmp_path):
     root = write_results(tmp_path / "res", n=1, surrogates=["gmm"], baseline=0, errors=0, timestamps=True)
     index = build_report(root)

@@ -19,7 +19,15 @@ from cem_bench.analysis.hypotheses import evaluate as evaluate_hypotheses
 from cem_bench.analysis.table import NOT_ERRORS
 from cem_bench.errors import ResultsError
 from cem_bench.parsing import loads_json
-from cem_bench.schema import GALLERY_FILE, INTERRUPTED_FILE, PRIVACY_MODES, REPORT_DIR, privacy_mode, strongest_column
+from cem_bench.schema import (
+    GALLERY_FILE,
+    INTERRUPTED_FILE,
+    PRIVACY_MODES,
+    REPORT_DIR,
+    REPORT_RECORD,
+    privacy_mode,
+    strongest_column,
+)
 from cem_bench.storage import (
     UnsafePath,
     holder_text,
@@ -227,7 +235,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     with tempfile.TemporaryDirectory(prefix="cem-bench-report-") as stage, \
             matplotlib.rc_context({"text.parse_math": False}):
         _draw(res, Path(stage))
-        target = publish(stage, root, folders)
+        target = publish(stage, root, folders, record=REPORT_RECORD)
     return Path(target) / "index.html", res
 
 
