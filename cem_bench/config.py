@@ -125,7 +125,8 @@ class CemConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = _f(240, "training epochs", lo=1)
-    batch_size: int = _f(128, "training batch size", lo=2)
+    batch_size: int = _f(128, "training batch size (one larger than the training set trains one batch of the "
+                              "whole set an epoch)", lo=2)
     lr: float = _f(0.05, "SGD learning rate (client and server)", lo=0.0, lo_open=True)
     momentum: float = _f(0.9, "SGD momentum", lo=0.0, hi=1.0, hi_open=True)
     weight_decay: float = _f(5e-4, "SGD weight decay", lo=0.0)
