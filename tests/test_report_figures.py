@@ -84,6 +84,41 @@ def test_a_sigma_grid_renders_one_legend_entry_per_band_named_by_its_sigma(tmp_p
         _inside_and_clear(fig)
 
 
+def _noise_alone_lines(fig) -> list[np.ndarray]:
+    return [np.column_stack(line.get_data()) for line in fig.axes[0].get_lines() if line.get_gid() == "noise-alone"]
+
+
+def test_noise_alone_is_drawn_through_the_lambda_0_means_in_sigma_order(tmp_path):
+    """The comparison a defense has to win (docs/estimators.md, "beyond noise alone"): the λ = 0 configurations'
+    means joined in σ order, one curve per set of the other keys outside cem. (here two data sets), each cross
+    named by its σ; a key that σ alone decides (attack.rmle_tv_weight's default) splits nothing; one σ draws
+    none."""
+    rows = pd.read_parquet(paper_grid(tmp_path / "grid") / "trials.parquet").to_dict("records")
+    for r in rows:
+        r["config.attack.rmle_tv_weight"] = 1.0 / r["config.defense.noise_std"]    # follows σ, as the default does
+    other = [{**r, "trial_id": "d" + r["trial_id"], "config.data.dataset": "digits",
+              "test_acc": r["test_acc"] - 0.2} for r in rows]
+    for r in rows:
+        r["config.data.dataset"] = "photos"
+    root = _rows_to(tmp_path / "two", rows + other)
+    res = load_results(root)
+    fig = frontier_figure(res, "attack_ssim", "min")
+    lines = _noise_alone_lines(fig)
+    assert len(lines) == 2
+    means = res.configs[res.configs["config.cem.lambd"] == 0].groupby(
+        ["config.data.dataset", "config.defense.noise_std"])[["test_acc", "attack_ssim"]].mean()
+    for data_set in ("digits", "photos"):
+        want = means.loc[data_set].sort_index().to_numpy()
+        assert any(line.shape == want.shape and np.allclose(line, want) for line in lines), data_set
+    texts, _ = _legend(fig)
+    assert texts.count("noise alone: λ=0 over σ (its means, joined in σ order)") == 1
+    named = sorted(t.get_text() for t in fig.axes[0].texts if t.get_text().startswith("σ="))
+    assert named == sorted(f"σ={format_value(s)}" for s in SIGMAS for _ in range(2))
+    _inside_and_clear(fig)
+    one_sigma = _rows_to(tmp_path / "one", [r for r in rows if r["config.defense.noise_std"] == 0.05])
+    assert _noise_alone_lines(frontier_figure(load_results(one_sigma), "attack_ssim", "min")) == []
+
+
 def test_a_long_experiment_name_renders_with_its_title_inside_the_image(tmp_path):
     """An experiment name of 90 characters or more stopped the report (the title alone was wider than the
     figure): the name is cut, the title wrapped, and the axes keep their width."""

@@ -1,6 +1,7 @@
 """The frontier plots: the first objective against each privacy metric, one point per trial (or, with
 replicates, per configuration at its means with 95 % CI error bars), the fronts, and each λ = 0 baseline's mean
-and 95 % band of one run on both axes (one band per baseline: per σ on a σ grid)."""
+and 95 % band of one run on both axes (one band per baseline: per σ on a σ grid), and, with replicates and λ = 0
+at two σ or more, the noise-alone curve through the baselines' means."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from matplotlib.patches import Patch
 from cem_bench.analysis.aggregate import BASELINE, CONFIG_ID, CONFIRMED
 from cem_bench.analysis.noise import WITHIN, band_of
 
+from .facts import searched_columns
 from .formatting import better, format_value, plural
-from .load import BASELINE_LABEL, NOISE_COL, Results, front_of, is_attack_metric, numeric
+from .load import BASELINE_LABEL, NOISE_COL, SURROGATE_COL, Results, front_of, is_attack_metric, numeric
 from .plots import bars, clip_interval, legend_below, new_figure, no_data, save, title_text
 
 
@@ -129,6 +131,8 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
     if not base.empty:
         points(ax, base, "black", BASELINE_LABEL, True)
         handles.append(Line2D([], [], color="black", marker="X", lw=0, markersize=8, label=BASELINE_LABEL))
+        if res.replicated:
+            _noise_alone(ax, res, base, x_metric, y_metric, handles)
     if not data.empty:
         ring = data[on_page_front(res, data)]
         line = ring if ring_label is None else front_of(shown, [x_metric, y_metric], [x_mode, y_mode])
@@ -155,6 +159,38 @@ def frontier_figure(res: Results, y_metric: str, y_mode: str) -> Figure:
     ax.grid(alpha=0.3)
     legend_below(fig, ax, handles)
     return fig
+
+
+NOISE_ALONE_LABEL = "noise alone: λ=0 over σ (its means, joined in σ order)"
+
+
+def noise_alone_curves(res: Results, base: pd.DataFrame) -> list[pd.DataFrame]:
+    """The λ = 0 configurations of ``base`` (configuration means) that differ in σ alone, one frame per set of
+    the other searched keys outside ``cem.`` (a baseline cell is one such combination: docs/search-spaces.md),
+    sorted by σ; only sets of two σ or more. What more noise alone buys is the comparison a defense has to win
+    (docs/estimators.md, "beyond noise alone"): drawn as a line, a CEM point left of it (less accurate at its
+    privacy) or above it is visibly not beyond the noise."""
+    if NOISE_COL not in base or base[NOISE_COL].nunique() < 2:
+        return []
+    keys = [c for c in (res.searched or searched_columns(res)) if c in base and c != NOISE_COL
+            and not c.startswith("config.cem.") and c != SURROGATE_COL
+            # a key that σ alone decides (attack.rmle_tv_weight's default follows σ) sets no curve apart
+            and base.groupby(NOISE_COL)[c].apply(lambda v: v.astype(str).nunique(dropna=False)).max() > 1]
+    groups = base.groupby(keys, dropna=False, sort=False) if keys else [((), base)]
+    return [g.sort_values(NOISE_COL, kind="stable") for _, g in groups if g[NOISE_COL].nunique() >= 2]
+
+
+def _noise_alone(ax, res: Results, base: pd.DataFrame, x: str, y: str, handles: list) -> None:
+    """``noise_alone_curves`` drawn: a thin dotted black line through the baselines' crosses
+    (``gid="noise-alone"``), each cross labelled with its σ."""
+    curves = noise_alone_curves(res, base)
+    for curve in curves:
+        ax.plot(curve[x], curve[y], color="black", ls=":", lw=1.3, zorder=BASE_Z - 0.5, gid="noise-alone")
+        for _, row in curve.iterrows():
+            ax.annotate(f"σ={format_value(float(row[NOISE_COL]))}", (row[x], row[y]), xytext=(6, 6),
+                        textcoords="offset points", fontsize=7, zorder=BASE_Z)
+    if curves:
+        handles.append(Line2D([], [], color="black", ls=":", lw=1.3, label=NOISE_ALONE_LABEL))
 
 
 ALL_WITHIN = "(every point within the noise of the λ=0 baseline)"
