@@ -127,7 +127,8 @@ def cmd_train(args) -> int:
         raise
     summary = {k: v for k, v in result.items() if k != "info"}
     print(json.dumps(jsonable(summary), indent=2))
-    gallery = result["info"]["gallery"] or f"none (attack not run: {result.get('attack_skipped') or 'no images'})"
+    gallery = (os.path.join(out, result["info"]["gallery"]) if result["info"]["gallery"] else
+               f"none (attack not run: {result.get('attack_skipped') or 'no images'})")
     print(f"metrics: {metrics}\ngallery: {gallery}\ncheckpoint: {ckpt}")
     return 0
 

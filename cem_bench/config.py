@@ -59,7 +59,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    width: float = _f(1.0, "channel multiplier of the VGG11-bn (1.0 = paper, 0.25 for CPU demos)",
+    width: float = _f(1.0, "channel multiplier of the VGG11-bn (1.0 = paper; the demo and the digits findings 0.125)",
                       lo=0.0, hi=4.0, lo_open=True)
     cut_layer: int = _f(4, "number of VGG config entries on the client (4 = conv64,pool,conv128,pool)", lo=1, hi=12)
     bottleneck_channels: int = _f(8, "conv to C channels at the cut (0 = no bottleneck)", lo=0, hi=512)

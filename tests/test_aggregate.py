@@ -291,3 +291,13 @@ def test_table_latex_compiles(tmp_path, capsys):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:]
     assert (tmp_path / "doc.pdf").stat().st_size > 0
+
+
+def test_one_attacks_own_column_prints_its_metrics_decimals():
+    """The paper's decimals (PSNR 2, MSE 4, the rest 3; docs/protocol.md) for one attack's own column too: the
+    README's table "in the paper's conventions" (attack_psnr_batch__decoder) printed 3 until 2026-12-07."""
+    from cem_bench.analysis.table import _digits
+    assert [_digits(m) for m in ("attack_psnr", "attack_psnr__decoder", "attack_psnr_batch",
+                                 "attack_psnr_batch__decoder")] == [2, 2, 2, 2]
+    assert [_digits(m) for m in ("attack_mse", "attack_mse__rmle")] == [4, 4]
+    assert [_digits(m) for m in ("attack_ssim", "attack_ssim_paper__decoder", "test_acc")] == [3, 3, 3]

@@ -139,7 +139,8 @@ def test_a_trial_runs_every_attack_and_records_the_worst_case(tmp_path):
     assert res["attack_s"] == pytest.approx(res["attack_s__decoder"] + res["attack_s__rmle"])
     assert {h["attack"] for h in res["info"]["attack_history"]} == {"decoder", "rmle"}
     # the gallery: the originals, then rmle's row, then the decoder's (attack.names order), 2x scale + padding
-    h = Image.open(res["info"]["gallery"]).size[1]
+    assert res["info"]["gallery"] == "recon.png"   # its name in the run's folder, as a search trial records it
+    h = Image.open(tmp_path / res["info"]["gallery"]).size[1]
     assert h == 3 * (2 * 32 + 2) + 2
 
 

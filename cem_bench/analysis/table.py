@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..errors import ResultsError
 from ..integrity import read_table, vouched
-from ..schema import CONFIGS_FILE, TRIALS_FILE, load_objectives
+from ..schema import CONFIGS_FILE, TRIALS_FILE, base_metric, load_objectives
 from ..storage import Dir
 from .aggregate import CONFIG_ID, CONFIRMED, build_configs, config_ids
 from .noise import ALPHA, BETTER, MIN_RUNS, P_MIN, WORSE
@@ -121,8 +121,11 @@ def _mark(row: pd.Series, metric: str) -> str:
 
 
 def _digits(metric: str) -> int:
-    """The paper's decimals of ``metric``."""
-    return 2 if metric in ("attack_psnr",) else (4 if metric == "attack_mse" else 3)
+    """The paper's decimals of ``metric``: PSNR 2 (the batch-level PSNR of the paper's code too), MSE 4, the rest
+    3; one attack's own column as its metric (``attack_psnr__decoder`` as ``attack_psnr``: until 2026-12-07 those
+    printed 3, and the README's table "in the paper's conventions" did not print the paper's decimals)."""
+    base = base_metric(metric)
+    return 2 if base in ("attack_psnr", "attack_psnr_batch") else (4 if base == "attack_mse" else 3)
 
 
 def _apart(a: float, b: float, digits: int) -> int:

@@ -183,7 +183,9 @@ def run_trial(config: TrialConfig | dict, report: Report | None = None, *, out_d
     gallery = None
     if out_dir is not None and res is not None:
         os.makedirs(out_dir, exist_ok=True)
-        gallery = res.save_gallery(os.path.join(out_dir, GALLERY_FILE))
+        # its name inside the run's folder, as a search trial's trial_result.json records it (the absolute path
+        # was recorded until 2026-12-07: a script joining the folder with it broke on one of the two)
+        gallery = GALLERY_FILE if res.save_gallery(os.path.join(out_dir, GALLERY_FILE)) else None
     result["info"] = {
         "config": cfg.to_flat(),
         **run_info(device, __version__),

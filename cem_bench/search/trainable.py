@@ -263,7 +263,9 @@ def make_trainable(experiment_path: str, spec, resources: dict, hooks: TrialHook
             gallery = os.path.join(out_dir, GALLERY_FILE)
             if os.path.isfile(gallery):
                 copy_file(gallery, join(trial_path, GALLERY_FILE))
-                info["gallery"] = "recon.png"
+                info["gallery"] = GALLERY_FILE
+            else:   # never the private staging folder's path, which is gone once the trial ends
+                info["gallery"] = None
             full = {**{k: v for k, v in result.items() if k != "info"}, "status": status, "error": error, "role": role,
                     **node, "trial_dir": trial_dir_name, "started_at": started_at, "finished_at": _now_iso(),
                     "resumed_from_epoch": resumed_from, "info": info}
