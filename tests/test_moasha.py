@@ -47,6 +47,33 @@ def test_rung_epochs_match_rays_bracket(grace, eta, max_t):
     assert rung_epochs(max_t, grace, eta) == ray_rungs
 
 
+def _brute_rungs(max_t: int, grace: int, eta: float) -> list[int]:
+    """rung_epochs as it was written before 2026-12-07: one k at a time."""
+    out, k = [], 0
+    while (epoch := math.ceil(grace * eta ** k)) < max_t:
+        if not out or epoch > out[-1]:
+            out.append(epoch)
+        k += 1
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(grace=st.integers(1, 40), eta=st.floats(1.01, 50), max_t=st.integers(1, 400))
+def test_rung_epochs_jump_to_the_same_rungs_as_one_k_at_a_time(grace, eta, max_t):
+    if grace <= max_t:
+        assert rung_epochs(max_t, grace, eta) == _brute_rungs(max_t, grace, eta)
+
+
+@pytest.mark.parametrize("grace,eta,max_t,want", [
+    (1, 1 + 1e-10, 100, list(range(1, 100))),    # one k at a time: 2e10 turns, and `search --dry-run` hung
+    (3, 1 + 1e-12, 40, list(range(3, 40))),
+    (2, 1e308, 300, [2]),                          # grace * eta is inf: math.ceil raised OverflowError
+    (1, 1.7e308, 10, [1]),
+])
+def test_rung_epochs_of_an_extreme_reduction_factor_come_at_once(grace, eta, max_t, want):
+    assert rung_epochs(max_t, grace, eta) == want
+
+
 def test_results_off_the_rungs_record_nothing():
     r = ranker()                                        # rungs 1, 2, 4, 8 below 16
     assert r.rungs == [1, 2, 4, 8]

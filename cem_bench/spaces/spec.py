@@ -60,13 +60,21 @@ def rung_epochs(max_epochs: int, grace_epochs: int, reduction_factor: float) -> 
         raise ValueError(f"reduction_factor must be > 1; got {reduction_factor}")
     out: list[int] = []
     k = 0
+    log_eta = math.log(reduction_factor)
     while True:
-        epoch = math.ceil(grace_epochs * reduction_factor ** k)
-        if epoch >= max_epochs:   # a milestone in (max_epochs - 1, max_epochs) is met first at max_epochs
+        try:
+            milestone = grace_epochs * reduction_factor ** k
+        except OverflowError:   # past any epoch count
             break
+        # a milestone in (max_epochs - 1, max_epochs) is met first at max_epochs; inf (η near 1e308) is past too
+        if not milestone <= max_epochs - 1:
+            break
+        epoch = math.ceil(milestone)
         if not out or epoch > out[-1]:
             out.append(int(epoch))
-        k += 1
+        # the next k whose milestone can pass this epoch, less one for the logs' rounding: with η just above 1
+        # one k at a time took 2e10 turns (η = 1 + 1e-10), and `search --dry-run` hung before Ray (2026-12-07)
+        k = max(k + 1, math.floor(math.log(epoch / grace_epochs) / log_eta) - 1)
     return out
 
 
