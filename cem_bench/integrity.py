@@ -270,11 +270,23 @@ def read_table(folder: Dir | str, name: str, kind: str) -> pd.DataFrame | None:
     return None if data is None else parse_table(data, folder.url(name), kind, folder)
 
 
-def read_json_file(folder: Dir | str, name: str, what: str) -> Any | None:
-    """A JSON file of cem-bench's, verified (manifest) and parsed; None when it does not exist."""
+def read_json_file(folder: Dir | str, name: str, what: str, lost: str | None = None) -> Any | None:
+    """A JSON file of cem-bench's, verified (manifest) and parsed; None when it does not exist. With ``lost``
+    (what reading on without it would lose), a file the manifest lists but that is gone is a ResultsError: a
+    copy that left out search_space.json was reported without its hypotheses and objectives, and said
+    nothing (2026-12-07 probe). A table the manifest lists and lacks is read as missing instead: the tables
+    are rebuilt from the trials, and a crash between the list and the file leaves a first table so."""
     folder = folder if isinstance(folder, Dir) else Dir(folder)
     data = read_recorded(folder, name, what)
     if data is None:
+        if lost is not None:
+            files = read_manifest(folder)
+            if files is not None and name in files:
+                raise ResultsError(f"{folder.url(name)} is missing, though the folder's {MANIFEST_FILE} lists it "
+                                   f"(an incomplete copy, or a file deleted since): read without it, {lost}. "
+                                   f"Restore the file from the experiment it came from; to read the folder "
+                                   f"without it anyway, delete {MANIFEST_FILE} there (the folder is then read "
+                                   f"unverified)")
         return None
     try:
         return loads_json(data)

@@ -185,13 +185,18 @@ def objective_problems(objectives: Sequence[dict]) -> list[tuple[int, str]]:
     return out
 
 
+# what a results folder read without its recorded search_space.json would lose (integrity.read_json_file)
+SPACE_LOST = ("its objectives would be the defaults and the hypotheses written down before the run would be "
+              "neither tested nor mentioned")
+
+
 def load_objectives(results_dir) -> tuple[list[dict], str | None]:
     """Objectives ``[{metric, mode, ref}]`` and experiment name from ``search_space.json`` of a results folder
     (a path, a URI or a ``storage.Dir``); the defaults when it is missing or names none. ResultsError when it
     exists but is damaged (verified against the folder's checksums, ``integrity``)."""
     from .integrity import read_json_file
     d = results_dir if isinstance(results_dir, Dir) else Dir(results_dir)
-    spec = read_json_file(d, SPACE_FILE, "the search space the search saved (JSON)")
+    spec = read_json_file(d, SPACE_FILE, "the search space the search saved (JSON)", lost=SPACE_LOST)
     if spec is not None and not isinstance(spec, dict):
         raise ResultsError(f"{d.url(SPACE_FILE)} is not a search space (a JSON object with `objectives`); "
                            f"it holds a {type(spec).__name__}")

@@ -316,6 +316,28 @@ def test_a_folder_of_tables_alone_is_never_told_to_delete_its_only_trials_table(
         integrity.read_table(str(tables), "trials.parquet", "trials")
 
 
+def test_a_recorded_search_space_that_is_gone_is_refused_not_read_as_defaults(tmp_path, capsys):
+    """2026-12-07 probe: a copy of findings/decoder_digits without its search_space.json (the list still naming
+    it) was reported with the default objectives and without its three hypotheses, and said nothing. A file the
+    list records and lacks is damage: report and table refuse it, naming the file and what would be lost; doing
+    what the message says (delete the list) reads the folder unverified."""
+    src = Path(__file__).resolve().parents[1] / "findings" / "decoder_digits"
+    if not src.is_dir():
+        pytest.skip("findings/decoder_digits not shipped")
+    copy = tmp_path / "copy"
+    shutil.copytree(src, copy)
+    (copy / schema.SPACE_FILE).unlink()
+    for argv in (["report", str(copy), "--out", str(tmp_path / "page")], ["table", str(copy)]):
+        rc = cli.main(argv)
+        err = capsys.readouterr().err
+        assert_clean_error(rc, err)
+        assert f"search_space.json is missing, though the folder's {integrity.MANIFEST_FILE} lists it" in err
+        assert "hypotheses written down before the run would be neither tested nor mentioned" in err
+    assert not (tmp_path / "page").exists()
+    (copy / integrity.MANIFEST_FILE).unlink()        # what it says
+    assert cli.main(["table", str(copy)]) == 0
+
+
 def test_the_advice_for_a_file_changed_on_purpose_works(tmp_path):
     """The refusal of a changed file says how to read it anyway; doing what it says reads it (removing the
     file's entry alone would break the list's seal: the advice must not be that)."""

@@ -54,6 +54,7 @@ from cem_bench.schema import (
     EPOCHS_FILE,
     OBJECTIVE_METRICS,
     SPACE_FILE,
+    SPACE_LOST,
     TRIALS_FILE,
     base_metric,
     load_objectives,
@@ -433,7 +434,7 @@ def _searched(spec: dict | None) -> dict[str, bool]:
 def _read_space(results_dir: Path) -> dict | None:
     """``search_space.json`` parsed (verified, ``integrity``); None when there is none or it is not an object."""
     from cem_bench.integrity import read_json_file
-    spec = read_json_file(results_dir, SPACE_FILE, "the search space the search saved (JSON)")
+    spec = read_json_file(results_dir, SPACE_FILE, "the search space the search saved (JSON)", lost=SPACE_LOST)
     return spec if isinstance(spec, dict) else None
 
 
