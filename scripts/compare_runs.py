@@ -33,10 +33,25 @@ def _load(path: str):
     from cem_bench.analysis.report import load_results
     from cem_bench.errors import ResultsError
     from cem_bench.schema import TRIALS_FILE
+    if os.path.isfile(path):
+        raise ResultsError(f"{path} is a file, not a folder: give the experiment folder that holds {TRIALS_FILE}")
     if not os.path.isfile(os.path.join(path, TRIALS_FILE)):
         raise ResultsError(f"{path}: no {TRIALS_FILE}; compare_runs reads the tables a finished search wrote "
                            f"(`cem-bench report {path}` writes them for a search that ended without them)")
-    return load_results(Path(path))
+    res = load_results(Path(path))
+    # the pairing's keys: without them a KeyError's traceback exited 1, which this script's status reads as
+    # "the runs differ" (2026-12-07 probe)
+    missing = [c for c in ("status", "config.seed") if c not in res.trials]
+    if missing:
+        raise ResultsError(f"{path}/{TRIALS_FILE} has no {' or '.join(missing)} column, which pairing the trials "
+                           f"needs; it was not written by `cem-bench search` (or was edited)")
+    return res
+
+
+def _numbers(col: pd.Series) -> bool:
+    """A column of numbers with at least one set (booleans and text are not metrics)."""
+    values = col.dropna()
+    return bool(len(values)) and pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
 
 
 def _where(trials: pd.DataFrame) -> str:
@@ -135,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"compare_runs: neither run has the metric(s) {', '.join(unknown)}; the trials tables' metrics include "
               f"{', '.join(m for m in METRICS if m in a)}", file=sys.stderr)
+        return 2
+    # a metric is numbers: a text column (trial_dir) was a ValueError's traceback, and one with no value in either
+    # run (error, all empty) "compared" identical
+    not_numbers = [m for m in metrics if not any(m in t and _numbers(t[m]) for t in (a, b))]
+    if not_numbers:
+        print(f"compare_runs: {', '.join(not_numbers)}: not a metric with a number in either run; give metrics "
+              f"such as {', '.join(m for m in METRICS if m in a)}", file=sys.stderr)
         return 2
     print(f"a: {args.a}: {len(a)} trials; {_where(a)}")
     print(f"b: {args.b}: {len(b)} trials; {_where(b)}")

@@ -137,3 +137,24 @@ def test_metrics_before_the_folders_is_a_usage_error_that_says_why(capsys):
         _script().main(["--metrics", "test_acc", str(RUN), str(RUN)])
     assert e.value.code == 2
     assert "--metrics takes every word after it" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not RUN.is_dir(), reason="findings/decoder_tradeoff_digits not shipped")
+@pytest.mark.parametrize("change, args, says", [
+    (lambda t: t.drop(columns=["config.seed"], inplace=True), [], "has no config.seed column"),
+    (None, ["--metrics", "trial_dir"], "trial_dir: not a metric with a number in either run"),
+    (None, ["--metrics", "error"], "error: not a metric with a number in either run"),
+])
+def test_what_cannot_be_compared_exits_2_never_1(tmp_path, capsys, change, args, says):
+    """2026-12-07 probe: a rerun's table without config.seed, or a text metric, ended in a traceback and exit 1,
+    which reads as "the runs differ"; an all-empty column compared "identical". Each is now exit 2, one line."""
+    cmp = _script()
+    assert cmp.main([str(RUN), str(_rerun(tmp_path, change)), *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.skipif(not RUN.is_dir(), reason="findings/decoder_tradeoff_digits not shipped")
+def test_a_table_given_for_a_folder_is_named_a_file(capsys):
+    assert _script().main([str(RUN / "trials.parquet"), str(RUN)]) == 2
+    assert "trials.parquet is a file, not a folder" in capsys.readouterr().err
