@@ -257,9 +257,12 @@ def parse_table(data: bytes, path: str, kind: str, folder: Dir | None = None) ->
             raise ResultsError(f"{path} is {what} in format {version!r}; this cem-bench reads format "
                                f"{TABLE_VERSION} (and format 1, from before formats were versioned): "
                                + ("upgrade cem-bench to read it" if newer else hint))
-        missing = [c for c in TABLE_REQUIRED.get(kind, ()) if c not in df.columns]
-        if missing:
-            raise ResultsError(f"{path} lacks the column(s) {', '.join(missing)} of {what}; {hint}")
+    # format 1 too (no metadata: an older cem-bench's, or one rewritten by pandas, which drops it): every
+    # table cem-bench ever wrote has these, and without them the readers' own words misled (a trials table
+    # without `status` was "no trials.parquet" to replay; 2026-12-07 probe)
+    missing = [c for c in TABLE_REQUIRED.get(kind, ()) if c not in df.columns]
+    if missing and (info is not None or len(df)):   # an empty older table has nothing to misread
+        raise ResultsError(f"{path} lacks the column(s) {', '.join(missing)} of {what}; {hint}")
     return df
 
 

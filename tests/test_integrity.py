@@ -22,6 +22,7 @@ import pickle
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -336,6 +337,43 @@ def test_a_recorded_search_space_that_is_gone_is_refused_not_read_as_defaults(tm
     assert not (tmp_path / "page").exists()
     (copy / integrity.MANIFEST_FILE).unlink()        # what it says
     assert cli.main(["table", str(copy)]) == 0
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda t: t.drop(columns=["config.cem.lambd"]), "have no config.cem.lambd column"),
+    (lambda t: t.assign(**{"config.cem.lambd": t["config.cem.lambd"].map(lambda v: "abc" if v else "0")}),
+     "config.cem.lambd holds abc, which is not a λ"),
+    (lambda t: t.drop(columns=["config.cem.surrogate"]), "with λ > 0 name no config.cem.surrogate"),
+])
+def test_a_trials_table_whose_cells_cannot_be_told_apart_is_refused_by_table_and_report(tmp_path, capsys, edit,
+                                                                                     says):
+    """2026-12-07 probe, a copy of findings/demo rewritten by pandas (its list deleted, as the advice for an edited
+    file says): without λ the table put every run in one λ=0 column while the report said no baseline ran; a
+    text λ stopped the report with a traceback; without the surrogate the cells read "λ=16 None". Both commands
+    now refuse it in one line, and nothing is written."""
+    src = Path(__file__).resolve().parents[1] / "findings" / "demo"
+    if not src.is_dir():
+        pytest.skip("findings/demo not shipped")
+    copy = tmp_path / "copy"
+    shutil.copytree(src, copy)
+    (copy / integrity.MANIFEST_FILE).unlink()
+    (copy / schema.CONFIGS_FILE).unlink()
+    trials = pd.read_parquet(copy / schema.TRIALS_FILE)
+    edit(trials).to_parquet(copy / schema.TRIALS_FILE)
+    for argv in (["table", str(copy)], ["report", str(copy), "--out", str(tmp_path / "page")]):
+        rc = cli.main(argv)
+        err = capsys.readouterr().err
+        assert_clean_error(rc, err)
+        assert says in err, err
+    assert not (tmp_path / "page").exists() and not (copy / schema.CONFIGS_FILE).exists()
+
+
+def test_a_table_without_its_metadata_still_needs_its_columns(tmp_path):
+    """A table pandas rewrote loses cem-bench's metadata and reads as format 1; its required columns were then
+    not checked, and replay called a trials table without `status` "no trials.parquet" (2026-12-07 probe)."""
+    pd.DataFrame({"trial_id": ["a"], "test_acc": [0.5]}).to_parquet(tmp_path / "trials.parquet")
+    with pytest.raises(ResultsError, match=r"trials.parquet lacks the column\(s\) status of the trials table"):
+        integrity.read_table(str(tmp_path), "trials.parquet", "trials")
 
 
 def test_the_advice_for_a_file_changed_on_purpose_works(tmp_path):

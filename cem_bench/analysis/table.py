@@ -39,6 +39,32 @@ DEFAULT_METRICS = ("test_acc", "attack_ssim", "attack_psnr", "attack_mse")
 SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "config.cem.surrogate"
 
 
+def check_cells(trials: pd.DataFrame, where: str) -> None:
+    """ResultsError when the trials that finished ok cannot be told apart into λ = 0 baselines and CEM cells: no
+    `config.cem.lambd` column, a λ that is not a number, or a λ > 0 without `config.cem.surrogate`. A trials table
+    edited by hand (or rewritten by pandas) put every run in one λ=0 column of the table while the report said
+    no baseline ran, or stopped the report with a traceback (2026-12-07 probe). An experiment none of whose trials
+    finished (they record no config) passes: the readers say that themselves."""
+    ok = trials[trials["status"] == "ok"] if "status" in trials else trials
+    if ok.empty:
+        return
+    if LAMBDA not in ok:
+        raise ResultsError(f"{where}: its {len(ok)} ok trial(s) have no {LAMBDA} column, so the λ = 0 baselines "
+                           f"cannot be told from the CEM runs; a trials table of `cem-bench search` has it (this "
+                           f"one was written or edited by another tool)")
+    lam = pd.to_numeric(ok[LAMBDA], errors="coerce")
+    bad = sorted({str(v) for v, n in zip(ok[LAMBDA], lam) if pd.notna(v) and not math.isfinite(n)})
+    if bad or lam.lt(0).any():
+        shown = ", ".join(bad[:5]) or ", ".join(f"{v:g}" for v in sorted(set(lam[lam < 0])))
+        raise ResultsError(f"{where}: {LAMBDA} holds {shown}, which is not a λ (a number >= 0) in its ok trials; "
+                           f"a trials table of `cem-bench search` holds numbers (this one was edited)")
+    cem = lam.fillna(0) > 0
+    if cem.any() and (SURROGATE not in ok or ok.loc[cem, SURROGATE].isna().any()):
+        n = int(cem.sum()) if SURROGATE not in ok else int(ok.loc[cem, SURROGATE].isna().sum())
+        raise ResultsError(f"{where}: {n} ok trial(s) with λ > 0 name no {SURROGATE}, so their cells cannot be "
+                           f"labelled; a trials table of `cem-bench search` names it (this one was edited)")
+
+
 def load_configs(results_dir: str | Path) -> pd.DataFrame:
     """``configs.parquet`` when it is this code's and describes the trials beside it (``describes``: the
     report's rule, so that the table and the page print the same numbers), else built from
@@ -67,6 +93,7 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
     if trials is None:
         raise ResultsError(f"{d.display}: neither {CONFIGS_FILE} nor {TRIALS_FILE}; run `cem-bench report` on an "
                            f"experiment folder of `cem-bench search` first, or point at one")
+    check_cells(trials, d.url(TRIALS_FILE))
     objectives, _ = load_objectives(d)
     configs = build_configs(trials, objectives)
     configs.attrs["source"] = TRIALS_FILE      # what an error about the table must name (``main``)

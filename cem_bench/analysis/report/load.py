@@ -43,7 +43,7 @@ from cem_bench.analysis.aggregate import (
     skipped_attacks,
 )
 from cem_bench.analysis.results import is_final
-from cem_bench.analysis.table import adjusted, stored_describes
+from cem_bench.analysis.table import adjusted, check_cells, stored_describes
 from cem_bench.errors import ResultsError
 from cem_bench.frontier import pareto_mask
 from cem_bench.integrity import MANIFEST_FILE, read_table, write_table
@@ -408,6 +408,7 @@ def load_results(results_dir: str | Path) -> Results:
     driver = running_driver(results_dir)
     if driver is None:
         trials, epochs = _read_trials(results_dir), _read_epochs(results_dir)
+        check_cells(trials, str(Path(results_dir) / TRIALS_FILE))
     else:   # its tables are not written yet, or are those of before a --resume: read from its trials, not written
         trials, epochs = live_tables(results_dir)
         epochs = _epochs_frame(epochs)
