@@ -97,6 +97,15 @@ def cmd_train(args) -> int:
         check_out_folder(out, "the run", "Nothing was trained")
         parents = missing_parents(out)
         out = claimed = claim_run_folder(out)
+    # the run's own refusals before its first line (they came after it, under "output in DIR", a folder that
+    # was then never written: 2026-12-07 probe), as `search` prints its plan only once its checks have passed
+    from . import surrogates
+    from .core.runtime import resolve_device
+    from .core.step_options import graph_mode
+    inactive = surrogates.never_active(cfg)
+    if inactive:
+        raise ConfigError(inactive)
+    graph_mode(cfg, resolve_device(cfg.train.device))
     print(f"cem-bench train: {cfg.cem.surrogate if cfg.cem.lambd > 0 else 'no CEM (lambda=0)'} on "
           f"{cfg.data.dataset}, {cfg.train.epochs} epochs, output in {out}", flush=True)
     state = {}

@@ -864,3 +864,22 @@ def test_report_out_takes_a_new_empty_or_earlier_report_folder_only(tmp_path, ca
     (new / "source").mkdir(parents=True)   # what a report of object storage fetched before it stopped
     assert main(["report", str(exp), "--out", str(new)]) == 0
     assert main(["report", str(exp), "--out", str(new)]) == 0          # an earlier report: drawn again
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["train.device=cuda:5"], "CUDA is not available"),
+    (["cem.lambd=4", "cem.strength=fixed", "cem.loss_scale=0"], "multiplies the CEM loss by zero"),
+    (["train.cuda_graph=on", "train.device=auto"], "train.cuda_graph=on needs a CUDA device"),
+    (["train.epochs=1", "cem.lambd=4"], "is not below train.epochs 1"),
+])
+def test_a_train_refused_by_its_own_checks_prints_no_first_line(tmp_path, capsys, monkeypatch, sets, says):
+    """2026-12-07 probe: these were refused after the run's first line ("cem-bench train: ... output in DIR"), a
+    folder then never written. The refusal comes alone now, and nothing is made."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # the CPU machine CI is, on any machine
+    argv = ["train", "--set", "data.dataset=digits", *[a for s in sets for a in ("--set", s)],
+            "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert says in err and out == "", (out, err)
+    assert not (tmp_path / "run").exists()
