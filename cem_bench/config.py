@@ -519,11 +519,16 @@ def section_keys(section: str) -> list[str]:
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
-    """``["cem.lambd=8", ...]`` -> ``{"cem.lambd": "8"}`` (values are coerced later)."""
+    """``["cem.lambd=8", ...]`` -> ``{"cem.lambd": "8"}`` (values are coerced later). A key set twice to two
+    values is refused, as a duplicate key of a --config file is: the last one won silently (2026-12-07 probe),
+    and a command line built by a script that appends its own --set over the user's hid which one ran."""
     out = {}
     for item in items or []:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value, for example cem.lambd=8")
         k, v = item.split("=", 1)
-        out[k.strip()] = v
+        k = k.strip()
+        if k in out and out[k].strip() != v.strip():
+            raise ConfigError(f"--set {k} is given twice, as {out[k]!r} and {v!r}; give each key once")
+        out[k] = v
     return out

@@ -139,3 +139,11 @@ def test_cli_config_error_exit_2_without_traceback(capsys):
     assert "cem.lambd" in err and "unknown surrogate 'nope'" in err and "Traceback" not in err
     assert main(["train", "--set", "novalue"]) == 2
     assert main(["train", "--config", "/does/not/exist.yaml"]) == 2
+
+
+def test_a_key_set_twice_to_two_values_is_refused_and_twice_to_one_is_one():
+    """--set's last value won silently (2026-12-07 probe); a duplicate key of a --config file was refused."""
+    from cem_bench.config import parse_set
+    with pytest.raises(ConfigError, match=r"--set attack.epochs is given twice, as '1' and '2'; give each key once"):
+        parse_set(["attack.epochs=1", "attack.epochs=2"])
+    assert parse_set(["cem.lambd=8", "cem.lambd=8", "seed=1"]) == {"cem.lambd": "8", "seed": "1"}
