@@ -572,7 +572,8 @@ def cmd_calibrate(args) -> int:
 
 def cmd_keys(args) -> int:
     from . import keyref
-    plugins = {k: v for k, v in (("surrogate", args.surrogate), ("attack", args.attack)) if v}
+    # an empty name (an unset variable: --surrogate "$S") is an unknown one, not no filter (it listed every key)
+    plugins = {k: v for k, v in (("surrogate", args.surrogate), ("attack", args.attack)) if v is not None}
     ref = keyref.select(keyref.reference(), args.pattern, plugins, args.dataset)
     if args.json:
         print(json.dumps(keyref.to_json(ref), indent=1))

@@ -228,6 +228,12 @@ def select(ref: dict, patterns=(), plugins: dict[str, str] | None = None, datase
     if patterns and not out:
         raise ConfigError(f"no configuration key contains {' or '.join(map(repr, patterns))}; "
                           f"`cem-bench keys` lists them all")
+    # one pattern of several that matched nothing was dropped without a word (`keys cem.lambd zzz`, 2026-12-07)
+    unmatched = [p for p in patterns if not any(p in r.name for r in ref["keys"])]
+    if unmatched:
+        raise ConfigError(f"no configuration key contains {' or '.join(map(repr, unmatched))} (the other "
+                          f"pattern{'s' * (len(patterns) - len(unmatched) > 1)} matched); `cem-bench keys` lists "
+                          f"them all")
     return {**ref, "keys": out}
 
 

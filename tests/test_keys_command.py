@@ -191,7 +191,13 @@ def test_one_surrogate_and_one_dataset(capsys):
                                          "contains 'cem.num_slots': cem.num_slots is read by attention_centroid, "
                                          "serial_enhanced, slot_cross"),
                                         (["--attack", "decoder", "rmle_iterations"],
-                                         "attack.rmle_iterations is read by rmle")])
+                                         "attack.rmle_iterations is read by rmle"),
+                                        # 2026-12-07 probe: the pattern that matched nothing was dropped, and an
+                                        # empty name (an unset variable) listed every key
+                                        (["cem.lambd", "zzz"], "no configuration key contains 'zzz' (the other "
+                                         "pattern matched)"),
+                                        (["--surrogate", ""], "unknown surrogate ''"),
+                                        (["--attack", ""], "unknown attack ''")])
 def test_bad_filters_are_one_clear_error(args, says, capsys):
     assert main(["keys", *args]) == 2
     assert says in capsys.readouterr().err
