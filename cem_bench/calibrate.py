@@ -150,12 +150,25 @@ def plan(flat: dict, surrogates_: list[str] | None = None, warmup: int | list[in
     return plans
 
 
+# keys calibrate sets itself: given, they were taken silently and written into the --json file's keys as if
+# measured (2026-12-07 probe: cem.lambd 7 beside a reference run at 0)
+NOT_CALIBRATES = {"cem.lambd": "calibrate measures the strength per unit λ (a λ = 0 reference run, each surrogate "
+                               "at λ 1): no λ of yours enters it",
+                  "cem.surrogate": "give the surrogates to measure with --surrogates"}
+
+
 def _plan(flat: dict, surrogates_, warmup, batches) -> Plan:
+    ignored = [k for k in flat if k in NOT_CALIBRATES or k.startswith("attack.")]
+    if ignored:
+        k = ignored[0]
+        raise ConfigError(f"calibrate does not take {k}: " + NOT_CALIBRATES.get(k, "calibrate runs no attack") +
+                          (f" (also given: {', '.join(ignored[1:])})" if ignored[1:] else "") +
+                          "; leave it out of --set and --config")
     names = list(surrogates_ or surrogate_names())
     known = surrogate_names()
     bad = [n for n in names if n not in known]
     if bad:
-        raise ConfigError(f"unknown surrogate(s) {', '.join(bad)}; known: {', '.join(known)}")
+        raise ConfigError(f"unknown surrogate(s) {', '.join(map(repr, bad))}; known: {', '.join(known)}")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:   # each would be measured and written twice: one row, one entry a surrogate
         raise ConfigError(f"--surrogates: {', '.join(twice)} given more than once; give each surrogate once")

@@ -587,7 +587,7 @@ def test_a_tilde_the_shell_left_is_the_home_folder_for_the_check_and_the_writes(
 
 def test_calibrate_refuses_an_unknown_surrogate_before_training(capsys):
     rc = main(["calibrate", "--surrogates", "slotcross", "--set", "model.width=0.0625"])
-    assert rc == 2 and "unknown surrogate(s) slotcross" in capsys.readouterr().err
+    assert rc == 2 and "unknown surrogate(s) 'slotcross'" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ def experiment(tmp_path):
         for seed in (1, 2, 3):
             d = f"cem_trial_{int(lam)}_{seed}"
             dec, rml = 0.40 - lam / 2000 + rng.normal(0, 0.005), 0.42 - lam / 4000 + rng.normal(0, 0.005)
-            rows.append({"trial_dir": d, "status": "ok", "config.cem.lambd": lam, "config.seed": seed,
+            rows.append({"trial_id": d[-6:], "trial_dir": d, "status": "ok", "config.cem.lambd": lam, "config.seed": seed,
                          "config_id": f"c{int(lam)}",
                          "test_acc": 0.8 + rng.normal(0, 0.01), "attack_ssim__decoder": dec,
                          "attack_ssim__rmle": rml, "attack_ssim": max(dec, rml)})
@@ -57,7 +57,8 @@ def experiment(tmp_path):
                 out.joinpath("attack.json").write_text(json.dumps(
                     {"attack_ssim__decoder": strong, "attack_ssim": strong,
                      "config": attack_config(seed, **{"attack.names": ["decoder"], "attack.epochs": epochs})}))
-    rows.append({"trial_dir": "cem_trial_err", "status": "error", "config.cem.lambd": 0.0, "config.seed": 9})
+    rows.append({"trial_id": "err", "trial_dir": "cem_trial_err", "status": "error", "config.cem.lambd": 0.0,
+                 "config.seed": 9})
     pd.DataFrame(rows).to_parquet(tmp_path / "trials.parquet")
     return pd.DataFrame(rows[:-1])
 
