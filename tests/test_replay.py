@@ -145,3 +145,30 @@ def test_folders_that_hold_no_search_are_one_paragraph(tmp_path, capsys, folder)
     rc = cli.main(["replay", str(d)])
     err = capsys.readouterr().err
     assert rc == 2 and str(d) in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda t, e: (t.drop(columns="test_acc"), e), "has no test_acc column, an objective of the search"),
+    (lambda t, e: (t, e.assign(epoch=e["epoch"].astype(str) + "x")), "its epoch column holds 1x"),
+    (lambda t, e: (t, e.assign(epoch=e["epoch"].where(e["epoch"] != 3))), "its epoch column holds nan"),
+    (lambda t, e: (t, e.assign(epoch=e["epoch"] - 2)), "its epoch column holds -1, 0, not whole epochs from 1"),
+])
+def test_a_hand_edited_folder_is_named_not_a_traceback(tmp_path, capsys, edit, says):
+    """2026-12-07 probe: a trials table without an objective, an epoch of text or NaN were tracebacks; negative
+    epochs were "the trials ran -1 epochs". Each is one line naming the file, exit 2."""
+    from cem_bench import cli
+    trials, epochs = edit(*recorded())
+    trials.to_parquet(tmp_path / "trials.parquet")
+    epochs.to_parquet(tmp_path / "epochs.parquet")
+    rc = cli.main(["replay", str(tmp_path), "--orders", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+
+
+def test_a_table_without_roles_is_replayed_with_a_note(tmp_path, capsys):
+    from cem_bench import cli
+    trials, epochs = recorded()
+    trials.drop(columns="role").to_parquet(tmp_path / "trials.parquet")
+    epochs.to_parquet(tmp_path / "epochs.parquet")
+    assert cli.main(["replay", str(tmp_path), "--orders", "2", "--grace", "1", "--eta", "2"]) == 0
+    assert "has no role column: every trial is replayed as a search trial" in capsys.readouterr().out

@@ -180,7 +180,23 @@ def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
         if o["metric"] not in RUNG_METRICS:
             raise ResultsError(f"objective {o['metric']} has no per-epoch stand-in to replay (known: "
                              f"{', '.join(sorted(RUNG_METRICS))})")
-    return trials, epochs, objectives
+    # a hand-edited table's odd values were tracebacks (KeyError, int() of text or NaN) or "the trials ran -1
+    # epochs" (2026-12-07 probe): named here, with the file
+    missing = [o["metric"] for o in objectives if o["metric"] not in trials]
+    if missing:
+        raise ResultsError(f"{d.url(TRIALS_FILE)} has no {', '.join(missing)} column, an objective of the search "
+                           f"(search_space.json); a trials table of `cem-bench search` has every objective's")
+    if "epoch" not in epochs:
+        raise ResultsError(f"{d.url(EPOCHS_FILE)} has no epoch column; an epochs table of `cem-bench search` has it")
+    ep = pd.to_numeric(epochs["epoch"], errors="coerce")
+    if len(ep) and not (ep.notna().all() and (ep >= 1).all() and (ep == ep.round()).all()):
+        bad = sorted({str(v) for v, n in zip(epochs["epoch"], ep) if not (pd.notna(n) and n >= 1 and n == round(n))})
+        raise ResultsError(f"{d.url(EPOCHS_FILE)}: its epoch column holds {', '.join(bad[:5])}, not whole epochs "
+                           f"from 1; an epochs table of `cem-bench search` counts from 1")
+    if "role" not in trials:
+        print(f"note: {d.url(TRIALS_FILE)} has no role column: every trial is replayed as a search trial (the λ = 0 "
+              f"baseline's and a confirmation's runs cannot be told apart)")
+    return trials, epochs.assign(epoch=ep.astype(int)) if len(ep) else epochs, objectives
 
 
 def check_args(args) -> None:
