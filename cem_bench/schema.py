@@ -163,12 +163,19 @@ def ref_problem(metric: str, mode: str, ref: float) -> str | None:
 
 
 def objective_problems(objectives: Sequence[dict]) -> list[tuple[int, str]]:
-    """What makes a list of objectives unreadable by the report, as (index, message): an attack metric as the
-    first objective (the report's utility axis), one whose mode is not its "more private" direction (the
+    """What makes a list of objectives unreadable by the report, as (index, message): a metric no trial records,
+    an attack metric as the first objective (the report's utility axis), one whose mode is not its "more private" direction (the
     report would call the less private configurations more private), or an accuracy minimised."""
     out = []
     for i, o in enumerate(objectives):
         metric, mode = o.get("metric"), o.get("mode")
+        if not (metric in OBJECTIVE_METRICS or (isinstance(metric, str) and attack_of(metric) is not None
+                                                and base_metric(metric) in OBJECTIVE_METRICS)):
+            # a name no trial records: the report's sentences came out garbled and the table listed it among the
+            # compared objectives (2026-12-07 probe)
+            out.append((i, f"{metric!r} is not a metric a trial records; known: {', '.join(OBJECTIVE_METRICS)}, or "
+                           f"one attack's own (attack_ssim__decoder)"))
+            continue
         if metric in ACCURACY_METRICS and mode in MODES and mode != "max":
             # minimised, the search looked for the worst classifier and the front began at chance accuracy
             out.append((i, f"{metric} is better when higher: its mode is max, not {mode}"))

@@ -604,3 +604,18 @@ def test_the_free_space_warning_estimates_the_checkpoints(tmp_path, monkeypatch)
     assert "this search writes about" in diskspace.warn_if_short(spec, str(tmp_path))
     monkeypatch.setattr(diskspace, "free_bytes", lambda storage: total + 1)
     assert diskspace.warn_if_short(spec, str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("metric, ok", [("nonexistent", False), ("attack_ssim__decoder", True),
+                                        ("attack_ssim__nope", True), ("accuracy", False), ("attack_ssim", True)])
+def test_an_objective_no_trial_records_is_refused_by_the_readers(tmp_path, capsys, metric, ok):
+    """2026-12-07 probe: a search_space.json edited to an objective no trial records was reported with garbled
+    sentences ("but nonexistent from none of them") and tabled as a compared objective. One attack's own column
+    (any attack's name: the readers do not load the registry) passes."""
+    (tmp_path / "search_space.json").write_text(json.dumps(
+        {"name": "x", "objectives": [{"metric": "test_acc", "mode": "max"}, {"metric": metric, "mode": "min"}]}))
+    if ok:
+        assert schema.load_objectives(str(tmp_path))[0][1]["metric"] == metric
+    else:
+        with pytest.raises(ResultsError, match=f"'{metric}' is not a metric a trial records"):
+            schema.load_objectives(str(tmp_path))
