@@ -433,6 +433,12 @@ def check_train_sets_are_read(overrides: dict, cfg) -> None:
             who = surrogates.readers(key)
             if who is not None and cfg.cem.surrogate not in who:
                 problems.append(f"{key} is read by {', '.join(who)}, not by cem.surrogate={cfg.cem.surrogate}")
+    # keys another setting of the same run makes unread (2026-12-07 probe: taken, and nothing recorded of them)
+    if cfg.cem.lambd > 0 and cfg.cem.strength != "matched":
+        problems += [f"{k} is read by a matched strength (cem.strength=matched), and this run's is "
+                     f"{cfg.cem.strength}" for k in ("cem.strength_batches", "cem.strength_every") if k in overrides]
+    if "train.milestones" in overrides and cfg.train.milestones_epochs:
+        problems.append("train.milestones is replaced by train.milestones_epochs, which is set")
     attack_keys = {k: v for k, v in overrides.items() if k not in TRAINING_ONLY_ATTACK_KEYS}
     problems += [why for why, _ in unread_attack_keys(attack_keys, cfg)]
     if problems:

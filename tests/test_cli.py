@@ -15,6 +15,8 @@ SPACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "search_s
 def _sets(flat):
     out = []
     for k, v in flat.items():
+        if k == "cem.strength_batches" and "cem.strength" not in flat:
+            continue   # TINY's, for matched surrogates: `train --set` refuses it where the strength is fixed (gmm)
         out += ["--set", f"{k}={v}"]
     return out
 
@@ -882,4 +884,22 @@ def test_a_train_refused_by_its_own_checks_prints_no_first_line(tmp_path, capsys
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert says in err and out == "", (out, err)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["cem.lambd=4", "cem.strength_every=1"], "cem.strength_every is read by a matched strength (cem.strength=matched), "
+                                              "and this run's is fixed"),
+    (["cem.lambd=4", "cem.strength=fixed", "cem.surrogate=slot_cross", "cem.strength_batches=7"],
+     "cem.strength_batches is read by a matched strength"),
+    (["train.milestones=[0.5]", "train.milestones_epochs=[2]"], "train.milestones is replaced by "
+                                                                 "train.milestones_epochs, which is set"),
+])
+def test_a_train_set_another_setting_leaves_unread_is_refused(tmp_path, capsys, sets, says):
+    """2026-12-07 probe: these were taken, and the run changed nothing and recorded nothing of them."""
+    argv = ["train", "--set", "data.dataset=digits", *[a for s in sets for a in ("--set", s)],
+            "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Nothing was trained" in err, err
     assert not (tmp_path / "run").exists()
