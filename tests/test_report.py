@@ -576,6 +576,20 @@ def test_cli_report_on_a_folder_that_is_not_results_exits_2(tmp_path, capsys):
     assert _snapshot(tmp_path) == before
 
 
+def test_report_on_one_train_run_says_what_it_is(tmp_path, capsys):
+    """2026-12-07 probe: `report` on a `train --out` folder gave the generic "holds neither trials.parquet nor a
+    Ray experiment", and its user went looking for a search they never ran."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"weights")
+    (run / "metrics.json").write_text("{}")
+    before = _snapshot(tmp_path)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "is one run of `cem-bench train` (checkpoint.pt, metrics.json)" in err and "cem-bench attack" in err, err
+    assert _snapshot(tmp_path) == before
+
+
 def test_a_ray_experiment_state_without_trial_folders_is_accepted(tmp_path):
     """build_tables reads a folder with only Ray's experiment state (trials created but never started)."""
     exp = tmp_path / "exp"

@@ -49,9 +49,11 @@ from cem_bench.frontier import pareto_mask
 from cem_bench.integrity import MANIFEST_FILE, read_table, write_table
 from cem_bench.schema import (
     ATTACK_METRICS,
+    CHECKPOINT_FILE,
     CONFIGS_FILE,
     COST_COLUMNS,
     EPOCHS_FILE,
+    METRICS_FILE,
     OBJECTIVE_METRICS,
     SPACE_FILE,
     SPACE_LOST,
@@ -283,6 +285,12 @@ def check_results_dir(results_dir: str | Path) -> Path:
     exp = Dir(path)
     has_state = results.ray_trials(exp) is not None
     if not has_state and not any(results.is_trial_dir(exp, d) for d in exp.subdirs()):
+        if (path / CHECKPOINT_FILE).is_file() and (path / METRICS_FILE).is_file():
+            # one `train --out` run: the generic words sent its user looking for a search they never ran
+            raise ResultsError(f"{path} is one run of `cem-bench train` ({CHECKPOINT_FILE}, {METRICS_FILE}): its "
+                               f"metrics are in {METRICS_FILE}, its gallery in recon.png, and `cem-bench attack "
+                               f"{path}` attacks it again; a report is of the experiment folder of a `cem-bench "
+                               f"search` (several runs, their front and their tests)")
         raise ResultsError(f"{path} holds neither {TRIALS_FILE} nor a Ray experiment written by `cem-bench search` "
                            f"(no experiment_state-*.json, no trial folder); {VALID_FOLDER}")
     return path
