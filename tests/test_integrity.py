@@ -619,3 +619,20 @@ def test_an_objective_no_trial_records_is_refused_by_the_readers(tmp_path, capsy
     else:
         with pytest.raises(ResultsError, match=f"'{metric}' is not a metric a trial records"):
             schema.load_objectives(str(tmp_path))
+
+
+def test_a_hand_written_utility_tolerance_is_refused_not_replaced_by_the_default(tmp_path, capsys):
+    """2026-12-07 probe: `utility_tolerance: -3` in a search_space.json was replaced by the default without a
+    word, and the page reported a tolerance nobody chose. The parser refuses it; so does the report now."""
+    src = Path(__file__).resolve().parents[1] / "findings" / "demo"
+    if not src.is_dir():
+        pytest.skip("findings/demo not shipped")
+    copy = tmp_path / "copy"
+    shutil.copytree(src, copy)
+    (copy / integrity.MANIFEST_FILE).unlink()
+    space = json.loads((copy / schema.SPACE_FILE).read_text())
+    (copy / schema.SPACE_FILE).write_text(json.dumps({**space, "utility_tolerance": -3}))
+    rc = cli.main(["report", str(copy), "--out", str(tmp_path / "page")])
+    err = capsys.readouterr().err
+    assert_clean_error(rc, err)
+    assert "utility_tolerance -3 is not a number >= 0" in err and not (tmp_path / "page").exists()

@@ -471,11 +471,17 @@ def _space_hypotheses(spec: dict | None) -> tuple[dict | None, str | None]:
 
 
 def _utility_tolerance(spec: dict | None) -> float | None:
-    """The space's ``utility_tolerance``; None when it states none (a space saved before the key, or no space)
-    or states something that is not a number >= 0."""
+    """The space's ``utility_tolerance``; None when it states none (a space saved before the key, or no space);
+    ResultsError when it states something that is not a number >= 0."""
     value = spec.get("utility_tolerance") if spec else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+    if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        # the space's parser refuses such a value: written by hand, and replacing it by the default without a
+        # word reported a tolerance nobody chose (2026-12-07 probe)
+        raise ResultsError(f"{SPACE_FILE}: utility_tolerance {value!r} is not a number >= 0 (the accuracy a "
+                           f"configuration may lose against its baseline and still count as useful); a search "
+                           f"space that says so is refused, so this file was written by hand or by another tool")
     return float(value)
 
 
