@@ -317,16 +317,25 @@ def test_a_folder_of_tables_alone_is_never_told_to_delete_its_only_trials_table(
         integrity.read_table(str(tables), "trials.parquet", "trials")
 
 
+def _findings_copy(tmp_path, name: str, unverified: bool = False) -> Path:
+    """A copy of findings/NAME to damage (skipped where findings/ is not shipped); ``unverified``: without its
+    checksum list, as the advice for a file edited on purpose says."""
+    src = Path(__file__).resolve().parents[1] / "findings" / name
+    if not src.is_dir():
+        pytest.skip(f"findings/{name} not shipped")
+    copy = tmp_path / "copy"
+    shutil.copytree(src, copy)
+    if unverified:
+        (copy / integrity.MANIFEST_FILE).unlink()
+    return copy
+
+
 def test_a_recorded_search_space_that_is_gone_is_refused_not_read_as_defaults(tmp_path, capsys):
     """2026-12-07 probe: a copy of findings/decoder_digits without its search_space.json (the list still naming
     it) was reported with the default objectives and without its three hypotheses, and said nothing. A file the
     list records and lacks is damage: report and table refuse it, naming the file and what would be lost; doing
     what the message says (delete the list) reads the folder unverified."""
-    src = Path(__file__).resolve().parents[1] / "findings" / "decoder_digits"
-    if not src.is_dir():
-        pytest.skip("findings/decoder_digits not shipped")
-    copy = tmp_path / "copy"
-    shutil.copytree(src, copy)
+    copy = _findings_copy(tmp_path, "decoder_digits")
     (copy / schema.SPACE_FILE).unlink()
     for argv in (["report", str(copy), "--out", str(tmp_path / "page")], ["table", str(copy)]):
         rc = cli.main(argv)
@@ -351,12 +360,7 @@ def test_a_trials_table_whose_cells_cannot_be_told_apart_is_refused_by_table_and
     file says): without λ the table put every run in one λ=0 column while the report said no baseline ran; a
     text λ stopped the report with a traceback; without the surrogate the cells read "λ=16 None". Both commands
     now refuse it in one line, and nothing is written."""
-    src = Path(__file__).resolve().parents[1] / "findings" / "demo"
-    if not src.is_dir():
-        pytest.skip("findings/demo not shipped")
-    copy = tmp_path / "copy"
-    shutil.copytree(src, copy)
-    (copy / integrity.MANIFEST_FILE).unlink()
+    copy = _findings_copy(tmp_path, "demo", unverified=True)
     (copy / schema.CONFIGS_FILE).unlink()
     trials = pd.read_parquet(copy / schema.TRIALS_FILE)
     edit(trials).to_parquet(copy / schema.TRIALS_FILE)
@@ -624,12 +628,7 @@ def test_an_objective_no_trial_records_is_refused_by_the_readers(tmp_path, capsy
 def test_a_hand_written_utility_tolerance_is_refused_not_replaced_by_the_default(tmp_path, capsys):
     """2026-12-07 probe: `utility_tolerance: -3` in a search_space.json was replaced by the default without a
     word, and the page reported a tolerance nobody chose. The parser refuses it; so does the report now."""
-    src = Path(__file__).resolve().parents[1] / "findings" / "demo"
-    if not src.is_dir():
-        pytest.skip("findings/demo not shipped")
-    copy = tmp_path / "copy"
-    shutil.copytree(src, copy)
-    (copy / integrity.MANIFEST_FILE).unlink()
+    copy = _findings_copy(tmp_path, "demo", unverified=True)
     space = json.loads((copy / schema.SPACE_FILE).read_text())
     (copy / schema.SPACE_FILE).write_text(json.dumps({**space, "utility_tolerance": -3}))
     rc = cli.main(["report", str(copy), "--out", str(tmp_path / "page")])
