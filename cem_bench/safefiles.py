@@ -97,11 +97,18 @@ def prune(top: int, target: str, record: str, written: list[str]) -> None:
     gone is skipped. The record is written after the new files, so a publish stopped half-way keeps the earlier
     list and the next one prunes it."""
     try:
-        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
-    except FileNotFoundError:
-        return   # the first publish with a record (or a folder no publish wrote): nothing is known to be stale
-    with os.fdopen(fd, "rb") as fh:
-        earlier = fh.read(1 << 20).decode("utf-8", "replace").splitlines()
+        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=top)
+    except OSError:
+        # none (the first publish with a record, or a folder no publish wrote), or a link planted in its place
+        # (ELOOP; replace_in then replaces the link itself): nothing is known to be stale
+        return
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return   # a pipe or a folder in its place: never read (a pipe would block)
+            earlier = fh.read(1 << 20).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return
     keep = set(written)
     for line in earlier:
         rel = relative_inside(target, line.strip())

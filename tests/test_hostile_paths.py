@@ -71,6 +71,16 @@ def test_a_planted_report_record_removes_nothing_outside_the_report_or_through_a
     build_report(res)
     assert snapshot(outside) == before and (res / "trials.parquet").read_bytes() == trials
     assert (report / "via").is_symlink() and (report / "keep" / "x.txt").read_bytes() == b"kept"
+    # the list itself a link (to a list naming the outside file) or a pipe: never read, replaced by a file
+    (outside / "list").write_text(str(outside / "secret.txt") + "\n")
+    (report / REPORT_RECORD).unlink()
+    os.symlink(outside / "list", report / REPORT_RECORD)
+    build_report(res)
+    assert (outside / "secret.txt").read_bytes() == SECRET and not (report / REPORT_RECORD).is_symlink()
+    (report / REPORT_RECORD).unlink()
+    os.mkfifo(report / REPORT_RECORD)
+    build_report(res)                 # a pipe: not read (it would block), and renamed over by the new list
+    assert (report / REPORT_RECORD).is_file() and (outside / "secret.txt").read_bytes() == SECRET
 
 
 @pytest.mark.parametrize("link", ["report", "report/galleries"])
