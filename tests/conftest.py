@@ -21,9 +21,12 @@ TINY = {
     "cem.strength_batches": 4,
 }
 
-# TINY for a run of rmle alone (attack.names: [rmle]): `train --set` refuses the decoder's keys there, a run's
-# unread keys (cli.check_train_sets_are_read)
-TINY_RMLE = {k: v for k, v in TINY.items()
+# TINY as `train --set` takes it for gmm, the default surrogate, at its fixed strength: `train --set` refuses a key
+# the run never reads (cli.check_train_sets_are_read), and cem.strength_batches is a matched strength's
+TINY_TRAIN = {k: v for k, v in TINY.items() if k != "cem.strength_batches"}
+
+# TINY for a run of rmle alone (attack.names: [rmle]) through `train --set`: the decoder's keys are refused there too
+TINY_RMLE = {k: v for k, v in TINY_TRAIN.items()
              if k not in ("attack.epochs", "attack.blocks", "attack.channels", "attack.batch_size")}
 
 

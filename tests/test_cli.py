@@ -3,7 +3,7 @@ import math
 import os
 
 import pytest
-from conftest import TINY, TINY_RMLE
+from conftest import TINY, TINY_RMLE, TINY_TRAIN
 
 from cem_bench.cli import main
 from cem_bench.core.trial import run_trial
@@ -15,8 +15,6 @@ SPACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "search_s
 def _sets(flat):
     out = []
     for k, v in flat.items():
-        if k == "cem.strength_batches" and "cem.strength" not in flat:
-            continue   # TINY's, for matched surrogates: `train --set` refuses it where the strength is fixed (gmm)
         out += ["--set", f"{k}={v}"]
     return out
 
@@ -26,7 +24,7 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     import torch
     before = torch.get_num_threads()
     out = tmp_path / "run"
-    assert main(["train", *_sets(TINY), "--out", str(out), "--threads", "1"]) == 0
+    assert main(["train", *_sets(TINY_TRAIN), "--out", str(out), "--threads", "1"]) == 0
     assert torch.get_num_threads() == 1
     torch.set_num_threads(max(2, before))   # the re-attack below must set the run's own back itself
     printed = capsys.readouterr().out
@@ -58,12 +56,12 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     # --out: a run is never replaced without a word, and a file is refused before training (issue 39)
     before = (out / "checkpoint.pt").read_bytes()
     capsys.readouterr()
-    assert main(["train", *_sets(TINY), "--out", str(out)]) == 2
+    assert main(["train", *_sets(TINY_TRAIN), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "already holds a run (checkpoint.pt, metrics.json, recon.png)" in err and "Nothing was trained" in err
     assert (out / "checkpoint.pt").read_bytes() == before
     (tmp_path / "afile").write_text("x")
-    assert main(["train", *_sets(TINY), "--out", str(tmp_path / "afile")]) == 2
+    assert main(["train", *_sets(TINY_TRAIN), "--out", str(tmp_path / "afile")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
 
     # a checkpoint whose encoder diverged (NaN weights) says so instead of reporting all-null metrics
@@ -387,7 +385,7 @@ def test_bad_values_fail_before_work(bad, tmp_path):
 def test_missing_dataset_writes_nothing(tmp_path, capsys):
     """A CIFAR run with no files (and no network in tests) is a clear data error; no run folder is left."""
     out = tmp_path / "run"
-    flat = {**TINY, "data.dataset": "cifar10", "data.root": str(tmp_path / "nodata")}
+    flat = {**TINY_TRAIN, "data.dataset": "cifar10", "data.root": str(tmp_path / "nodata")}
     assert main(["train", *_sets(flat), "--out", str(out)]) == 2
     assert "data error" in capsys.readouterr().err
     assert not out.exists()
@@ -396,7 +394,7 @@ def test_missing_dataset_writes_nothing(tmp_path, capsys):
 @pytest.mark.slow
 def test_diverged_training_is_one_clear_message(tmp_path, capsys):
     out = tmp_path / "run"
-    flat = {**TINY, "train.lr": 1e12, "train.weight_decay": 0, "train.epochs": 1, "cem.warmup_epochs": 0}
+    flat = {**TINY_TRAIN, "train.lr": 1e12, "train.weight_decay": 0, "train.epochs": 1, "cem.warmup_epochs": 0}
     assert main(["train", *_sets(flat), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "the trial diverged" in err and "Traceback" not in err and not out.exists()
@@ -583,7 +581,7 @@ def test_a_tilde_the_shell_left_is_the_home_folder_for_the_check_and_the_writes(
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoint.pt").write_bytes(b"kept")
     monkeypatch.setattr(trial, "run_trial", lambda *a, **k: pytest.fail("trained"))
-    assert main(["train", *_sets(TINY), "--out=~/run"]) == 2
+    assert main(["train", *_sets(TINY_TRAIN), "--out=~/run"]) == 2
     assert f"--out {tmp_path / 'run'} already holds a run" in capsys.readouterr().err
     assert (tmp_path / "run" / "checkpoint.pt").read_bytes() == b"kept" and not (tmp_path / "~").exists()
 
@@ -745,7 +743,7 @@ def test_a_stopped_train_says_nothing_was_saved(tmp_path, monkeypatch, capsys):
     def stopped(*a, **k):
         raise KeyboardInterrupt
     monkeypatch.setattr(trial, "run_trial", stopped)
-    assert main(["train", *_sets(TINY), "--out", str(tmp_path / "run")]) == 130
+    assert main(["train", *_sets(TINY_TRAIN), "--out", str(tmp_path / "run")]) == 130
     assert "interrupted: nothing was saved" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 

@@ -314,7 +314,7 @@ def test_the_device_run_needs_neither_ray_nor_optuna(tmp_path):
     import os
     import subprocess
 
-    from conftest import TINY
+    from conftest import TINY_TRAIN
     (tmp_path / "sitecustomize.py").write_text(
         "import importlib.abc, sys\n"
         "class _NoRayOptuna(importlib.abc.MetaPathFinder):\n"
@@ -332,7 +332,8 @@ def test_the_device_run_needs_neither_ray_nor_optuna(tmp_path):
         [sys.executable, "-c", "import optuna"], env=env, capture_output=True, text=True).stderr   # the guard holds
     assert "--trials-surrogates" in ok("scripts/gpu_pack.py", "--help")
     assert "--equivalence-configs" in ok("scripts/gpu_check.py", "--help")
-    sets = [a for k, v in {**TINY, "train.epochs": 1, "cem.warmup_epochs": 0}.items() for a in ("--set", f"{k}={v}")]
+    sets = [a for k, v in {**TINY_TRAIN, "train.epochs": 1, "cem.warmup_epochs": 0}.items()
+            for a in ("--set", f"{k}={v}")]
     assert "checkpoint:" in ok("-m", "cem_bench.cli", "train", *sets, "--out", str(tmp_path / "run"))
     ok("-m", "cem_bench.cli", "attack", str(tmp_path / "run"), "--set", "attack.epochs=1")
 

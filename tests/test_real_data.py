@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY_TRAIN
 
 from cem_bench.cli import main
 from cem_bench.config import TrialConfig, key_specs
@@ -350,7 +350,7 @@ def test_normalisation_constants_are_those_of_the_training_data():
 def test_a_tiny_train_runs_on_each(dataset, tmp_path, capsys):
     out = tmp_path / "run"
     # digits' test split has 360 images: a test_size above it takes them all, and the run records what it used
-    flat = {**TINY, "data.dataset": dataset, "train.epochs": 1, "cem.warmup_epochs": 0,
+    flat = {**TINY_TRAIN, "data.dataset": dataset, "train.epochs": 1, "cem.warmup_epochs": 0,
             "attack.rmle_iterations": 3, "data.test_size": 400}
     sets = [a for k, v in flat.items() for a in ("--set", f"{k}={v}")]
     assert main(["train", *sets, "--out", str(out)]) == 0
