@@ -183,7 +183,7 @@ def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
     # a hand-edited table's odd values were tracebacks (KeyError, int() of text or NaN) or "the trials ran -1
     # epochs" (2026-12-07 probe): named here, with the file
     missing = [o["metric"] for o in objectives if o["metric"] not in trials]
-    if missing:
+    if missing and (trials["status"] == "ok").any():   # (a search none of whose trials finished is said below)
         raise ResultsError(f"{d.url(TRIALS_FILE)} has no {', '.join(missing)} column, an objective of the search "
                            f"(search_space.json); a trials table of `cem-bench search` has every objective's")
     if "epoch" not in epochs:
