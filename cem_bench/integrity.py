@@ -273,6 +273,14 @@ def read_table(folder: Dir | str, name: str, kind: str) -> pd.DataFrame | None:
     return None if data is None else parse_table(data, folder.url(name), kind, folder)
 
 
+def listed_but_missing(folder: Dir | str, name: str) -> bool:
+    """Does the folder's manifest list ``name`` though the file is gone (deleted, or left out of a copy)? What a
+    file that cannot be rebuilt (search_space.json) must not be read as: missing, any value would pass."""
+    folder = folder if isinstance(folder, Dir) else Dir(folder)
+    files = read_manifest(folder)
+    return files is not None and name in files and folder.kind(name) == "missing"
+
+
 def read_json_file(folder: Dir | str, name: str, what: str, lost: str | None = None) -> Any | None:
     """A JSON file of cem-bench's, verified (manifest) and parsed; None when it does not exist. With ``lost``
     (what reading on without it would lose), a file the manifest lists but that is gone is a ResultsError: a
@@ -282,14 +290,12 @@ def read_json_file(folder: Dir | str, name: str, what: str, lost: str | None = N
     folder = folder if isinstance(folder, Dir) else Dir(folder)
     data = read_recorded(folder, name, what)
     if data is None:
-        if lost is not None:
-            files = read_manifest(folder)
-            if files is not None and name in files:
-                raise ResultsError(f"{folder.url(name)} is missing, though the folder's {MANIFEST_FILE} lists it "
-                                   f"(an incomplete copy, or a file deleted since): read without it, {lost}. "
-                                   f"Restore the file from the experiment it came from; to read the folder "
-                                   f"without it anyway, delete {MANIFEST_FILE} there (the folder is then read "
-                                   f"unverified)")
+        if lost is not None and listed_but_missing(folder, name):
+            raise ResultsError(f"{folder.url(name)} is missing, though the folder's {MANIFEST_FILE} lists it "
+                               f"(an incomplete copy, or a file deleted since): read without it, {lost}. "
+                               f"Restore the file from the experiment it came from; to read the folder "
+                               f"without it anyway, delete {MANIFEST_FILE} there (the folder is then read "
+                               f"unverified)")
         return None
     try:
         return loads_json(data)

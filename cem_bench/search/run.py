@@ -22,7 +22,6 @@ from ..integrity import write_recorded_json
 from ..parsing import loads_json
 from ..schema import INTERRUPTED_FILE, RESUME_STATE_FILE, SCHEDULER_FILE, SPACE_FILE
 from ..storage import (
-    Dir,
     exists,
     filesystem,
     is_remote,
@@ -538,11 +537,10 @@ def check_space_unchanged(spec, exp_path: str) -> None:
     where the space given (its file and every ``--set``) would change what the remaining trials compute
     (``space_changes``); a note for what may change. An experiment without the file (an older cem-bench's) is
     not checked; one whose manifest lists the file it lacks is refused (it was deleted: any space would pass)."""
-    from ..integrity import MANIFEST_FILE, read_json_file, read_manifest
+    from ..integrity import MANIFEST_FILE, listed_but_missing, read_json_file
     saved = read_json_file(exp_path, SPACE_FILE, "the search space the search saved (JSON)")
     if saved is None:
-        files = read_manifest(Dir(exp_path))
-        if files is not None and SPACE_FILE in files:
+        if listed_but_missing(exp_path, SPACE_FILE):
             # 2026-12-07 probe: with the file deleted, a space of 2 epochs resumed one of 1 and the table split
             # its cells by train.epochs; the file was never written again
             raise SearchError(f"--resume: {join(exp_path, SPACE_FILE)} is missing, though the experiment's "
