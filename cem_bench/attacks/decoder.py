@@ -124,8 +124,9 @@ def encode(encoder: nn.Module, split, splits, batch_size: int, device: torch.dev
 
 @dataclass(frozen=True)
 class DecoderKeys:
+    # At least 1: a decoder of 0 epochs is the untrained network, whose low SSIM would read as privacy
     epochs: Optional[int] = key(None, "attack decoder epochs (empty = the data set's; on the small sets where "
-                                "the decoder stops improving, docs/attacks.md section 3)", lo=0)
+                                "the decoder stops improving, docs/attacks.md section 3)", lo=1)
     blocks: Optional[int] = key(None, "residual blocks of the decoder (empty = the data set's: the paper's "
                                 "res_normN8C64 on CIFAR)", lo=0, hi=64)
     channels: Optional[int] = key(None, "channels of the decoder (empty = the data set's: the paper's on "
@@ -221,8 +222,6 @@ class DecoderAttack(Attack):
         ``train.cuda_graph`` on (auto), the full-size batches replay one captured step (``DecoderStepGraph``);
         a short last batch runs eagerly."""
         acfg = self.cfg.attack
-        if acfg.epochs == 0:
-            return []
         graphed = device.type == "cuda" and graph_mode(self.cfg.train.cuda_graph, device, self.cfg.train.compile)
         kw = {"fused": True} if device.type == "cuda" else {}
         lr = torch.tensor(acfg.lr, device=device) if graphed else acfg.lr   # filled in place by the scheduler
