@@ -28,6 +28,11 @@ _f = key
 # the most images a split may ask for: 100x CIFAR-10, 4x ImageNet's training set. A typo of a few zeros
 # (10^9) would otherwise try to allocate terabytes before anything said a word (data.check_memory below it).
 MAX_IMAGES = 5_000_000
+# The data sets with fixed splits and their sizes (train, test): data.train_size / data.test_size draw seeded
+# subsets of them (core.data.seeded_subsets), so they can ask for at most these (tests check them against the
+# loaders)
+FIXED_SPLITS = {"digits": {"train": 1437, "test": 360}, "cifar10": {"train": 50_000, "test": 10_000},
+                "cifar100": {"train": 50_000, "test": 10_000}}
 # the largest trial seed: numpy's range. Generators are seeded with multiples of it (gmm's k-means stream
 # 1000003 x (seed + 1), a graphed trainer's evaluation noise), which torch refuses past 64 bits, so a larger
 # seed passed validation and then stopped the trial at its first CEM epoch.
@@ -345,6 +350,13 @@ class TrialConfig:
                           f"runs trials (CIFAR is read from and downloaded into it there); object storage is for a "
                           f"search's --storage only. Give a local path, e.g. ~/.cache/cem-bench/data (the default) "
                           f"or /data/cifar")
+        for which, size in (("train", self.data.train_size), ("test", self.data.test_size)):
+            have = FIXED_SPLITS.get(self.data.dataset, {}).get(which)
+            if size is not None and have is not None and size > have:
+                # a seeded subset cannot be larger than its split: the run would train on all of it while the
+                # config, and so trials.parquet, kept the size asked (2026-12-07: taken silently before)
+                errors.append(f"data.{which}_size: {size:,} is more than the {which} split of {self.data.dataset} "
+                              f"holds ({have:,} images); allowed: 1 to {have:,}, or empty for all of it")
         if self.data.test_size is not None and self.data.attack_split == "inference" and self.data.test_size < 20:
             errors.append("data.test_size: the inference protocol needs at least 20 test images")
         if errors:

@@ -19,6 +19,7 @@ from conftest import TINY_TRAIN
 from cem_bench.cli import main
 from cem_bench.config import TrialConfig, key_specs
 from cem_bench.core import data, realdata
+from cem_bench.errors import ConfigError
 
 DIGIT_COUNTS = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]   # the 1,797 digits of the UCI set, by class
 
@@ -55,6 +56,21 @@ def test_digits_are_32x32_rgb_uint8_in_a_fixed_stratified_split():
     assert s.train.images.max() == 255 and s.train.images.min() == 0
     ink = (s.train.images[:, 0].float() > 128).float().mean(0)
     assert ink[4:28, 4:28].mean() > 0.2 and ink[:, :4].mean() < 0.05
+
+
+def test_a_digits_size_above_its_split_is_refused_and_the_splits_are_the_configs():
+    """A seeded subset cannot be larger than its split: data.train_size 2000 on digits trained on its 1,437 images
+    while the config, and so trials.parquet, kept 2000. The sizes the config refuses by are the loader's."""
+    from cem_bench.config import FIXED_SPLITS
+    s = load(**{"data.dataset": "digits"})
+    assert FIXED_SPLITS["digits"] == {"train": len(s.train), "test": len(s.test)}
+    with pytest.raises(ConfigError, match=r"data.train_size: 2,000 is more than the train split of digits "
+                                          r"holds \(1,437 images\); allowed: 1 to 1,437, or empty for all of it"):
+        TrialConfig.from_flat({"data.dataset": "digits", "data.train_size": 2000})
+    with pytest.raises(ConfigError, match=r"data.test_size: 361 is more than the test split of digits"):
+        TrialConfig.from_flat({"data.dataset": "digits", "data.test_size": 361})
+    assert len(load(**{"data.dataset": "digits", "data.train_size": 1437}).train) == 1437   # all of it is allowed
+    TrialConfig.from_flat({"data.dataset": "synthetic", "data.train_size": 2000})       # generated: any size
 
 
 def test_digits_split_is_the_whole_file_each_image_once():
@@ -349,9 +365,9 @@ def test_normalisation_constants_are_those_of_the_training_data():
 @pytest.mark.parametrize("dataset", ["digits", "photos"])
 def test_a_tiny_train_runs_on_each(dataset, tmp_path, capsys):
     out = tmp_path / "run"
-    # digits' test split has 360 images: a test_size above it takes them all, and the run records what it used
+    # digits' test split has 360 images, all of them asked for (more is refused); the run records what it used
     flat = {**TINY_TRAIN, "data.dataset": dataset, "train.epochs": 1, "cem.warmup_epochs": 0,
-            "attack.rmle_iterations": 3, "data.test_size": 400}
+            "attack.rmle_iterations": 3, "data.test_size": 360 if dataset == "digits" else 400}
     sets = [a for k, v in flat.items() for a in ("--set", f"{k}={v}")]
     assert main(["train", *sets, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
