@@ -804,7 +804,7 @@ def make_parser() -> argparse.ArgumentParser:
                                        "probe recorded at every epoch (attack.probe_epochs)")
     r.add_argument("--grace", type=int, nargs="+", default=[1, 2, 3], help="grace epochs to try (first rung)")
     r.add_argument("--eta", type=float, nargs="+", default=[2.0, 3.0], help="reduction factors to try")
-    r.add_argument("--orders", type=int, default=50, help="random arrival orders per setting")
+    r.add_argument("--orders", type=int, default=50, help="random arrival orders per setting (1 to 10,000)")
     r.add_argument("--workers", type=int, default=4, help="trials running at once in the simulation")
     r.add_argument("--seed", type=int, default=0, help="seed of the arrival orders")
     r.set_defaults(func=cmd_replay)

@@ -123,6 +123,9 @@ def test_a_search_its_scheduler_stopped_is_refused_and_rungs_without_probe_are_s
 
 @pytest.mark.parametrize("argv, says", [(["--workers", "0"], "--workers 0"), (["--eta", "1"], "--eta 1"),
                                         (["--grace", "0"], "--grace 0"), (["--orders", "0"], "--orders 0"),
+                                        # 10^8 ran for days without a word (2026-12-07)
+                                        (["--orders", "10001"], "--orders 10001: give how many random arrival "
+                                                                "orders to replay, 1 to 10,000"),
                                         # a traceback from numpy, and rows printed twice (2026-12-07 audit)
                                         (["--seed", "-1"], "--seed -1: the arrival orders' seed is an integer"),
                                         (["--grace", "1", "1"], "--grace 1 given more than once"),
@@ -172,3 +175,15 @@ def test_a_table_without_roles_is_replayed_with_a_note(tmp_path, capsys):
     epochs.to_parquet(tmp_path / "epochs.parquet")
     assert cli.main(["replay", str(tmp_path), "--orders", "2", "--grace", "1", "--eta", "2"]) == 0
     assert "has no role column: every trial is replayed as a search trial" in capsys.readouterr().out
+
+
+def test_a_long_replay_says_each_setting_as_it_starts(monkeypatch, capsys):
+    from cem_bench.search import replay as mod
+    monkeypatch.setattr(mod, "PROGRESS_ORDERS", 2)   # the threshold's thousand orders, at a test's size
+    trials, epochs = recorded()
+    rc, out, err = _main(monkeypatch, trials, epochs, ["--orders", "2", "--grace", "1", "2", "--eta", "2"], capsys)
+    assert rc == 0, err
+    assert err.splitlines() == ["replaying --grace 1 --eta 2 over 2 orders (1 of 2)",
+                                "replaying --grace 2 --eta 2 over 2 orders (2 of 2)"]
+    rc, out, err = _main(monkeypatch, trials, epochs, ["--orders", "1", "--grace", "1", "--eta", "2"], capsys)
+    assert rc == 0 and err == ""   # below the threshold: the table alone

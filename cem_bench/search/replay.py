@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,13 +200,22 @@ def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
     return trials, epochs.assign(epoch=ep.astype(int)) if len(ep) else epochs, objectives
 
 
+# The most arrival orders one setting replays: each order replays the whole search, and past a few thousand
+# the shares' standard errors are far below the differences a choice of grace and eta turns on
+MAX_ORDERS = 10_000
+# From this many orders a setting says on stderr that it started (the default 50 take moments; thousands, minutes)
+PROGRESS_ORDERS = 1_000
+
+
 def check_args(args) -> None:
     """ResultsError for a setting no replay can run, naming the option and what it takes (before any read)."""
     if args.workers < 1:
         raise ResultsError(f"--workers {args.workers}: give how many trials run at once in the simulation, an "
                            f"integer >= 1")
-    if args.orders < 1:
-        raise ResultsError(f"--orders {args.orders}: give how many random arrival orders to replay, >= 1")
+    if not 1 <= args.orders <= MAX_ORDERS:   # 10^8 ran for days without a word
+        raise ResultsError(f"--orders {args.orders}: give how many random arrival orders to replay, 1 to "
+                           f"{MAX_ORDERS:,} (the means' spread over orders falls as 1/sqrt(orders): the default 50 "
+                           f"gives its shares to about 0.01)")
     bad = [g for g in args.grace if g < 1]
     if bad:
         raise ResultsError(f"--grace {' '.join(map(str, bad))}: grace epochs are whole epochs >= 1")
@@ -279,17 +289,18 @@ def main(args) -> int:
     print("\nSpearman rank correlation of the per-epoch value with the final objective:")
     print(corr.drop(columns="trials").to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     rows = []
-    for g in args.grace:
-        for eta in args.eta:
-            if unprobed[(g, eta)]:
-                continue
-            r = replay(trials, epochs, objectives, g, eta, orders=args.orders, workers=args.workers, seed=args.seed)
-            rows.append({"grace": g, "eta": eta, "rungs": list(r.rungs),
-                         "epochs run (share of FIFO)": f"{r.epochs_share:.2f} ± {r.epochs_share_std:.2f}",
-                         "kept front's hypervolume (share)": (f"{r.hv_share:.3f} ± {r.hv_share_std:.3f}"
-                                                              if np.isfinite(r.hv_share) else "— (front's is 0)"),
-                         "front trials stopped": f"{r.front_stopped:.1f} of {r.front_size}",
-                         "trials stopped": f"{r.stopped:.1f} of {r.trials}"})
+    todo = [(g, eta) for g in args.grace for eta in args.eta if not unprobed[(g, eta)]]
+    for i, (g, eta) in enumerate(todo, 1):
+        if args.orders >= PROGRESS_ORDERS:
+            print(f"replaying --grace {g} --eta {eta:g} over {args.orders:,} orders ({i} of {len(todo)})",
+                  file=sys.stderr, flush=True)
+        r = replay(trials, epochs, objectives, g, eta, orders=args.orders, workers=args.workers, seed=args.seed)
+        rows.append({"grace": g, "eta": eta, "rungs": list(r.rungs),
+                     "epochs run (share of FIFO)": f"{r.epochs_share:.2f} ± {r.epochs_share_std:.2f}",
+                     "kept front's hypervolume (share)": (f"{r.hv_share:.3f} ± {r.hv_share_std:.3f}"
+                                                          if np.isfinite(r.hv_share) else "— (front's is 0)"),
+                     "front trials stopped": f"{r.front_stopped:.1f} of {r.front_size}",
+                     "trials stopped": f"{r.stopped:.1f} of {r.trials}"})
     print(f"\nScheduler replayed over {args.orders} random arrival orders, {args.workers} workers:")
     print(pd.DataFrame(rows).to_string(index=False))
     return 0
