@@ -137,6 +137,10 @@ DEFAULT_OBJECTIVES: tuple[dict, ...] = (
 MODES = ("max", "min")
 
 
+# the statuses a trials table's rows can hold: finished, failed, stopped by the scheduler, stopped by a signal, and
+# (in the tables read while a search runs) still running
+STATUSES = ("ok", "error", "stopped", "interrupted", "running")
+
 ACCURACY_METRICS = ("test_acc", "test_acc_clean")
 # the values a bounded metric can take: an objective's reference point must be one some value can beat
 METRIC_RANGES: dict[str, tuple[float, float]] = {"test_acc": (0.0, 1.0), "test_acc_clean": (0.0, 1.0),

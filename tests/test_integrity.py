@@ -353,6 +353,13 @@ def test_a_recorded_search_space_that_is_gone_is_refused_not_read_as_defaults(tm
     (lambda t: t.assign(**{"config.cem.lambd": t["config.cem.lambd"].map(lambda v: "abc" if v else "0")}),
      "config.cem.lambd holds abc, which is not a λ"),
     (lambda t: t.drop(columns=["config.cem.surrogate"]), "with λ > 0 name no config.cem.surrogate"),
+    # an accuracy in percent was printed, ranked and compared as a result (2026-12-07)
+    (lambda t: t.assign(test_acc=t["test_acc"] * 100), "test_acc holds 9"),
+    (lambda t: t.assign(test_acc=t["test_acc"] * 100), "outside the values it can take (0 to 1) in 12 ok trials"),
+    (lambda t: t.assign(attack_ssim__rmle=t["attack_ssim__rmle"].where(t.index != 3, -2.5)),
+     "attack_ssim__rmle holds -2.5 (trial "),
+    (lambda t: t.assign(status="weird"), "its status column holds 'weird', which no search writes; a trial's status "
+                                         "is one of ok, error, stopped, interrupted, running"),
 ])
 def test_a_trials_table_whose_cells_cannot_be_told_apart_is_refused_by_table_and_report(tmp_path, capsys, edit,
                                                                                      says):

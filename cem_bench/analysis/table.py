@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..errors import ResultsError
 from ..integrity import read_table, vouched
-from ..schema import CONFIGS_FILE, TRIALS_FILE, base_metric, load_objectives
+from ..schema import CONFIGS_FILE, METRIC_RANGES, STATUSES, TRIALS_FILE, base_metric, load_objectives
 from ..storage import Dir
 from .aggregate import CONFIG_ID, CONFIRMED, build_configs, config_ids
 from .noise import ALPHA, BETTER, MIN_RUNS, P_MIN, WORSE
@@ -41,10 +41,16 @@ SIGMA, LAMBDA, SURROGATE = "config.defense.noise_std", "config.cem.lambd", "conf
 
 def check_cells(trials: pd.DataFrame, where: str) -> None:
     """ResultsError when the trials that finished ok cannot be told apart into λ = 0 baselines and CEM cells: no
-    `config.cem.lambd` column, a λ that is not a number, or a λ > 0 without `config.cem.surrogate`. A trials table
+    `config.cem.lambd` column, a λ that is not a number, a λ > 0 without `config.cem.surrogate`, or a metric
+    outside the values it can take (``schema.METRIC_RANGES``). A trials table
     edited by hand (or rewritten by pandas) put every run in one λ=0 column of the table while the report said
     no baseline ran, or stopped the report with a traceback (2026-12-07 probe). An experiment none of whose trials
     finished (they record no config) passes: the readers say that themselves."""
+    if "status" in trials:
+        odd = sorted({str(v) for v in trials["status"].dropna().unique()} - set(STATUSES))   # NaN reads as error
+        if odd:   # "weird" read as "no final result yet" in the table and "errored" in the report (2026-12-07)
+            raise ResultsError(f"{where}: its status column holds {', '.join(map(repr, odd[:5]))}, which no search "
+                               f"writes; a trial's status is one of {', '.join(STATUSES)} (this table was edited)")
     ok = trials[trials["status"] == "ok"] if "status" in trials else trials
     if ok.empty:
         return
@@ -58,6 +64,15 @@ def check_cells(trials: pd.DataFrame, where: str) -> None:
         shown = ", ".join(bad[:5]) or ", ".join(f"{v:g}" for v in sorted(set(lam[lam < 0])))
         raise ResultsError(f"{where}: {LAMBDA} holds {shown}, which is not a λ (a number >= 0) in its ok trials; "
                            f"a trials table of `cem-bench search` holds numbers (this one was edited)")
+    for col in ok.columns:
+        low, high = METRIC_RANGES.get(base_metric(col), (-math.inf, math.inf))
+        v = pd.to_numeric(ok[col], errors="coerce")
+        out = v[(v < low) | (v > high)]
+        if len(out):   # a test_acc of 7.0 (a percentage?) was printed, ranked and compared as a result
+            at = ok.loc[out.index[0], "trial_id"] if "trial_id" in ok else out.index[0]
+            raise ResultsError(f"{where}: {col} holds {out.iloc[0]:g} (trial {at}), outside the values it can "
+                               f"take ({low:g} to {high:g}){' in ' + str(len(out)) + ' ok trials' if len(out) > 1 else ''}"
+                               f"; a trials table of `cem-bench search` holds none (this one was edited)")
     cem = lam.fillna(0) > 0
     if cem.any() and (SURROGATE not in ok or ok.loc[cem, SURROGATE].isna().any()):
         n = int(cem.sum()) if SURROGATE not in ok else int(ok.loc[cem, SURROGATE].isna().sum())
