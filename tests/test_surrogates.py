@@ -361,3 +361,35 @@ for f in (SerialEnhanced.draws, layers.SlotAttention.draw_noise, layers.draw, la
     done = subprocess.run([sys.executable, "-c", code, str(space)], cwd=tests, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _backward_nodes(loss: torch.Tensor) -> set[str]:
+    seen, todo, out = set(), [loss.grad_fn], set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        out.add(type(fn).__name__)
+        todo.extend(f for f, _ in fn.next_functions)
+    return out
+
+
+BATCH_MEAN = [{"cem.spread_about": "batch_mean"},
+              {"cem.spread_about": "batch_mean", "cem.entropy": "diag", "cem.num_clusters": 1, "cem.gmm_fit": "em"}]
+
+
+@pytest.mark.parametrize("name, extra", [(n, {}) for n in NAMES] + [("gmm", e) for e in BATCH_MEAN],
+                         ids=lambda v: v if isinstance(v, str) else
+                         ",".join(f"{k.split('.')[-1]}={x}" for k, x in v.items()) or "defaults")
+def test_no_gather_back_propagates_through_an_atomic_scatter(name, extra):
+    """Advanced indexing's backward (IndexBackward0) adds through ``index_put_(accumulate=True)``, whose order on a
+    multi-threaded CPU follows the threads: the same step's gradients then differ in the last bits and a trial
+    drifts from its own rerun. Every gather on the loss's path goes through ``base.rows`` (index_select, a serial
+    index_add_ backward). gmm's batch-mean cell means gathered by plain indexing (2026-12-07 audit)."""
+    shape = (8, 8, 8)
+    surr = make(name, shape, **extra)
+    z, y = batch(shape)
+    z.requires_grad_(True)
+    nodes = _backward_nodes(run(surr, z, y).loss)
+    assert "IndexBackward0" not in nodes, sorted(nodes)

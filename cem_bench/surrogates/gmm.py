@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..keys import key
-from .base import Surrogate, SurrogateKeys, SurrogateOut, intra_class_mse, register
+from .base import Surrogate, SurrogateKeys, SurrogateOut, intra_class_mse, register, rows
 from .clustering import FAR, cluster_sums, diag_em, kmeans, pad_by_class
 
 
@@ -103,7 +103,8 @@ class GMM(Surrogate):
         if self.cfg.spread_about == "batch_mean":
             # each cell's members' own mean in this batch (differentiable; its gradient terms cancel, so the pull
             # has no component along a cell's mean: it only compacts). A cell of one member has spread 0.
-            mu = (x.new_zeros(g * k, x.shape[1]).index_add(0, slot, x) / n_safe.unsqueeze(1))[slot]
+            # (gathered by ``rows``: plain indexing's backward adds by atomics on a multi-threaded CPU)
+            mu = rows(x.new_zeros(g * k, x.shape[1]).index_add(0, slot, x) / n_safe.unsqueeze(1), slot)
         else:
             mu = self.centroids.view(g * k, -1)[slot]                      # constant: refitted at the epoch's start
         sq = (x - mu).pow(2)                                               # (B, D), differentiable in x
