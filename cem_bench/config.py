@@ -112,8 +112,9 @@ class CemConfig:
                              "lambda scale': how far a match drifts as training goes on)", lo=0)
     strength_batches: int = _f(64, "cem.strength=matched: training batches a match averages (gmm's and the "
                                "surrogate's pull on each; 64: slot_cross's per-batch pull on photos is heavy-tailed "
-                               "and 32 left a match 1.6x off on held-out batches). It costs 2 x this many "
-                               "forward-backward passes per match: on a CPU trial of a few batches an epoch, lower it",
+                               "and 32 left a match 1.6x off on held-out batches). Each costs a client forward, a "
+                               "server forward-backward and one of gmm and of the surrogate: on a CPU trial of a few "
+                               "batches an epoch, lower it",
                                lo=1, hi=100000)
     surrogate_lr: float = _f(1e-3, "Adam learning rate of the surrogate's own parameters", lo=0.0)
     estimator_fit: Optional[str] = _f(None, "how the surrogate's own parameters are trained (docs/estimators.md): "
