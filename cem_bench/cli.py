@@ -437,6 +437,10 @@ def check_train_sets_are_read(overrides: dict, cfg) -> None:
     if cfg.cem.lambd > 0 and cfg.cem.strength != "matched":
         problems += [f"{k} is read by a matched strength (cem.strength=matched), and this run's is "
                      f"{cfg.cem.strength}" for k in ("cem.strength_batches", "cem.strength_every") if k in overrides]
+    if "data.root" in overrides and cfg.data.dataset not in ("cifar10", "cifar100"):
+        # digits and photos come from the installed wheels, synthetic is generated: the folder is never opened
+        problems.append(f"data.root is read for cifar10 and cifar100 only, and this run's data.dataset is "
+                        f"{cfg.data.dataset}")
     if "train.milestones" in overrides and cfg.train.milestones_epochs:
         problems.append("train.milestones is replaced by train.milestones_epochs, which is set")
     attack_keys = {k: v for k, v in overrides.items() if k not in TRAINING_ONLY_ATTACK_KEYS}

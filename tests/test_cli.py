@@ -892,6 +892,8 @@ def test_a_train_refused_by_its_own_checks_prints_no_first_line(tmp_path, capsys
      "cem.strength_batches is read by a matched strength"),
     (["train.milestones=[0.5]", "train.milestones_epochs=[2]"], "train.milestones is replaced by "
                                                                  "train.milestones_epochs, which is set"),
+    (["data.root=/elsewhere"], "data.root is read for cifar10 and cifar100 only, and this run's data.dataset is "
+                               "digits"),
 ])
 def test_a_train_set_another_setting_leaves_unread_is_refused(tmp_path, capsys, sets, says):
     """2026-12-07 probe: these were taken, and the run changed nothing and recorded nothing of them."""
