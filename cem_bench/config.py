@@ -49,7 +49,8 @@ class DataConfig:
                       choices=("synthetic", "cifar10", "cifar100", "digits", "photos"))
     seed: int = _f(0, "seed of the synthetic images, of the photos' patch positions and of cifar and digits "
                    "subsets; separate from the trial seed so every trial of a search sees the same data")
-    root: str = _f("~/.cache/cem-bench/data", "where torchvision datasets live (downloaded if missing and online)")
+    root: str = _f("~/.cache/cem-bench/data", "where CIFAR-10/100 live (downloaded if missing and online); the "
+                   "other data sets never read it")
     train_size: Optional[int] = _f(None, "client training images (synthetic: how many to generate; photos: "
                                    "how many patches to cut; cifar, digits: a seeded subset; empty = all / "
                                    "4096 for synthetic and photos)", lo=1, hi=MAX_IMAGES)
