@@ -170,8 +170,8 @@ def fingerprints(splits: Splits) -> dict[str, str]:
 def seeded_subsets(train: Split, test: Split, cfg: DataConfig) -> tuple[Split, Split]:
     """``data.train_size`` / ``data.test_size`` images of a data set with fixed splits (CIFAR, digits), a
     subset drawn with ``data.seed``; all of a split when the size is empty (the config refuses a larger one).
-    Each split from a generator of its own, so that the test subset (and the attacker's images cut from it) does not change with
-    ``data.train_size``, as for the generated sets."""
+    Each split from a generator of its own, so that the test subset (and the attacker's images cut from it)
+    does not change with ``data.train_size``, as for the generated sets."""
     if cfg.train_size is not None and cfg.train_size < len(train):
         idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed))[: cfg.train_size]
         train = Split(train.images[idx], train.labels[idx])
