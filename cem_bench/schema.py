@@ -142,7 +142,8 @@ MODES = ("max", "min")
 STATUSES = ("ok", "error", "stopped", "interrupted", "running")
 
 ACCURACY_METRICS = ("test_acc", "test_acc_clean")
-# the values a bounded metric can take: an objective's reference point must be one some value can beat
+# the values a bounded metric can take: an objective's reference point must be one some value can beat, and a
+# trials table with a value outside them was edited (analysis.table.check_cells refuses it)
 METRIC_RANGES: dict[str, tuple[float, float]] = {"test_acc": (0.0, 1.0), "test_acc_clean": (0.0, 1.0),
                                                  "attack_ssim": (-1.0, 1.0), "attack_ssim_paper": (-1.0, 1.0),
                                                  "attack_mse": (0.0, math.inf),
