@@ -72,6 +72,15 @@ def test_every_folder_is_the_run_its_row_names():
         assert t1 - end < pd.Timedelta(minutes=3), (name, last, end)
 
 
+def paired_cells(t, metric: str, a: tuple, b: tuple) -> tuple[float, float, float]:
+    """a − b of ``metric`` between two (λ, σ) cells, paired by seed: its mean and 95 % t interval."""
+    from scipy import stats
+    p = t.pivot_table(index="config.seed", columns=["config.cem.lambd", "config.defense.noise_std"], values=metric)
+    d = p[a] - p[b]
+    lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=d.sem())
+    return d.mean(), lo, hi
+
+
 def paired_by_seed(trials, metric: str, a: str, b: str = "none", lambd_a=None, lambd_b=None):
     """a − b of ``metric`` paired by seed (surrogates a and b; "none" is λ = 0) with its 95 % t interval, rounded."""
     from scipy import stats
@@ -764,7 +773,6 @@ def test_noise_alone_digits_says_what_the_docs_say():
     """docs/estimators.md "At σ 0.1 CEM is beyond noise alone", the README's row and summary: the pilots' curve and
     choice (σ 0.35, the SSIM nearest gmm λ 64's 0.874), then N1–N3 hold on 16 new seeds."""
     import pandas as pd
-    from scipy import stats
     pilots = pd.concat([load_results(FINDINGS / n).trials for n in ("noise_alone_pilot_digits",
                                                                    "noise_alone_pilot2_digits")])
     pilots = pilots[pilots["status"] == "ok"]
@@ -790,10 +798,8 @@ def test_noise_alone_digits_says_what_the_docs_say():
              hypothesis_line("N3", r.loc["N3"]).split("… ")[1])
 
     def paired(metric, a, b):
-        p = t.pivot_table(index="config.seed", columns=["config.cem.lambd", "config.defense.noise_std"], values=metric)
-        d = p[a] - p[b]
-        lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=d.sem())
-        return round(100 * d.mean(), 1), round(100 * lo, 2), round(100 * hi, 1)
+        mean, lo, hi = (100 * v for v in paired_cells(t, metric, a, b))
+        return round(mean, 1), round(lo, 2), round(hi, 1)
     assert paired("test_acc", (64.0, 0.35), (0.0, 0.35)) == (-2.1, -4.11, -0.1)
     assert paired("test_acc", (64.0, 0.1), (0.0, 0.1)) == (-4.6, -6.03, -3.2)
     doc_says("docs/estimators.md", "for 2.1 points of accuracy (0.05–4.1, not a hypothesis)",
@@ -807,7 +813,6 @@ def test_noise_alone_demo_digits_says_what_the_docs_say():
     """docs/estimators.md "At the demo's point (σ 0.05, gmm λ 16) CEM is not shown beyond noise alone", the README's
     row and summary: σ† from the earlier tables by the space's rule (0.125), then L1 and L2 not shown, L3 holds."""
     import pandas as pd
-    from scipy import stats
     # the rule, on the tables it names: gmm λ 16 at σ 0.05 (24 runs), noise alone at σ 0.1 (40) and 0.15 (6)
     earlier = pd.concat([load_results(FINDINGS / n).trials.assign(folder=n) for n in (
         "decoder_digits", "decoder_gmm_batchmean_digits", "decoder_gmm_batchmean_tradeoff_digits",
@@ -838,10 +843,7 @@ def test_noise_alone_demo_digits_says_what_the_docs_say():
              *(hypothesis_line(n, r.loc[n]).split("… ")[1] for n in ("L1", "L2", "L3")))
 
     def paired(metric, a, b):
-        p = t.pivot_table(index="config.seed", columns=["config.cem.lambd", "config.defense.noise_std"], values=metric)
-        d = p[a] - p[b]
-        lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=d.sem())
-        return round(d.mean(), 3), round(lo, 3), round(hi, 3)
+        return tuple(round(v, 3) for v in paired_cells(t, metric, a, b))
     assert paired("attack_ssim", (16.0, 0.05), (0.0, 0.125)) == (0.001, -0.001, 0.003)
     assert paired("test_acc", (16.0, 0.05), (0.0, 0.125)) == (-0.008, -0.032, 0.017)
     assert paired("test_acc", (16.0, 0.125), (0.0, 0.125)) == (-0.032, -0.047, -0.018)
@@ -860,7 +862,6 @@ def test_noise_alone_lambda48_digits_says_what_the_docs_say():
     """docs/estimators.md "At σ 0.05 and gmm λ 48 CEM is not shown beyond noise alone either", the README's row and
     summary: σ† from the earlier tables by the space's rule (0.225), then E1 and E2 not shown, E3 holds."""
     import pandas as pd
-    from scipy import stats
     # the rule, on the tables it names: gmm λ 48 at σ 0.05 (40 runs), noise alone at σ 0.2 and 0.25 (6 each)
     earlier = pd.concat([load_results(FINDINGS / n).trials for n in (
         "decoder_tradeoff_digits", "decoder_matched_digits", "decoder_gmm_batchmean_tradeoff_digits",
@@ -889,10 +890,7 @@ def test_noise_alone_lambda48_digits_says_what_the_docs_say():
              *(hypothesis_line(n, r.loc[n]).split("… ")[1] for n in ("E1", "E2", "E3")))
 
     def paired(metric, a, b):
-        p = t.pivot_table(index="config.seed", columns=["config.cem.lambd", "config.defense.noise_std"], values=metric)
-        d = p[a] - p[b]
-        lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=d.sem())
-        return round(d.mean(), 3), round(lo, 3), round(hi, 3)
+        return tuple(round(v, 3) for v in paired_cells(t, metric, a, b))
     assert paired("test_acc", (48.0, 0.225), (0.0, 0.225)) == (-0.053, -0.071, -0.035)
     assert paired("attack_ssim", (48.0, 0.05), (0.0, 0.05)) == (-0.037, -0.041, -0.033)
     assert paired("test_acc", (48.0, 0.05), (0.0, 0.05)) == (-0.037, -0.051, -0.022)
