@@ -44,8 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cem_bench.analysis.hypotheses import MIN_RUNS, adjust, one_test  # noqa: E402
+from cem_bench.cli import ATTACK_ALSO, _positive_int, check_out_file  # noqa: E402
 from cem_bench.config import ConfigError, parse_set  # noqa: E402
 from cem_bench.parsing import load_yaml  # noqa: E402
+from cem_bench.schema import HYPOTHESIS_CLAIMS as CLAIMS  # noqa: E402
 
 
 def wanted(trial: Path, sets: list[str]) -> dict:
@@ -163,11 +165,49 @@ def joined(exp: Path, trials: pd.DataFrame, sets: list[str]) -> pd.DataFrame:
     return df
 
 
+def where_parts(text: str, columns) -> list[tuple[str, object]]:
+    """``KEY=VALUE[,KEY=VALUE]`` as (column, value) pairs; ConfigError naming the part that is not one, before any
+    work (a pandas KeyError or a YAML traceback, some after the summary had printed)."""
+    out = []
+    for part in text.split(","):
+        key, eq, value = part.partition("=")
+        if not eq or key not in columns:
+            known = ", ".join(sorted(c for c in columns if c.startswith("config."))[:8])
+            raise ConfigError(f"{text!r}: {part!r} is not KEY=VALUE of a column of trials.parquet (e.g. {known})")
+        try:
+            out.append((key, load_yaml(value)))
+        except Exception as e:  # noqa: BLE001 - any YAML error: one line
+            raise ConfigError(f"{text!r}: {value!r} is not a value ({' '.join(str(e).split())[:120]})") from None
+    return out
+
+
+def check_args(args, columns) -> None:
+    """Every option that names a column or a test, checked against the trials table before any re-attack."""
+    for text in args.where:
+        where_parts(text, columns)
+    if args.by not in columns:
+        raise ConfigError(f"--by {args.by}: not a column of trials.parquet; e.g. config.cem.lambd")
+    for flag, specs, fields in (("--paired", args.paired, "NAME METRIC CLAIM A B"),
+                                ("--within", args.within, "NAME COLUMN CLAIM OTHER WHERE")):
+        for spec in specs:
+            parts = spec.split()
+            if len(parts) != 5 or parts[2] not in CLAIMS:
+                raise ConfigError(f"{flag} {spec!r}: give five fields, {fields}, CLAIM one of {', '.join(CLAIMS)}")
+            for text in (parts[3:] if flag == "--paired" else parts[4:]):
+                where_parts(text, columns)
+    bad = [k for k in parse_set(args.set) if not (k.startswith("attack.") or k in ATTACK_ALSO)]
+    if bad:   # each trial's `cem-bench attack` would refuse it after the one before had run
+        raise ConfigError(f"--set {', '.join(bad)}: a re-attack changes only attack.* keys and "
+                          f"{', '.join(ATTACK_ALSO)}")
+    if args.out is not None:
+        if not args.summarise:
+            raise ConfigError(f"--out {args.out}: only with --summarise (the joined rows it writes)")
+        check_out_file("--out", str(args.out), "Nothing was re-attacked.")
+
+
 def side(df: pd.DataFrame, text: str) -> pd.DataFrame:
     mask = np.ones(len(df), dtype=bool)
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        v = load_yaml(value)
+    for key, v in where_parts(text, df.columns):
         mask &= np.isclose(df[key].astype(float), float(v)) if isinstance(v, (int, float)) else (df[key] == v)
     return df[mask]
 
@@ -222,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("experiment", type=Path)
     p.add_argument("--set", action="append", default=[], required=True, help="the attack's attack.* keys")
-    p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--threads", type=int, default=None, help="torch threads of each re-attack (default: the "
-                   "trial's own, as its result records them)")
+    p.add_argument("--jobs", type=_positive_int, default=1)
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch threads of each re-attack (default: "
+                   "the trial's own, as its result records them)")
     p.add_argument("--summarise", action="store_true")
     p.add_argument("--by", default="config.cem.lambd")
     p.add_argument("--paired", action="append", default=[])
@@ -244,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     if trials is None:
         print(f"reattack: {args.experiment} holds no trials.parquet: give the experiment folder of a finished "
               f"`cem-bench search` (or run `cem-bench report` on it first)", file=sys.stderr)
+        return 2
+    try:
+        check_args(args, trials.columns)
+    except ConfigError as e:
+        print(f"reattack: {e}", file=sys.stderr)
         return 2
     trials = trials[trials["status"] == "ok"]
     if args.where:   # only the trials of these configurations (any of them)

@@ -224,3 +224,39 @@ def test_the_trials_own_config_is_read_from_its_record(reattack, tmp_path):
     (d / "trial_result.json").write_text("{}")
     with pytest.raises(ValueError, match="has no resolved config"):
         fresh.trial_config(d)
+
+
+@pytest.mark.parametrize("argv, says", [
+    # a sealed results table replaced with exit 0 (2026-12-07 probe): every later read of the folder failed
+    (["--summarise", "--out", "{exp}/trials.parquet"], "exists and is a file of the cem-bench results"),
+    (["--summarise", "--out", "{exp}"], "is a folder"),
+    (["--out", "{exp}/x.parquet"], "only with --summarise"),
+    (["--where", "nosuch=1"], "'nosuch=1' is not KEY=VALUE of a column of trials.parquet"),
+    (["--where", "config.cem.lambd=[1"], "'[1' is not a value"),
+    (["--summarise", "--by", "nosuch"], "--by nosuch: not a column of trials.parquet"),
+    (["--summarise", "--paired", "R1 worst_attack_ssim lower"], "give five fields, NAME METRIC CLAIM A B"),
+    (["--set", "train.epochs=3"], "--set train.epochs: a re-attack changes only attack.* keys"),
+])
+def test_options_that_cannot_work_are_refused_before_any_attack(reattack, tmp_path, capsys, monkeypatch, argv, says):
+    """Each was a traceback (some after the summary had printed), a subprocess failing once per trial, or a
+    file written over; each is now one line and exit 2, with nothing run and nothing written."""
+    from cem_bench import integrity
+    experiment(tmp_path)
+    integrity.write_recorded(str(tmp_path), "trials.parquet", (tmp_path / "trials.parquet").read_bytes())
+    before = (tmp_path / "trials.parquet").read_bytes()
+    ran = []
+    monkeypatch.setattr(reattack.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    argv = [a.format(exp=tmp_path) for a in argv]
+    sets = [] if "--set" in argv else ["--set", "attack.epochs=3"]
+    assert reattack.main([str(tmp_path), *sets, *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+    assert ran == [] and (tmp_path / "trials.parquet").read_bytes() == before
+
+
+@pytest.mark.parametrize("flag", ["--jobs", "--threads"])
+def test_jobs_and_threads_are_whole_numbers_from_1(reattack, tmp_path, capsys, flag):
+    experiment(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        reattack.main([str(tmp_path), "--set", "attack.epochs=3", flag, "0"])
+    assert e.value.code == 2 and "'0' is not a whole number >= 1" in capsys.readouterr().err
