@@ -435,7 +435,8 @@ def read_yaml(path: str, what: str, error: Callable[[str], ConfigError] = Config
 
     from .parsing import MAX_BYTES, ParseError, load_yaml
     try:
-        with open(path, "rb", buffering=0) as fh:
+        # non-blocking: opening a named pipe for reading waits for a writer, before any check could say a word
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb", buffering=0) as fh:
             import stat
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode) and not os.path.isdir(path):
                 raise error(f"{what} {path!r} is not a regular file (a pipe or a device): give a YAML file")
