@@ -41,6 +41,8 @@ import torch
 # forgets PYTHONPATH=. would find every cem_bench import of the stages failing one by one
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from cem_bench.bench.harness import positive_seconds  # noqa: E402
+
 DEFAULT_OUT = "/tmp/cem_gpu_check"
 DEFAULT_STAGES = ("env", "equivalence", "profile", "decoder", "bench", "trial", "pack", "summary")
 EQUIVALENCE_CAP_S = 210.0   # default of --equivalence-cap-s: the equivalence stage starts no new configuration after
@@ -806,11 +808,11 @@ STAGES: dict[str, Callable[[Run], None]] = {
 def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budget-s", type=float, default=480.0)
-    ap.add_argument("--equivalence-reserve-s", type=float, default=60.0,
+    ap.add_argument("--budget-s", type=positive_seconds, default=480.0)
+    ap.add_argument("--equivalence-reserve-s", type=positive_seconds, default=60.0,
                     help="seconds of the budget the equivalence stage leaves to the stages after it (default 60; "
                          "10 when only summary follows)")
-    ap.add_argument("--equivalence-cap-s", type=float, default=EQUIVALENCE_CAP_S,
+    ap.add_argument("--equivalence-cap-s", type=positive_seconds, default=EQUIVALENCE_CAP_S,
                     help="the equivalence stage starts no new configuration after this many seconds")
     ap.add_argument("--equivalence-configs", nargs="+", default=None,
                     help="only these equivalence configurations, named as in equivalence.json, e.g. "

@@ -435,3 +435,23 @@ def test_the_ratio_of_the_pair_that_ran_cold_says_it_understates_packing(tmp_pat
     other = next(line for line in lines if line.startswith("- 2 at once, no MPS:"))
     assert "1.20x one at a time (this pair ran first, on a cold machine" in first and "understates" in first
     assert other.endswith("x one at a time"), other
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("pack", ["--budget-s", "nan"]), ("pack", ["--budget-s", "-5"]), ("pack", ["--trials-epochs", "-1"]),
+    ("check", ["--budget-s", "nan"]), ("check", ["--budget-s", "-1"]), ("check", ["--equivalence-cap-s", "inf"]),
+])
+def test_the_gpu_scripts_refuse_a_budget_that_is_no_limit(tmp_path, monkeypatch, capsys, script, argv):
+    """2026-12-07 probe: gpu_pack.py --budget-s nan measured with no limit until killed; a negative budget
+    measured nothing and exited 0, as gpu_check.py's did. Each is now argparse's one line and exit 2, nothing
+    measured or written."""
+    if script == "pack":
+        module = load_gpu_pack(monkeypatch)
+    else:
+        from test_gpu_path import load_gpu_check
+        module = load_gpu_check(monkeypatch)
+    monkeypatch.setenv("OUT", str(tmp_path / "o"))   # gpu_check's output folder
+    with pytest.raises(SystemExit) as e:
+        module.main([*argv, *(["--out", str(tmp_path / "o")] if script == "pack" else [])])
+    assert e.value.code == 2 and "is not a " in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -75,6 +75,31 @@ DEMO_FALLBACK = {"data.dataset": "digits", "model.width": 0.125,
                  "attack.channels": 32, "attack.batch_size": 32, "defense.noise_std": 0.05}
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type of a script's budget or limit: a finite number of seconds > 0 (NaN ran without a limit, a
+    negative budget measured nothing and exited 0)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v != float("inf")):
+        import argparse
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0")
+    return v
+
+
+def positive_count(text: str) -> int:
+    """argparse type of a script's count (epochs, trials): a whole number >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        import argparse
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return n
+
+
 def demo_trial() -> dict:
     try:
         from ..spaces import load_space
@@ -432,7 +457,7 @@ def format_table(result: dict) -> str:
 def main(args) -> int:
     """``cem-bench bench [--device cpu|cuda] [--quick] [--json FILE] [--only GROUP ...]``."""
     from ..storage import write_json
-    device = getattr(args, "device", "cpu") or "cpu"
+    device = getattr(args, "device", "cpu")   # an empty --device "" (an unset variable?) is refused, not cpu
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         print(f"cem-bench bench: --device {device!r}; allowed: cpu, cuda (or cuda:N)", file=sys.stderr)
         return 2
