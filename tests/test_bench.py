@@ -114,6 +114,9 @@ def test_bad_arguments(capsys):
         bench.run_bench(only=["nope"])
     assert bench.main(SimpleNamespace(device="tpu", quick=True, json=None)) == 2
     assert "allowed: cpu, cuda" in capsys.readouterr().err
+    # an empty --device (an unset variable?) ran the whole CPU bench (2026-12-07 probe)
+    assert bench.main(SimpleNamespace(device="", quick=True, json=None)) == 2
+    assert "--device ''; allowed: cpu, cuda" in capsys.readouterr().err
 
 
 def test_bad_arguments_are_refused_before_any_measurement(monkeypatch, capsys):
