@@ -228,12 +228,24 @@ def select(ref: dict, patterns=(), plugins: dict[str, str] | None = None, datase
     if patterns and not out:
         raise ConfigError(f"no configuration key contains {' or '.join(map(repr, patterns))}; "
                           f"`cem-bench keys` lists them all")
+    empty = [p for p in patterns if not p.strip()]
+    if empty:   # an empty pattern (an unset variable?) is in every name: it listed every key
+        raise ConfigError("an empty key pattern matches every key; give part of a key's name, e.g. cem.lambd, or "
+                          "no pattern for all of them")
     # one pattern of several that matched nothing was dropped without a word (`keys cem.lambd zzz`, 2026-12-07)
     unmatched = [p for p in patterns if not any(p in r.name for r in ref["keys"])]
     if unmatched:
         raise ConfigError(f"no configuration key contains {' or '.join(map(repr, unmatched))} (the other "
                           f"pattern{'s' * (len(patterns) - len(unmatched) > 1)} matched); `cem-bench keys` lists "
                           f"them all")
+    # a pattern of several whose keys the chosen plug-in all leaves unread was dropped without a word too
+    # (`keys --surrogate gmm cem.num_slots cem.lambd` listed cem.lambd alone)
+    unread = [p for p in patterns if not any(p in r.name for r in out)]
+    if unread:
+        chosen = ", ".join(f"{kind} {name}" for kind, name in plugins.items())
+        raise ConfigError(f"no key {chosen} reads contains {' or '.join(map(repr, unread))}: "
+                          + "; ".join(f"{k} is read by {', '.join(v)}" for k, v in others.items()
+                                      if any(p in k for p in unread)))
     return {**ref, "keys": out}
 
 

@@ -197,7 +197,13 @@ def test_one_surrogate_and_one_dataset(capsys):
                                         (["cem.lambd", "zzz"], "no configuration key contains 'zzz' (the other "
                                          "pattern matched)"),
                                         (["--surrogate", ""], "unknown surrogate ''"),
-                                        (["--attack", ""], "unknown attack ''")])
+                                        (["--attack", ""], "unknown attack ''"),
+                                        # one of several patterns the chosen surrogate never reads was dropped, and
+                                        # an empty pattern listed every key (2026-12-07 probe)
+                                        (["--surrogate", "gmm", "cem.num_slots", "cem.lambd"], "no key surrogate gmm "
+                                         "reads contains 'cem.num_slots': cem.num_slots is read by"),
+                                        ([""], "an empty key pattern matches every key"),
+                                        (["cem.lambd", " "], "an empty key pattern matches every key")])
 def test_bad_filters_are_one_clear_error(args, says, capsys):
     assert main(["keys", *args]) == 2
     assert says in capsys.readouterr().err
