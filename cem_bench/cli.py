@@ -12,6 +12,7 @@ import sys
 import time
 
 from .config import ConfigError, TrialConfig, load_yaml_config, parse_set
+from .parsing import positive_int
 
 EPILOG = "Configuration keys: `cem-bench keys` lists every key with its default and allowed values."
 BENCH_GROUPS = "<bench groups>"   # in a help string: what `bench --only` accepts, filled by _BenchHelp
@@ -369,20 +370,9 @@ def _path(text: str) -> str:
 def _threads(text: str) -> int:
     """argparse type of ``--threads``: a whole number from 1 to this machine's cores (99999 ended in a
     traceback from a library mapping a buffer per thread)."""
-    n, cores = _positive_int(text), os.cpu_count() or 1
+    n, cores = positive_int(text), os.cpu_count() or 1
     if n > cores:
         raise argparse.ArgumentTypeError(f"{n} threads, but this machine has {cores} cores; give 1 to {cores}")
-    return n
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1 (argparse's own message names the option and the value)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return n
 
 

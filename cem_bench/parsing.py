@@ -146,3 +146,16 @@ def _bounded_int(s: str) -> int:
 def _short(value: Any, limit: int = 80) -> Any:
     text = repr(value)
     return value if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (argparse's own message names the option and the value). Here, in a
+    module without heavy imports, so that the CLI and the scripts (the GPU ones included) share it."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        import argparse
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return n

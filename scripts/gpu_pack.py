@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cem_bench import mps  # noqa: E402
 from cem_bench.bench import pack, paper  # noqa: E402
 from cem_bench.bench.ceiling import ceiling  # noqa: E402
-from cem_bench.bench.harness import positive_count, positive_seconds, sizes_for  # noqa: E402
+from cem_bench.bench.harness import positive_seconds, sizes_for  # noqa: E402
+from cem_bench.parsing import positive_int  # noqa: E402
 
 # The paper trial's attacks alone on an H100 in the grid's precision (issue 40's measurement, the same day's
 # card type): the decoder 47.8 s, rmle 18.7 s; the attack packing measured here scales them.
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="which precisions and MPS settings (default: all but trials, in this order); trials: whole "
                          "paper trials (cem-bench train, a slice of --trials-epochs with both attacks): 2 at once "
                          "under MPS, then alone (and 2 at once without MPS, with --trials-no-mps)")
-    ap.add_argument("--trials-epochs", type=positive_count, default=None, help="epochs of each trial slice (default 10; 3 "
+    ap.add_argument("--trials-epochs", type=positive_int, default=None, help="epochs of each trial slice (default 10; 3 "
                     "on the CPU)")
     ap.add_argument("--trials-no-mps", action="store_true", help="the trials phase also runs 2 at once without "
                     "MPS, budget allowing, after every other run (not where MPS could not start: its pairs "

@@ -44,10 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cem_bench.analysis.hypotheses import MIN_RUNS, adjust, one_test  # noqa: E402
-from cem_bench.bench.harness import positive_count  # noqa: E402
 from cem_bench.cli import ATTACK_ALSO, check_out_file  # noqa: E402
 from cem_bench.config import ConfigError, parse_set  # noqa: E402
-from cem_bench.parsing import load_yaml  # noqa: E402
+from cem_bench.parsing import load_yaml, positive_int  # noqa: E402
 from cem_bench.schema import HYPOTHESIS_CLAIMS as CLAIMS  # noqa: E402
 
 
@@ -263,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("experiment", type=Path)
     p.add_argument("--set", action="append", default=[], required=True, help="the attack's attack.* keys")
-    p.add_argument("--jobs", type=positive_count, default=1)
-    p.add_argument("--threads", type=positive_count, default=None, help="torch threads of each re-attack (default: "
+    p.add_argument("--jobs", type=positive_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads of each re-attack (default: "
                    "the trial's own, as its result records them)")
     p.add_argument("--summarise", action="store_true")
     p.add_argument("--by", default="config.cem.lambd")

@@ -88,18 +88,6 @@ def positive_seconds(text: str) -> float:
     return v
 
 
-def positive_count(text: str) -> int:
-    """argparse type of a script's count (epochs, trials): a whole number >= 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        import argparse
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return n
-
-
 def demo_trial() -> dict:
     try:
         from ..spaces import load_space
