@@ -65,7 +65,9 @@ def check_cells(trials: pd.DataFrame, where: str) -> None:
         raise ResultsError(f"{where}: {LAMBDA} holds {shown}, which is not a λ (a number >= 0) in its ok trials; "
                            f"a trials table of `cem-bench search` holds numbers (this one was edited)")
     for col in ok.columns:
-        low, high = METRIC_RANGES.get(base_metric(col), (-math.inf, math.inf))
+        if base_metric(col) not in METRIC_RANGES:   # only the bounded metrics: never coerce the config's text columns
+            continue
+        low, high = METRIC_RANGES[base_metric(col)]
         v = pd.to_numeric(ok[col], errors="coerce")
         out = v[(v < low - 1e-6) | (v > high + 1e-6)]   # float32 rounding may pass a bound by an ulp (SSIM 1)
         if len(out):   # a test_acc of 7.0 (a percentage?) was printed, ranked and compared as a result
