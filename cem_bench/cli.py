@@ -320,6 +320,10 @@ def check_out_file(flag: str, path: str | None, nothing: str, command: str | Non
     ``command`` and flag (``EARLIER_OUTPUT``), and never one a cem-bench folder's manifest records."""
     if not path:
         return
+    if path.endswith(("/", os.sep)) and not os.path.isdir(path):
+        # "x.json/" names a folder to a shell and a user; the write, through abspath, made the file x.json
+        raise ConfigError(f"{flag} {path} ends in '/', which names a folder; give a file name (e.g. "
+                          f"{path.rstrip('/' + os.sep)}). {nothing}")
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path} is a folder; give a file name (e.g. {os.path.join(path, 'out')}"
                           f"{'.yaml' if flag == '--yaml' else '.json'}). {nothing}")
@@ -354,6 +358,25 @@ def check_out_file(flag: str, path: str | None, nothing: str, command: str | Non
                               f"move the file away first. {nothing}")
     check_writable_under(flag, path, nothing)
     check_makeable(flag, os.path.dirname(os.path.abspath(path)), nothing)
+    check_name_length(flag, path, nothing)
+
+
+def check_name_length(flag: str, path: str, nothing: str) -> None:
+    """ConfigError, before any work, when the file name of ``path`` is longer than its file system takes
+    (``NAME_MAX``, 255 bytes on most): the checks above make and remove its folder, never the file itself, so a
+    300-character name passed them and the write failed after the measurement."""
+    from .storage import is_uri, nearest_existing
+    if is_uri(path):
+        return
+    base = nearest_existing(os.path.dirname(os.path.abspath(path)))
+    try:
+        limit = os.pathconf(base, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    size = len(os.fsencode(os.path.basename(path)))
+    if limit > 0 and size > limit:
+        raise ConfigError(f"{flag} {path}: the file name is {size} bytes, and the file system there takes names of "
+                          f"at most {limit}; give a shorter name. {nothing}")
 
 
 def _path(text: str) -> str:

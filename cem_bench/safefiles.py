@@ -207,10 +207,18 @@ def write_probe(dir_fd: int) -> None:
     os.unlink(name, dir_fd=dir_fd)
 
 
+# bytes of a target's name its temp file keeps (search/lock.py knows a starting file's temp by its whole name:
+# those names are short)
+TMP_STEM = 100
+
+
 def replace_in(dir_fd: int, name: str, data: bytes, shown: str) -> None:
     """``name`` in the folder ``dir_fd`` becomes ``data``: a fresh temp file (never an existing one, never
-    through a link) renamed over it."""
-    tmp = f".{name}.tmp{os.getpid()}.{secrets.token_hex(4)}"
+    through a link) renamed over it. The temp name keeps at most ``TMP_STEM`` bytes of ``name``: the whole name
+    plus its suffix passed the file system's 255-byte limit for a name of 240 or more, and the write failed after
+    the work (a measured calibration lost)."""
+    stem = os.fsencode(name)[:TMP_STEM].decode(errors="ignore")
+    tmp = f".{stem}.tmp{os.getpid()}.{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as fh:

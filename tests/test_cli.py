@@ -460,6 +460,14 @@ PROC = pytest.mark.skipif(not os.path.isdir("/proc/sys"), reason="needs Linux's 
     (["report", "{d}", "--out", "{d}/r/" + "a" * 300], "the folder cannot be made"),
     (["calibrate", "--json", "{d}/r/" + "a" * 300 + "/x.json"], "the folder cannot be made"),
     (["search", SPACE, "--storage", "{d}/" + "a" * 300], "--storage {d}/" + "a" * 300 + ": the folder cannot be made"),
+    # a file name longer than the file system takes: the checks made its folder, never the file, and the write
+    # failed after the measurement (until 2026-12-07); a trailing '/' names a folder, and x.json was written
+    (["calibrate", "--json", "{d}/" + "a" * 300 + ".json"], "the file name is 305 bytes, and the file system there "
+                                                          "takes names of at most 255"),
+    (["bench", "--only", "data", "--json", "{d}/" + "é" * 130], "the file name is 260 bytes"),
+    (["calibrate", "--yaml", "{d}/x.yaml/"], "--yaml {d}/x.yaml/ ends in '/', which names a folder; give a file name "
+                                            "(e.g. {d}/x.yaml)"),
+    (["bench", "--only", "data", "--json", "{d}/x.json/"], "--json {d}/x.json/ ends in '/'"),
     # an existing folder nobody can write a file in, root included (os.access says yes to root): until 2026-12-07
     # `train --out` trained and attacked, then lost the run on its first write; /proc stands for an immutable
     # folder, a read-only mount or an NFS share mapping root to nobody

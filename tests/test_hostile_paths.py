@@ -221,6 +221,14 @@ def test_write_bytes_temp_names_cannot_be_planted(tmp_path, outside, monkeypatch
     assert (outside / "secret.txt").read_bytes() == SECRET and (tmp_path / "f").read_bytes() == b"new"
 
 
+@pytest.mark.parametrize("name", ["a" * 245 + ".json", "é" * 127])
+def test_write_bytes_takes_any_name_the_file_system_takes(tmp_path, name):
+    """The temp name was ``.NAME.tmpPID.HEX``: a name of 240 bytes or more (the file system takes 255) made a temp
+    name it refuses, and `calibrate --json` failed after its measurement. Nothing else is left beside it."""
+    storage.write_bytes(str(tmp_path / name), b"new")
+    assert (tmp_path / name).read_bytes() == b"new" and os.listdir(tmp_path) == [name]
+
+
 def test_relative_inside_accepts_only_paths_inside(tmp_path):
     root = tmp_path / "R"
     assert storage.relative_inside(root, "exp/t1") == "exp/t1"
