@@ -556,6 +556,11 @@ def cmd_calibrate(args) -> int:
     if twice:   # one reference state per seed: a repeat is the same measurement counted twice in the medians
         raise ConfigError(f"--seeds: {', '.join(map(str, twice))} given more than once; give distinct seeds, one "
                           f"reference state each. Nothing was measured")
+    warmups = args.warmup if isinstance(args.warmup, list) else []
+    twice = sorted({w for w in warmups if warmups.count(w) > 1})
+    if twice:   # each warm-up is measured once: a repeat was dropped without a word, as if measured twice
+        raise ConfigError(f"--warmup: {', '.join(map(str, twice))} given more than once; give each warm-up once. "
+                          f"Nothing was measured")
     check_out_file("--json", args.json, "Nothing was measured", "calibrate")
     check_out_file("--yaml", args.yaml, "Nothing was measured", "calibrate")
     surrogates = args.surrogates or None

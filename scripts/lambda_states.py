@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cem_bench.parsing import positive_int
+
 
 def request(args, dataset, width, sigma, seed) -> dict:
     """What a state file is asked to hold: the state and the measurement's arguments, stored in the file so that
@@ -33,17 +35,46 @@ def request(args, dataset, width, sigma, seed) -> dict:
             "batches": args.batches, "set": sorted(args.set)}
 
 
+def read_state(f: Path):
+    """A state file's JSON; SystemExit naming the file when it is not JSON (a file cut short, or another's)."""
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"lambda_states: {f} is not a readable state file ({e}): move it away, or measure its "
+                         f"state again (delete it and run without --summarise)") from None
+
+
 def stored_request(f: Path) -> dict | None:
     """The request a state file was measured for (None: a file written before the request was stored)."""
-    doc = json.loads(f.read_text())
+    doc = read_state(f)
     return doc.get("lambda_states") if isinstance(doc, dict) else None
+
+
+def check_states(args, states) -> None:
+    """Every state's configuration as calibrate checks it, before the first is measured: a data set or width
+    calibrate refuses failed only when its state's turn came, after hours of the others, in a traceback."""
+    from cem_bench import calibrate
+    from cem_bench.config import parse_set
+    from cem_bench.errors import ConfigError
+    try:
+        extra = parse_set(args.set)
+    except ConfigError as e:
+        raise SystemExit(f"lambda_states: --set: {e}. Nothing was measured") from None
+    for f, req in states:
+        flat = {**extra, "data.dataset": req["dataset"], "model.width": req["width"],
+                "defense.noise_std": req["sigma"], "seed": req["seed"], "train.device": "cpu"}
+        try:
+            calibrate.plan(flat, None, req["warmups"], req["batches"])
+        except ConfigError as e:
+            raise SystemExit(f"lambda_states: the state {f.stem}: {e}. Nothing was measured") from None
 
 
 def run(args) -> None:
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     states = [(out / f"{dataset}_w{width}_s{sigma}_seed{seed}.json", request(args, dataset, width, sigma, seed))
               for dataset in args.datasets for width in args.widths for sigma in args.sigmas for seed in args.seeds]
+    check_states(args, states)
+    out.mkdir(parents=True, exist_ok=True)
     # every existing file checked before the first state is measured: one measured for other arguments is not
     # reused (it would enter the table as if measured for these), and not replaced without --redo
     stale = []
@@ -67,8 +98,12 @@ def run(args) -> None:
                "--warmup", *map(str, args.warmups), "--batches", str(args.batches),
                "--json", str(part), *sum((["--set", s] for s in args.set), [])]
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        doc = json.loads(part.read_text())
+        try:
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        except subprocess.CalledProcessError as e:
+            raise SystemExit(f"lambda_states: calibrate failed for {f.name} (exit {e.returncode}; its message is "
+                             f"above). The states measured before it are kept in {out}: run again to go on") from None
+        doc = read_state(part)
         part.write_text(json.dumps({**doc, "lambda_states": req}, indent=2))
         part.rename(f)
         print(f"{f.name}: {time.perf_counter() - t0:.0f} s", flush=True)
@@ -81,7 +116,7 @@ def summarise(args) -> None:
         raise SystemExit(f"lambda_states: no state files (*.json) in {out}: run it without --summarise first")
     requests: dict[str, list[str]] = {}
     for f in sorted(out.glob("*.json")):
-        doc = json.loads(f.read_text())
+        doc = read_state(f)
         req = doc.get("lambda_states") if isinstance(doc, dict) else None
         key = json.dumps({k: v for k, v in (req or {}).items() if k in ("warmups", "batches", "set")},
                          sort_keys=True)
@@ -95,7 +130,7 @@ def summarise(args) -> None:
                          f"Summarise one kind at a time (another --out), or measure them again with --redo")
     for f in sorted(out.glob("*.json")):
         dataset, w, s, seed = f.stem.split("_")
-        doc = json.loads(f.read_text())
+        doc = read_state(f)
         # calibrate's --json: {configuration, records} (files written before it recorded the configuration: the
         # records alone)
         for r in (doc["records"] if isinstance(doc, dict) else doc):
@@ -221,12 +256,21 @@ def main() -> None:
     p.add_argument("--sigmas", nargs="+", type=float, default=[0.01, 0.025, 0.05, 0.1, 0.15])
     p.add_argument("--warmups", nargs="+", type=int, default=[2, 3, 5])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--batches", type=int, default=8)
+    p.add_argument("--batches", type=positive_int, default=8)
     p.add_argument("--set", action="append", default=[], help="another config key for every state")
     p.add_argument("--redo", action="store_true", help="measure again the state files in --out that were "
                    "measured for other --warmups, --batches or --set (without it they are refused)")
     p.add_argument("--summarise", action="store_true")
     args = p.parse_args()
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        p.error(f"--out {args.out} is a file; give a folder for the state files")
+    if args.summarise and not Path(args.out).is_dir():
+        p.error(f"--out {args.out} does not exist; give the folder a run without --summarise measured into")
+    twice = {n: sorted({v for v in getattr(args, n) if getattr(args, n).count(v) > 1})
+             for n in ("datasets", "widths", "sigmas", "warmups", "seeds")}
+    for name, values in twice.items():
+        if values:   # one state file a state: a repeat was measured once and counted once, without a word
+            p.error(f"--{name}: {', '.join(map(str, values))} given more than once; give each once")
     summarise(args) if args.summarise else run(args)
 
 

@@ -118,6 +118,7 @@ def test_a_whole_calibrate_file_given_to_train_is_named_too(tmp_path, capsys):
     (["--batches", "100000"], "100000 held-out batches; give 1 to 256"),
     (["--seeds", "0", "-1"], "--seeds -1: "),
     (["--surrogates", "slot_cross", "slot_cross"], "--surrogates: slot_cross given more than once"),
+    (["--warmup", "2", "2"], "--warmup: 2 given more than once"),   # measured once, without a word (2026-12-07)
     # keys calibrate sets itself, or never reads, were taken and written into --json's keys (2026-12-07 probe)
     (["--set", "cem.lambd=7"], "calibrate does not take cem.lambd: calibrate measures the strength per unit λ"),
     (["--set", "cem.surrogate=gmm"], "give the surrogates to measure with --surrogates"),

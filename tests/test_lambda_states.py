@@ -118,3 +118,52 @@ def test_the_doc_s_width_and_schedule_ranges_are_its_table_s():
     assert span(inject, [1.0], [0.01]) == "20–20×" and "pull 20× gmm at width 1.0, σ 0.01" in sentence
     for q in quoted:
         assert q in sentence, (q, sentence)
+
+
+@pytest.mark.parametrize("changed, says", [
+    ({"datasets": ["nosuch"]}, "the state nosuch_w0.25_s0.1_seed0: data.dataset: 'nosuch' is not allowed"),
+    ({"widths": [0.25, -1.0]}, "the state synthetic_w-1.0_s0.1_seed0: model.width: -1.0 is out of range"),
+    ({"set": ["foo.bar=1"]}, "unknown config key 'foo.bar'"),
+    ({"warmups": [2, 9999]}, "warm-up 9999 leaves no CEM epoch"),
+])
+def test_a_state_calibrate_refuses_is_refused_before_any_is_measured(states, calls, tmp_path, changed, says):
+    """A data set, width or key calibrate refuses failed when its state's turn came, after the states before it,
+    in a CalledProcessError traceback; --out was made first. Now every state is checked before the first runs."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        states.run(args(out, **changed))
+    assert says in str(e.value) and "Nothing was measured" in str(e.value), str(e.value)
+    assert calls == [] and not out.exists()
+
+
+def test_a_failed_calibrate_or_a_damaged_file_is_named_not_a_traceback(states, monkeypatch, tmp_path):
+    import subprocess
+
+    def failing(cmd, check, stdout):
+        raise subprocess.CalledProcessError(3, cmd)
+    monkeypatch.setattr(states.subprocess, "run", failing)
+    with pytest.raises(SystemExit) as e:
+        states.run(args(tmp_path))
+    assert "calibrate failed for synthetic_w0.25_s0.1_seed0.json (exit 3" in str(e.value), str(e.value)
+    (tmp_path / "synthetic_w0.25_s0.1_seed0.json").write_text("{cut short")
+    for call in (states.summarise, states.run):
+        with pytest.raises(SystemExit) as e:
+            call(args(tmp_path))
+        assert f"{tmp_path / 'synthetic_w0.25_s0.1_seed0.json'} is not a readable state file" in str(e.value)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--out", "{f}"], "--out {f} is a file; give a folder"),
+    (["--out", "{d}/none", "--summarise"], "--out {d}/none does not exist"),
+    (["--out", "{d}/o", "--seeds", "1", "1"], "--seeds: 1 given more than once"),
+    (["--out", "{d}/o", "--warmups", "2", "3", "2"], "--warmups: 2 given more than once"),
+    (["--out", "{d}/o", "--batches", "0"], "--batches: '0' is not a whole number >= 1"),
+])
+def test_the_arguments_are_refused_with_their_name(states, calls, tmp_path, monkeypatch, capsys, argv, says):
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr(states.sys, "argv", ["lambda_states.py"] + [a.format(f=tmp_path / "afile", d=tmp_path)
+                                                                     for a in argv])
+    with pytest.raises(SystemExit) as e:
+        states.main()
+    assert e.value.code == 2 and says.format(f=tmp_path / "afile", d=tmp_path) in capsys.readouterr().err
+    assert calls == [] and not (tmp_path / "o").exists()
