@@ -159,3 +159,16 @@ def positive_int(text: str) -> int:
         import argparse
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return n
+
+
+def positive_number(text: str, what: str = "number") -> float:
+    """argparse type: a finite number > 0 (``float`` alone took NaN, which compares false with every bound and
+    so passed every check after it, and ``inf``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v != float("inf")):
+        import argparse
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite {what} > 0")
+    return v

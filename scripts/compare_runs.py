@@ -138,6 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics", nargs="+", help=f"metrics to compare trial by trial (default: those of {METRICS} "
                                                   f"either run has)")
     args = ap.parse_args(argv)
+    if os.path.realpath(args.a) == os.path.realpath(args.b):
+        # a folder against itself says "identical" whatever it holds: a mistyped rerun path
+        print(f"compare_runs: a and b are one folder ({os.path.realpath(args.a)}); give the rerun's folder as b",
+              file=sys.stderr)
+        return 2
+    twice = sorted({m for m in args.metrics or [] if args.metrics.count(m) > 1})
+    if twice:   # each was compared and printed twice
+        print(f"compare_runs: --metrics: {', '.join(twice)} given more than once; give each once", file=sys.stderr)
+        return 2
     from cem_bench.errors import ResultsError
     try:
         res_a, res_b = _load(args.a), _load(args.b)

@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cem_bench.parsing import positive_int, positive_number
+
 # the two ways the summary opens when it names a configuration (report/summary.py); "None of the
 # configurations is more private ... beyond its noise" opens a page that names none
 CLAIMS = ("Beyond the noise of the λ=0 baseline", "A trade-off, not free privacy:")
@@ -75,9 +77,11 @@ def judge(folder: Path) -> tuple[bool, int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tables", type=int, default=40)
-    ap.add_argument("--configs", type=int, nargs="+", default=[12, 100])
-    ap.add_argument("--spread", type=float, default=1.0, help="the configurations' spread / the baseline's")
+    # whole numbers >= 1 and a finite spread > 0: --tables 0 ended in a ZeroDivisionError, --configs -1 in numpy's
+    # error, and --spread nan wrote tables of NaN that the report refused
+    ap.add_argument("--tables", type=positive_int, default=40)
+    ap.add_argument("--configs", type=positive_int, nargs="+", default=[12, 100])
+    ap.add_argument("--spread", type=positive_number, default=1.0, help="the configurations' spread / the baseline's")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)

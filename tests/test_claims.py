@@ -554,3 +554,21 @@ def test_the_paper_table_never_rounds_a_marked_difference_away():
     cells = table.paper_table(configs, "attack_ssim").iloc[0].tolist()
     means = [c.split(" ± ")[0] for c in cells]
     assert means[0] != means[1] and cells[1].endswith("[+]"), cells
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--tables", "0"], "argument --tables: '0' is not a whole number >= 1"),     # a ZeroDivisionError (2026-12-07)
+    (["--configs", "12", "-1"], "argument --configs: '-1' is not a whole number >= 1"),
+    (["--spread", "nan"], "argument --spread: 'nan' is not a finite number > 0"),
+    (["--spread", "-1"], "argument --spread: '-1' is not a finite number > 0"),
+])
+def test_the_independent_check_refuses_what_it_cannot_run(argv, says, capsys, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import independent_claims as ic
+    monkeypatch.setattr(ic, "judge", lambda folder: pytest.fail("a report was built"))
+    with pytest.raises(SystemExit) as e:
+        ic.main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err

@@ -86,7 +86,7 @@ def test_pairs_survive_a_new_key_a_repeated_trial_and_name_what_one_run_lacks(tm
     shutil.rmtree(b)
     assert cmp.main([str(RUN), str(_rerun(tmp_path, no_rmle))]) == 1
     assert "metrics only one run has: attack_ssim__rmle (a only)" in capsys.readouterr().out
-    assert cmp.main([str(RUN), str(RUN), "--metrics", "attack_sim"]) == 2   # a typo is not "identical"
+    assert cmp.main([str(RUN), str(_rerun(tmp_path / "c")), "--metrics", "attack_sim"]) == 2   # a typo: not "identical"
     assert "neither run has the metric(s) attack_sim" in capsys.readouterr().err
 
 
@@ -158,3 +158,16 @@ def test_what_cannot_be_compared_exits_2_never_1(tmp_path, capsys, change, args,
 def test_a_table_given_for_a_folder_is_named_a_file(capsys):
     assert _script().main([str(RUN / "trials.parquet"), str(RUN)]) == 2
     assert "trials.parquet is a file, not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not RUN.is_dir(), reason="findings/decoder_tradeoff_digits not shipped")
+@pytest.mark.parametrize("argv, says", [
+    (["{a}", "{a}"], "a and b are one folder"),                       # said "identical" (2026-12-07 probe)
+    (["{a}", "{a}/."], "a and b are one folder"),
+    (["{a}", "{a}", "--metrics", "test_acc", "test_acc"], "a and b are one folder"),
+    (["{a}", "{b}", "--metrics", "test_acc", "attack_ssim", "test_acc"], "--metrics: test_acc given more than once"),
+])
+def test_a_folder_against_itself_or_a_metric_twice_is_refused(tmp_path, capsys, argv, says):
+    b = _rerun(tmp_path)
+    assert _script().main([x.format(a=RUN, b=b) for x in argv]) == 2
+    assert says in capsys.readouterr().err

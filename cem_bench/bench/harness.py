@@ -78,14 +78,8 @@ DEMO_FALLBACK = {"data.dataset": "digits", "model.width": 0.125,
 def positive_seconds(text: str) -> float:
     """argparse type of a script's budget or limit: a finite number of seconds > 0 (NaN ran without a limit, a
     negative budget measured nothing and exited 0)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not (v > 0 and v != float("inf")):
-        import argparse
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0")
-    return v
+    from ..parsing import positive_number
+    return positive_number(text, "number of seconds")
 
 
 def demo_trial() -> dict:
