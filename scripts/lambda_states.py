@@ -50,6 +50,10 @@ def stored_request(f: Path) -> dict | None:
     return doc.get("lambda_states") if isinstance(doc, dict) else None
 
 
+# the keys each state sets (its file's name holds them); a --set of one would override the state's in calibrate
+STATE_KEYS = frozenset({"data.dataset", "model.width", "defense.noise_std", "seed", "train.device"})
+
+
 def check_states(args, states) -> None:
     """Every state's configuration as calibrate checks it, before the first is measured: a data set or width
     calibrate refuses failed only when its state's turn came, after hours of the others, in a traceback."""
@@ -60,6 +64,10 @@ def check_states(args, states) -> None:
         extra = parse_set(args.set)
     except ConfigError as e:
         raise SystemExit(f"lambda_states: --set: {e}. Nothing was measured") from None
+    own = sorted(set(extra) & STATE_KEYS)
+    if own:   # calibrate took the --set, given after the state's: every file would be named for a state not measured
+        raise SystemExit(f"lambda_states: --set {', '.join(own)}: the script sets it for each state; give it with "
+                         f"--datasets, --widths, --sigmas or --seeds. Nothing was measured")
     for f, req in states:
         flat = {**extra, "data.dataset": req["dataset"], "model.width": req["width"],
                 "defense.noise_std": req["sigma"], "seed": req["seed"], "train.device": "cpu"}

@@ -615,7 +615,8 @@ def test_decoder_onecell_diag_digits_32seeds_says_what_the_docs_say():
     assert (t["attack_ssim_by"] == "decoder").all()
     doc_says("docs/estimators.md", "serial_enhanced 0.924 ± 0.011 (accuracy 0.909 ± 0.036)",
              "against the cell's 0.923 ± 0.009 (0.913 ± 0.031), +0.001 (−0.002 to +0.004; S1 and S2 hold, adjusted p",
-             "1e−7 and 9e−7). The paired gap spreads by 0.009 over seeds", "Accuracy −0.3 points (−1.6 to +1.0, not a hypothesis),",
+             "1e−7 and 9e−7). The paired gap spreads by 0.009 over seeds",
+             "Accuracy −0.3 points (−1.6 to +1.0, not a hypothesis),",
              "(0.0091–0.0115 and 0.0102–0.0114) and feature spread (0.0026 and 0.0029)")
     doc_says("README.md", "and on 32 more new seeds is within 0.01 of it (+0.001, −0.002 to +0.004, holds; accuracy "
              "−0.3 points, −1.6 to +1.0; on one machine, not rerun on another)")

@@ -124,6 +124,7 @@ def test_the_doc_s_width_and_schedule_ranges_are_its_table_s():
     ({"datasets": ["nosuch"]}, "the state nosuch_w0.25_s0.1_seed0: data.dataset: 'nosuch' is not allowed"),
     ({"widths": [0.25, -1.0]}, "the state synthetic_w-1.0_s0.1_seed0: model.width: -1.0 is out of range"),
     ({"set": ["foo.bar=1"]}, "unknown config key 'foo.bar'"),
+    ({"set": ["model.width=0.5"]}, "--set model.width: the script sets it for each state"),
     ({"warmups": [2, 9999]}, "warm-up 9999 leaves no CEM epoch"),
 ])
 def test_a_state_calibrate_refuses_is_refused_before_any_is_measured(states, calls, tmp_path, changed, says):
