@@ -203,18 +203,20 @@ def check_run_out(out: str) -> None:
                           f"folder of its own; give a new or empty one. Nothing was trained")
 
 
-def check_report_out(out: str) -> None:
+def check_report_out(out: str, named: str | None = None) -> None:
     """ConfigError when ``report --out DIR`` names a folder holding anything but an earlier report: its files of
     the report's names (index.html, configs.csv, the figures) would be replaced without a word (2026-12-07 probe:
     a site's own index.html; the results folder itself; a trial's folder; ``/``, where 14 files were written).
     Missing, empty, or an earlier report (its index.html is a cem-bench report page; or only the ``source/`` an
-    earlier report of object storage fetched before it stopped) is fine."""
+    earlier report of object storage fetched before it stopped) is fine. ``named``: how the message names the
+    folder (``--out DIR`` by default; the default ``RESULTS/report`` is checked the same way)."""
+    named = named or f"--out {out}"
     try:
         names = sorted(n for n in os.listdir(out) if not n.startswith("."))
     except FileNotFoundError:
         return
     except OSError as e:
-        raise ConfigError(f"--out {out} cannot be listed ({e.strerror}); give another folder. Nothing was written") from e
+        raise ConfigError(f"{named} cannot be listed ({e.strerror}); give another folder. Nothing was written") from e
     if not names or names == ["source"]:   # source/: what an earlier report of object storage fetched first
         return
     try:
@@ -224,7 +226,7 @@ def check_report_out(out: str) -> None:
     except OSError:
         pass
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    raise ConfigError(f"--out {out} holds files that are not a cem-bench report ({shown}): the report's own "
+    raise ConfigError(f"{named} holds files that are not a cem-bench report ({shown}): the report's own "
                       f"(index.html, configs.csv, the figures and galleries) would replace any of the same names. "
                       f"Give a new or empty folder, or one an earlier report was written to. Nothing was written")
 
@@ -664,13 +666,38 @@ def cmd_search(args) -> int:
     return 0
 
 
+def _holds_a_link(folder: str) -> bool:
+    """Is ``folder`` a symbolic link, or does it hold one (its own entries only)?"""
+    if os.path.islink(folder):
+        return True
+    try:
+        return any(e.is_symlink() for e in os.scandir(folder))
+    except OSError:
+        return False
+
+
 def cmd_report(args) -> int:
     from .analysis.report import write_report
+    from .schema import REPORT_DIR
+    from .storage import is_uri, local
     if args.out:   # before the results are read (a remote folder is fetched into --out/source first)
+        # file:// is a folder of this machine (it made a folder named "file:" in the current one); the report is
+        # written locally, so object storage is refused here, before the work
+        out = local(args.out)
+        if is_uri(out):
+            raise ConfigError(f"--out {args.out}: a report is written to a folder of this machine; give a local "
+                              f"folder (results on object storage are read from there). Nothing was written")
+        args.out = out
         check_out_folder(args.out, "the report", "Nothing was written")
         check_report_out(args.out)
-    from .storage import is_uri, local
     results_dir = local(args.results_dir)   # file:// is a folder of this machine: write_report reads it in place
+    default = os.path.join(results_dir, REPORT_DIR)
+    if not args.out and not is_uri(results_dir) and not _holds_a_link(default):
+        # the default folder is checked as --out is: a user's own index.html or configs.csv in RESULTS/report was
+        # replaced without a word (2026-12-07 probe), where the same folder named by --out was refused. A link
+        # there, or in it, is write_report's to refuse, naming the link
+        check_report_out(default, f"the report's folder {default} (the default, RESULTS/{REPORT_DIR}; --out names "
+                                  f"another)")
     path, res = write_report(results_dir, args.out)
     print(f"report: {path}")
     driver = res.running_driver   # the lock as the page read it: stderr and the page never disagree

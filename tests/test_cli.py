@@ -874,6 +874,30 @@ def test_report_out_takes_a_new_empty_or_earlier_report_folder_only(tmp_path, ca
     assert main(["report", str(exp), "--out", str(new)]) == 0          # an earlier report: drawn again
 
 
+
+def test_the_default_report_folder_and_a_file_uri_out_are_checked_as_out_is(tmp_path, capsys, monkeypatch):
+    """2026-12-07 probe: without --out, a user's own index.html and configs.csv in RESULTS/report were replaced
+    (the same folder named by --out was refused); `--out file:///abs` wrote into a folder named "file:" in the
+    current one."""
+    import shutil
+    exp = tmp_path / "exp"
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "fixtures", "format1", "experiment"), exp)
+    (exp / "report").mkdir()
+    (exp / "report" / "index.html").write_text("MY NOTES")
+    assert main(["report", str(exp)]) == 2
+    err = capsys.readouterr().err
+    assert f"the report's folder {exp / 'report'} (the default, RESULTS/report; --out names another) holds files " \
+           f"that are not a cem-bench report (index.html)" in err and "Nothing was written" in err, err
+    assert (exp / "report" / "index.html").read_text() == "MY NOTES"
+    (exp / "report" / "index.html").unlink()
+    assert main(["report", str(exp)]) == 0 and main(["report", str(exp)]) == 0   # empty, then an earlier report
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(exp), "--out", f"file://{tmp_path / 'u'}"]) == 0
+    assert (tmp_path / "u" / "index.html").is_file() and not (tmp_path / "file:").exists()
+    assert main(["report", str(exp), "--out", "s3://bucket/r"]) == 2
+    assert "a report is written to a folder of this machine" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("sets, says", [
     (["train.device=cuda:5"], "CUDA is not available"),
     (["cem.lambd=4", "cem.strength=fixed", "cem.loss_scale=0"], "multiplies the CEM loss by zero"),
