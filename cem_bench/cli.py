@@ -39,7 +39,28 @@ class ArgParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         self._argv = list(sys.argv[1:] if args is None else args)
+        self._refuse_repeats(self._argv)
         return super().parse_known_args(args, namespace)
+
+    def _refuse_repeats(self, argv: list[str]) -> None:
+        """An option that keeps one value (``--config``, ``--out``, ``--threads``, ``--metrics``) given twice:
+        argparse keeps the last without a word, so ``--config a.yaml --config b.yaml`` trained b's keys alone, at
+        the defaults a had set (2026-12-07 probe). The options that gather (``--set``) are not counted. A
+        subcommand's parser sees its own words; counting stops at ``--`` and at the subcommand's name."""
+        subcommands = {name for a in self._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices}
+        single = {flag: a for a in self._actions if isinstance(a, argparse._StoreAction) and a.option_strings
+                  for flag in a.option_strings}
+        seen: dict[int, list[str]] = {}
+        for word in argv:
+            if word == "--" or word in subcommands:
+                break
+            a = single.get(word.split("=", 1)[0] if word.startswith("--") else word)
+            if a is not None:
+                seen.setdefault(id(a), []).append(word.split("=", 1)[0])
+        for words in seen.values():
+            if len(words) > 1:
+                self.error(f"{' and '.join(sorted(set(words)))} given {len(words)} times; an option that keeps one "
+                           f"value takes it once (argparse would keep the last without a word)")
 
     def error(self, message):
         if message.startswith("the following arguments are required"):

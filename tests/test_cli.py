@@ -935,3 +935,32 @@ def test_a_train_set_another_setting_leaves_unread_is_refused(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert says in err and "Nothing was trained" in err, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["train", "--config", "{d}/a.yaml", "--config", "{d}/b.yaml"], "--config"),   # trained b's keys alone
+    (["train", "--out", "{d}/r1", "--out={d}/r2"], "--out"),
+    (["train", "--threads", "1", "--threads", "2"], "--threads"),
+    (["report", "{d}", "--out", "{d}/a", "--out", "{d}/b"], "--out"),
+    (["table", "{d}", "--metrics", "test_acc", "--metrics", "attack_ssim"], "--metrics"),
+    (["replay", "{d}", "--orders", "2", "--orders", "3"], "--orders"),
+])
+def test_an_option_that_keeps_one_value_given_twice_is_refused(argv, flag, tmp_path, capsys, monkeypatch):
+    """2026-12-07 probe: argparse kept the last of a repeated --config (a run at b's keys and the defaults a had
+    set, 240 epochs at width 1 where a asked 1 at 0.0625), --out, --threads, --orders without a word."""
+    from cem_bench.core import trial
+    monkeypatch.setattr(trial, "run_trial", lambda *a, **k: pytest.fail("the work started"))
+    (tmp_path / "a.yaml").write_text("train.epochs: 1\n")
+    (tmp_path / "b.yaml").write_text("train.lr: 0.01\n")
+    with pytest.raises(SystemExit) as e:
+        main([a.format(d=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{flag} given 2 times; an option that keeps one value takes it once" in err, err
+    assert not any(p.name.startswith(("r1", "r2", "a", "b")) and p.is_dir() for p in tmp_path.iterdir())
+
+
+def test_options_that_gather_may_repeat_and_a_subcommand_s_own_are_its_own():
+    """--set gathers (given once per key), and is not refused as repeated."""
+    from cem_bench.cli import make_parser
+    args = make_parser().parse_args(["train", "--set", "seed=1", "--set", "seed=2", "--out", "x"])
+    assert args.set == ["seed=1", "seed=2"] and args.out == "x"
