@@ -210,7 +210,7 @@ def check_run_out(out: str) -> None:
     already holds one (its checkpoint, metrics or gallery would be replaced without a word; a gallery name that is
     a folder, or a link to one, would stop the run after training). An empty folder is fine."""
     from .integrity import MANIFEST_FILE
-    from .schema import CHECKPOINT_FILE, GALLERY_FILE, METRICS_FILE, SPACE_FILE, TRIALS_FILE
+    from .schema import CHECKPOINT_FILE, GALLERY_FILE, METRICS_FILE, REPORT_RECORD, SPACE_FILE, TRIALS_FILE
     check_out_folder(out, "the run", "Nothing was trained")
     held = [f for f in (CHECKPOINT_FILE, METRICS_FILE, GALLERY_FILE) if os.path.lexists(os.path.join(out, f))]
     if held:
@@ -218,7 +218,9 @@ def check_run_out(out: str) -> None:
                           f"that one first (`cem-bench attack {out}` re-attacks the run in it). Nothing was trained")
     # a search's experiment or another cem-bench folder: the run's files would join its checksum list (2026-12-07
     # probe: `train --out EXP` recorded checkpoint.pt and metrics.json in a live experiment's manifest)
-    other = [f for f in (MANIFEST_FILE, TRIALS_FILE, SPACE_FILE, "tuner.pkl") if os.path.lexists(os.path.join(out, f))]
+    # a report's folder too: the run's files joined the page's, and the next report rewrote the folder around them
+    other = [f for f in (MANIFEST_FILE, TRIALS_FILE, SPACE_FILE, "tuner.pkl", REPORT_RECORD)
+             if os.path.lexists(os.path.join(out, f))]
     if other:
         raise ConfigError(f"--out {out} holds cem-bench results of another kind ({', '.join(other)}): a run is a "
                           f"folder of its own; give a new or empty one. Nothing was trained")

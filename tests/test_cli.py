@@ -846,6 +846,12 @@ def test_a_run_that_cannot_save_leaves_nothing_and_the_same_command_runs_again(t
     assert main(["train", *_sets(TINY_RMLE), "--out", str(exp)]) == 2
     assert "holds cem-bench results of another kind (search_space.json)" in capsys.readouterr().err
     assert sorted(os.listdir(exp)) == ["search_space.json"]
+    report = tmp_path / "report"   # a report's folder (2026-12-07 probe: the run's files joined the page's)
+    report.mkdir()
+    (report / ".cem-bench-report-files").write_text("[]")
+    assert main(["train", *_sets(TINY_RMLE), "--out", str(report)]) == 2
+    assert "holds cem-bench results of another kind (.cem-bench-report-files)" in capsys.readouterr().err
+    assert os.listdir(report) == [".cem-bench-report-files"]
     # a re-attack that cannot write its record leaves no attack-* folder behind
     from cem_bench import storage
     monkeypatch.setattr(storage, "write_bytes", full)
