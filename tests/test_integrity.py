@@ -348,6 +348,19 @@ def test_a_recorded_search_space_that_is_gone_is_refused_not_read_as_defaults(tm
     assert cli.main(["table", str(copy)]) == 0
 
 
+def test_recorded_trials_that_are_gone_are_named_not_read_as_an_old_table(tmp_path, capsys):
+    """2026-12-07 probe: without trials.parquet (the list still naming it) `table` printed configs.parquet with
+    its p and q dropped, saying the results predate the correction and have no trials to rebuild it from."""
+    copy = _findings_copy(tmp_path, "decoder_digits")
+    (copy / schema.TRIALS_FILE).unlink()
+    rc = cli.main(["table", str(copy)])
+    err = capsys.readouterr().err
+    assert_clean_error(rc, err)
+    assert f"trials.parquet is missing, though the folder's {integrity.MANIFEST_FILE} lists it" in err, err
+    (copy / integrity.MANIFEST_FILE).unlink()        # what it says: the old table, unverified
+    assert cli.main(["table", str(copy)]) == 0 and "no trials to rebuild it" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("edit, says", [
     (lambda t: t.drop(columns=["config.cem.lambd"]), "have no config.cem.lambd column"),
     (lambda t: t.assign(**{"config.cem.lambd": t["config.cem.lambd"].map(lambda v: "abc" if v else "0")}),

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ResultsError
-from ..integrity import read_table, vouched
+from ..integrity import MANIFEST_FILE, listed_but_missing, read_table, vouched
 from ..schema import CONFIGS_FILE, METRIC_RANGES, STATUSES, TRIALS_FILE, base_metric, load_objectives
 from ..storage import Dir
 from .aggregate import CONFIG_ID, CONFIRMED, build_configs, config_ids
@@ -103,6 +103,14 @@ def load_configs(results_dir: str | Path) -> pd.DataFrame:
     # missing, written before the comparison with the baseline or before its adjustment for many comparisons,
     # or about other trials (a search that went on, a filtered trials.parquet): built from the trials
     if trials is None and configs is not None:   # nothing to rebuild from: shown, but its verdicts not marked
+        if listed_but_missing(d, TRIALS_FILE):
+            # the trials were written and are gone: the table would say the results predate the correction and
+            # have no trials to rebuild it from (2026-12-07 probe), and drop its p and q without the reason
+            raise ResultsError(f"{d.url(TRIALS_FILE)} is missing, though the folder's {MANIFEST_FILE} lists it "
+                               f"(an incomplete copy, or a file deleted since): the table's tests are rebuilt "
+                               f"from it. Restore the file from the experiment it came from; to read the "
+                               f"folder without it anyway, delete {MANIFEST_FILE} there (the folder is then "
+                               f"read unverified)")
         return configs.drop(columns=[c for c in configs.columns if c.endswith("_q")])
     if trials is None and not d.is_dir():
         what = " is a file, not a folder" if d.kind() == "file" else ": no such folder"
