@@ -74,6 +74,18 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "NaN or infinite weights" in err and key in err
 
+    # the run's record is verified before any work (2026-12-07 probe: an edited torch_threads re-attacked at 2
+    # threads; a deleted metrics.json skipped the data check without a word)
+    record = (out / "metrics.json").read_text()
+    (out / "metrics.json").write_text(record.replace('"torch_threads": 1', '"torch_threads": 2'))
+    assert main(["attack", str(out)]) == 2
+    assert "metrics.json is not the file cem-bench wrote there" in capsys.readouterr().err
+    (out / "metrics.json").unlink()
+    assert main(["attack", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.json is missing, though the folder's cem_bench_files.json lists it" in err, err
+    assert len([d for d in os.listdir(out) if d.startswith("attack-")]) == 2   # the two above, no third
+
 
 def test_train_runs_started_in_the_same_second_keep_their_own_folders(tmp_path, monkeypatch, capsys):
     """The default --out is results/runs/<time to the second>: runs started together (`for s in 1 2; do

@@ -105,6 +105,13 @@ def load_run(run_dir: str) -> tuple[dict, dict]:
     if not isinstance(client, dict) or not all(isinstance(v, torch.Tensor) for v in client.values()):
         raise ResultsError(f"{path} holds no trained client encoder (trainer.client): the run did not finish, or "
                            f"the file is not a run's checkpoint")
+    # the run's record, read later for its torch threads and its data's fingerprints: verified here, before any
+    # work (2026-12-07 probe: an edited one re-attacked at another thread count, or blamed the data after it was
+    # loaded; a deleted one skipped the data check without a word)
+    from ..integrity import read_json_file
+    from ..schema import METRICS_FILE
+    read_json_file(folder, METRICS_FILE, "the run's record (metrics.json)",
+                   lost="the re-attack would run without the run's torch threads and without checking its images")
     return config, state
 
 
