@@ -151,6 +151,23 @@ METRIC_RANGES: dict[str, tuple[float, float]] = {"test_acc": (0.0, 1.0), "test_a
                                                  "attack_psnr": (0.0, math.inf), "attack_psnr_batch": (0.0, math.inf)}
 
 
+def out_of_range(table, ranges: dict[str, tuple[float, float]] | None = None):
+    """``(column, value, row index, how many)`` of the first column of ``table`` (a DataFrame) holding a value
+    outside its range, or None. ``ranges``: column → (low, high); by default every column whose metric
+    (``base_metric``) ``METRIC_RANGES`` bounds, so the config's text columns are never converted. NaN passes (a
+    metric not measured); inf does not. A bound may be passed by float32 rounding (an SSIM of 1): 1e-6 is allowed."""
+    ranges = ranges if ranges is not None else {c: METRIC_RANGES[base_metric(c)] for c in table.columns
+                                                 if base_metric(c) in METRIC_RANGES}
+    for col, (low, high) in ranges.items():
+        if col not in table:
+            continue
+        v = pd.to_numeric(table[col], errors="coerce")
+        out = v[(v < low - 1e-6) | (v > high + 1e-6)]
+        if len(out):
+            return col, float(out.iloc[0]), out.index[0], len(out)
+    return None
+
+
 def ref_problem(metric: str, mode: str, ref: float) -> str | None:
     """Why no value of ``metric`` can beat the reference point ``ref`` in ``mode``, or None. Such a ref makes
     every trial's hypervolume 0: the front's gains, the confirmation's choice and the scheduler's tie-break all

@@ -155,6 +155,13 @@ def test_folders_that_hold_no_search_are_one_paragraph(tmp_path, capsys, folder)
     (lambda t, e: (t, e.assign(epoch=e["epoch"].astype(str) + "x")), "its epoch column holds 1x"),
     (lambda t, e: (t, e.assign(epoch=e["epoch"].where(e["epoch"] != 3))), "its epoch column holds nan"),
     (lambda t, e: (t, e.assign(epoch=e["epoch"] - 2)), "its epoch column holds -1, 0, not whole epochs from 1"),
+    # values no trial holds shifted the kept front's hypervolume without a word (2026-12-07 probe)
+    (lambda t, e: (t.assign(test_acc=t["test_acc"].where(t.index != t.index[-1], float("inf"))), e),
+     "trials.parquet: test_acc holds inf, outside the values it can take (0 to 1)"),
+    (lambda t, e: (t.assign(attack_ssim=t["attack_ssim"].where(t.index != t.index[-1], -5.0)), e),
+     "attack_ssim holds -5, outside the values it can take (-1 to 1)"),
+    (lambda t, e: (t, e.assign(probe_ssim=e["probe_ssim"].where(e.index != e.index[-1], float("inf")))),
+     "epochs.parquet: probe_ssim holds inf, outside the values it can take (-1 to 1)"),
 ])
 def test_a_hand_edited_folder_is_named_not_a_traceback(tmp_path, capsys, edit, says):
     """2026-12-07 probe: a trials table without an objective, an epoch of text or NaN were tracebacks; negative

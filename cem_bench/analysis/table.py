@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..errors import ResultsError
 from ..integrity import MANIFEST_FILE, listed_but_missing, read_table, vouched
-from ..schema import CONFIGS_FILE, METRIC_RANGES, STATUSES, TRIALS_FILE, base_metric, load_objectives
+from ..schema import CONFIGS_FILE, METRIC_RANGES, STATUSES, TRIALS_FILE, base_metric, load_objectives, out_of_range
 from ..storage import Dir
 from .aggregate import CONFIG_ID, CONFIRMED, build_configs, config_ids
 from .noise import ALPHA, BETTER, MIN_RUNS, P_MIN, WORSE
@@ -64,17 +64,14 @@ def check_cells(trials: pd.DataFrame, where: str) -> None:
         shown = ", ".join(bad[:5]) or ", ".join(f"{v:g}" for v in sorted(set(lam[lam < 0])))
         raise ResultsError(f"{where}: {LAMBDA} holds {shown}, which is not a λ (a number >= 0) in its ok trials; "
                            f"a trials table of `cem-bench search` holds numbers (this one was edited)")
-    for col in ok.columns:
-        if base_metric(col) not in METRIC_RANGES:   # only the bounded metrics: never coerce the config's text columns
-            continue
+    bad = out_of_range(ok)
+    if bad is not None:   # a test_acc of 7.0 (a percentage?) was printed, ranked and compared as a result
+        col, value, row, n = bad
         low, high = METRIC_RANGES[base_metric(col)]
-        v = pd.to_numeric(ok[col], errors="coerce")
-        out = v[(v < low - 1e-6) | (v > high + 1e-6)]   # float32 rounding may pass a bound by an ulp (SSIM 1)
-        if len(out):   # a test_acc of 7.0 (a percentage?) was printed, ranked and compared as a result
-            at = ok.loc[out.index[0], "trial_id"] if "trial_id" in ok else out.index[0]
-            raise ResultsError(f"{where}: {col} holds {out.iloc[0]:g} (trial {at}), outside the values it can "
-                               f"take ({low:g} to {high:g}){' in ' + str(len(out)) + ' ok trials' if len(out) > 1 else ''}"
-                               f"; a trials table of `cem-bench search` holds none (this one was edited)")
+        at = ok.loc[row, "trial_id"] if "trial_id" in ok else row
+        raise ResultsError(f"{where}: {col} holds {value:g} (trial {at}), outside the values it can take ({low:g} to "
+                           f"{high:g}){' in ' + str(n) + ' ok trials' if n > 1 else ''}; a trials table of "
+                           f"`cem-bench search` holds none (this one was edited)")
     cem = lam.fillna(0) > 0
     if cem.any() and (SURROGATE not in ok or ok.loc[cem, SURROGATE].isna().any()):
         n = int(cem.sum()) if SURROGATE not in ok else int(ok.loc[cem, SURROGATE].isna().sum())

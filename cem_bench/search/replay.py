@@ -194,6 +194,21 @@ def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
         bad = sorted({str(v) for v, n in zip(epochs["epoch"], ep) if not (pd.notna(n) and n >= 1 and n == round(n))})
         raise ResultsError(f"{d.url(EPOCHS_FILE)}: its epoch column holds {', '.join(bad[:5])}, not whole epochs "
                            f"from 1; an epochs table of `cem-bench search` counts from 1")
+    # values no trial can hold (an accuracy of inf, an SSIM of -5) shifted the hypervolumes without a word, where
+    # table and report refuse them (2026-12-07 probe); the rungs' stand-ins are bounded as their objectives are
+    from ..schema import METRIC_RANGES, base_metric, out_of_range
+    ok = trials[trials["status"] == "ok"]
+    for table, name, ranges in (
+            (ok, TRIALS_FILE, None),
+            (epochs, EPOCHS_FILE, {RUNG_METRICS[o["metric"]]: METRIC_RANGES[base_metric(o["metric"])]
+                                   for o in objectives if base_metric(o["metric"]) in METRIC_RANGES})):
+        bad = out_of_range(table, ranges)
+        if bad is not None:
+            col, value, _, n = bad
+            low, high = (ranges or METRIC_RANGES)[col if ranges else base_metric(col)]
+            raise ResultsError(f"{d.url(name)}: {col} holds {value:g}{f' (and {n - 1} more)' if n > 1 else ''}, "
+                               f"outside the values it can take ({low:g} to {high:g}); a table of `cem-bench "
+                               f"search` holds none (this one was edited)")
     if "role" not in trials:
         print(f"note: {d.url(TRIALS_FILE)} has no role column: every trial is replayed as a search trial (the λ = 0 "
               f"baseline's and a confirmation's runs cannot be told apart)")
