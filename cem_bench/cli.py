@@ -128,6 +128,8 @@ def cmd_train(args) -> int:
     if inactive:
         raise ConfigError(inactive)
     graph_mode(cfg, resolve_device(cfg.train.device))
+    from .core.data import check_generated_sizes
+    check_generated_sizes(cfg.data)
     print(f"cem-bench train: {cfg.cem.surrogate if cfg.cem.lambd > 0 else 'no CEM (lambda=0)'} on "
           f"{cfg.data.dataset}, {cfg.train.epochs} epochs, output in {out}", flush=True)
     state = {}

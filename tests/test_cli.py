@@ -921,13 +921,15 @@ def test_the_default_report_folder_and_a_file_uri_out_are_checked_as_out_is(tmp_
     (["cem.lambd=4", "cem.strength=fixed", "cem.loss_scale=0"], "multiplies the CEM loss by zero"),
     (["train.cuda_graph=on", "train.device=auto"], "train.cuda_graph=on needs a CUDA device"),
     (["train.epochs=1", "cem.lambd=4"], "is not below train.epochs 1"),
+    (["data.dataset=synthetic", "data.train_size=5000000"], "synthetic images would need about"),
 ])
 def test_a_train_refused_by_its_own_checks_prints_no_first_line(tmp_path, capsys, monkeypatch, sets, says):
     """2026-12-07 probe: these were refused after the run's first line ("cem-bench train: ... output in DIR"), a
     folder then never written. The refusal comes alone now, and nothing is made."""
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # the CPU machine CI is, on any machine
-    argv = ["train", "--set", "data.dataset=digits", *[a for s in sets for a in ("--set", s)],
+    dataset = [] if any(s.startswith("data.dataset=") for s in sets) else ["--set", "data.dataset=digits"]
+    argv = ["train", *dataset, *[a for s in sets for a in ("--set", s)],
             "--out", str(tmp_path / "run")]
     assert main(argv) == 2
     out, err = capsys.readouterr()

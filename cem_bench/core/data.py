@@ -102,12 +102,23 @@ def check_memory(name: str, n: int, per_image: int) -> None:
                           f"this machine's {total / 2**30:,.0f} GiB cem-bench allows; give at most {most:,}")
 
 
+def check_generated_sizes(cfg: DataConfig) -> None:
+    """``check_memory`` of the sets ``load`` generates (synthetic, photos), without making an image: callers run it
+    before their first line (`train` printed its plan, then refused 5,000,000 synthetic images)."""
+    if cfg.dataset == "synthetic":
+        check_memory("synthetic", max(cfg.train_size or SYNTHETIC_TRAIN, cfg.test_size or SYNTHETIC_TEST),
+                     SYNTHETIC_PEAK_BYTES)
+    elif cfg.dataset == "photos":
+        check_memory("photos", (cfg.train_size or realdata.PHOTOS_TRAIN) + (cfg.test_size or realdata.PHOTOS_TEST),
+                     PHOTOS_BYTES)
+
+
 def load(cfg: DataConfig, device: torch.device | str = "cpu") -> Splits:
     """Load the dataset of ``cfg`` and lay out the four splits on ``device``."""
+    check_generated_sizes(cfg)
     if cfg.dataset == "synthetic":
         n_train = cfg.train_size or SYNTHETIC_TRAIN
         n_test = cfg.test_size or SYNTHETIC_TEST
-        check_memory("synthetic", max(n_train, n_test), SYNTHETIC_PEAK_BYTES)
         train = make_synthetic(n_train, seed=cfg.seed * 2 + 1)
         test = make_synthetic(n_test, seed=cfg.seed * 2 + 2)
         mean, std, num_classes = SYNTHETIC_MEAN, SYNTHETIC_STD, len(SYNTHETIC_CLASSES)
@@ -120,8 +131,6 @@ def load(cfg: DataConfig, device: torch.device | str = "cpu") -> Splits:
         train, test = seeded_subsets(Split(tr_x, tr_y), Split(te_x, te_y), cfg)
         mean, std, num_classes = realdata.DIGITS_MEAN, realdata.DIGITS_STD, len(realdata.DIGITS_CLASSES)
     elif cfg.dataset == "photos":
-        check_memory("photos", (cfg.train_size or realdata.PHOTOS_TRAIN) + (cfg.test_size or realdata.PHOTOS_TEST),
-                     PHOTOS_BYTES)
         tr = realdata.photo_patches("train", cfg.train_size or realdata.PHOTOS_TRAIN, seed=cfg.seed * 2 + 1)
         # the test split's last 10 % (the attacker's evaluation slice under ``inference``) from held-out blocks
         # of their own: test patches of one block overlap, so a random cut would give the attacker near-copies
