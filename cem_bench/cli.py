@@ -215,6 +215,11 @@ def check_run_out(out: str) -> None:
     from .schema import CHECKPOINT_FILE, GALLERY_FILE, METRICS_FILE, REPORT_RECORD, SPACE_FILE, TRIALS_FILE
     check_out_folder(out, "the run", "Nothing was trained")
     held = [f for f in (CHECKPOINT_FILE, METRICS_FILE, GALLERY_FILE) if os.path.lexists(os.path.join(out, f))]
+    if held and CHECKPOINT_FILE not in held and os.path.lexists(os.path.join(out, "attack.json")):
+        # a re-attack's folder (attack.json, recon.png): `cem-bench attack` on it, as the message below advises
+        # for a run, fails (2026-12-07 probe)
+        raise ConfigError(f"--out {out} holds a re-attack's output (attack.json, {', '.join(held)}) of the run in "
+                          f"{os.path.dirname(os.path.abspath(out))}; give a new or empty folder. Nothing was trained")
     if held:
         raise ConfigError(f"--out {out} already holds a run ({', '.join(held)}); give another folder, or remove "
                           f"that one first (`cem-bench attack {out}` re-attacks the run in it). Nothing was trained")
@@ -518,6 +523,10 @@ def cmd_attack(args) -> int:
                            f"cem-bench ({' '.join(str(e).split())})") from e
     cfg = build_config({**config, **overrides})
     unread = unread_attack_keys(overrides, cfg)
+    if "data.root" in overrides and cfg.data.dataset not in ("cifar10", "cifar100"):
+        # as train --set refuses it: digits and photos come from the installed wheels, synthetic is generated
+        unread.append((f"data.root is read for cifar10 and cifar100 only, and this run's data.dataset is "
+                       f"{cfg.data.dataset}", False))
     if unread:
         raise ConfigError(f"cem-bench attack: {'; '.join(why for why, _ in unread)}: the key would change nothing "
                           f"here. Leave it out{', or add its attack to attack.names' if any(a for _, a in unread) else ''}"

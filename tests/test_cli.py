@@ -52,6 +52,12 @@ def test_train_then_attack_end_to_end(tmp_path, capsys):
     assert rmle["config"]["attack.names"] == ["rmle"] and "attack_ssim__decoder" not in rmle
     assert rmle["attack_ssim"] == rmle["attack_ssim__rmle"] and rmle["attack_ssim_by"] == "rmle"
     assert main(["attack", str(out), "--set", "cem.lambd=3"]) == 2
+    # 2026-12-07 probe: data.root on a synthetic run was taken silently; --out on a re-attack's folder advised
+    # `cem-bench attack` on it, which fails
+    assert main(["attack", str(out), "--set", f"data.root={tmp_path}"]) == 2
+    assert "data.root is read for cifar10 and cifar100 only" in capsys.readouterr().err
+    assert main(["train", *_sets(TINY_TRAIN), "--out", str(out / runs[0])]) == 2
+    assert f"holds a re-attack's output (attack.json, recon.png) of the run in {out}" in capsys.readouterr().err
 
     # --out: a run is never replaced without a word, and a file is refused before training (issue 39)
     before = (out / "checkpoint.pt").read_bytes()
