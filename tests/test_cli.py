@@ -990,3 +990,12 @@ def test_options_that_gather_may_repeat_and_a_subcommand_s_own_are_its_own():
     from cem_bench.cli import make_parser
     args = make_parser().parse_args(["train", "--set", "seed=1", "--set", "seed=2", "--out", "x"])
     assert args.set == ["seed=1", "seed=2"] and args.out == "x"
+
+
+def test_attack_on_a_missing_path_says_no_such_folder(tmp_path, capsys):
+    """2026-12-07 probe: `attack MISSING` said "is not a folder" where table and replay say "no such folder"."""
+    assert main(["attack", str(tmp_path / "nope")]) == 2
+    assert f"{tmp_path / 'nope'}: no such folder: RUN_DIR must be" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    assert main(["attack", str(tmp_path / "afile")]) == 2
+    assert f"{tmp_path / 'afile'} is not a folder: RUN_DIR must be" in capsys.readouterr().err

@@ -91,8 +91,9 @@ def load_run(run_dir: str) -> tuple[dict, dict]:
     """``(config, trainer_state)`` of a run folder's ``checkpoint.pt``, verified and checked. ResultsError
     (before anything is written) when it is missing, damaged, refused or not a finished run's."""
     folder = Dir(run_dir)
-    if folder.kind() != "dir":
-        raise ResultsError(f"{run_dir} is not a folder: {WHERE}")
+    if folder.kind() != "dir":   # a missing path is said as table and replay say it
+        raise ResultsError(f"{run_dir}{': no such folder' if folder.kind() == 'missing' else ' is not a folder'}: "
+                           f"{WHERE}")
     path = folder.url(CHECKPOINT_FILE)
     data = read_recorded(folder, CHECKPOINT_FILE, WHAT)
     if data is None:
