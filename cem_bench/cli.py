@@ -726,7 +726,7 @@ def cmd_report(args) -> int:
         check_report_out(args.out)
     results_dir = local(args.results_dir)   # file:// is a folder of this machine: write_report reads it in place
     default = os.path.join(results_dir, REPORT_DIR)
-    if not args.out and not is_uri(results_dir) and not _holds_a_link(default):
+    if not args.out and os.path.isdir(results_dir) and not _holds_a_link(default):   # a file: load_results says so
         # the default folder is checked as --out is: a user's own index.html or configs.csv in RESULTS/report was
         # replaced without a word (2026-12-07 probe), where the same folder named by --out was refused. A link
         # there, or in it, is write_report's to refuse, naming the link

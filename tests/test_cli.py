@@ -920,6 +920,9 @@ def test_the_default_report_folder_and_a_file_uri_out_are_checked_as_out_is(tmp_
     assert (tmp_path / "u" / "index.html").is_file() and not (tmp_path / "file:").exists()
     assert main(["report", str(exp), "--out", "s3://bucket/r"]) == 2
     assert "a report is written to a folder of this machine" in capsys.readouterr().err
+    assert main(["report", str(exp / "trials.parquet")]) == 2      # a file: said as before the check was added
+    err = capsys.readouterr().err
+    assert "trials.parquet" in err and "cannot be listed" not in err, err
 
 
 @pytest.mark.parametrize("sets, says", [
