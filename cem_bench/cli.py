@@ -594,7 +594,7 @@ def cmd_calibrate(args) -> int:
                           f"reference state each. Nothing was measured")
     warmups = args.warmup if isinstance(args.warmup, list) else []
     twice = sorted({w for w in warmups if warmups.count(w) > 1})
-    if twice:   # each warm-up is measured once: a repeat was dropped without a word, as if measured twice
+    if twice:   # each warm-up is one measurement: a repeat would be collapsed, not measured twice
         raise ConfigError(f"--warmup: {', '.join(map(str, twice))} given more than once; give each warm-up once. "
                           f"Nothing was measured")
     check_out_file("--json", args.json, "Nothing was measured", "calibrate")
