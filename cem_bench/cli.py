@@ -465,6 +465,16 @@ def unread_attack_keys(overrides: dict, cfg) -> list[tuple[str, bool]]:
     return problems
 
 
+def unread_data_root(overrides: dict, cfg) -> list[str]:
+    """Why a ``--set data.root`` changes nothing for this run's data set (one reason, or none): the folder is
+    opened for CIFAR only. ``train --set`` and ``attack --set`` refuse it alike."""
+    from .core import data
+    if "data.root" in overrides and cfg.data.dataset not in data.READS_ROOT:
+        return [f"data.root is read for {' and '.join(data.READS_ROOT)} only, and this run's data.dataset is "
+                f"{cfg.data.dataset}"]
+    return []
+
+
 def check_train_sets_are_read(overrides: dict, cfg) -> None:
     """ConfigError, before any work, for a ``train --set`` key the run never reads: another surrogate's key at
     λ > 0 (``--set cem.num_slots=4`` under gmm trained gmm and recorded nothing of it), or a key of an attack
@@ -482,10 +492,7 @@ def check_train_sets_are_read(overrides: dict, cfg) -> None:
     if cfg.cem.lambd > 0 and cfg.cem.strength != "matched":
         problems += [f"{k} is read by a matched strength (cem.strength=matched), and this run's is "
                      f"{cfg.cem.strength}" for k in ("cem.strength_batches", "cem.strength_every") if k in overrides]
-    if "data.root" in overrides and cfg.data.dataset not in ("cifar10", "cifar100"):
-        # digits and photos come from the installed wheels, synthetic is generated: the folder is never opened
-        problems.append(f"data.root is read for cifar10 and cifar100 only, and this run's data.dataset is "
-                        f"{cfg.data.dataset}")
+    problems += unread_data_root(overrides, cfg)
     if "train.milestones" in overrides and cfg.train.milestones_epochs:
         problems.append("train.milestones is replaced by train.milestones_epochs, which is set")
     attack_keys = {k: v for k, v in overrides.items() if k not in TRAINING_ONLY_ATTACK_KEYS}
@@ -523,10 +530,7 @@ def cmd_attack(args) -> int:
                            f"cem-bench ({' '.join(str(e).split())})") from e
     cfg = build_config({**config, **overrides})
     unread = unread_attack_keys(overrides, cfg)
-    if "data.root" in overrides and cfg.data.dataset not in ("cifar10", "cifar100"):
-        # as train --set refuses it: digits and photos come from the installed wheels, synthetic is generated
-        unread.append((f"data.root is read for cifar10 and cifar100 only, and this run's data.dataset is "
-                       f"{cfg.data.dataset}", False))
+    unread += [(why, False) for why in unread_data_root(overrides, cfg)]   # as train --set refuses it
     if unread:
         raise ConfigError(f"cem-bench attack: {'; '.join(why for why, _ in unread)}: the key would change nothing "
                           f"here. Leave it out{', or add its attack to attack.names' if any(a for _, a in unread) else ''}"

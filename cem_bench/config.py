@@ -434,6 +434,11 @@ def read_yaml(path: str, what: str, error: Callable[[str], ConfigError] = Config
     import yaml
 
     from .parsing import MAX_BYTES, ParseError, load_yaml
+    from .storage import is_remote, local
+    if is_remote(path):   # read as a local name, it was "does not exist" (2026-12-07 probe)
+        raise error(f"{what} {path!r} is in object storage; {what}s are read from this machine's files: copy it "
+                    f"down first (for example `aws s3 cp {path} .`) and give that copy")
+    path = local(path)    # file:///abs/x.yaml is /abs/x.yaml (it said "does not exist", as train --out takes it)
     try:
         # non-blocking: opening a named pipe for reading waits for a writer, before any check could say a word
         with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb", buffering=0) as fh:

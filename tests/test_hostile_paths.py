@@ -333,3 +333,30 @@ def test_a_named_pipe_as_the_yaml_file_is_refused_not_waited_on(tmp_path, capsys
         pytest.fail(f"{' '.join(command)} waited on the pipe")
     assert done["rc"] == 2
     assert "is not a regular file (a pipe or a device)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["train"], ["calibrate"], ["search"]])
+def test_a_yaml_file_in_object_storage_is_refused_by_name(tmp_path, capsys, command):
+    """`--config s3://b/x.yaml` (and a search space there) said "does not exist": the name was opened as a local
+    path. It is refused as object storage, with what to do (2026-12-07 probe)."""
+    uri = "s3://bucket/space.yaml"
+    argv = [*command, uri] if command == ["search"] else [*command, "--config", uri]
+    assert main([*argv, "--dry-run"] if command == ["search"] else argv) == 2
+    err = capsys.readouterr().err
+    assert "is in object storage" in err and "aws s3 cp s3://bucket/space.yaml ." in err, err
+    assert "does not exist" not in err
+
+
+def test_a_file_uri_yaml_is_the_local_file(tmp_path):
+    """`--config file:///abs/x.yaml` is /abs/x.yaml, as `train --out file://...` is a local folder (it said
+    "does not exist")."""
+    from cem_bench.config import load_yaml_config
+    from cem_bench.spaces import load_space
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("train.epochs: 3\n")
+    assert load_yaml_config(f"file://{keys}") == {"train.epochs": 3}
+    space = tmp_path / "space.yaml"
+    space.write_text("name: s\nobjectives: [{metric: test_acc, mode: max}, {metric: attack_ssim, mode: min}]\n"
+                     "sampler: grid\n"
+                     "params: {cem.lambd: {choice: [4, 8]}}\n")
+    assert load_space(f"file://{space}").name == "s"

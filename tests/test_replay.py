@@ -100,6 +100,7 @@ def test_the_default_grace_on_a_short_search_skips_what_does_not_fit(monkeypatch
     assert "--grace 2 skipped" in out and "--grace 3 skipped" in out
     rc, out, err = _main(monkeypatch, trials, epochs, ["--grace", "2", "3"], capsys)
     assert rc == 2 and "give --grace below 2" in err
+    assert "skipped" not in out   # the error alone says it (a note per --grace on stdout said it again, 2026-12-07)
 
 
 def test_a_search_its_scheduler_stopped_is_refused_and_rungs_without_probe_are_skipped(monkeypatch, capsys):

@@ -274,12 +274,12 @@ def main(args) -> int:
                            f"{' or '.join(missing)}, which the scheduler ranks at its rungs. Search with the privacy "
                            f"probe on (attack.probe_epochs, docs/search.md), then replay that search")
     settings = [g for g in args.grace if g < length]
+    if not settings:   # the error alone: a note on stdout per skipped --grace beside it said the same twice
+        raise ResultsError(f"{args.results_dir}: every --grace ({' '.join(map(str, args.grace))}) is at or past the "
+                           f"trials' {length} epochs; give --grace below {length}")
     for g in sorted(set(args.grace) - set(settings)):
         print(f"note: --grace {g} skipped: the trials ran {length} epoch{'s' * (length != 1)}, so a first rung at "
               f"epoch {g} would judge nothing")
-    if not settings:
-        raise ResultsError(f"{args.results_dir}: every --grace ({' '.join(map(str, args.grace))}) is at or past the "
-                           f"trials' {length} epochs; give --grace below {length}")
     args.grace = settings
     stand_ins = [RUNG_METRICS[o["metric"]] for o in objectives]
 
