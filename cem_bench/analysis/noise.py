@@ -195,35 +195,38 @@ def p_digits(value: float) -> str:
     return text
 
 
-def holm(p) -> np.ndarray:
-    """Holm's step-down adjusted p-values of one family (NaN entries are not members and stay NaN): the
-    i-th smallest of m is max over j <= i of (m - j + 1) p_(j), at most 1. Rejecting where the adjusted value
-    is <= alpha keeps the probability of any false claim in the family at most alpha, under any dependence."""
+def _over_members(p, adjust) -> np.ndarray:
+    """``adjust`` applied to the finite entries of ``p``, one family; a NaN entry is not a member and stays NaN."""
     p = np.asarray(p, dtype=float)
     out = np.full(p.shape, np.nan)
-    keep = np.flatnonzero(np.isfinite(p))
-    if not len(keep):
-        return out
-    order = keep[np.argsort(p[keep], kind="stable")]
+    keep = np.isfinite(p)
+    if keep.any():
+        out[keep] = adjust(p[keep])
+    return out
+
+
+def _holm(p: np.ndarray) -> np.ndarray:
+    order = np.argsort(p, kind="stable")
     m = len(order)
+    out = np.empty(m)
     out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
     return out
 
 
+def holm(p) -> np.ndarray:
+    """Holm's step-down adjusted p-values of one family (NaN entries are not members and stay NaN): the
+    i-th smallest of m is max over j <= i of (m - j + 1) p_(j), at most 1. Rejecting where the adjusted value
+    is <= alpha keeps the probability of any false claim in the family at most alpha, under any dependence.
+    Written here: scipy has no Holm, and statsmodels is not a dependency for one line."""
+    return _over_members(p, _holm)
+
+
 def bh(p) -> np.ndarray:
     """Benjamini-Hochberg adjusted p-values (q-values) of one family, NaN entries not members: the i-th
-    smallest of m is min over j >= i of m p_(j) / j, at most 1 (``scipy.stats.false_discovery_control``).
-    Marking where q <= alpha keeps the expected share of false marks among the marks at most alpha."""
-    p = np.asarray(p, dtype=float)
-    out = np.full(p.shape, np.nan)
-    keep = np.flatnonzero(np.isfinite(p))
-    if not len(keep):
-        return out
-    order = keep[np.argsort(p[keep], kind="stable")]
-    m = len(order)
-    scaled = m * p[order] / np.arange(1, m + 1)
-    out[order] = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
-    return out
+    smallest of m is min over j >= i of m p_(j) / j, at most 1. Marking where q <= alpha keeps the expected
+    share of false marks among the marks at most alpha."""
+    from scipy import stats
+    return _over_members(p, stats.false_discovery_control)
 
 
 def _bootstrap(x, y, nx, ny, sign: float, seed: int, budget: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
