@@ -3,8 +3,9 @@ without the project's simulation (cem_bench/analysis/report/claims.py), read by 
 
 Each folder holds a ``trials.parquet`` and a ``search_space.json`` as a search would leave them: a λ = 0
 baseline of 4 seeds and N configurations of 3 seeds each, every run drawn from the baseline's own
-distribution (test accuracy ~ N(0.90, 0.03), attack SSIM ~ N(0.75, 0.01), each clipped to its metric's range). The configurations mix the three
-surrogates and λ drawn log-uniformly in [1, 64], so they are told apart by their keys as real ones are.
+distribution (test accuracy ~ N(0.90, 0.03), attack SSIM ~ N(0.75, 0.01), each clipped to its metric's
+range). The configurations mix the three surrogates and λ drawn log-uniformly in [1, 64], so they are told
+apart by their keys as real ones are.
 ``cem-bench report`` builds the page and ``cem-bench table`` the paper table from the folder (configs.parquet
 built by the product from the trials); this script reads the page's summary and counts a report that names a
 configuration as more private beyond the noise, and the table's [+]/[−] marks.

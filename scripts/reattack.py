@@ -260,7 +260,8 @@ def summarise(df: pd.DataFrame, by: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("experiment", type=Path)
+    # absolute: each re-attack runs with cwd=ROOT, where a relative folder named another (every trial failed)
+    p.add_argument("experiment", type=lambda text: Path(text).expanduser().absolute())
     p.add_argument("--set", action="append", default=[], required=True, help="the attack's attack.* keys")
     p.add_argument("--jobs", type=positive_int, default=1)
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads of each re-attack (default: "

@@ -102,6 +102,19 @@ def test_trials_re_attacked_with_these_settings_are_skipped(reattack, tmp_path, 
     assert ran == [] and "3 ok trials, 3 already re-attacked" in capsys.readouterr().out
 
 
+def test_a_relative_experiment_folder_reaches_each_re_attack_whole(reattack, tmp_path, capsys, monkeypatch):
+    """Each re-attack runs with the repository as its folder: a relative experiment path named another folder
+    there, and every trial failed ("no such folder"), one subprocess each (2026-12-07 probe)."""
+    experiment(tmp_path)
+    (tmp_path / "cem_trial_64_3" / "attack-20261201-000000" / "attack.json").unlink()
+    ran = []
+    monkeypatch.setattr(reattack.subprocess, "run",
+                        lambda cmd, **kw: ran.append(cmd) or type("R", (), {"returncode": 0, "stderr": ""})())
+    monkeypatch.chdir(tmp_path.parent)
+    assert reattack.main([tmp_path.name, "--set", "attack.names=[decoder]", "--set", "attack.epochs=16"]) == 0
+    assert [cmd[4] for cmd in ran] == [str(tmp_path / "cem_trial_64_3")]
+
+
 def cmd_sets(cmd):
     return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
 
