@@ -45,6 +45,10 @@ RAY_ENV = {**os.environ, "RAY_worker_niceness": os.environ.get("RAY_worker_nicen
 
 
 def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):   # before either tier: pytest's help came after the Ray tier's run
+        print(f"usage: python scripts/test_tiers.py [PYTEST OPTION ...]\n\n{__doc__.split(chr(10) * 2)[0]}\n\nThe "
+              f"options go to the tests outside the Ray tier (pytest's own: python -m pytest --help).")
+        return 0
     python = sys.executable
     rcs: dict[str, int] = {}
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
