@@ -28,7 +28,11 @@ class UnsafePath(OSError):
 
 
 def local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
+    """A ``file://`` URI as this machine's path (``file://localhost/x`` is ``/x``, RFC 8089); any other unchanged."""
+    if not path.startswith("file://"):
+        return path
+    path = path[len("file://"):]
+    return path[len("localhost"):] if path.startswith("localhost/") else path
 
 
 def relative_inside(root: str | os.PathLike, path: str) -> str | None:

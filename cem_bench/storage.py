@@ -48,11 +48,14 @@ def is_remote(path: str | os.PathLike) -> bool:
 
 def resolve_storage(storage: str | None) -> str:
     """``None`` -> ``./results`` made absolute; a URI (``s3://``, ``gs://``, ...) with its path's trailing
-    slashes removed (:func:`clean_uri`: StorageUnavailable for one that names no bucket); a path absolute."""
+    slashes removed (:func:`clean_uri`: StorageUnavailable for one that names no bucket); a path, or a
+    ``file://`` URI, as an absolute path."""
     storage = "results" if storage is None else str(storage)
-    if is_uri(storage):
+    if is_remote(storage):
         return clean_uri(storage, "--storage ")
-    return os.path.abspath(os.path.expanduser(storage))
+    # file:// too: a local folder. Handed on as a URI, pyarrow refused a relative one (file://res) and
+    # localhost (file://localhost/x) once Ray had started, where the dry run had passed (2026-12-07 probe)
+    return os.path.abspath(os.path.expanduser(local(clean_uri(storage, "--storage ") if is_uri(storage) else storage)))
 
 
 # object stores whose URI starts with a bucket: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX

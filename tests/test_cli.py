@@ -697,8 +697,11 @@ def test_a_storage_uri_loses_only_its_paths_trailing_slashes():
     assert resolve_storage("s3://b/prefix//") == "s3://b/prefix"
     assert resolve_storage("s3://b/") == "s3://b"
     assert resolve_storage("s3://b/p/?endpoint_override=h:9") == "s3://b/p?endpoint_override=h:9"
-    assert resolve_storage("file:///") == "file:///"      # the root, not the local folder 'file:'
-    assert resolve_storage("file:///tmp/x/") == "file:///tmp/x"
+    assert resolve_storage("file:///") == "/"      # the root, not the local folder 'file:'
+    assert resolve_storage("file:///tmp/x/") == "/tmp/x"
+    # a local folder as an absolute path: as URIs pyarrow refused these once Ray had started (2026-12-07 probe)
+    assert resolve_storage("file://localhost/tmp/x") == "/tmp/x"
+    assert resolve_storage("file://res") == os.path.abspath("res")
 
 
 def test_bench_help_lists_every_group_that_only_accepts(capsys):
