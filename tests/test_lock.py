@@ -244,6 +244,15 @@ def test_a_driver_stopped_just_after_tuner_pkl_leaves_a_name_a_new_search_takes_
     from cem_bench.search import repair_experiment_state
     with pytest.raises(SearchError, match="holds no experiment state to continue.*drop --resume"):   # --resume
         repair_experiment_state(str(exp))
+    from test_search import write_space
+    space = write_space(tmp_path, "early")
+    (exp / "search_space.json").unlink()   # the stand-in "x" would be refused as damaged first
+    for dry in ([], ["--dry-run"]):   # both before Ray starts (the dry run passed it, 2026-12-07 probe)
+        assert cli.main(["search", space, "--storage", str(tmp_path / "res"), "--resume", *dry]) == 2
+        assert "holds no experiment state to continue" in capsys.readouterr().err
+        if "ray" in sys.modules:
+            import ray
+            assert not ray.is_initialized()
     assert (exp / "tuner.pkl").is_file()
     with experiment_lock(str(exp), resume=False):
         assert "this search takes it over" in capsys.readouterr().out

@@ -166,19 +166,27 @@ def repair_experiment_state(exp_path: str, trust_pickle: bool = False) -> list[s
                 break
             done.append(f"{name} is unreadable ({why}): moved to {_move_aside(fs, root, name, stamp)}")
     left = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root, recursive=False))}
-    from .lock import only_starting_files
-    if not done and only_starting_files(exp_path):
-        # stopped after Ray's tuner.pkl, before its first state: nothing to continue, and nothing a new search
-        # would lose (it takes such a folder over: lock._STARTING_FILES); a new --name was never needed
-        raise SearchError(f"--resume: {exp_path} holds no experiment state to continue: its search was stopped "
-                          f"while it started, before Ray saved one (only tuner.pkl and the start-up files are there, "
-                          f"no trial folder); drop --resume to start it again (the new search takes the folder over)")
+    if not done:
+        refuse_a_stopped_start(exp_path)
     if not any(n.startswith("experiment_state-") for n in left):
         raise SearchError(f"--resume: {exp_path} holds no readable experiment state (the driver was killed "
                           f"before Ray wrote a complete one; {'; '.join(done) or 'none was written'}); start "
                           f"the search again under a new --name")
     return done
 
+
+
+def refuse_a_stopped_start(exp_path: str) -> None:
+    """SearchError where ``exp_path`` holds only what a search leaves while it starts: stopped after Ray's
+    tuner.pkl, before its first state, there is nothing to continue, and nothing a new search would lose (it
+    takes such a folder over: lock._STARTING_FILES); a new --name was never needed. Decided from the listing,
+    so ``--resume --dry-run`` says it too (it passed such a folder that the real --resume refused after Ray's
+    start, 2026-12-07 probe)."""
+    from .lock import only_starting_files
+    if only_starting_files(exp_path):
+        raise SearchError(f"--resume: {exp_path} holds no experiment state to continue: its search was stopped "
+                          f"while it started, before Ray saved one (only tuner.pkl and the start-up files are there, "
+                          f"no trial folder); drop --resume to start it again (the new search takes the folder over)")
 
 
 def supersede_tables(exp_path: str) -> list[str]:

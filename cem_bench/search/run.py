@@ -37,7 +37,8 @@ from .interrupt import Interruption, resume_command
 from .lock import check_available, experiment_lock
 from .machine import detect_cpus as _detect_cpus  # names of run.py that tests replace
 from .machine import detect_gpus as _detect_gpus
-from .resume import has_saved_state, repair_experiment_state, restore_removed_checkpoints, supersede_tables
+from .resume import (has_saved_state, refuse_a_stopped_start, repair_experiment_state, restore_removed_checkpoints,
+                     supersede_tables)
 from .trainable import make_trainable, trial_resources, with_resources
 
 # ----------------------------------------------------------------------------------- concurrency
@@ -365,7 +366,9 @@ def _tuner(spec, storage: str, exp_path: str, resume: bool, trust_pickled_state:
 
 
 def check_resumable(exp_path: str) -> None:
-    """SearchError unless ``exp_path`` holds a Ray Tune experiment to continue (nothing is touched)."""
+    """SearchError unless ``exp_path`` holds a Ray Tune experiment to continue (nothing is touched). Whether it
+    holds more than a stopped start's files is asked once no other driver can be starting in it (under the lock,
+    or after the dry run's lock check): ``resume.refuse_a_stopped_start``."""
     if not exists(join(exp_path, "tuner.pkl")):
         raise SearchError(f"--resume: {exp_path} holds no Ray Tune experiment to continue "
                           f"({'missing' if not exists(exp_path) else 'no tuner.pkl in'} the folder); "
@@ -805,11 +808,15 @@ def search_command(args) -> dict:
                   f"searcher keeps the limit the experiment started with", flush=True)
     if getattr(args, "dry_run", False):
         check_available(exp_path, bool(args.resume))   # the lock's own refusals, asked without taking it
+        if args.resume:
+            refuse_a_stopped_start(exp_path)
         print(dry_run_text(spec, exp_path, bool(args.resume)), flush=True)
         return {"dry_run": True, "experiment": exp_path, "name": spec.name}
     # one driver per experiment, from before Ray starts until its tables are written (search/lock.py)
     try:
         with experiment_lock(exp_path, bool(args.resume)):
+            if args.resume:   # before Ray starts (its restore refused it only after)
+                refuse_a_stopped_start(exp_path)
             with mps.Session(mode, float(spec.resources.get("gpu", 0)), mode != "off" and _detect_gpus() > 0):
                 exp = run_search(spec, storage=args.storage, address=args.address, resume=bool(args.resume),
                                  stats=stats, trust_pickled_state=bool(getattr(args, "trust_pickled_state", False)),
