@@ -37,8 +37,13 @@ from .interrupt import Interruption, resume_command
 from .lock import check_available, experiment_lock
 from .machine import detect_cpus as _detect_cpus  # names of run.py that tests replace
 from .machine import detect_gpus as _detect_gpus
-from .resume import (has_saved_state, refuse_a_stopped_start, repair_experiment_state, restore_removed_checkpoints,
-                     supersede_tables)
+from .resume import (
+    has_saved_state,
+    refuse_a_stopped_start,
+    repair_experiment_state,
+    restore_removed_checkpoints,
+    supersede_tables,
+)
 from .trainable import make_trainable, trial_resources, with_resources
 
 # ----------------------------------------------------------------------------------- concurrency
