@@ -434,69 +434,14 @@ def _threads(text: str) -> int:
 # the keys `attack --set` takes besides attack.*: none changes the split or the encoder (data.root: where the
 # run's data set is on this machine, when the run recorded another machine's folder)
 ATTACK_ALSO = ("train.device", "train.eval_batch_size", "data.root")
-# attack.* keys only training reads (the privacy probe's): a re-attack would take them and change nothing
-TRAINING_ONLY_ATTACK_KEYS = ("attack.probe_epochs", "attack.probe_images", "attack.probe_iterations",
-                             "attack.min_accuracy_margin")   # the utility gate: a re-attack always attacks
-
-
-def unread_attack_keys(overrides: dict, cfg) -> list[tuple[str, bool]]:
-    """``--set`` keys of ``cem-bench attack`` that the attacks it runs never read, each with who would: a key of
-    an attack not in ``attack.names`` (with ``attack.names=[decoder]``, ``attack.rmle_iterations`` changes
-    nothing, and taking it silently would let a user believe rmle was strengthened), or a key only a trial
-    reads. Each as (why, whether adding an attack to ``attack.names`` would make it read)."""
-    import dataclasses
-
-    from . import attacks
-    from .config import AttackConfig
-    common = {f.name for f in dataclasses.fields(AttackConfig)} - {"params"}
-    problems = []
-    for key in overrides:
-        if key in TRAINING_ONLY_ATTACK_KEYS:
-            problems.append((f"{key} is read only by a trial (the privacy probe, the utility gate); a re-attack "
-                             f"always attacks", False))
-            continue
-        name = key.removeprefix("attack.")
-        if not key.startswith("attack.") or name in common or name in cfg.attack.params:
-            continue
-        readers = [a for a in attacks.names() if attacks.get(a).Keys is not None
-                   and name in {f.name for f in dataclasses.fields(attacks.get(a).Keys)}]
-        problems.append((f"{key} is read by {', '.join(readers) or 'no attack'}, which "
-                         f"attack.names={cfg.attack.names} does not run", bool(readers)))
-    return problems
-
-
-def unread_data_root(overrides: dict, cfg) -> list[str]:
-    """Why a ``--set data.root`` changes nothing for this run's data set (one reason, or none): the folder is
-    opened for CIFAR only. ``train --set`` and ``attack --set`` refuse it alike."""
-    from .core import data
-    if "data.root" in overrides and cfg.data.dataset not in data.READS_ROOT:
-        return [f"data.root is read for {' and '.join(data.READS_ROOT)} only, and this run's data.dataset is "
-                f"{cfg.data.dataset}"]
-    return []
-
-
 def check_train_sets_are_read(overrides: dict, cfg) -> None:
-    """ConfigError, before any work, for a ``train --set`` key the run never reads: another surrogate's key at
-    λ > 0 (``--set cem.num_slots=4`` under gmm trained gmm and recorded nothing of it), or a key of an attack
-    ``attack.names`` leaves out (as ``cem-bench attack`` refuses). A ``--config`` file is not checked: a saved
-    run's config with another ``--set cem.surrogate`` is a fair start, its other keys left unread. At λ = 0 no
-    surrogate runs, and the same keys with ``cem.lambd=0`` are the baseline of that configuration."""
-    from . import surrogates
-    problems = []
-    if cfg.cem.lambd > 0:
-        for key in overrides:
-            who = surrogates.readers(key)
-            if who is not None and cfg.cem.surrogate not in who:
-                problems.append(f"{key} is read by {', '.join(who)}, not by cem.surrogate={cfg.cem.surrogate}")
-    # keys another setting of the same run makes unread (2026-12-07 probe: taken, and nothing recorded of them)
-    if cfg.cem.lambd > 0 and cfg.cem.strength != "matched":
-        problems += [f"{k} is read by a matched strength (cem.strength=matched), and this run's is "
-                     f"{cfg.cem.strength}" for k in ("cem.strength_batches", "cem.strength_every") if k in overrides]
-    problems += unread_data_root(overrides, cfg)
-    if "train.milestones" in overrides and cfg.train.milestones_epochs:
-        problems.append("train.milestones is replaced by train.milestones_epochs, which is set")
-    attack_keys = {k: v for k, v in overrides.items() if k not in TRAINING_ONLY_ATTACK_KEYS}
-    problems += [why for why, _ in unread_attack_keys(attack_keys, cfg)]
+    """ConfigError, before any work, for a ``train --set`` key the run never reads (``keyref.unread_keys``:
+    another surrogate's key at λ > 0, a key of an attack ``attack.names`` leaves out, ...). A ``--config`` file is
+    not checked: a saved run's config with another ``--set cem.surrogate`` is a fair start, its other keys left
+    unread. At λ = 0 no surrogate runs, and the same keys with ``cem.lambd=0`` are the baseline of that
+    configuration."""
+    from .keyref import unread_keys
+    problems = [why for why, _ in unread_keys(overrides, cfg).values()]
     if problems:
         raise ConfigError(f"train --set: {'; '.join(problems)}: the run would take the value and change nothing. "
                           f"Drop the key, or choose the surrogate or attack that reads it. Nothing was trained")
@@ -529,8 +474,8 @@ def cmd_attack(args) -> int:
         raise ResultsError(f"{source}: its config is not valid for this "
                            f"cem-bench ({' '.join(str(e).split())})") from e
     cfg = build_config({**config, **overrides})
-    unread = unread_attack_keys(overrides, cfg)
-    unread += [(why, False) for why in unread_data_root(overrides, cfg)]   # as train --set refuses it
+    from .keyref import unread_keys
+    unread = list(unread_keys(overrides, cfg, reattack=True).values())
     if unread:
         raise ConfigError(f"cem-bench attack: {'; '.join(why for why, _ in unread)}: the key would change nothing "
                           f"here. Leave it out{', or add its attack to attack.names' if any(a for _, a in unread) else ''}"

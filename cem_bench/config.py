@@ -434,7 +434,7 @@ def read_yaml(path: str, what: str, error: Callable[[str], ConfigError] = Config
     import yaml
 
     from .parsing import MAX_BYTES, ParseError, load_yaml
-    from .storage import is_remote, local
+    from .safefiles import is_remote, local
     if is_remote(path):   # read as a local name, it was "does not exist" (2026-12-07 probe)
         raise error(f"{what} {path!r} is in object storage; {what}s are read from this machine's files: copy it "
                     f"down first (for example `aws s3 cp {path} .`) and give that copy")

@@ -280,3 +280,51 @@ def text_lines(ref: dict, width: int = 28) -> list[str]:
             allowed += f"; every {r.kind} reads it, with its own default"
         lines += [f"{r.name:{width - 1}s} default: {default_text(r)}", f"{pad}{allowed}", f"{pad}{r.help}"]
     return lines
+
+
+# ------------------------------------------------------------------------------------------ keys nothing reads
+# attack.* keys only training reads (the privacy probe's): a re-attack would take them and change nothing
+TRAINING_ONLY_ATTACK_KEYS = ("attack.probe_epochs", "attack.probe_images", "attack.probe_iterations",
+                             "attack.min_accuracy_margin")   # the utility gate: a re-attack always attacks
+# the data sets that open data.root: digits and photos come from the installed wheels, synthetic is generated
+ROOT_DATASETS = ("cifar10", "cifar100")
+
+
+def unread_keys(overrides: dict, cfg: TrialConfig, reattack: bool = False) -> dict[str, tuple[str, bool]]:
+    """The keys of ``overrides`` (a command line's ``--set``) that the run of ``cfg`` never reads, each with why
+    and whether adding an attack to ``attack.names`` would make it read: taken silently, each was recorded as if
+    it had shaped the run (``--set cem.num_slots=4`` under gmm trained gmm; ``attack.rmle_iterations`` with
+    ``attack.names=[decoder]`` let a user believe rmle was strengthened). ``reattack``: the run is ``cem-bench
+    attack``'s, which never trains (the probe's keys are unread). At λ = 0 no surrogate runs, and the same keys
+    with ``cem.lambd=0`` are the baseline of that configuration: not refused. ``train --set``, ``attack --set``
+    and ``search --set`` (a key no cell of the space reads) refuse them alike."""
+    out: dict[str, tuple[str, bool]] = {}
+    if cfg.cem.lambd > 0:
+        for key in overrides:
+            who = surrogates.readers(key)
+            if who is not None and cfg.cem.surrogate not in who:
+                out[key] = (f"{key} is read by {', '.join(who)}, not by cem.surrogate={cfg.cem.surrogate}", False)
+        if cfg.cem.strength != "matched":   # 2026-12-07 probe: taken, and nothing recorded of them
+            out.update({k: (f"{k} is read by a matched strength (cem.strength=matched), and this run's is "
+                            f"{cfg.cem.strength}", False)
+                        for k in ("cem.strength_batches", "cem.strength_every") if k in overrides})
+    if "data.root" in overrides and cfg.data.dataset not in ROOT_DATASETS:
+        out["data.root"] = (f"data.root is read for {' and '.join(ROOT_DATASETS)} only, and this run's "
+                            f"data.dataset is {cfg.data.dataset}", False)
+    if "train.milestones" in overrides and cfg.train.milestones_epochs:
+        out["train.milestones"] = ("train.milestones is replaced by train.milestones_epochs, which is set", False)
+    common = {f.name for f in dataclasses.fields(type(cfg.attack))} - {"params"}
+    for key in overrides:
+        if key in TRAINING_ONLY_ATTACK_KEYS:
+            if reattack:
+                out[key] = (f"{key} is read only by a trial (the privacy probe, the utility gate); a re-attack "
+                            f"always attacks", False)
+            continue
+        name = key.removeprefix("attack.")
+        if not key.startswith("attack.") or name in common or name in cfg.attack.params:
+            continue
+        readers = [a for a in attacks.names() if attacks.get(a).Keys is not None
+                   and name in {f.name for f in dataclasses.fields(attacks.get(a).Keys)}]
+        out[key] = (f"{key} is read by {', '.join(readers) or 'no attack'}, which "
+                    f"attack.names={cfg.attack.names} does not run", bool(readers))
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
 
@@ -25,6 +26,20 @@ class UnsafePath(OSError):
 
     def __str__(self) -> str:
         return self.strerror
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_uri(path: str | os.PathLike) -> bool:
+    """``s3://…``, ``gs://…``, ``file://…``: a scheme first (RFC 3986). A local name holding ``://`` further on
+    (``/tmp/odd://dir``) is a path: it was read as object storage with an empty bucket (2026-12-07 probe)."""
+    return _SCHEME.match(str(path)) is not None
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+    """Object storage: a URI other than ``file://`` (which is a folder of this machine, read and written in place)."""
+    return is_uri(path) and not str(path).startswith("file://")
 
 
 def local(path: str) -> str:

@@ -16,13 +16,15 @@ import errno
 import json
 import math
 import os
-import re
 import time
 from typing import Any
 
-# UnsafePath, publish, relative_inside and write_probe are re-exported: the project and the tests import them from storage
+# UnsafePath, is_uri, is_remote, local, publish, relative_inside and write_probe are re-exported: the project and the
+# tests import them from storage (they live in safefiles, which config may import too)
 from .safefiles import (  # noqa: F401
     UnsafePath,
+    is_remote,
+    is_uri,
     local,
     open_dir,
     publish,
@@ -31,19 +33,6 @@ from .safefiles import (  # noqa: F401
     replace_in,
     write_probe,
 )
-
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def is_uri(path: str | os.PathLike) -> bool:
-    """``s3://…``, ``gs://…``, ``file://…``: a scheme first (RFC 3986). A local name holding ``://`` further on
-    (``/tmp/odd://dir``) is a path: it was read as object storage with an empty bucket (2026-12-07 probe)."""
-    return _SCHEME.match(str(path)) is not None
-
-
-def is_remote(path: str | os.PathLike) -> bool:
-    """Object storage: a URI other than ``file://`` (which is a folder of this machine, read and written in place)."""
-    return is_uri(path) and not str(path).startswith("file://")
 
 
 def resolve_storage(storage: str | None) -> str:

@@ -1007,3 +1007,27 @@ def test_attack_on_a_missing_path_says_no_such_folder(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(["attack", str(tmp_path / "afile")]) == 2
     assert f"{tmp_path / 'afile'} is not a folder: RUN_DIR must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["data.root=/elsewhere"], "search --set: data.root is read for cifar10 and cifar100 only, and this run's "
+                               "data.dataset is digits: no trial of this space would read it"),
+    (["cem.num_slots=4"], "cem.num_slots is read by attention_centroid, serial_enhanced, slot_cross, not by "
+                          "cem.surrogate=gmm"),
+    (["attack.names=[decoder]", "attack.rmle_iterations=4"], "attack.rmle_iterations is read by rmle, which "
+                                                             "attack.names=['decoder'] does not run"),
+    (["train.milestones=[0.5]", "train.milestones_epochs=[1]"], "train.milestones is replaced by "
+                                                                "train.milestones_epochs"),
+])
+def test_search_set_refuses_a_key_no_trial_of_the_space_reads(sets, says, tmp_path, capsys):
+    """`search --set` took what `train --set` refuses (a key nothing reads), listed it among the fixed keys and
+    recorded it in every trial (2026-12-07 probe). A λ = 0 cell reads no surrogate's key either: gmm's space with
+    λ ∈ {0, 16} does not make cem.num_slots read."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    space = os.path.join(root, "search_spaces", "noise_alone_matched_acc_digits.yaml")   # gmm, λ 0 and 16, digits
+    argv = ["search", space, "--storage", str(tmp_path / "res"), "--dry-run"]
+    rc = main([*argv, *(a for s in sets for a in ("--set", s))])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "Nothing was started" in err, err
+    assert main([*argv, "--set", "train.epochs=9"]) == 0   # a key the trials read is taken
+    assert not (tmp_path / "res").exists()

@@ -208,6 +208,8 @@ def _saved_experiment(tmp_path, space: str, overrides: dict | None = None):
     exp = tmp_path / "results" / "demo"       # the fixture runs in tmp_path: the default --storage ./results
     exp.mkdir(parents=True)
     (exp / "tuner.pkl").write_bytes(b"a Ray experiment")
+    # and a saved state beside it: a folder of start-up files alone is a stopped start, which --resume refuses
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
     write_recorded_json(str(exp), "search_space.json", load_space(space, overrides or {}).to_dict())
     return exp
 
@@ -316,9 +318,10 @@ def test_resume_refuses_a_space_that_changes_what_the_trials_compute(fake_machin
         raise Started
     monkeypatch.setattr(run, "_run_locked", before_ray)
     with pytest.raises(Started):
-        run.search_command(search_args(demo, "--resume", "--set", "data.root=/elsewhere", "--cpus-per-trial", "2"))
+        # train.eval_batch_size: demo's digits never read data.root, which search --set now refuses
+        run.search_command(search_args(demo, "--resume", "--set", "train.eval_batch_size=64", "--cpus-per-trial", "2"))
     out = capsys.readouterr().out
-    assert "differs from the experiment's search_space.json in resources, fixed.data.root" in out, out
+    assert "differs from the experiment's search_space.json in resources, fixed.train.eval_batch_size" in out, out
     assert out.count("differs from the experiment's search_space.json") == 1, out
 
 

@@ -214,8 +214,6 @@ def attack_splits(train: Split, test: Split, protocol: str) -> tuple[Split, Spli
 
 # ---------------------------------------------------------------------------------------- CIFAR
 _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
-# the data sets that open data.root: digits and photos come from the installed wheels, synthetic is generated
-READS_ROOT = tuple(_CIFAR_FOLDERS)
 
 
 def check_available(name: str, root: str) -> None:

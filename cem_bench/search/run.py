@@ -370,6 +370,33 @@ def _tuner(spec, storage: str, exp_path: str, resume: bool, trust_pickled_state:
     )
 
 
+def check_sets_are_read(spec, overrides: dict) -> None:
+    """ConfigError, before anything starts, for a ``search --set`` key that no trial of the space would read
+    (``keyref.unread_keys`` in every configuration of the space: ``--set data.root=…`` on digits, another
+    surrogate's key, an attack's key that ``attack.names`` leaves out), as ``train --set`` refuses it: it was
+    taken, listed among the fixed keys and recorded in every trial (2026-12-07 probe). A λ = 0 cell reads no
+    surrogate's key, so it does not make one read where the space also has λ > 0 cells. The keys a space file
+    fixes are not checked: a family of spaces shares its keys. A space of more configurations than
+    ``CELL_CHECK_LIMIT`` is not checked."""
+    if not overrides:
+        return
+    from ..core.trial import build_config
+    from ..errors import ConfigError
+    from ..keyref import unread_keys
+    from ..spaces.parse_params import CELL_CHECK_LIMIT, bounded_cells
+    cells = bounded_cells(spec.params, CELL_CHECK_LIMIT)
+    if cells is None:
+        return
+    configs = [build_config({**spec.fixed, **cell}) for cell in cells]
+    configs = [c for c in configs if c.cem.lambd > 0] or configs
+    unread = [unread_keys(overrides, c) for c in configs]
+    never = [k for k in overrides if all(k in u for u in unread)]
+    if never:
+        raise ConfigError(f"search --set: {'; '.join(unread[0][k][0] for k in never)}: no trial of this space would "
+                          f"read it, and every trial would record it. Drop the key, or set the surrogate or attack "
+                          f"that reads it. Nothing was started")
+
+
 def check_resumable(exp_path: str) -> None:
     """SearchError unless ``exp_path`` holds a Ray Tune experiment to continue (nothing is touched). Whether it
     holds more than a stopped start's files is asked once no other driver can be starting in it (under the lock,
@@ -772,6 +799,8 @@ def search_command(args) -> dict:
                           "resume bundle)")
     check_args(args)
     spec = load_space(args.space, overrides_from_args(args))  # SpaceError -> the CLI prints it, exit 2
+    from ..config import parse_set
+    check_sets_are_read(spec, parse_set(getattr(args, "set", None) or []))
     check_address(args.address)
     stats: dict[str, Any] = {}
     conc = None
