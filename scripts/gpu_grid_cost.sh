@@ -38,6 +38,11 @@ case "${1:-570}" in
                     exit 2 ;;   # checked before anything under \$OUT is removed
 esac
 total=${1:-570}
+if [ "${#total}" -gt 6 ] || [ "$total" -le 50 ]; then   # gpu_pack refused a budget of TOTAL - 50 <= 0 after the rm below
+    echo "gpu_grid_cost: TOTAL_SECONDS must be above 50 and at most 999999 (the pack's budget is TOTAL - 50 s), not" \
+         "'${total}'; $usage" >&2
+    exit 2
+fi
 out=${OUT:-/tmp/cem_gpu_grid_cost}
 # the checkout: cem_bench is in no site-packages on a lent machine (both scripts also put it on sys.path)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -92,3 +92,16 @@ def test_a_pack_that_ignores_sigterm_is_killed_within_the_call(tmp_path):
     words = (tmp_path / "pack_args.txt").read_text().split()
     deadline, hard = (int(words[words.index(w) + 1]) for w in ("--deadline", "--hard-deadline"))
     assert hard - deadline == 20, words
+
+
+@pytest.mark.parametrize("total", ["50", "1", "99999999999999999999"])
+def test_a_total_the_pack_cannot_run_is_refused_before_the_last_results_are_removed(tmp_path, total):
+    """TOTAL_SECONDS of 1 to 50 passed the argument check, the last call's pack and check files were removed, and
+    gpu_pack then refused its budget of TOTAL - 50 <= 0 (2026-12-07 probe): refused first, nothing removed."""
+    out = tmp_path / "out"
+    (out / "pack").mkdir(parents=True)
+    (out / "pack" / "pack.jsonl").write_text('{"row": 1}\n')
+    r = subprocess.run(["bash", "scripts/gpu_grid_cost.sh", total], env={**os.environ, "OUT": str(out)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "TOTAL_SECONDS must be above 50" in r.stderr, r.stderr
+    assert (out / "pack" / "pack.jsonl").read_text() == '{"row": 1}\n'
