@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -75,6 +76,17 @@ def check_states(args, states) -> None:
             calibrate.plan(flat, None, req["warmups"], req["batches"])
         except ConfigError as e:
             raise SystemExit(f"lambda_states: the state {f.stem}: {e}. Nothing was measured") from None
+    # the data sets too, before --out is made: a missing CIFAR failed inside its first state's calibrate, after
+    # every state of the data sets before it had been measured (2026-12-07 probe)
+    from cem_bench.config import DataConfig
+    from cem_bench.core.data import check_available
+    from cem_bench.errors import DataError
+    root = str(extra.get("data.root", DataConfig().root))
+    for dataset in dict.fromkeys(req["dataset"] for _, req in states):
+        try:
+            check_available(dataset, os.path.expanduser(root))
+        except DataError as e:
+            raise SystemExit(f"lambda_states: data.dataset={dataset}: {e}. Nothing was measured") from None
 
 
 def run(args) -> None:
@@ -256,9 +268,16 @@ def plot(df, path: Path) -> None:
     print(f"plot: {path}")
 
 
+def _folder(text: str) -> str:
+    """argparse type of --out: not empty (``--out "$DIR"`` with DIR unset measured into the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset variable?); give the folder for the state files")
+    return os.path.expanduser(text)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, type=_folder)
     p.add_argument("--datasets", nargs="+", default=["synthetic"])
     p.add_argument("--widths", nargs="+", type=float, default=[1.0, 0.25])
     p.add_argument("--sigmas", nargs="+", type=float, default=[0.01, 0.025, 0.05, 0.1, 0.15])

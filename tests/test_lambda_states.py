@@ -126,11 +126,18 @@ def test_the_doc_s_width_and_schedule_ranges_are_its_table_s():
     ({"set": ["foo.bar=1"]}, "unknown config key 'foo.bar'"),
     ({"set": ["model.width=0.5"]}, "--set model.width: the script sets it for each state"),
     ({"warmups": [2, 9999]}, "warm-up 9999 leaves no CEM epoch"),
+    # a data set calibrate would refuse failed inside its first calibrate, after the data sets before it; here
+    # data.root names CIFAR-10's batch folder itself (refused without a download: the test is offline anywhere)
+    ({"datasets": ["synthetic", "cifar10"], "set": ["data.root={tmp}/cifar-10-batches-py"]},
+     "data.dataset=cifar10: data.root="),
 ])
 def test_a_state_calibrate_refuses_is_refused_before_any_is_measured(states, calls, tmp_path, changed, says):
     """A data set, width or key calibrate refuses failed when its state's turn came, after the states before it,
     in a CalledProcessError traceback; --out was made first. Now every state is checked before the first runs."""
     out = tmp_path / "out"
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    (tmp_path / "cifar-10-batches-py" / "batches.meta").write_bytes(b"")
+    changed = {k: [v.format(tmp=tmp_path) for v in vs] if k == "set" else vs for k, vs in changed.items()}
     with pytest.raises(SystemExit) as e:
         states.run(args(out, **changed))
     assert says in str(e.value) and "Nothing was measured" in str(e.value), str(e.value)
@@ -159,6 +166,7 @@ def test_a_failed_calibrate_or_a_damaged_file_is_named_not_a_traceback(states, m
     (["--out", "{d}/o", "--seeds", "1", "1"], "--seeds: 1 given more than once"),
     (["--out", "{d}/o", "--warmups", "2", "3", "2"], "--warmups: 2 given more than once"),
     (["--out", "{d}/o", "--batches", "0"], "--batches: '0' is not a whole number >= 1"),
+    (["--out", ""], "--out: an empty path (an unset variable?)"),     # measured into the current folder (2026-12-07)
 ])
 def test_the_arguments_are_refused_with_their_name(states, calls, tmp_path, monkeypatch, capsys, argv, says):
     (tmp_path / "afile").write_text("x")
