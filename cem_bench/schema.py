@@ -168,6 +168,20 @@ def out_of_range(table, ranges: dict[str, tuple[float, float]] | None = None):
     return None
 
 
+def margin_problem(metric: str, margin: float) -> str | None:
+    """Why ``margin`` (a hypothesis's margin, a space's ``utility_tolerance``: a difference in ``metric``'s units)
+    decides nothing, or None: a difference of two values of a bounded metric is less than its range's width, so
+    a margin that wide makes a non-inferiority claim hold, and a superiority claim fail, whatever the runs measure
+    (``utility_tolerance: 2``, meant as 2 points, was taken, 2026-12-07 probe)."""
+    low, high = METRIC_RANGES.get(base_metric(metric), (-math.inf, math.inf))
+    if margin < high - low:
+        return None
+    points = " (in its units: 0.02 is 2 points of accuracy)" if base_metric(metric) in ACCURACY_METRICS else ""
+    return (f"{margin:g} is not below the widest difference {metric} can show ({high - low:g}: its values lie in "
+            f"[{low:g}, {high:g}]), so the comparison would be decided whatever the runs measure; give a margin "
+            f"below {high - low:g}{points}")
+
+
 def ref_problem(metric: str, mode: str, ref: float) -> str | None:
     """Why no value of ``metric`` can beat the reference point ``ref`` in ``mode``, or None. Such a ref makes
     every trial's hypervolume 0: the front's gains, the confirmation's choice and the scheduler's tie-break all

@@ -63,6 +63,10 @@ def test_a_space_s_hypotheses_are_parsed_with_each_side_naming_one_cell():
     ({"a_is": "smaller"}, "hypotheses.tests[0].a_is: 'smaller'; allowed: lower, higher, not_lower, not_higher"),
     ({"margin": 0}, "not_lower needs a margin > 0"),
     ({"margin": -1}, "hypotheses.tests[0].margin: -1 must be a number >= 0"),
+    # a difference of accuracies is below 1: margin 5 (points meant) made not_lower hold whatever the runs measured
+    ({"margin": 5}, "hypotheses.tests[0].margin: 5 is not below the widest difference test_acc can show (1: its "
+                    "values lie in [0, 1])"),
+    ({"metric": "attack_ssim", "margin": 2}, "2 is not below the widest difference attack_ssim can show (2"),
     ({"paired": "yes"}, "hypotheses.tests[0].paired: 'yes' must be true or false"),
     ({"a": {"seed": 3}}, "hypotheses.tests[0].a.seed: a side is a configuration over all its seeds"),
     ({"a": {"cem.lamd": 3}}, "hypotheses.tests[0].a.cem.lamd: unknown config key 'cem.lamd' (did you mean cem.lambd?)"),

@@ -239,6 +239,18 @@ def test_the_plan_fields_are_reported_with_the_others():
         assert frag in text, f"missing {frag!r} in:\n{text}"
 
 
+@pytest.mark.parametrize("tolerance, ok", [(2, False), (1, False), (0.5, True), (0.02, True)])
+def test_a_utility_tolerance_no_difference_of_accuracies_reaches_is_refused(tolerance, ok):
+    """`utility_tolerance: 2` (2 points meant) was taken: every configuration was then "at the baseline's
+    accuracy", whatever it measured (2026-12-07 probe). A difference of two accuracies is below 1."""
+    if ok:
+        assert parse_space(minimal(utility_tolerance=tolerance)).utility_tolerance == tolerance
+        return
+    text = "\n".join(errors_of(minimal(utility_tolerance=tolerance)))
+    assert "utility_tolerance: " in text and "0.02 is 2 points of accuracy" in text, text
+    assert "(the first objective's, test_acc)" in text, text
+
+
 def test_when_value_must_be_possible_and_refer_to_a_param():
     doc = minimal(params={
         "cem.surrogate": {"choice": ["gmm", "slot_cross"]},

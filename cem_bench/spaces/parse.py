@@ -20,7 +20,7 @@ from typing import Any
 
 from ..config import ConfigError, TrialConfig, coerce, flatten, key_specs, read_yaml
 from ..errors import SpaceError
-from ..schema import DEFAULT_UTILITY_TOLERANCE
+from ..schema import DEFAULT_UTILITY_TOLERANCE, margin_problem
 from .parse_hypotheses import HypothesisStages
 from .parse_params import ParamStages, as_number, fmt_value
 from .parse_plan import PlanStages
@@ -163,7 +163,7 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
             self.grid_kinds(params)
         baseline_n = self.baseline_form(doc.get("baseline"))
         top, confirm_reps = self.confirm(doc.get("confirm"))
-        tolerance = self.utility_tolerance(doc.get("utility_tolerance"))
+        tolerance = self.utility_tolerance(doc.get("utility_tolerance"), objectives[0].metric if objectives else None)
         scheduler = self.scheduler(doc.get("scheduler"), objectives, fixed, params, grid, seeds)
         hypotheses, alpha, correction = self.hypotheses_form(doc.get("hypotheses"), grid, seeds)
         self.attacks_run(objectives, hypotheses, fixed, params)
@@ -218,7 +218,7 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
                 self.err(where, f"{metric!r} is measured by attack {attack!r}, which the trials do not run "
                          f"(attack.names {sorted(run)}): add it to attack.names (fixed) or name one of those")
 
-    def utility_tolerance(self, value) -> float | None:
+    def utility_tolerance(self, value, metric: str | None = None) -> float | None:
         """``utility_tolerance: T`` (a number >= 0, in the first objective's units): how far a configuration's
         utility may fall below its baseline's for the report to call it "at the baseline's accuracy" (the
         95 % interval of the difference must lie above -T; docs/protocol.md §9). None where the space states
@@ -230,6 +230,9 @@ class _Parser(ParamStages, PlanStages, HypothesisStages):
             self.err("utility_tolerance", f"{value!r} must be a number >= 0 in the first objective's units (0.02: "
                      "2 points of accuracy)")
             return DEFAULT_UTILITY_TOLERANCE
+        why = margin_problem(metric, float(value)) if metric else None
+        if why:
+            self.err("utility_tolerance", f"{why} (the first objective's, {metric})")
         return float(value)
 
     def name(self, value) -> str:

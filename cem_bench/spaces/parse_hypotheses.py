@@ -17,6 +17,7 @@ from typing import Any
 
 from ..analysis.noise import MIN_RUNS
 from ..schema import MAX_HYPOTHESES as MAX_TESTS
+from ..schema import margin_problem
 from .parse_params import as_number, fmt_value
 from .spec import (
     CLAIMS,
@@ -114,6 +115,8 @@ class HypothesisStages:
         if margin is None or not 0 <= margin < math.inf:
             self.err(f"{where}.margin", f"{fmt_value(t.get('margin'))} must be a number >= 0 in the metric's units")
             margin = 0
+        elif isinstance(metric, str) and margin_problem(metric, margin):
+            self.err(f"{where}.margin", margin_problem(metric, margin))
         elif a_is in ("not_lower", "not_higher") and margin == 0:
             self.err(f"{where}.margin", f"{a_is} needs a margin > 0, in the metric's units (0.02: 2 points of "
                      f"accuracy): with margin 0 it is the test of {'higher' if a_is == 'not_lower' else 'lower'}")
