@@ -352,6 +352,9 @@ def check_out_file(flag: str, path: str | None, nothing: str, command: str | Non
     ``command`` and flag (``EARLIER_OUTPUT``), and never one a cem-bench folder's manifest records."""
     if not path:
         return
+    if path == "-":   # the usual name of stdout: it wrote a file named "-" in the current folder (2026-12-07 probe)
+        raise ConfigError(f"{flag} -: a file is written, not stdout, and its results are printed there anyway; give a "
+                          f"file name (e.g. out{'.yaml' if flag == '--yaml' else '.json'}). {nothing}")
     if path.endswith(("/", os.sep)) and not os.path.isdir(path):
         # "x.json/" names a folder to a shell and a user; the write, through abspath, made the file x.json
         raise ConfigError(f"{flag} {path} ends in '/', which names a folder; give a file name (e.g. "
@@ -537,6 +540,10 @@ def cmd_calibrate(args) -> int:
     if args.config:
         flat.update(load_yaml_config(args.config))
     flat.update(parse_set(args.set))
+    if args.seeds and "seed" in parse_set(args.set):   # a --config's seed (a saved run's) gives way to --seeds
+        # --seeds replaced it without a word, and the --json file's keys left it out (2026-12-07 probe)
+        raise ConfigError(f"--set seed={parse_set(args.set)['seed']} beside --seeds {' '.join(map(str, args.seeds))}: "
+                          f"--seeds gives every seed measured; put this one there. Nothing was measured")
     twice = sorted({s for s in args.seeds or [] if args.seeds.count(s) > 1})
     if twice:   # one reference state per seed: a repeat is the same measurement counted twice in the medians
         raise ConfigError(f"--seeds: {', '.join(map(str, twice))} given more than once; give distinct seeds, one "

@@ -124,6 +124,9 @@ def test_a_whole_calibrate_file_given_to_train_is_named_too(tmp_path, capsys):
     (["--set", "cem.surrogate=gmm"], "give the surrogates to measure with --surrogates"),
     (["--set", "attack.epochs=3"], "calibrate does not take attack.epochs: calibrate runs no attack"),
     (["--surrogates", ""], "unknown surrogate(s) ''"),
+    # --seeds replaced the --set seed without a word, and --json's keys left it out (2026-12-07 probe)
+    (["--set", "seed=3", "--seeds", "1", "2"], "--set seed=3 beside --seeds 1 2: --seeds gives every seed measured"),
+    (["--json", "-"], "--json -: a file is written, not stdout"),   # it wrote a file named "-"
     # gmm is measured at gated_attention's 5: the refusal names the surrogate whose warm-up it is
     (["--set", "train.epochs=4", "--surrogates", "gated_attention"],
      "gated_attention's own warm-up, cem.warmup_epochs 5"),
