@@ -57,6 +57,8 @@ def load_yaml(text: str | bytes) -> Any:
     def construct_mapping(loader, node, deep=False):
         seen: dict = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":   # `<<: *base`: merged by SafeLoader below, where a key
+                continue                                     # of this mapping overrides the merged one (2026-12-07)
             key = loader.construct_object(key_node, deep=True)
             try:
                 first = seen.get(key)

@@ -77,6 +77,17 @@ def test_a_key_given_twice_is_refused_naming_both_lines():
     assert load_yaml("a: {x: 1}\nb: {x: 2}\n") == {"a": {"x": 1}, "b": {"x": 2}}   # same key, two mappings
 
 
+def test_a_yaml_merge_key_is_read_as_yaml_reads_it():
+    """`<<: *base` (YAML's merge key, which the safe loader takes) was refused as a tag "such as !!python/…" that
+    the user never wrote (2026-12-07 probe): merged, a key of the mapping itself overriding the merged one; a key
+    given twice in the mapping itself is still refused."""
+    text = "base: &b {train.epochs: 4, seed: 1}\nrun:\n  <<: *b\n  seed: 7\n"
+    assert load_yaml(text)["run"] == {"train.epochs": 4, "seed": 7}
+    assert load_yaml("a: &a {x: 1}\nb: &b {y: 2}\nc: {<<: [*a, *b]}\n")["c"] == {"x": 1, "y": 2}
+    with pytest.raises(ParseError, match="'seed' appears twice"):
+        load_yaml(text + "  seed: 8\n")
+
+
 # ---------------------------------------------------------------- the commands
 def run_cli(argv, capsys) -> tuple[int, str]:
     rc = main(argv)
