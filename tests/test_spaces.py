@@ -797,6 +797,19 @@ def test_a_grids_lambda_zero_cells_and_its_baseline_share_no_seed():
     assert plain.baseline_seeds == (0, 1, 2)        # no λ = 0 cells: the search's seed first, as before
 
 
+@pytest.mark.parametrize("param, says", [
+    ({"int": [2, 8], "step": 9}, "params.cem.num_clusters.step: 9 is wider than the range [2, 8]: only 2 could be "
+                                 "drawn"),
+    ({"uniform": [2, 8], "step": 7.5}, "7.5 is wider than the range [2, 8]"),
+])
+def test_a_step_wider_than_its_range_is_refused(param, says):
+    """Listed as "2 to 8" while only 2 could ever be drawn (2026-12-07 probe)."""
+    key = "cem.num_clusters" if "int" in param else "cem.lambd"
+    assert says in "\n".join(errors_of(minimal(params={key: param})))
+    ok = {**param, "step": 6 if "int" in param else 6.0}     # a step of the range's width: both ends
+    assert parse_space(minimal(num_samples=2, params={key: ok}))
+
+
 def test_a_stepped_range_lists_the_values_a_sampler_draws():
     """0 + 7·0.1 is 0.7000000000000001: listed so, the last value of [0, 0.7] step 0.1 lay outside the range,
     and a valid space was refused for it (defense.noise_std=10.000000000000002 of [1.05, 10] step 0.05)."""

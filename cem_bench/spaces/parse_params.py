@@ -188,6 +188,11 @@ class ParamStages:
                 ok = False
             else:
                 step = int(s) if kind == "int" else float(s)
+                if ok and step > high - low:   # listed as "2 to 8", one value drawn (2026-12-07 probe)
+                    self.err(f"{where}.step", f"{fmt_value(step)} is wider than the range [{fmt_value(low)}, "
+                             f"{fmt_value(high)}]: only {fmt_value(low)} could be drawn; give a step of at most "
+                             f"{fmt_value(high - low)}, or fix the key at {fmt_value(low)}")
+                    ok = False
         return Param(key, kind, low, high, None, log, step) if ok else None
 
     def choice(self, where: str, key: str, values) -> Param | None:
