@@ -539,11 +539,12 @@ def cmd_calibrate(args) -> int:
     flat = {}
     if args.config:
         flat.update(load_yaml_config(args.config))
-    flat.update(parse_set(args.set))
-    if args.seeds and "seed" in parse_set(args.set):   # a --config's seed (a saved run's) gives way to --seeds
+    sets = parse_set(args.set)
+    flat.update(sets)
+    if args.seeds and "seed" in sets:   # a --config's seed (a saved run's) gives way to --seeds
         # --seeds replaced it without a word, and the --json file's keys left it out (2026-12-07 probe)
-        raise ConfigError(f"--set seed={parse_set(args.set)['seed']} beside --seeds {' '.join(map(str, args.seeds))}: "
-                          f"--seeds gives every seed measured; put this one there. Nothing was measured")
+        raise ConfigError(f"--set seed={sets['seed']} beside --seeds {' '.join(map(str, args.seeds))}: --seeds "
+                          f"gives every seed measured; put this one there. Nothing was measured")
     twice = sorted({s for s in args.seeds or [] if args.seeds.count(s) > 1})
     if twice:   # one reference state per seed: a repeat is the same measurement counted twice in the medians
         raise ConfigError(f"--seeds: {', '.join(map(str, twice))} given more than once; give distinct seeds, one "

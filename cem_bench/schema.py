@@ -152,8 +152,8 @@ METRIC_RANGES: dict[str, tuple[float, float]] = {"test_acc": (0.0, 1.0), "test_a
 
 
 def out_of_range(table, ranges: dict[str, tuple[float, float]] | None = None):
-    """``(column, value, row index, how many)`` of the first column of ``table`` (a DataFrame) holding a value
-    outside its range, or None. ``ranges``: column → (low, high); by default every column whose metric
+    """``(column, value, row index, how many, low, high)`` of the first column of ``table`` (a DataFrame) holding
+    a value outside its range ``[low, high]``, or None. ``ranges``: column → (low, high); by default every column whose metric
     (``base_metric``) ``METRIC_RANGES`` bounds, so the config's text columns are never converted. NaN passes (a
     metric not measured); inf does not. A bound may be passed by float32 rounding (an SSIM of 1): 1e-6 is allowed."""
     ranges = ranges if ranges is not None else {c: METRIC_RANGES[base_metric(c)] for c in table.columns
@@ -164,7 +164,7 @@ def out_of_range(table, ranges: dict[str, tuple[float, float]] | None = None):
         v = pd.to_numeric(table[col], errors="coerce")
         out = v[(v < low - 1e-6) | (v > high + 1e-6)]
         if len(out):
-            return col, float(out.iloc[0]), out.index[0], len(out)
+            return col, float(out.iloc[0]), out.index[0], len(out), low, high
     return None
 
 

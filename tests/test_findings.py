@@ -72,6 +72,15 @@ def test_every_folder_is_the_run_its_row_names():
         assert t1 - end < pd.Timedelta(minutes=3), (name, last, end)
 
 
+def lambda_sigma_cells(t) -> dict:
+    """Each (λ, σ) cell's accuracy mean and std, worst-case SSIM mean and std, rmle's SSIM and the feature spread,
+    rounded as the docs' tables print them."""
+    return {(lam, sig): (round(g["test_acc"].mean(), 3), round(g["test_acc"].std(), 3),
+                         round(g["attack_ssim"].mean(), 3), round(g["attack_ssim"].std(), 3),
+                         round(g["attack_ssim__rmle"].mean(), 3), round(g["feature_spread"].mean(), 4))
+            for (lam, sig), g in t.groupby(["config.cem.lambd", "config.defense.noise_std"])}
+
+
 def paired_cells(t, metric: str, a: tuple, b: tuple) -> tuple[float, float, float]:
     """a − b of ``metric`` between two (λ, σ) cells, paired by seed: its mean and 95 % t interval."""
     from scipy import stats
@@ -921,10 +930,7 @@ def test_noise_alone_sigma125_digits_says_what_the_docs_say():
     t = run.trials
     assert len(t) == 64 and (t["status"] == "ok").all() and (t["attack_ssim_by"] == "decoder").all()
     assert sorted(t["config.seed"].unique()) == list(range(570, 586))
-    cells = {(lam, sig): (round(g["test_acc"].mean(), 3), round(g["test_acc"].std(), 3), round(g["attack_ssim"].mean(), 3),
-                          round(g["attack_ssim"].std(), 3), round(g["attack_ssim__rmle"].mean(), 3),
-                          round(g["feature_spread"].mean(), 4))
-             for (lam, sig), g in t.groupby(["config.cem.lambd", "config.defense.noise_std"])}
+    cells = lambda_sigma_cells(t)
     assert cells == {(0.0, 0.125): (0.945, 0.037, 0.946, 0.002, 0.5, 0.0318),
                      (0.0, 0.275): (0.907, 0.066, 0.914, 0.005, 0.403, 0.0404),
                      (16.0, 0.125): (0.927, 0.034, 0.913, 0.008, 0.308, 0.0077),
@@ -977,10 +983,7 @@ def test_noise_alone_sigma275_digits_says_what_the_docs_say():
     t = run.trials
     assert len(t) == 64 and (t["status"] == "ok").all() and (t["attack_ssim_by"] == "decoder").all()
     assert sorted(t["config.seed"].unique()) == list(range(586, 602))
-    cells = {(lam, sig): (round(g["test_acc"].mean(), 3), round(g["test_acc"].std(), 3), round(g["attack_ssim"].mean(), 3),
-                          round(g["attack_ssim"].std(), 3), round(g["attack_ssim__rmle"].mean(), 3),
-                          round(g["feature_spread"].mean(), 4))
-             for (lam, sig), g in t.groupby(["config.cem.lambd", "config.defense.noise_std"])}
+    cells = lambda_sigma_cells(t)
     assert cells == {(0.0, 0.275): (0.894, 0.049, 0.91, 0.008, 0.43, 0.0388),
                      (0.0, 0.325): (0.845, 0.078, 0.898, 0.009, 0.363, 0.04),
                      (16.0, 0.275): (0.852, 0.054, 0.868, 0.009, 0.326, 0.0152),
@@ -1019,10 +1022,7 @@ def test_noise_alone_matched_acc_digits_says_what_the_docs_say():
     assert sorted(t["config.seed"].unique()) == list(range(602, 650))
     first = load_results(FINDINGS / "noise_alone_sigma275_digits").trials
     assert not set(t["config.seed"]) & set(first["config.seed"])      # new seeds, not pooled with the first run's
-    cells = {(lam, sig): (round(g["test_acc"].mean(), 3), round(g["test_acc"].std(), 3), round(g["attack_ssim"].mean(), 3),
-                          round(g["attack_ssim"].std(), 3), round(g["attack_ssim__rmle"].mean(), 3),
-                          round(g["feature_spread"].mean(), 4))
-             for (lam, sig), g in t.groupby(["config.cem.lambd", "config.defense.noise_std"])}
+    cells = lambda_sigma_cells(t)
     assert cells == {(0.0, 0.325): (0.864, 0.061, 0.899, 0.008, 0.394, 0.0411),
                      (16.0, 0.275): (0.872, 0.057, 0.873, 0.009, 0.332, 0.0159)}
     r = evaluate(t, run.hypotheses).set_index("name")

@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..errors import ResultsError
 from ..integrity import MANIFEST_FILE, listed_but_missing, read_table, vouched
-from ..schema import CONFIGS_FILE, METRIC_RANGES, STATUSES, TRIALS_FILE, base_metric, load_objectives, out_of_range
+from ..schema import CONFIGS_FILE, STATUSES, TRIALS_FILE, base_metric, load_objectives, out_of_range
 from ..storage import Dir
 from .aggregate import CONFIG_ID, CONFIRMED, build_configs, config_ids
 from .noise import ALPHA, BETTER, MIN_RUNS, P_MIN, WORSE
@@ -66,8 +66,7 @@ def check_cells(trials: pd.DataFrame, where: str) -> None:
                            f"a trials table of `cem-bench search` holds numbers (this one was edited)")
     bad = out_of_range(ok)
     if bad is not None:   # a test_acc of 7.0 (a percentage?) was printed, ranked and compared as a result
-        col, value, row, n = bad
-        low, high = METRIC_RANGES[base_metric(col)]
+        col, value, row, n, low, high = bad
         at = ok.loc[row, "trial_id"] if "trial_id" in ok else row
         raise ResultsError(f"{where}: {col} holds {value:g} (trial {at}), outside the values it can take ({low:g} to "
                            f"{high:g}){' in ' + str(n) + ' ok trials' if n > 1 else ''}; a trials table of "

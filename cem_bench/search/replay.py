@@ -204,8 +204,7 @@ def load(results_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
                                    for o in objectives if base_metric(o["metric"]) in METRIC_RANGES})):
         bad = out_of_range(table, ranges)
         if bad is not None:
-            col, value, _, n = bad
-            low, high = (ranges or METRIC_RANGES)[col if ranges else base_metric(col)]
+            col, value, _, n, low, high = bad
             raise ResultsError(f"{d.url(name)}: {col} holds {value:g}{f' (and {n - 1} more)' if n > 1 else ''}, "
                                f"outside the values it can take ({low:g} to {high:g}); a table of `cem-bench "
                                f"search` holds none (this one was edited)")

@@ -115,8 +115,8 @@ class HypothesisStages:
         if margin is None or not 0 <= margin < math.inf:
             self.err(f"{where}.margin", f"{fmt_value(t.get('margin'))} must be a number >= 0 in the metric's units")
             margin = 0
-        elif isinstance(metric, str) and margin_problem(metric, margin):
-            self.err(f"{where}.margin", margin_problem(metric, margin))
+        elif isinstance(metric, str) and (why := margin_problem(metric, margin)):
+            self.err(f"{where}.margin", why)
         elif a_is in ("not_lower", "not_higher") and margin == 0:
             self.err(f"{where}.margin", f"{a_is} needs a margin > 0, in the metric's units (0.02: 2 points of "
                      f"accuracy): with margin 0 it is the test of {'higher' if a_is == 'not_lower' else 'lower'}")
